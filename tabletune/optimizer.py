@@ -1,0 +1,148 @@
+"""The table optimizer: per batch size, the k that maximises modelled goodput.
+
+For each b in 1..max_batch it picks k* = argmax_k b * E[tokens|k] / T(b, k) over
+the allowed lengths (ties go to the smaller k) and compresses the choices into
+ranges. With ``min_gain`` > 0 the k only changes between neighbouring batch
+sizes when the new k beats the current one by at least that fraction, which
+trades a little goodput for fewer ranges. With the default 0 the table is
+optimal under the model at every b.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tabletune.goodput import expected_tokens, goodput
+from tabletune.profile import StepProfile
+from tabletune.table import DraftTable
+
+
+@dataclass(frozen=True)
+class OptimizeOptions:
+    max_batch: int | None = None  # default: the profile's largest measured batch size
+    k_max: int | None = None
+    lengths: tuple[int, ...] | None = None  # allowed k, e.g. those with CUDA graphs
+    min_gain: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.max_batch is not None and self.max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
+        if self.k_max is not None and self.k_max < 0:
+            raise ValueError(f"k_max must be >= 0, got {self.k_max}")
+        if self.min_gain < 0:
+            raise ValueError(f"min_gain must be >= 0, got {self.min_gain}")
+        if self.lengths is not None and (not self.lengths or min(self.lengths) < 0):
+            raise ValueError(f"lengths must be non-empty and >= 0, got {self.lengths}")
+
+
+@dataclass(frozen=True)
+class BatchPrediction:
+    """Modelled goodput (tokens/s) at one batch size."""
+
+    batch_size: int
+    k: int  # the table's k
+    goodput: float  # the table's goodput
+    fixed_goodput: dict[int, float]  # every allowed fixed k
+
+    @property
+    def best_fixed_k(self) -> int:
+        """The fixed k with the highest goodput at this batch size."""
+        return best_k(self.fixed_goodput)
+
+    @property
+    def optimum(self) -> float:
+        return max(self.fixed_goodput.values())
+
+    @property
+    def loss_vs_best_fixed(self) -> float:
+        """1 - table / best-fixed-k goodput at this b (0 for an optimal table)."""
+        return 1.0 - self.goodput / self.optimum
+
+
+@dataclass(frozen=True)
+class TableResult:
+    table: DraftTable
+    lengths: tuple[int, ...]
+    predictions: tuple[BatchPrediction, ...]
+
+    @property
+    def best_single_k(self) -> int:
+        """The one k an operator would fix for all loads: best mean share of the optimum."""
+        return best_single_k(self.predictions)
+
+    def gain_vs_fixed(self, k: int) -> tuple[float, float]:
+        """(mean, minimum) over b of table goodput / fixed-k goodput - 1."""
+        return gain_vs(self.predictions, [p.fixed_goodput[k] for p in self.predictions])
+
+
+def allowed_lengths(profile: StepProfile, num_rates: int, options: OptimizeOptions) -> tuple[int, ...]:
+    """Measured k, limited by the rates known, k_max and ``lengths``; 0 always stays."""
+    ks = [k for k in profile.ks if k <= num_rates]
+    if options.k_max is not None:
+        ks = [k for k in ks if k <= options.k_max]
+    if options.lengths is not None:
+        missing = sorted(set(options.lengths) - set(profile.ks))
+        if missing:
+            raise ValueError(f"lengths {missing} have no step-time measurements (measured k: {profile.ks})")
+        ks = [k for k in ks if k in options.lengths]
+    if not ks:
+        raise ValueError("no draft length is allowed by the profile, rates, k_max and lengths")
+    return tuple(sorted(ks))
+
+
+def goodput_grid(profile: StepProfile, rates: Sequence[float], ks: Sequence[int], max_batch: int) -> list[dict[int, float]]:
+    """grid[b-1][k] = modelled goodput at batch size b with fixed k."""
+    tokens = {k: expected_tokens(rates, k) for k in ks}
+    return [{k: goodput(b, profile.step_ms(b, k), tokens[k]) for k in ks} for b in range(1, max_batch + 1)]
+
+
+def best_k(row: dict[int, float]) -> int:
+    """argmax over k; ties go to the smaller k."""
+    return max(sorted(row), key=lambda k: (row[k], -k))
+
+
+def optimize_table(profile: StepProfile, rates: Sequence[float], options: OptimizeOptions = OptimizeOptions()) -> TableResult:
+    max_batch = options.max_batch or profile.max_batch_size
+    ks = allowed_lengths(profile, len(rates), options)
+    grid = goodput_grid(profile, rates, ks, max_batch)
+    chosen: list[int] = []
+    for row in grid:
+        k = best_k(row)
+        if chosen and options.min_gain > 0 and k != chosen[-1]:
+            if row[k] < row[chosen[-1]] * (1 + options.min_gain):
+                k = chosen[-1]
+        chosen.append(k)
+    table = DraftTable.from_dense(chosen)
+    return TableResult(table, ks, predict(table, grid))
+
+
+def predict(table: DraftTable, grid: list[dict[int, float]]) -> tuple[BatchPrediction, ...]:
+    """Per-b goodput of a table against every fixed k, from a goodput grid."""
+    ks = sorted(grid[0])
+    dense = table.dense(len(grid))
+    out = []
+    for b, row in enumerate(grid, start=1):
+        k = dense[b]
+        if k not in row:  # a table k that was not measured: nearest smaller allowed
+            k = max([x for x in ks if x <= k] or [ks[0]])
+        out.append(BatchPrediction(b, k, row[k], dict(row)))
+    return tuple(out)
+
+
+def evaluate_table(profile: StepProfile, rates: Sequence[float], table: DraftTable, max_batch: int,
+                   ks: Sequence[int] | None = None) -> tuple[BatchPrediction, ...]:
+    """Predicted goodput of any table (e.g. vLLM's documented one) under the model."""
+    ks = list(ks) if ks is not None else [k for k in profile.ks if k <= len(rates)]
+    return predict(table, goodput_grid(profile, rates, ks, max_batch))
+
+
+def best_single_k(predictions: Sequence[BatchPrediction]) -> int:
+    ks = sorted(predictions[0].fixed_goodput)
+    return max(ks, key=lambda k: (sum(p.fixed_goodput[k] / p.optimum for p in predictions), -k))
+
+
+def gain_vs(predictions: Sequence[BatchPrediction], other_goodput: Sequence[float]) -> tuple[float, float]:
+    """(mean, minimum) over b of our goodput / other goodput - 1."""
+    gains = [p.goodput / g - 1.0 for p, g in zip(predictions, other_goodput)]
+    return sum(gains) / len(gains), min(gains)
