@@ -1,0 +1,1 @@
+"""Adapters to real engines. These may import torch and vllm; the core never imports them."""

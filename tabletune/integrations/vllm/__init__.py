@@ -1,0 +1,1 @@
+"""vLLM integration: the tuner's engine adapter and the general plugin."""
