@@ -174,10 +174,11 @@ class StepProfile:
                     ),
                 )
             )
-        try:
-            fingerprint = Fingerprint(**fp)
-        except TypeError as exc:
-            raise InputError(source, "fingerprint", fp, str(exc)) from None
+        for name, value in fp.items():
+            want = int if name == "tp_size" else str
+            if not isinstance(value, want) or isinstance(value, bool):
+                raise InputError(source, f"fingerprint.{name}", value, f"must be {want.__name__}")
+        fingerprint = Fingerprint(**fp)
         return cls(
             points=tuple(points),
             context_len=_as_int(d.get("context_len"), source, "context_len"),

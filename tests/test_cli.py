@@ -1,0 +1,79 @@
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from tabletune.cli import main
+from tabletune.table import DraftTable
+
+RATES = "0.8,0.75,0.7,0.65,0.6,0.55,0.5"
+
+
+def run(args):
+    return CliRunner().invoke(main, args)
+
+
+def test_table_vllm_format_is_valid(starter_8b, tmp_path):
+    out = tmp_path / "t.json"
+    r = run(["table", "--step-times", str(starter_8b), "--acceptance", RATES, "--format", "vllm", "--output", str(out), "--quiet"])
+    assert r.exit_code == 0, r.output
+    obj = json.loads(r.stdout)
+    assert set(obj) == {"num_speculative_tokens", "num_speculative_tokens_per_batch_size"}
+    DraftTable.from_ranges(obj["num_speculative_tokens_per_batch_size"], obj["num_speculative_tokens"])
+    assert json.loads(out.read_text()) == obj
+    assert obj["num_speculative_tokens_per_batch_size"][-1][1] == 256  # --max-batch defaults to the largest measured
+
+
+def test_table_trtllm_and_options(starter_8b):
+    r = run(["table", "--step-times", str(starter_8b), "--acceptance", RATES, "--format", "trtllm",
+             "--lengths", "0,1,3", "--max-batch", "64", "--quiet"])
+    assert r.exit_code == 0, r.output
+    schedule = json.loads(r.stdout)["draft_len_schedule"]
+    assert set(schedule.values()) <= {0, 1, 3}
+
+
+def test_show_writes_png(starter_8b, tmp_path):
+    png = tmp_path / "x.png"
+    r = run(["show", "--step-times", str(starter_8b), "--acceptance", RATES, "--png", str(png)])
+    assert r.exit_code == 0, r.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "table:" in r.stdout
+
+
+@pytest.mark.parametrize("csv_text, acceptance, expect", [
+    ("batch_size,step_ms\n1,3\n", RATES, "field 'k'"),
+    ("batch_size,k,step_ms\n1,0,abc\n", RATES, "'abc'"),
+    ("batch_size,k,step_ms\n1,0,-2\n", RATES, "-2.0"),
+    ("batch_size,k,step_ms\n1,0,2\n1,1,3\n", "0.5,1.5", "1.5"),
+    ("batch_size,k,step_ms\n1,0,2\n1,1,3\n", "0,0.5", "(0, 1]"),
+])
+def test_bad_input_exit_2_no_output(tmp_path, csv_text, acceptance, expect):
+    src = tmp_path / "in.csv"
+    src.write_text(csv_text)
+    out = tmp_path / "out.json"
+    r = run(["table", "--step-times", str(src), "--acceptance", acceptance, "--output", str(out)])
+    assert r.exit_code == 2
+    assert expect in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in r.stderr
+    assert not out.exists() and list(tmp_path.iterdir()) == [src]
+
+
+def test_k_without_measurements_is_clear(tmp_path):
+    src = tmp_path / "in.csv"
+    src.write_text("batch_size,k,step_ms\n1,0,2\n1,1,3\n")
+    r = run(["table", "--step-times", str(src), "--acceptance", "0.5,0.5", "--lengths", "0,2"])
+    assert r.exit_code == 2 and "lengths [2] have no step-time measurements" in r.stderr
+
+
+def test_unknown_schema_version_via_real_cli(tmp_path):
+    src = tmp_path / "p.json"
+    src.write_text(json.dumps({"schema": "tabletune.step_profile", "version": 3}))
+    out = tmp_path / "o.json"
+    proc = subprocess.run([sys.executable, "-m", "tabletune.cli", "table", "--step-times", str(src),
+                           "--acceptance", "0.5", "--output", str(out)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"tabletune: error: {src}: field 'version' = 3: unknown schema version (this tabletune reads 1)"
+    assert not out.exists()
