@@ -138,9 +138,9 @@ class DraftTable:
         in vLLM but ends at its ``end_bs`` in TensorRT-LLM.
         """
         ranges = list(self.ranges)
-        while len(ranges) > 1 and ranges[-1][2] == 0:
+        while ranges and ranges[-1][2] == 0:
             ranges.pop()
-        return {"draft_len_schedule": {str(end): k for _, end, k in ranges if not (k == 0 and (_, end, k) == ranges[-1])}}
+        return {"draft_len_schedule": {str(end): k for _, end, k in ranges}}
 
     @classmethod
     def load(cls, path: str | Path) -> DraftTable:
