@@ -1,0 +1,265 @@
+"""The online controller: re-estimate acceptance while serving and correct the table.
+
+Engine-agnostic (no torch, no vllm). The vLLM plugin, the Prometheus sidecar and
+the simulator's ``controller`` policy all drive this one class::
+
+    c = Controller(step_profile, prior, ControllerConfig(...), table=initial_table)
+    every step:
+        c.observe(StepObservation.from_drafts(batch_size, k, [(k_i, m_i), ...], time_s))
+        k_next = c.k_for(batch_size)        # the table's k, or k_max on an exploration step
+        new = c.maybe_rebuild(now_s)         # a DraftTable to install, or None
+    c.state()                                # JSON-able dict: table, acceptance, installs, steps, ...
+
+Estimator: per-position conditional acceptance from censored counts with a prior
+and exponential decay (``tabletune.estimator.DecayedAcceptance``).
+
+Exploration: when the table drafts k < k_max, positions above k get no evidence.
+We draft k_max on a bounded fraction ``explore_fraction`` of steps (credit
+scheme: each step earns ``explore_fraction`` credit, capped at 1; an exploration
+step spends 1), only when the table's k at the current batch size is < k_max.
+So explore_steps <= explore_fraction * steps + 1, and the modelled goodput cost
+is at most explore_fraction * (1 - G(b, k_max) / G(b, table k)) at each b;
+``state()['explore_cost']`` reports that cost, averaged over the steps explored.
+We chose this over an optimistic (UCB) estimate because its cost is bounded and
+known in advance, while UCB installs whole optimistic tables whose cost depends
+on how wrong the optimism is.
+
+Rebuild: exactly ``tabletune.optimizer.optimize_table(step_profile, rates, ...)``
+(the optimizer of ``tabletune table``). Hysteresis: the new table is installed only
+if its modelled goodput beats the current table's by more than ``min_gain`` at
+some batch size, at most once per ``min_install_interval_s``, and only after
+``warmup_drafts`` drafts were observed. Rebuilds are evaluated at most once per
+``rebuild_interval_s``. Every table is validated with ``DraftTable.from_ranges``.
+
+Safety: observations with NaN, negative or inconsistent counts are ignored and
+counted in ``state()['ignored']``. Memory is bounded: fixed-size counters, a
+batch-size histogram capped at ``max_batch``, and the last 16 installs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from tabletune.acceptance import AcceptanceCounts, AcceptanceProfile
+from tabletune.errors import InputError
+from tabletune.estimator import DecayedAcceptance, StepObservation
+from tabletune.optimizer import OptimizeOptions, optimize_table, predict
+from tabletune.profile import StepProfile
+from tabletune.table import DraftTable
+
+__all__ = ["Controller", "ControllerConfig", "StepObservation", "prior_rates"]
+
+HISTORY = 16
+DEFAULT_HALF_LIFE_TOKENS = 4000.0
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    k_max: int | None = None  # default: the largest k in the step profile
+    max_batch: int | None = None  # default: the profile's largest batch size
+    lengths: tuple[int, ...] | None = None  # allowed k (e.g. those with CUDA graphs)
+    prior_weight: float = 20.0  # pseudo-drafts per position
+    prior_workload: str | None = None  # entry of the AcceptanceProfile to use as prior
+    prior_temperature: float | None = None
+    half_life_tokens: float | None = None  # drafted tokens (default 4000 when neither is set)
+    half_life_s: float | None = None  # or seconds
+    explore_fraction: float = 0.02
+    min_gain: float = 0.01  # install only if some b gains more than this (modelled)
+    min_install_interval_s: float = 1.0
+    rebuild_interval_s: float = 0.2
+    warmup_drafts: int = 200
+
+    def __post_init__(self) -> None:
+        if self.half_life_s is None and self.half_life_tokens is None:
+            object.__setattr__(self, "half_life_tokens", DEFAULT_HALF_LIFE_TOKENS)
+        checks = [
+            ("k_max", self.k_max, self.k_max is None or self.k_max >= 1, "must be >= 1"),
+            ("max_batch", self.max_batch, self.max_batch is None or self.max_batch >= 1, "must be >= 1"),
+            ("lengths", self.lengths, self.lengths is None or (len(self.lengths) > 0 and min(self.lengths) >= 0),
+             "must be non-empty and >= 0"),
+            ("prior_weight", self.prior_weight, self.prior_weight >= 0, "must be >= 0"),
+            ("half_life", (self.half_life_tokens, self.half_life_s),
+             (self.half_life_tokens is None) != (self.half_life_s is None), "set exactly one of the two"),
+            ("half_life_tokens", self.half_life_tokens, self.half_life_tokens is None or self.half_life_tokens > 0,
+             "must be > 0"),
+            ("half_life_s", self.half_life_s, self.half_life_s is None or self.half_life_s > 0, "must be > 0"),
+            ("explore_fraction", self.explore_fraction, 0 <= self.explore_fraction <= 0.5, "must lie in [0, 0.5]"),
+            ("min_gain", self.min_gain, self.min_gain >= 0, "must be >= 0"),
+            ("min_install_interval_s", self.min_install_interval_s, self.min_install_interval_s >= 0, "must be >= 0"),
+            ("rebuild_interval_s", self.rebuild_interval_s, self.rebuild_interval_s >= 0, "must be >= 0"),
+            ("warmup_drafts", self.warmup_drafts, self.warmup_drafts >= 0, "must be >= 0"),
+        ]
+        for name, value, ok, problem in checks:
+            if not ok:
+                raise InputError("controller config", name, value, problem)
+
+    @classmethod
+    def from_json(cls, obj: object, source: str = "TABLETUNE_CONTROLLER") -> ControllerConfig:
+        """Options from a JSON object; unknown keys and wrong types are InputErrors."""
+        if not isinstance(obj, Mapping):
+            raise InputError(source, "<root>", obj, "must be a JSON object")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs = {}
+        for key, value in obj.items():
+            if key not in fields:
+                raise InputError(source, key, value, f"unknown option; known: {sorted(fields)}")
+            if key == "lengths" and value is not None:
+                if not isinstance(value, list) or not all(isinstance(v, int) for v in value):
+                    raise InputError(source, key, value, "must be a list of integers")
+                value = tuple(value)
+            elif value is not None and key not in ("prior_workload",):
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise InputError(source, key, value, "must be a number")
+            kwargs[key] = value
+        return cls(**kwargs)
+
+
+def prior_rates(prior: AcceptanceProfile | AcceptanceCounts | Sequence[float], k_max: int,
+                workload: str | None = None, temperature: float | None = None) -> list[float]:
+    """k_max conditional rates from a prior; positions without evidence repeat the last known rate."""
+    if isinstance(prior, AcceptanceProfile):
+        prior = prior.select(workload, temperature)
+    if isinstance(prior, AcceptanceCounts):
+        rates = prior.known_rates()
+    else:
+        rates = [float(r) for r in prior]
+    if not rates:
+        raise InputError("prior", "rates", list(rates), "the prior has no acceptance evidence")
+    rates = [min(max(r, 1e-3), 1.0) for r in rates[:k_max]]
+    return rates + [rates[-1]] * (k_max - len(rates))
+
+
+class Controller:
+    """Online estimator + table rebuild; see the module docstring."""
+
+    def __init__(self, step_profile: StepProfile, prior: AcceptanceProfile | AcceptanceCounts | Sequence[float],
+                 config: ControllerConfig = ControllerConfig(), table: DraftTable | None = None) -> None:
+        self.profile = step_profile
+        self.config = config
+        measured = [k for k in step_profile.ks if config.lengths is None or k in config.lengths]
+        self.k_max = min(config.k_max or max(step_profile.ks), max(measured))
+        if self.k_max < 1:
+            raise InputError(step_profile.source, "k", step_profile.ks, "the profile measures no k >= 1")
+        self.max_batch = config.max_batch or step_profile.max_batch_size
+        self.options = OptimizeOptions(max_batch=self.max_batch, k_max=self.k_max, lengths=config.lengths)
+        self.estimator = DecayedAcceptance(
+            prior_rates(prior, self.k_max, config.prior_workload, config.prior_temperature),
+            config.prior_weight, config.half_life_tokens, config.half_life_s)
+        if table is None:
+            table = optimize_table(step_profile, self.estimator.prior, self.options).table
+        self.table = DraftTable.from_ranges(table.as_lists()).clamped(self.k_max)
+        self.steps = 0
+        self.drafts = 0
+        self.explore_steps = 0
+        self.installs = 0
+        self.ignored: dict[str, int] = {}
+        self.batch_hist = [0] * (self.max_batch + 1)
+        self.last_batch_size = 1
+        self.last_gain = 0.0
+        self.history: deque[dict] = deque(maxlen=HISTORY)
+        self._credit = 0.0
+        self._last_eval_s: float | None = None
+        self._last_install_s: float | None = None
+
+    # ---- per step --------------------------------------------------------------
+
+    def observe(self, obs: StepObservation) -> bool:
+        """Count one step; returns False (and counts why) when the observation is ignored."""
+        problem = obs.problem()
+        if problem is None and self.config.half_life_s is not None and obs.time_s is None:
+            problem = "no_time"
+        if problem is not None:
+            self.ignored[problem] = self.ignored.get(problem, 0) + 1
+            return False
+        self.steps += 1
+        self.drafts += obs.num_drafts
+        b = min(max(int(obs.batch_size), 1), self.max_batch)
+        self.batch_hist[b] += 1
+        self.last_batch_size = b
+        if obs.num_drafts or obs.time_s is not None:
+            self.estimator.update(obs)
+        return True
+
+    def explore_next(self, batch_size: int | None = None) -> bool:
+        """Whether the next step drafts k_max; call once per step (it spends credit)."""
+        self._credit = min(self._credit + self.config.explore_fraction, 1.0)
+        b = self.last_batch_size if batch_size is None else batch_size
+        if self._credit >= 1.0 and self.table.k_for(max(b, 1)) < self.k_max:
+            self._credit -= 1.0
+            self.explore_steps += 1
+            return True
+        return False
+
+    def k_for(self, batch_size: int) -> int:
+        """The k for the next step at this batch size, exploration included."""
+        return self.k_max if self.explore_next(batch_size) else min(self.table.k_for(batch_size), self.k_max)
+
+    # ---- rebuild ----------------------------------------------------------------
+
+    def maybe_rebuild(self, now_s: float) -> DraftTable | None:
+        """Re-optimise from the current estimate; return a table worth installing, else None."""
+        cfg = self.config
+        if self._last_eval_s is not None and now_s - self._last_eval_s < cfg.rebuild_interval_s:
+            return None
+        if self._last_install_s is not None and now_s - self._last_install_s < cfg.min_install_interval_s:
+            return None
+        if self.drafts < cfg.warmup_drafts:
+            return None
+        self._last_eval_s = now_s
+        rates = self.estimator.rates()
+        result = optimize_table(self.profile, rates, self.options)
+        current = predict(self.table, [p.fixed_goodput for p in result.predictions])
+        gain = max(new.goodput / cur.goodput - 1.0 for new, cur in zip(result.predictions, current))
+        self.last_gain = gain
+        if gain <= cfg.min_gain or result.table == self.table:
+            return None
+        self._install(DraftTable.from_ranges(result.table.as_lists(), self.k_max), now_s, gain, rates)
+        return self.table
+
+    def set_table(self, ranges: object, now_s: float | None = None) -> DraftTable:
+        """Install a table by hand (validated); the controller rebuilds from it later."""
+        table = DraftTable.from_ranges(ranges, self.k_max, source="set_table")
+        self._install(table, now_s, None, self.estimator.rates())
+        return table
+
+    def _install(self, table: DraftTable, now_s: float | None, gain: float | None, rates: list[float]) -> None:
+        self.table = table
+        self.installs += 1
+        if now_s is not None:
+            self._last_install_s = now_s
+        self.history.append({"time_s": now_s, "table": table.as_lists(), "predicted_gain": gain,
+                             "acceptance": [round(r, 4) for r in rates], "steps": self.steps})
+
+    # ---- introspection ------------------------------------------------------------
+
+    def explore_cost(self) -> float:
+        """Modelled goodput share lost to exploration: explore share x (1 - G(b,k_max)/G(b,table)), b-weighted."""
+        if not self.steps:
+            return 0.0
+        result = optimize_table(self.profile, self.estimator.rates(), self.options)
+        current = predict(self.table, [p.fixed_goodput for p in result.predictions])
+        seen = sum(self.batch_hist)
+        loss = sum(n * (1 - p.fixed_goodput[self.k_max] / p.goodput)
+                   for n, p in zip(self.batch_hist[1:], current) if n)
+        return self.explore_steps / self.steps * loss / seen
+
+    def state(self) -> dict:
+        return {
+            "table": self.table.as_lists(),
+            "acceptance": [round(r, 6) for r in self.estimator.rates()],
+            "prior": [round(r, 6) for r in self.estimator.prior],
+            "evidence": [round(r, 2) for r in self.estimator.evidence()],
+            "installs": self.installs,
+            "steps": self.steps,
+            "drafts": self.drafts,
+            "explore_steps": self.explore_steps,
+            "ignored": dict(self.ignored),
+            "last_gain": round(self.last_gain, 6),
+            "k_max": self.k_max,
+            "explore_cost": round(self.explore_cost(), 6),
+            "history": list(self.history),
+            "config": dataclasses.asdict(self.config),
+        }

@@ -1,0 +1,186 @@
+"""Online acceptance estimation: per-step observations, decayed censored counts, counter windows.
+
+Censoring (the same convention as ``tabletune.acceptance.AcceptanceCounts``):
+a draft of length k with m accepted tokens *reached* positions 1..min(m+1, k)
+and *accepted* positions 1..m. Position j is only tested when positions < j were
+accepted, so the conditional rate at j is estimated from the drafts that reached
+j, never from all drafts:
+
+    a_j = (A_j + w * p_j) / (R_j + w)
+
+where R_j, A_j are the exponentially decayed reached/accepted counts, p_j the
+prior rate and w the prior weight in pseudo-drafts. Decay multiplies R and A by
+0.5 ** (x / half_life) before each new observation, where x is the number of
+drafted tokens in it (``half_life_tokens``) or the seconds since the previous one
+(``half_life_s``). The prior never decays, so with no evidence a_j = p_j.
+
+Observations carry exact per-draft information when the engine has it
+(``StepObservation.from_drafts``). Engines that only report vLLM's per-position
+drafted/accepted counts (``from_vllm_counts``) lose the reached counts; they are
+then rebuilt with ``reached_j = accepted_{j-1} * drafted_j / drafted_{j-1}``,
+exact when every draft in the window had the same length.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+LN2 = math.log(2.0)
+
+
+@dataclass(frozen=True)
+class StepObservation:
+    """What one engine step verified. Counts are per position j = 1..len(lists).
+
+    batch_size: requests scheduled in the step; k: the draft length the step
+    scheduled (vLLM's ``num_spec_tokens_to_schedule``); time_s: when (any clock).
+    """
+
+    batch_size: int
+    k: int
+    num_drafts: int
+    reached: tuple[float, ...]
+    accepted: tuple[float, ...]
+    drafted: tuple[float, ...]
+    time_s: float | None = None
+
+    @classmethod
+    def from_drafts(cls, batch_size: int, k: int, drafts: Iterable[tuple[int, int]],
+                    time_s: float | None = None, k_max: int | None = None) -> StepObservation:
+        """Exact counts from (draft length, accepted length) pairs.
+
+        drafted_j = #{k_i >= j}, accepted_j = #{m_i >= j}, reached_j = #{k_i >= j and m_i >= j-1}.
+        """
+        hist = Counter((min(d, k_max) if k_max else d, a) for d, a in drafts if d > 0)
+        n = k_max or max((d for d, _ in hist), default=0)
+        reached, accepted, drafted = [0] * n, [0] * n, [0] * n
+        for (d, a), c in hist.items():
+            a = min(a, d)
+            for j in range(d):
+                drafted[j] += c
+            for j in range(min(a + 1, d)):
+                reached[j] += c
+            for j in range(a):
+                accepted[j] += c
+        return cls(batch_size, k, sum(hist.values()), tuple(reached), tuple(accepted), tuple(drafted), time_s)
+
+    @classmethod
+    def from_vllm_counts(cls, batch_size: int, k: int, num_drafts: int, drafted: Sequence[float],
+                         accepted: Sequence[float], time_s: float | None = None) -> StepObservation:
+        """From vLLM's per-position counts (``SpecDecodingStats``): reached is reconstructed.
+
+        reached_1 = drafted_1; reached_j = accepted_{j-1} * drafted_j / drafted_{j-1} (exact
+        when all drafts had one length; otherwise assumes length and acceptance independent).
+        """
+        reached = []
+        for j, d in enumerate(drafted):
+            if j == 0:
+                reached.append(float(d))
+            else:
+                reached.append(accepted[j - 1] * d / drafted[j - 1] if drafted[j - 1] > 0 else 0.0)
+        return cls(batch_size, k, int(num_drafts), tuple(reached), tuple(float(a) for a in accepted),
+                   tuple(float(d) for d in drafted), time_s)
+
+    def problem(self) -> str | None:
+        """Why this observation must be ignored (NaN, negative, inconsistent), or None."""
+        values = (self.batch_size, self.k, self.num_drafts, *self.reached, *self.accepted, *self.drafted)
+        if any(not isinstance(v, (int, float)) or isinstance(v, bool) for v in values):
+            return "non_numeric"
+        if any(math.isnan(v) or math.isinf(v) for v in values) or (
+                self.time_s is not None and not math.isfinite(self.time_s)):
+            return "nan"
+        if any(v < 0 for v in values):
+            return "negative"
+        if not len(self.reached) == len(self.accepted) == len(self.drafted):
+            return "length_mismatch"
+        if any(a > r + 1e-9 for a, r in zip(self.accepted, self.reached)) or any(
+                r > d + 1e-9 for r, d in zip(self.reached, self.drafted)):
+            return "inconsistent"
+        return None
+
+
+class DecayedAcceptance:
+    """Exponentially decayed reached/accepted counts per position, shrunk towards a prior."""
+
+    def __init__(self, prior: Sequence[float], prior_weight: float,
+                 half_life_tokens: float | None = None, half_life_s: float | None = None) -> None:
+        if (half_life_tokens is None) == (half_life_s is None):
+            raise ValueError("set exactly one of half_life_tokens and half_life_s")
+        self.prior = [float(p) for p in prior]
+        self.prior_weight = float(prior_weight)
+        self.half_life_tokens = half_life_tokens
+        self.half_life_s = half_life_s
+        k_max = len(self.prior)
+        self.reached = [0.0] * k_max
+        self.accepted = [0.0] * k_max
+        self.last_time_s: float | None = None
+
+    @property
+    def k_max(self) -> int:
+        return len(self.prior)
+
+    def decay_factor(self, obs: StepObservation) -> float:
+        """0.5 ** (x / half_life): x = drafted tokens in obs, or seconds since the last one."""
+        if self.half_life_tokens is not None:
+            return math.exp(-LN2 * sum(obs.drafted) / self.half_life_tokens)
+        if obs.time_s is None:
+            raise ValueError("half_life_s needs observations with time_s")
+        dt = 0.0 if self.last_time_s is None else max(obs.time_s - self.last_time_s, 0.0)
+        return math.exp(-LN2 * dt / self.half_life_s)  # type: ignore[operator]
+
+    def update(self, obs: StepObservation) -> None:
+        """Decay the old evidence, then add obs (positions beyond k_max are dropped)."""
+        f = self.decay_factor(obs)
+        if obs.time_s is not None:
+            self.last_time_s = obs.time_s
+        n = min(len(obs.reached), self.k_max)
+        reached, accepted = self.reached, self.accepted
+        for j in range(self.k_max):
+            reached[j] *= f
+            accepted[j] *= f
+        for j in range(n):
+            reached[j] += obs.reached[j]
+            accepted[j] += obs.accepted[j]
+
+    def rates(self, floor: float = 1e-3) -> list[float]:
+        """a_j = (A_j + w p_j) / (R_j + w), clamped to [floor, 1]."""
+        w = self.prior_weight
+        out = []
+        for a, r, p in zip(self.accepted, self.reached, self.prior):
+            den = r + w
+            est = (a + w * p) / den if den > 0 else p
+            out.append(min(max(est, floor), 1.0))
+        return out
+
+    def evidence(self) -> list[float]:
+        """Decayed number of drafts that reached each position."""
+        return list(self.reached)
+
+
+class CumulativeCounters:
+    """Turns cumulative counters (e.g. Prometheus totals) into per-window deltas.
+
+    A window whose counters went backwards (engine restart, counter reset) or hold
+    NaN is ignored: ``delta`` returns None and the new totals become the baseline.
+    """
+
+    def __init__(self) -> None:
+        self.last: tuple[float, ...] | None = None
+        self.ignored = 0
+
+    def delta(self, totals: Sequence[float]) -> tuple[float, ...] | None:
+        values = tuple(float(v) for v in totals)
+        bad = any(math.isnan(v) or math.isinf(v) for v in values)
+        prev, self.last = self.last, (None if bad else values)
+        if bad:
+            self.ignored += 1
+            return None
+        if prev is None:
+            return None
+        if len(prev) != len(values) or any(v < p for v, p in zip(values, prev)):
+            self.ignored += 1
+            return None
+        return tuple(v - p for v, p in zip(values, prev))
