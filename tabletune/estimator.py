@@ -6,13 +6,19 @@ and *accepted* positions 1..m. Position j is only tested when positions < j were
 accepted, so the conditional rate at j is estimated from the drafts that reached
 j, never from all drafts:
 
-    a_j = (A_j + w * p_j) / (R_j + w)
+    a_j = (A_j + w * m_j) / (R_j + w)
 
-where R_j, A_j are the exponentially decayed reached/accepted counts, p_j the
-prior rate and w the prior weight in pseudo-drafts. Decay multiplies R and A by
+where R_j, A_j are the exponentially decayed reached/accepted counts, w the prior
+weight in pseudo-drafts and m_j the prior mean at j. Decay multiplies R and A by
 0.5 ** (x / half_life) before each new observation, where x is the number of
 drafted tokens in it (``half_life_tokens``) or the seconds since the previous one
-(``half_life_s``). The prior never decays, so with no evidence a_j = p_j.
+(``half_life_s``); the prior never decays.
+
+The prior mean is *chained*: m_1 = p_1 and m_j = p_j * a_{j-1} / p_{j-1} for j >= 2,
+with p the prior profile's rates. A position that is rarely reached (only on
+exploration steps, or deep in a draft at low acceptance) thus follows the level
+measured one position down, in the prior's shape, rather than a prior measured on
+another workload. With no evidence anywhere, a_j = p_j.
 
 Observations carry exact per-draft information when the engine has it
 (``StepObservation.from_drafts``). Engines that only report vLLM's per-position
@@ -146,12 +152,13 @@ class DecayedAcceptance:
             accepted[j] += obs.accepted[j]
 
     def rates(self, floor: float = 1e-3) -> list[float]:
-        """a_j = (A_j + w p_j) / (R_j + w), clamped to [floor, 1]."""
+        """a_j = (A_j + w m_j) / (R_j + w) with the chained prior mean m_j, clamped to [floor, 1]."""
         w = self.prior_weight
-        out = []
-        for a, r, p in zip(self.accepted, self.reached, self.prior):
+        out: list[float] = []
+        for j, (a, r, p) in enumerate(zip(self.accepted, self.reached, self.prior)):
+            m = p if j == 0 else min(max(p * out[-1] / self.prior[j - 1], floor), 1.0)
             den = r + w
-            est = (a + w * p) / den if den > 0 else p
+            est = (a + w * m) / den if den > 0 else m
             out.append(min(max(est, floor), 1.0))
         return out
 
