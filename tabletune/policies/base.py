@@ -1,0 +1,198 @@
+"""The one Policy interface: choose draft lengths before a step, observe the step after it.
+
+A policy is constructed once with a :class:`PolicyContext` (the offline step-time
+profile, the operator's prior acceptance rates, the allowed lengths) and then, every
+decode step:
+
+1. ``decide(state: BatchState) -> Decision``: state describes the running batch
+   *before* the step: stable request ids, tokens generated so far, and (only if the
+   policy sets ``uses_features = True``) the drafters' confidence signals for every
+   position each request could draft (:class:`DraftFeatures`).
+2. the engine (simulator or vLLM) drafts, verifies, and calls
+   ``observe(outcome: StepOutcome)`` with what happened: per-request draft length
+   actually verified, tokens accepted, per-position KL(target || draft), step time.
+
+Decisions come in two shapes, both ordinary :class:`Decision` objects:
+
+* one k for the whole batch (``Decision.batch(k)``): fixed k, speculation off (k=0),
+  tables, the controller, TurboSpec-style, Nightjar-style;
+* a length per request (``Decision.per_request(ks, drafter)``): DISCO, TapOut, DSDE,
+  GammaTune, adaptive verification, Hybrid Spark. ``ks[i]`` is the draft length of
+  ``state.request_ids[i]``; ``drafter[i]`` picks the model drafter (``MODEL``) or the
+  n-gram drafter (``NGRAM``); None means the setting's default drafter
+  (``ctx.default_drafter``).
+
+Token-by-token stopping rules (DISCO, TapOut, DSDE) are expressed as a per-request
+length: the policy scans ``features.top1_prob[i, :]`` (etc.) position by position and
+returns the first position where it would stop. It must only use positions <= j when
+deciding whether to draft j+1 (the features of a position exist once it is drafted).
+
+Conventions:
+
+* Positions j = 1..k_max are array columns 0..k_max-1. Arrays are numpy, shape in the
+  comment next to each field.
+* An n-gram drafter proposes at most ``features.ngram_num_proposed[i]`` tokens (0 when
+  no suffix match). A request given the n-gram drafter with ``ks[i]`` larger than
+  that verifies only ``ngram_num_proposed[i]`` tokens; ``StepOutcome.ks`` reports the
+  lengths actually verified.
+* ``StepOutcome.accepted[i]`` counts accepted draft tokens (0..ks[i]); the bonus token
+  is extra, so request i emits ``accepted[i] + 1`` tokens.
+* Every k a policy returns must be in ``ctx.lengths`` for batch decisions; per-request
+  lengths may be any integer in 0..ctx.k_max (the cost model interpolates, see
+  ``tabletune.sim.cost``).
+* Policies never see the workload's true rates; they learn from ``observe``.
+* ``ctx.cost.mixed_ms(ks)`` gives the modelled step time of a mixed-length step and
+  ``ctx.cost.budget_ms(b, slots)`` the time T(budget) of a batch verifying ``slots``
+  draft tokens in total (adaptive verification).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+
+if TYPE_CHECKING:  # the sim imports this module; avoid the cycle at run time
+    from tabletune.sim.cost import StepCost
+
+MODEL = 0  # model-based drafter (EAGLE-like, draft model, ...)
+NGRAM = 1  # n-gram (prompt lookup) drafter
+
+
+@dataclass(frozen=True)
+class PolicyContext:
+    """What a policy knows before the first step. Offline knowledge only."""
+
+    cost: StepCost  # offline T(b, k), mixed-length and budget costing
+    prior_rates: tuple[float, ...]  # conditional acceptance a_1.. measured offline (may be stale)
+    lengths: tuple[int, ...]  # allowed batch-wide k (measured; includes 0)
+    max_num_seqs: int = 128
+    default_drafter: int = MODEL
+    seed: int = 0
+    # n-gram calibration table fit once on general text: ngram_rates[L] = conditional
+    # acceptance of an n-gram draft token when the suffix match length is L (index 0 unused)
+    ngram_rates: tuple[float, ...] = ()
+
+    @property
+    def k_max(self) -> int:
+        return max(self.lengths)
+
+
+@dataclass(frozen=True)
+class DraftFeatures:
+    """Drafters' confidence signals before verification (filled only for ``uses_features``).
+
+    For the model drafter, per request i and drafted position j (column j-1):
+    ``top1_prob`` the drafter's top-1 probability, ``entropy`` its entropy in nats,
+    ``margin`` top-1 minus top-2 probability. Higher top1/margin and lower entropy go with
+    acceptance (the simulator's model is in ``tabletune.sim.acceptance``).
+    """
+
+    top1_prob: np.ndarray  # [batch_size, k_max] float in (0, 1)
+    entropy: np.ndarray  # [batch_size, k_max] float >= 0, nats
+    margin: np.ndarray  # [batch_size, k_max] float in [0, 1)
+    ngram_match_len: np.ndarray  # [batch_size] int, suffix-match length L (0: no match)
+    ngram_num_proposed: np.ndarray  # [batch_size] int, tokens the n-gram drafter can propose
+
+
+@dataclass(frozen=True)
+class BatchState:
+    """The running batch before a decode step."""
+
+    step: int  # 0, 1, 2, ...
+    time_s: float  # simulated (or wall) time at the start of the step
+    request_ids: np.ndarray  # [batch_size] int64, stable for a request's lifetime
+    num_generated: np.ndarray  # [batch_size] int, output tokens emitted so far (0: new request)
+    features: DraftFeatures | None = None  # only for policies with uses_features = True
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.request_ids)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One k for the batch, or one per request (with an optional drafter per request)."""
+
+    k: int | None = None
+    ks: np.ndarray | None = None  # [batch_size] int
+    drafter: np.ndarray | None = None  # [batch_size] int, MODEL or NGRAM; None: ctx.default_drafter
+
+    @classmethod
+    def batch(cls, k: int) -> Decision:
+        return cls(k=int(k))
+
+    @classmethod
+    def per_request(cls, ks: np.ndarray, drafter: np.ndarray | None = None) -> Decision:
+        return cls(ks=np.asarray(ks, dtype=np.int64), drafter=drafter)
+
+    def lengths_for(self, batch_size: int) -> np.ndarray:
+        """[batch_size] draft lengths requested (before n-gram capping)."""
+        if self.ks is not None:
+            if len(self.ks) != batch_size:
+                raise ValueError(f"per-request ks has {len(self.ks)} entries for a batch of {batch_size}")
+            return self.ks
+        if self.k is None:
+            raise ValueError("a Decision needs k or ks")
+        return np.full(batch_size, self.k, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one verify step did, reported to ``Policy.observe``."""
+
+    state: BatchState  # the state the decision was made on
+    ks: np.ndarray  # [batch_size] int, draft tokens actually verified per request
+    drafter: np.ndarray  # [batch_size] int, MODEL or NGRAM
+    accepted: np.ndarray  # [batch_size] int, accepted draft tokens (bonus excluded)
+    step_ms: float  # measured step time (noise included), prefill excluded
+    # KL(target || draft) at each verified position; NaN where not verified (only for uses_features)
+    kl: np.ndarray | None = None  # [batch_size, k_max]
+    finished_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # ids that ended
+
+    @property
+    def num_tokens(self) -> int:
+        """Output tokens emitted this step: sum_i (accepted_i + 1)."""
+        return int(self.accepted.sum()) + len(self.accepted)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_tokens * 1000.0 / self.step_ms if self.step_ms > 0 else 0.0
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Chooses draft lengths per step; learns from outcomes. Construct with (ctx, **options)."""
+
+    name: ClassVar[str]
+    uses_features: ClassVar[bool]  # True: the engine fills state.features and outcome.kl
+
+    def decide(self, state: BatchState) -> Decision: ...
+
+    def observe(self, outcome: StepOutcome) -> None: ...
+
+
+class BatchPolicy:
+    """Base for one-k-per-batch policies: subclasses implement ``k_for(state)``; observe is a no-op."""
+
+    name: ClassVar[str] = "batch"
+    uses_features: ClassVar[bool] = False
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        self.ctx = ctx
+
+    def k_for(self, state: BatchState) -> int:
+        raise NotImplementedError
+
+    def decide(self, state: BatchState) -> Decision:
+        return Decision.batch(self.k_for(state))
+
+    def observe(self, outcome: StepOutcome) -> None:
+        return None
+
+
+def nearest_length(k: int, lengths: tuple[int, ...]) -> int:
+    """The largest allowed length <= k (the smallest allowed one if none is)."""
+    below = [x for x in lengths if x <= k]
+    return max(below) if below else min(lengths)

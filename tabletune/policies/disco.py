@@ -1,0 +1,264 @@
+"""DISCO: a classifier decides, after each drafted token, whether to keep drafting.
+
+Source: Mamou et al., "Dynamic Speculation Lookahead Accelerates Speculative Decoding
+of Large Language Models" (DISCO, arXiv 2405.04304). After the drafter emits token i
+of request r, a classifier scores its features x_i and drafting continues while
+
+    P(accepted | x_i) = sigmoid(w . z_i + c) >= tau,   z_i = (x_i - mu) / sigma
+
+and stops otherwise (the token that fails the test is still verified; drafting stops
+after it, as in the paper). The paper trains a feed-forward classifier on the draft
+model's top-k probabilities, entropy and position; this version trains a
+scikit-learn logistic regression on logged (features, accepted) pairs with the
+features of ``FEATURES`` (the columns of issue 7's per-token traces) and picks tau
+on the training log by the same rule as the threshold variant below. The fitted model
+is saved as JSON coefficients, never a pickle; scoring needs only numpy.
+
+Threshold variant (Hugging Face transformers' ``assistant_confidence_threshold``,
+``AssistedCandidateGenerator``): stop drafting when the draft's top-1 probability
+p_i < theta (default 0.4). After each verification it logs p of every drafted token
+with label 1 for the accepted ones and 0 for the first rejected one (later tokens were
+never tested and are dropped), and retunes theta on the ROC curve of that log:
+
+    theta* = argmin_theta  FPR(theta) + 3 * FNR(theta)
+
+(false positives, rejected tokens that were drafted anyway, cost 1; false negatives,
+acceptable tokens that were not drafted, cost 3). It needs >= 6 logged tokens and both
+labels, as in transformers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+
+from tabletune import fileio
+from tabletune.errors import InputError
+from tabletune.policies.base import BatchState, Decision, PolicyContext, StepOutcome
+from tabletune.policies.per_request import accepted_mask, feature_tensor, first_stop, require_features, tested_mask
+
+FEATURES = ("top1_prob", "entropy", "margin", "position", "ngram_match_len")
+DISCO_SCHEMA = "tabletune.disco_model"
+DISCO_VERSION = 1
+HF_DEFAULT_THRESHOLD = 0.4
+HF_FN_COST = 3.0  # transformers weighs a false negative 3x a false positive
+
+
+@dataclass(frozen=True)
+class RocPoint:
+    threshold: float
+    fpr: float
+    tpr: float
+
+
+def roc_curve(labels: Sequence[int], scores: Sequence[float]) -> list[RocPoint]:
+    """ROC points for 'score >= threshold predicts label 1', thresholds descending.
+
+    The first point has threshold +inf (nothing predicted positive), as in
+    ``sklearn.metrics.roc_curve(drop_intermediate=False)``; ties share a point.
+    """
+    y = np.asarray(labels, dtype=float)
+    s = np.asarray(scores, dtype=float)
+    pos, neg = y.sum(), len(y) - y.sum()
+    if len(y) == 0 or pos == 0 or neg == 0:
+        raise ValueError("the ROC curve needs both labels")
+    order = np.argsort(-s, kind="mergesort")
+    s, y = s[order], y[order]
+    last_of_tie = np.r_[np.nonzero(np.diff(s))[0], len(s) - 1]
+    tps = np.cumsum(y)[last_of_tie]
+    fps = (last_of_tie + 1) - tps
+    points = [RocPoint(math.inf, 0.0, 0.0)]
+    points += [RocPoint(float(s[i]), float(fp / neg), float(tp / pos)) for i, tp, fp in zip(last_of_tie, tps, fps)]
+    return points
+
+
+def roc_threshold(labels: Sequence[int], scores: Sequence[float], fn_cost: float = HF_FN_COST) -> float:
+    """theta* = argmin FPR + fn_cost * FNR over the ROC thresholds (first minimum wins)."""
+    points = roc_curve(labels, scores)
+    costs = [p.fpr + fn_cost * (1.0 - p.tpr) for p in points]
+    return points[int(np.argmin(costs))].threshold
+
+
+def verified_labels(num_drafted: int, num_accepted: int) -> list[int]:
+    """Labels of one verified draft: 1 per accepted token, 0 for the first rejected one.
+
+    Tokens after the first rejection were never tested (censored) and get no label.
+    """
+    m = min(num_accepted, num_drafted)
+    return [1] * m + ([0] if m < num_drafted else [])
+
+
+class ConfidenceThreshold:
+    """transformers' rule: continue while p_top1 >= theta; theta retuned on the ROC log."""
+
+    def __init__(self, threshold: float = HF_DEFAULT_THRESHOLD, retune: bool = True, max_log: int = 4096) -> None:
+        self.threshold = threshold
+        self.retune = retune
+        self.max_log = max_log
+        self.probs: list[float] = []
+        self.labels: list[int] = []
+
+    def keep_drafting(self, top1_prob: float) -> bool:
+        return top1_prob >= self.threshold
+
+    def observe(self, drafted_probs: Sequence[float], num_accepted: int) -> None:
+        """Log one verified draft (p of each drafted token, m accepted) and retune theta."""
+        labels = verified_labels(len(drafted_probs), num_accepted)
+        self.observe_tested(np.asarray(drafted_probs[: len(labels)], dtype=float), np.asarray(labels))
+
+    def observe_tested(self, probs: np.ndarray, labels: np.ndarray) -> None:
+        """Log tested tokens' p and label; retune (transformers keeps the whole log; we keep max_log)."""
+        self.probs.extend(np.asarray(probs, dtype=float).tolist())
+        self.labels.extend(np.asarray(labels, dtype=int).tolist())
+        if len(self.labels) > self.max_log:
+            del self.labels[: -self.max_log], self.probs[: -self.max_log]
+        if self.retune and len(self.probs) > 5 and 0 < sum(self.labels) < len(self.labels):
+            self.threshold = roc_threshold(self.labels, self.probs)
+
+
+@dataclass(frozen=True)
+class DiscoModel:
+    """Logistic stop classifier: P(accepted | x) = sigmoid(w . (x - mu) / sigma + c)."""
+
+    coef: tuple[float, ...]
+    intercept: float
+    mean: tuple[float, ...]
+    scale: tuple[float, ...]
+    threshold: float
+    features: tuple[str, ...] = FEATURES
+    trained_on: str = ""
+
+    def accept_prob(self, x: np.ndarray) -> np.ndarray:
+        """P(accepted) for rows of x, shape [n, len(features)] (or one row)."""
+        z = (np.asarray(x, dtype=float) - np.asarray(self.mean)) / np.asarray(self.scale)
+        return 1.0 / (1.0 + np.exp(-(z @ np.asarray(self.coef) + self.intercept)))
+
+    def keep_drafting(self, x: np.ndarray) -> bool:
+        return bool(self.accept_prob(x) >= self.threshold)
+
+    def to_json(self) -> dict:
+        return {"schema": DISCO_SCHEMA, "version": DISCO_VERSION, "features": list(self.features),
+                "coef": list(self.coef), "intercept": self.intercept, "mean": list(self.mean),
+                "scale": list(self.scale), "threshold": self.threshold, "trained_on": self.trained_on}
+
+    def save(self, path: str | Path) -> None:
+        fileio.write_json(path, self.to_json())
+
+    @classmethod
+    def from_json(cls, obj: object, source: str = "<json>") -> DiscoModel:
+        if not isinstance(obj, dict) or obj.get("schema") != DISCO_SCHEMA:
+            raise InputError(source, "schema", obj.get("schema") if isinstance(obj, dict) else obj,
+                             f"expected {DISCO_SCHEMA!r}")
+        if obj.get("version") != DISCO_VERSION:
+            raise InputError(source, "version", obj.get("version"), f"expected {DISCO_VERSION}")
+        n = len(obj.get("features", []))
+        for name in ("coef", "mean", "scale"):
+            values = obj.get(name)
+            if not isinstance(values, list) or len(values) != n:
+                raise InputError(source, name, values, f"must be a list of {n} numbers")
+        if any(float(s) <= 0 for s in obj["scale"]):
+            raise InputError(source, "scale", obj["scale"], "must be > 0")
+        return cls(coef=tuple(map(float, obj["coef"])), intercept=float(obj["intercept"]),
+                   mean=tuple(map(float, obj["mean"])), scale=tuple(map(float, obj["scale"])),
+                   threshold=float(obj["threshold"]), features=tuple(obj["features"]),
+                   trained_on=str(obj.get("trained_on", "")))
+
+    @classmethod
+    def load(cls, path: str | Path) -> DiscoModel:
+        return cls.from_json(fileio.read_json(path), source=str(path))
+
+
+def train_disco(x: np.ndarray, accepted: np.ndarray, trained_on: str = "", fn_cost: float = HF_FN_COST) -> DiscoModel:
+    """Fit the logistic stop classifier on logged (features, accepted) pairs (scikit-learn).
+
+    x is [n, len(FEATURES)]; accepted is [n] in {0, 1}. Only tokens that were tested
+    belong in the log (censoring: nothing after a draft's first rejection). tau is the
+    ROC threshold of the fitted probabilities with the transformers cost (FPR + 3 FNR).
+    """
+    from sklearn.linear_model import LogisticRegression  # training only; scoring is numpy
+
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(accepted, dtype=int)
+    if x.ndim != 2 or len(x) != len(y) or len(set(y.tolist())) != 2:
+        raise ValueError("train_disco needs an [n, d] feature array and labels with both classes")
+    mean = x.mean(axis=0)
+    scale = np.where(x.std(axis=0) > 1e-9, x.std(axis=0), 1.0)
+    clf = LogisticRegression(C=1.0, max_iter=1000).fit((x - mean) / scale, y)
+    model = DiscoModel(coef=tuple(map(float, clf.coef_[0])), intercept=float(clf.intercept_[0]),
+                       mean=tuple(map(float, mean)), scale=tuple(map(float, scale)), threshold=0.5,
+                       features=FEATURES[: x.shape[1]], trained_on=trained_on)
+    tau = roc_threshold(y, model.accept_prob(x), fn_cost)
+    return dataclasses.replace(model, threshold=float(min(tau, 1.0)))
+
+
+class DiscoPolicy:
+    """DISCO per request: draft while the classifier (or transformers' threshold) says continue.
+
+    ``variant="classifier"``: with ``model=FILE`` the saved coefficients are used as
+    they are. Without one, the policy starts with the threshold rule, logs every tested
+    token's (features, accepted), trains the classifier once ``warmup_tokens`` are
+    logged, and refits every ``refit_steps`` steps on the latest ``max_log`` tokens
+    (so it follows a workload switch). ``variant="threshold"``: transformers'
+    ``assistant_confidence_threshold`` rule with its ROC retuning.
+    """
+
+    name: ClassVar[str] = "disco"
+    uses_features: ClassVar[bool] = True
+
+    def __init__(self, ctx: PolicyContext, variant: str = "classifier", model: str | None = None,
+                 threshold: float = HF_DEFAULT_THRESHOLD, warmup_tokens: int = 2000, refit_steps: int = 250,
+                 max_log: int = 20000) -> None:
+        if variant not in ("classifier", "threshold"):
+            raise InputError("--policy", "disco.variant", variant, "choose 'classifier' or 'threshold'")
+        self.ctx = ctx
+        self.variant = variant
+        self.hf = ConfidenceThreshold(threshold, retune=True)
+        self.model = DiscoModel.load(model) if model else None
+        self.fixed_model = model is not None
+        self.warmup_tokens, self.refit_steps, self.max_log = warmup_tokens, refit_steps, max_log
+        self.log_x: list[np.ndarray] = []
+        self.log_y: list[np.ndarray] = []
+        self.num_logged = 0
+        self.steps_since_fit = 0
+        self._x: np.ndarray | None = None
+
+    def decide(self, state: BatchState) -> Decision:
+        x = feature_tensor(require_features(state.features, self.name))[:, : self.ctx.k_max]  # [b, K, 5]
+        self._x = x
+        if self.variant == "classifier" and self.model is not None:
+            b, k, d = x.shape
+            keep = (self.model.accept_prob(x.reshape(-1, d)) >= self.model.threshold).reshape(b, k)
+        else:
+            keep = x[:, :, 0] >= self.hf.threshold
+        return Decision.per_request(first_stop(keep))
+
+    def observe(self, outcome: StepOutcome) -> None:
+        if self._x is None:
+            return
+        x, self._x = self._x, None
+        k_max = x.shape[1]
+        tested = tested_mask(outcome.ks, outcome.accepted, k_max)
+        labels = accepted_mask(outcome.accepted, k_max)[tested]
+        self.hf.observe_tested(x[:, :, 0][tested], labels)
+        if self.variant != "classifier" or self.fixed_model:
+            return
+        self.log_x.append(x[tested])
+        self.log_y.append(labels.astype(np.int8))
+        self.num_logged += int(tested.sum())
+        self.steps_since_fit += 1
+        if self.num_logged >= self.warmup_tokens and (self.model is None or self.steps_since_fit >= self.refit_steps):
+            self._refit()
+
+    def _refit(self) -> None:
+        xs = np.concatenate(self.log_x)[-self.max_log:]
+        ys = np.concatenate(self.log_y)[-self.max_log:]
+        self.log_x, self.log_y = [xs], [ys]
+        self.steps_since_fit = 0
+        if 0 < ys.sum() < len(ys):
+            self.model = train_disco(xs, ys, trained_on="online log")

@@ -1,0 +1,79 @@
+"""Helpers shared by the per-request policies (DISCO, TapOut, DSDE, GammaTune, DSpark, Hybrid Spark).
+
+* ``first_stop``: a token-by-token stop rule as a per-request length. keep[i, j-1] says
+  whether request i keeps drafting after drafted position j; the length is the first j
+  whose test fails (that token is still verified) or k_max if none fails:
+
+      k_i = min{ j : not keep[i, j-1] }   (k_max if keep[i, :] is all true)
+
+  Position j's decision uses only column j-1, so the rule is causal.
+* ``tested_mask``: which drafted positions the target actually tested. A draft of k with
+  m accepted tested positions 1..min(m+1, k); later ones are censored.
+* ``feature_tensor``: the model drafter's per-token features in the column order of
+  ``tabletune.policies.disco.FEATURES``.
+* ``PerRequest``: a dict of per-request state that forgets finished requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+import numpy as np
+
+from tabletune.policies.base import DraftFeatures, StepOutcome
+
+T = TypeVar("T")
+
+
+def first_stop(keep: np.ndarray) -> np.ndarray:
+    """[batch_size] lengths from a [batch_size, k_max] keep-drafting matrix (see module docstring)."""
+    k_max = keep.shape[1]
+    return np.where(keep.all(axis=1), k_max, np.argmin(keep, axis=1) + 1).astype(np.int64)
+
+
+def tested_mask(ks: np.ndarray, accepted: np.ndarray, k_max: int) -> np.ndarray:
+    """[batch_size, k_max] True at the positions the target tested: j <= min(m + 1, k)."""
+    reach = np.minimum(np.asarray(accepted) + 1, np.asarray(ks))
+    return np.arange(1, k_max + 1)[None, :] <= reach[:, None]
+
+
+def accepted_mask(accepted: np.ndarray, k_max: int) -> np.ndarray:
+    """[batch_size, k_max] True at the accepted positions: j <= m."""
+    return np.arange(1, k_max + 1)[None, :] <= np.asarray(accepted)[:, None]
+
+
+def feature_tensor(f: DraftFeatures) -> np.ndarray:
+    """[batch_size, k_max, 5]: top1_prob, entropy, margin, position j, n-gram match length."""
+    b, k_max = f.top1_prob.shape
+    position = np.broadcast_to(np.arange(1, k_max + 1, dtype=float)[None, :], (b, k_max))
+    match = np.broadcast_to(np.asarray(f.ngram_match_len, dtype=float)[:, None], (b, k_max))
+    return np.stack([f.top1_prob, f.entropy, f.margin, position, match], axis=2)
+
+
+def require_features(features: DraftFeatures | None, policy: str) -> DraftFeatures:
+    if features is None:
+        raise ValueError(f"policy {policy} needs draft features; the engine must fill BatchState.features")
+    return features
+
+
+class PerRequest(Generic[T]):
+    """Per-request state created on first use and dropped when the request finishes."""
+
+    def __init__(self, factory: Callable[[], T]) -> None:
+        self.factory = factory
+        self.items: dict[int, T] = {}
+
+    def get(self, request_id: int) -> T:
+        rid = int(request_id)
+        item = self.items.get(rid)
+        if item is None:
+            item = self.items[rid] = self.factory()
+        return item
+
+    def forget(self, outcome: StepOutcome) -> None:
+        for rid in outcome.finished_ids.tolist():
+            self.items.pop(int(rid), None)
+
+    def __len__(self) -> int:
+        return len(self.items)

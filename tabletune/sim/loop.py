@@ -1,0 +1,155 @@
+"""The event loop of ``Simulator.run``: one iteration per decode step (see ``simulator`` for the model)."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from tabletune.policies.base import NGRAM, BatchState, DraftFeatures, Policy, StepOutcome
+from tabletune.sim import acceptance as acc
+from tabletune.sim import ngram
+from tabletune.sim.metrics import RequestLog, SimResult, StepLog
+
+
+class _Run:
+    """Mutable state of one run."""
+
+    def __init__(self, sim, policy: Policy) -> None:
+        from tabletune.sim.simulator import _Requests
+
+        self.sim, self.policy, self.cfg = sim, policy, sim.config
+        self.rng = np.random.default_rng(self.cfg.seed)
+        self.reqs = _Requests(sim.k_max)
+        self.queue: deque[dict] = deque()  # open loop: waiting single requests
+        self.next_id = 0
+        self.time_s = 0.0
+        self.prefill_ms = 0.0
+        self.next_arrival_s = 0.0
+        self.steps: list[tuple] = []
+        self.done: list[tuple] = []
+        self.uses_features = bool(getattr(policy, "uses_features", False))
+
+    # ---- arrivals and admission ---------------------------------------------
+
+    def add(self, n: int, *, charge_prefill: bool = True) -> None:
+        if n <= 0:
+            return
+        new = self.sim.new_requests(n, self.time_s, self.rng, self.next_id)
+        self.next_id += n
+        if charge_prefill:
+            self.prefill_ms += float(new["prompt_len"].sum()) * self.cfg.prefill_ms_per_token
+        self.reqs.extend(new)
+
+    def admit(self) -> None:
+        cfg = self.cfg
+        if cfg.arrival_rate is None:
+            self.add(cfg.load - len(self.reqs), charge_prefill=self.time_s > 0)
+            return
+        while self.next_arrival_s <= self.time_s:  # Poisson arrivals up to now
+            self.queue.append(self.sim.new_requests(1, self.next_arrival_s, self.rng, self.next_id))
+            self.next_id += 1
+            self.next_arrival_s += self.rng.exponential(1.0 / cfg.arrival_rate)
+        while self.queue and len(self.reqs) < cfg.max_num_seqs:
+            new = self.queue.popleft()
+            self.prefill_ms += float(new["prompt_len"].sum()) * cfg.prefill_ms_per_token
+            self.reqs.extend(new)
+
+    # ---- one step --------------------------------------------------------------
+
+    def state(self, margin: np.ndarray | None, ng_prop: np.ndarray, ng_len: np.ndarray) -> BatchState:
+        features = None
+        if self.uses_features:
+            noise = self.sim._w["signal_noise"][self.reqs.widx][:, None]
+            top1, entropy, margin12, _ = acc.confidence_features(margin, noise, self.rng)
+            features = DraftFeatures(top1, entropy, margin12, ng_len, ng_prop)
+        return BatchState(step=len(self.steps), time_s=self.time_s, request_ids=self.reqs.ids,
+                          num_generated=self.reqs.generated, features=features)
+
+    def step(self) -> None:
+        reqs, sim, rng = self.reqs, self.sim, self.rng
+        b, k_max = len(reqs), sim.k_max
+        w = sim._w
+        ng_prop, ng_len = ngram.propose(reqs.span_left, reqs.match_len, w["spurious_match_prob"][reqs.widx],
+                                        k_max, rng)
+        margin = acc.draw_margins(reqs.logits, rng) if self.uses_features else None
+        state = self.state(margin, ng_prop, ng_len)
+        decision = self.policy.decide(state)
+        ks = np.clip(decision.lengths_for(b), 0, k_max)
+        drafter = decision.drafter if decision.drafter is not None else np.full(b, sim.default_drafter, np.int64)
+        is_ng = drafter == NGRAM
+        ks = np.where(is_ng, np.minimum(ks, ng_prop), ks)
+        width = int(ks.max()) if b else 0
+        accepted = np.zeros(b, np.int64)
+        if width > 0:
+            if margin is None:
+                margin = acc.draw_margins(reqs.logits[:, :width], rng)
+            m = margin[:, :width]
+            if is_ng.any():
+                m = np.where(is_ng[:, None], ngram.margins(reqs.span_left, ng_len, width, rng), m)
+            accepted = acc.accepted_count(m, ks)
+        kl = None
+        if self.uses_features and margin is not None:
+            kl = acc.kl_divergence(margin, rng)
+            kl[np.arange(k_max)[None, :] >= ks[:, None]] = np.nan
+        self.finish_step(state, ks, drafter, accepted, kl)
+
+    def finish_step(self, state: BatchState, ks: np.ndarray, drafter: np.ndarray, accepted: np.ndarray,
+                    kl: np.ndarray | None) -> None:
+        reqs, cfg, sim = self.reqs, self.cfg, self.sim
+        step_ms = sim.cost.mixed_ms(ks)
+        if cfg.noise_cv > 0:
+            sigma2 = np.log1p(cfg.noise_cv ** 2)
+            step_ms *= float(np.exp(self.rng.normal(-sigma2 / 2, np.sqrt(sigma2))))
+        total_ms = step_ms + self.prefill_ms
+        self.prefill_ms = 0.0
+        end_s = self.time_s + total_ms / 1000.0
+        tokens = np.minimum(accepted + 1, reqs.out_len - reqs.generated)
+        reqs.generated = reqs.generated + tokens
+        reqs.first_s = np.where(np.isnan(reqs.first_s), end_s, reqs.first_s)
+        w = sim._w
+        reqs.span_left, reqs.match_len = ngram.advance(
+            reqs.span_left, reqs.match_len, tokens, w["span_start_prob"][reqs.widx], w["span_mean_len"][reqs.widx],
+            self.rng)
+        fin = reqs.generated >= reqs.out_len
+        b = len(ks)
+        self.steps.append((self.time_s, total_ms, b, float(ks.mean()) if b else 0.0, int(tokens.sum()),
+                           int(ks.sum()), int(accepted.sum())))
+        finished_ids = reqs.ids[fin]
+        if fin.any():
+            self.done.append((reqs.arrival_s[fin], reqs.first_s[fin], np.full(int(fin.sum()), end_s),
+                              reqs.generated[fin]))
+            reqs.keep(~fin)
+        self.policy.observe(StepOutcome(state=state, ks=ks, drafter=drafter, accepted=accepted, step_ms=step_ms,
+                                        kl=kl, finished_ids=finished_ids))
+        self.time_s = end_s
+
+    def idle_until_arrival(self) -> None:
+        """Open loop with nothing running: jump to the next arrival."""
+        self.time_s = max(self.time_s, self.next_arrival_s)
+
+    def result(self) -> SimResult:
+        cols = list(zip(*self.steps)) if self.steps else [[]] * 7
+        steps = StepLog(*(np.array(c, dtype=float) for c in cols))
+        if self.done:
+            parts = [np.concatenate(x) for x in zip(*self.done)]
+        else:
+            parts = [np.zeros(0)] * 4
+        requests = RequestLog(*parts)
+        name = getattr(self.policy, "label", None) or getattr(self.policy, "name", type(self.policy).__name__)
+        return SimResult(policy=str(name), duration_s=self.time_s, steps=steps, requests=requests)
+
+
+def run_loop(sim, policy: Policy) -> SimResult:
+    run = _Run(sim, policy)
+    if sim.config.arrival_rate is None:
+        run.add(sim.config.load, charge_prefill=False)  # warm start: the initial requests are prefilled
+    else:
+        run.next_arrival_s = run.rng.exponential(1.0 / sim.config.arrival_rate)
+    while run.time_s < sim.config.duration_s:
+        run.admit()
+        if len(run.reqs) == 0:
+            run.idle_until_arrival()
+            continue
+        run.step()
+    return run.result()

@@ -1,0 +1,133 @@
+"""Continuous-batching discrete-event serving simulator (pure numpy).
+
+Each event is one decode step of the running batch (every running request verifies
+its draft and emits accepted + 1 tokens, vLLM's continuous batching):
+
+1. admit waiting requests up to ``max_num_seqs``; their prefill, prompt_len *
+   ``prefill_ms_per_token`` (a stated simple model: chunked prefill piggy-backed on the
+   next decode step), is added to that step's time;
+2. the policy decides the draft lengths (``tabletune.policies.base``);
+3. acceptance is drawn (``tabletune.sim.acceptance``, ``tabletune.sim.ngram``);
+4. the step takes ``StepCost.mixed_ms(ks)`` (= T(b, k) for a uniform k) times a
+   mean-one lognormal noise of coefficient of variation ``noise_cv``;
+5. each request emits min(accepted + 1, tokens left) tokens; finished requests leave;
+   the policy observes the outcome.
+
+Load: closed loop (``load`` requests always open; a finished one is replaced at once,
+and the run starts with them prefilled) or open loop (Poisson arrivals at
+``arrival_rate`` requests/s, starting empty). Deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tabletune.policies.base import Policy, PolicyContext
+from tabletune.sim import acceptance as acc
+from tabletune.sim import ngram
+from tabletune.sim.cost import StepCost
+from tabletune.sim.metrics import SimResult
+from tabletune.sim.workload import Schedule
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    duration_s: float = 60.0
+    load: int = 32  # closed loop: open requests
+    arrival_rate: float | None = None  # open loop: Poisson requests/s (load is then ignored)
+    max_num_seqs: int = 128
+    prefill_ms_per_token: float = 0.02
+    noise_cv: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.duration_s <= 0:
+            raise ValueError(f"duration_s must be > 0, got {self.duration_s}")
+        if self.arrival_rate is None and not 1 <= self.load <= self.max_num_seqs:
+            raise ValueError(f"load must lie in 1..max_num_seqs={self.max_num_seqs}, got {self.load}")
+        if self.arrival_rate is not None and self.arrival_rate <= 0:
+            raise ValueError(f"arrival_rate must be > 0, got {self.arrival_rate}")
+        if self.noise_cv < 0 or self.prefill_ms_per_token < 0:
+            raise ValueError("noise_cv and prefill_ms_per_token must be >= 0")
+
+
+_FIELDS = ("ids", "widx", "logits", "out_len", "generated", "arrival_s", "first_s", "span_left", "match_len")
+
+
+class _Requests:
+    """The running requests as parallel arrays (struct of arrays)."""
+
+    def __init__(self, k_max: int) -> None:
+        self.ids = np.zeros(0, np.int64)
+        self.widx = np.zeros(0, np.int64)
+        self.logits = np.zeros((0, k_max))
+        self.out_len = np.zeros(0, np.int64)
+        self.generated = np.zeros(0, np.int64)
+        self.arrival_s = np.zeros(0)
+        self.first_s = np.full(0, np.nan)
+        self.span_left = np.zeros(0, np.int64)
+        self.match_len = np.zeros(0, np.int64)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def keep(self, mask: np.ndarray) -> None:
+        for name in _FIELDS:
+            setattr(self, name, getattr(self, name)[mask])
+
+    def extend(self, other: dict[str, np.ndarray]) -> None:
+        for name in _FIELDS:
+            setattr(self, name, np.concatenate([getattr(self, name), other[name]]))
+
+
+class Simulator:
+    def __init__(self, cost: StepCost, schedule: Schedule, config: SimConfig, *,
+                 default_drafter: int = 0) -> None:
+        self.cost, self.schedule, self.config = cost, schedule, config
+        self.default_drafter = default_drafter
+        self.k_max = min(schedule.k_max, cost.k_max)
+        ws = schedule.workloads
+        self.thetas = [acc.calibrate_logits(w.rates[: self.k_max], w.heterogeneity) for w in ws]
+        self._w = {name: np.array([getattr(w, name) for w in ws], dtype=float)
+                   for name in ("span_start_prob", "span_mean_len", "spurious_match_prob", "signal_noise")}
+
+    def context(self, prior_rates: tuple[float, ...] | None = None, lengths: tuple[int, ...] | None = None,
+                seed: int | None = None) -> PolicyContext:
+        """A PolicyContext for this simulation (prior: the first workload's rates unless given)."""
+        first = self.schedule.workloads[0]
+        return PolicyContext(
+            cost=self.cost,
+            prior_rates=tuple(prior_rates if prior_rates is not None else first.rates[: self.k_max]),
+            lengths=tuple(lengths if lengths is not None else [k for k in self.cost.ks if k <= self.k_max]),
+            max_num_seqs=self.config.max_num_seqs,
+            default_drafter=self.default_drafter,
+            seed=self.config.seed if seed is None else seed,
+            ngram_rates=ngram.calibration_rates(first.span_mean_len),
+        )
+
+    def new_requests(self, n: int, time_s: float, rng: np.random.Generator, next_id: int) -> dict[str, np.ndarray]:
+        i = self.schedule.index_at(time_s)
+        w = self.schedule.workloads[i]
+        if w.output_len is not None:
+            out_len = np.full(n, w.output_len, np.int64)
+        else:
+            out_len = rng.geometric(1.0 / w.output_len_mean, n).astype(np.int64)
+        return {
+            "ids": np.arange(next_id, next_id + n, dtype=np.int64),
+            "widx": np.full(n, i, np.int64),
+            "logits": acc.request_logits(self.thetas[i], w.heterogeneity, n, rng),
+            "out_len": out_len,
+            "generated": np.zeros(n, np.int64),
+            "arrival_s": np.full(n, time_s),
+            "first_s": np.full(n, np.nan),
+            "span_left": np.zeros(n, np.int64),
+            "match_len": np.zeros(n, np.int64),
+            "prompt_len": rng.geometric(1.0 / max(w.prompt_len_mean, 1.0), n) if w.prompt_len_mean > 0 else np.zeros(n),
+        }
+
+    def run(self, policy: Policy) -> SimResult:
+        from tabletune.sim.loop import run_loop
+
+        return run_loop(self, policy)
