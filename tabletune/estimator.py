@@ -58,20 +58,29 @@ class StepObservation:
                     time_s: float | None = None, k_max: int | None = None) -> StepObservation:
         """Exact counts from (draft length, accepted length) pairs.
 
-        drafted_j = #{k_i >= j}, accepted_j = #{m_i >= j}, reached_j = #{k_i >= j and m_i >= j-1}.
+        drafted_j = #{k_i >= j}, accepted_j = #{m_i >= j}, reached_j = #{k_i >= j and m_i >= j-1}:
+        each pair adds 1 to the "ends at" bins k_i, m_i and min(m_i + 1, k_i); suffix sums give the counts.
         """
-        hist = Counter((min(d, k_max) if k_max else d, a) for d, a in drafts if d > 0)
+        hist = Counter(drafts)
         n = k_max or max((d for d, _ in hist), default=0)
-        reached, accepted, drafted = [0] * n, [0] * n, [0] * n
+        ends = [[0] * (n + 1) for _ in range(3)]  # drafted, reached, accepted: how many end at j
+        num_drafts = 0
         for (d, a), c in hist.items():
+            if d <= 0:
+                continue
+            d = min(d, n)
             a = min(a, d)
-            for j in range(d):
-                drafted[j] += c
-            for j in range(min(a + 1, d)):
-                reached[j] += c
-            for j in range(a):
-                accepted[j] += c
-        return cls(batch_size, k, sum(hist.values()), tuple(reached), tuple(accepted), tuple(drafted), time_s)
+            num_drafts += c
+            ends[0][d] += c
+            ends[1][min(a + 1, d)] += c
+            ends[2][a] += c
+        drafted, reached, accepted = ([0] * n for _ in range(3))
+        for out, end in zip((drafted, reached, accepted), ends):
+            total = 0
+            for j in range(n, 0, -1):
+                total += end[j]
+                out[j - 1] = total
+        return cls(batch_size, k, num_drafts, tuple(reached), tuple(accepted), tuple(drafted), time_s)
 
     @classmethod
     def from_vllm_counts(cls, batch_size: int, k: int, num_drafts: int, drafted: Sequence[float],
@@ -93,18 +102,19 @@ class StepObservation:
     def problem(self) -> str | None:
         """Why this observation must be ignored (NaN, negative, inconsistent), or None."""
         values = (self.batch_size, self.k, self.num_drafts, *self.reached, *self.accepted, *self.drafted)
-        if any(not isinstance(v, (int, float)) or isinstance(v, bool) for v in values):
+        try:
+            total = math.fsum(values) + (0.0 if self.time_s is None else self.time_s)
+        except TypeError:
             return "non_numeric"
-        if any(math.isnan(v) or math.isinf(v) for v in values) or (
-                self.time_s is not None and not math.isfinite(self.time_s)):
+        if not math.isfinite(total):
             return "nan"
-        if any(v < 0 for v in values):
+        if min(values) < 0:
             return "negative"
         if not len(self.reached) == len(self.accepted) == len(self.drafted):
             return "length_mismatch"
-        if any(a > r + 1e-9 for a, r in zip(self.accepted, self.reached)) or any(
-                r > d + 1e-9 for r, d in zip(self.reached, self.drafted)):
-            return "inconsistent"
+        for a, r, d in zip(self.accepted, self.reached, self.drafted):
+            if a > r + 1e-9 or r > d + 1e-9:
+                return "inconsistent"
         return None
 
 

@@ -1,0 +1,243 @@
+"""The online controller inside vLLM's engine core (plugin feature, off by default).
+
+Turn it on with ``TABLETUNE_PROFILE=<dir written by tabletune tune>`` (it reads
+``step_profile.json`` and ``acceptance.json`` there) and optionally
+``TABLETUNE_CONTROLLER='{"explore_fraction": 0.05, ...}'`` (``ControllerConfig``
+fields). vLLM must start in dynamic-SD mode, i.e. with a
+``num_speculative_tokens_per_batch_size`` table in ``--speculative-config``: that
+table is the starting point, and ``num_speculative_tokens`` is the largest k.
+
+What it patches (idempotent; harmless in processes that never build a Scheduler):
+
+* ``Scheduler.__init__``: after vLLM's own init, a ``ControllerHook`` attaches to
+  the instance. It wraps ``make_spec_decoding_stats`` (called by
+  ``update_from_output`` once per verified draft with its length and accepted
+  count) to collect (k_i, m_i) pairs, and ``update_from_output`` to turn each
+  step's pairs into a ``StepObservation`` for ``tabletune.controller.Controller``.
+* After each step, in the engine-core thread and before the next ``schedule()``,
+  it sets ``scheduler.dynamic_sd_lookup`` to vLLM's own expansion
+  (``build_dynamic_sd_schedule_lookup``) of the installed table, or to an
+  all-k_max lookup on an exploration step.
+* ``EngineCore.tabletune_state()`` and ``EngineCore.tabletune_set_table(ranges)``:
+  utility methods for ``call_utility`` / ``call_utility_async``. The in-process
+  client (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) gets a ``call_utility`` that calls
+  the engine core directly, so the same call works offline in both modes.
+
+Fail-open: every exception inside the hook is caught, the scheduler keeps the
+last good lookup, and each kind of error is logged once (counted in
+``tabletune_state()['errors']``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import deque
+from pathlib import Path
+
+from tabletune.acceptance import AcceptanceProfile
+from tabletune.controller import Controller, ControllerConfig
+from tabletune.estimator import StepObservation
+from tabletune.profile import StepProfile
+from tabletune.table import DraftTable
+
+PROFILE_ENV = "TABLETUNE_PROFILE"
+OPTIONS_ENV = "TABLETUNE_CONTROLLER"
+logger = logging.getLogger("tabletune.controller")
+
+_installed = False
+_status: dict = {"enabled": False, "reason": "not installed"}
+
+
+def install() -> None:
+    """Plugin entry: patch vLLM's classes when TABLETUNE_PROFILE is set."""
+    global _installed
+    if _installed or not os.environ.get(PROFILE_ENV, "").strip():
+        return
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.engine.core_client import InprocClient
+
+    original_init = Scheduler.__init__
+
+    def __init__(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        try:
+            attach(self)
+        except Exception as exc:  # fail open: the engine runs without the controller
+            _status.update(enabled=False, reason=f"attach failed: {exc!r}")
+            logger.warning("tabletune: controller disabled: %r", exc)
+
+    __init__.__wrapped__ = original_init  # type: ignore[attr-defined]
+    Scheduler.__init__ = __init__
+    EngineCore.tabletune_state = _engine_state  # type: ignore[attr-defined]
+    EngineCore.tabletune_set_table = _engine_set_table  # type: ignore[attr-defined]
+    if not hasattr(InprocClient, "call_utility"):
+        InprocClient.call_utility = _inproc_call_utility  # type: ignore[attr-defined]
+    _installed = True
+    _status.update(reason="no scheduler built yet")
+
+
+def load_controller(profile_dir: str | Path, options_json: str, table: DraftTable, k_max: int,
+                    max_batch: int) -> Controller:
+    """A Controller from a ``tabletune tune`` folder and the engine's start-up table."""
+    folder = Path(profile_dir)
+    step_profile = StepProfile.load(folder / "step_profile.json")
+    prior = AcceptanceProfile.load(folder / "acceptance.json")
+    options = json.loads(options_json) if options_json.strip() else {}
+    if isinstance(options, dict):
+        options = {**options, "k_max": min(int(options.get("k_max") or k_max), k_max), "max_batch": max_batch}
+    config = ControllerConfig.from_json(options, OPTIONS_ENV)
+    if len(prior.entries) > 1 and config.prior_workload is None:  # default: the first entry
+        config = ControllerConfig.from_json({**options, "prior_workload": prior.entries[0].workload}, OPTIONS_ENV)
+    return Controller(step_profile, prior, config, table=table)
+
+
+def attach(scheduler) -> ControllerHook | None:
+    """Build the controller for this scheduler and wrap its methods (once)."""
+    if getattr(scheduler, "_tabletune_hook", None) is not None:
+        return scheduler._tabletune_hook
+    spec = scheduler.vllm_config.speculative_config
+    ranges = getattr(spec, "num_speculative_tokens_per_batch_size", None) if spec else None
+    if not ranges or scheduler.dynamic_sd_lookup is None:
+        _status.update(enabled=False, reason="vLLM was started without num_speculative_tokens_per_batch_size")
+        logger.warning("tabletune: controller needs a num_speculative_tokens_per_batch_size table; disabled")
+        return None
+    max_batch = scheduler.scheduler_config.max_num_seqs
+    table = DraftTable.from_ranges([list(r) for r in ranges]).clamped(scheduler.num_spec_tokens)
+    controller = load_controller(os.environ[PROFILE_ENV], os.environ.get(OPTIONS_ENV, ""), table,
+                                 scheduler.num_spec_tokens, max_batch)
+    hook = ControllerHook(scheduler, controller)
+    scheduler._tabletune_hook = hook
+    _status.update(enabled=True, reason="")
+    logger.warning("tabletune: controller on, start table %s, k_max %d", table, controller.k_max)
+    return hook
+
+
+class ControllerHook:
+    """Per-scheduler glue: collect drafts, feed the controller, swap the lookup."""
+
+    def __init__(self, scheduler, controller: Controller) -> None:
+        from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+        self._expand = build_dynamic_sd_schedule_lookup
+        self.scheduler = scheduler
+        self.controller = controller
+        self.max_batch = scheduler.scheduler_config.max_num_seqs
+        self.num_spec_tokens = scheduler.num_spec_tokens
+        self.table_lookup = self.lookup_for(controller.table)
+        self.explore_lookup = self.lookup_for(DraftTable.fixed(controller.k_max))
+        scheduler.dynamic_sd_lookup = self.table_lookup
+        self.pairs: list[tuple[int, int]] = []
+        self.errors: dict[str, int] = {}
+        self.overhead_us: deque[float] = deque(maxlen=4096)
+        self.overhead_total_s = 0.0
+        self._wrap()
+
+    def lookup_for(self, table: DraftTable) -> list[int]:
+        """vLLM's own dense expansion of the ranges (validates them again)."""
+        return self._expand(table.as_lists(), self.max_batch, self.num_spec_tokens)
+
+    def _wrap(self) -> None:
+        sched = self.scheduler
+        make_stats, update = sched.make_spec_decoding_stats, sched.update_from_output
+        pairs = self.pairs
+
+        def make_spec_decoding_stats(spec_decoding_stats, num_draft_tokens, num_accepted_tokens, *args, **kwargs):
+            pairs.append((num_draft_tokens, num_accepted_tokens))
+            return make_stats(spec_decoding_stats, num_draft_tokens, num_accepted_tokens, *args, **kwargs)
+
+        def update_from_output(scheduler_output, model_runner_output):
+            out = update(scheduler_output, model_runner_output)
+            self.after_step(scheduler_output)
+            return out
+
+        sched.make_spec_decoding_stats = make_spec_decoding_stats
+        sched.update_from_output = update_from_output
+
+    def after_step(self, scheduler_output) -> None:
+        """Observe, maybe rebuild, choose the next lookup; never raises."""
+        t0 = time.perf_counter()
+        try:
+            self._step(scheduler_output, time.monotonic())
+        except Exception as exc:  # fail open: keep the last good table
+            self.scheduler.dynamic_sd_lookup = self.table_lookup
+            self._error(type(exc).__name__, exc)
+        finally:
+            self.pairs.clear()
+            dt = time.perf_counter() - t0
+            self.overhead_us.append(dt * 1e6)
+            self.overhead_total_s += dt
+
+    def _step(self, scheduler_output, now_s: float) -> None:
+        c = self.controller
+        batch_size = len(scheduler_output.num_scheduled_tokens)
+        if batch_size == 0:
+            return
+        obs = self.make_observation(batch_size, getattr(scheduler_output, "num_spec_tokens_to_schedule", 0), now_s)
+        if not c.observe(obs):
+            self._error("ignored_observation", obs.problem())
+        new = c.maybe_rebuild(now_s)
+        if new is not None:
+            self.table_lookup = self.lookup_for(new)
+        explore = c.explore_next(batch_size)
+        self.scheduler.dynamic_sd_lookup = self.explore_lookup if explore else self.table_lookup
+
+    def make_observation(self, batch_size: int, k: int, now_s: float) -> StepObservation:
+        return StepObservation.from_drafts(batch_size, k, self.pairs, time_s=now_s, k_max=self.controller.k_max)
+
+    def set_table(self, ranges) -> list[list[int]]:
+        table = DraftTable.from_ranges(ranges, self.controller.k_max, source="tabletune_set_table")
+        lookup = self.lookup_for(table)  # vLLM's own validation too, before anything changes
+        self.controller.set_table(table.as_lists(), time.monotonic())
+        self.table_lookup = self.scheduler.dynamic_sd_lookup = lookup
+        return table.as_lists()
+
+    def _error(self, kind: str, detail: object) -> None:
+        n = self.errors.get(kind, 0)
+        self.errors[kind] = n + 1
+        if n == 0:
+            logger.warning("tabletune: controller error %s (logged once, serving continues): %r", kind, detail)
+
+    def state(self) -> dict:
+        us = sorted(self.overhead_us)
+        return {
+            **self.controller.state(),
+            "enabled": True,
+            "errors": dict(self.errors),
+            "lookup_k": self.scheduler.dynamic_sd_lookup[1:],
+            "overhead_us_median": us[len(us) // 2] if us else 0.0,
+            "overhead_total_s": self.overhead_total_s,
+            "overhead_steps": len(us),
+        }
+
+
+def _hook_of(core) -> ControllerHook | None:
+    return getattr(getattr(core, "scheduler", None), "_tabletune_hook", None)
+
+
+def _engine_state(self) -> dict:
+    """EngineCore utility: the controller's state (table, acceptance, installs, steps, ...)."""
+    hook = _hook_of(self)
+    if hook is None:
+        return dict(_status)
+    try:
+        return hook.state()
+    except Exception as exc:
+        hook._error("state", exc)
+        return {"enabled": True, "errors": dict(hook.errors)}
+
+
+def _engine_set_table(self, ranges) -> list[list[int]]:
+    """EngineCore utility: validate and install a table now (bad ranges raise to the caller)."""
+    hook = _hook_of(self)
+    if hook is None:
+        raise RuntimeError(f"tabletune controller is not running: {_status.get('reason')}")
+    return hook.set_table(ranges)
+
+
+def _inproc_call_utility(self, method: str, *args):
+    """``call_utility`` for the in-process client: call the engine core directly."""
+    return getattr(self.engine_core, method)(*args)
