@@ -16,6 +16,8 @@ details are not public; this "-style" version assumes the rule stated in the iss
 
    i.e. admit slots while Theta rises; taking the global maximum of the curve keeps a
    kink of the measured T (odd/even query lengths) from ending admission early.
+   Because the longest draft sets the drafting time (below), the ranking runs once per
+   length cap c = 1..k_max (only slots j <= c compete) and the best (c, B) wins.
 3. T(B) is the simulator's own cost rule for mixed lengths (``StepCost.mixed_ms``):
    with k_top(B) the longest admitted prefix and k_bar = B / b,
    T = T0 + f (T(b, k_top) - T0) + (1 - f) (T(b, k_bar) - T0). With draft_share f = 0
@@ -86,21 +88,28 @@ def mixed_curve_ms(cost: StepCost, batch_size: int, k_top: np.ndarray, k_bar: np
 
 
 def allocate_budget(survival: np.ndarray, cost: StepCost) -> Budget:
-    """Admit slots by descending survival; stop at the B maximising Theta(B) = E(B) / T(B).
+    """Admit slots by descending survival under a length cap; keep the (cap, B) maximising Theta.
 
-    survival is [batch_size, k_max], non-increasing along each row.
+    survival is [batch_size, k_max], non-increasing along each row. For each cap
+    c = 1..k_max only slots with j <= c compete (the longest draft sets the drafting
+    time); B* = argmax_B E(B) / T(B) on that curve; the best cap wins. B = 0 (no
+    speculation) is always a candidate.
     """
     b, k_max = survival.shape
-    flat = survival.ravel()
-    order = np.argsort(-flat, kind="stable")  # ties: lower request, then lower position
-    pos = order % k_max + 1  # position j of each admitted slot
-    num = np.arange(0, b * k_max + 1)  # B = 0..b k_max
-    expected = b + np.r_[0.0, np.cumsum(flat[order])]
-    k_top = np.r_[0, np.maximum.accumulate(pos)]
-    step_ms = mixed_curve_ms(cost, b, k_top.astype(float), num / b)
-    best = int(np.argmax(expected / step_ms))
-    ks = np.bincount(order[:best] // k_max, minlength=b).astype(np.int64)
-    return Budget(ks=ks, slots=best, expected_tokens=float(expected[best]), step_ms=float(step_ms[best]))
+    t_off = float(mixed_curve_ms(cost, b, np.zeros(1), np.zeros(1))[0])
+    best = Budget(ks=np.zeros(b, np.int64), slots=0, expected_tokens=float(b), step_ms=t_off)
+    for cap in range(1, k_max + 1):
+        flat = survival[:, :cap].ravel()
+        order = np.argsort(-flat, kind="stable")  # ties: lower request, then lower position
+        num = np.arange(1, b * cap + 1)
+        expected = b + np.cumsum(flat[order])
+        k_top = np.maximum.accumulate(order % cap + 1).astype(float)
+        step_ms = mixed_curve_ms(cost, b, k_top, num / b)
+        i = int(np.argmax(expected / step_ms))
+        if expected[i] / step_ms[i] > best.theta:
+            ks = np.bincount(order[: i + 1] // cap, minlength=b).astype(np.int64)
+            best = Budget(ks=ks, slots=i + 1, expected_tokens=float(expected[i]), step_ms=float(step_ms[i]))
+    return best
 
 
 class AdaptiveVerificationPolicy:

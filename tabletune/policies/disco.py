@@ -50,22 +50,16 @@ HF_DEFAULT_THRESHOLD = 0.4
 HF_FN_COST = 3.0  # transformers weighs a false negative 3x a false positive
 
 
-@dataclass(frozen=True)
-class RocPoint:
-    threshold: float
-    fpr: float
-    tpr: float
+def roc_curve(labels: Sequence[int], scores: Sequence[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(fpr, tpr, thresholds) for 'score >= threshold predicts label 1', thresholds descending.
 
-
-def roc_curve(labels: Sequence[int], scores: Sequence[float]) -> list[RocPoint]:
-    """ROC points for 'score >= threshold predicts label 1', thresholds descending.
-
-    The first point has threshold +inf (nothing predicted positive), as in
-    ``sklearn.metrics.roc_curve(drop_intermediate=False)``; ties share a point.
+    The first threshold is +inf (nothing predicted positive) and tied scores share a
+    point, as in ``sklearn.metrics.roc_curve(drop_intermediate=False)``.
     """
     y = np.asarray(labels, dtype=float)
     s = np.asarray(scores, dtype=float)
-    pos, neg = y.sum(), len(y) - y.sum()
+    pos = y.sum()
+    neg = len(y) - pos
     if len(y) == 0 or pos == 0 or neg == 0:
         raise ValueError("the ROC curve needs both labels")
     order = np.argsort(-s, kind="mergesort")
@@ -73,16 +67,13 @@ def roc_curve(labels: Sequence[int], scores: Sequence[float]) -> list[RocPoint]:
     last_of_tie = np.r_[np.nonzero(np.diff(s))[0], len(s) - 1]
     tps = np.cumsum(y)[last_of_tie]
     fps = (last_of_tie + 1) - tps
-    points = [RocPoint(math.inf, 0.0, 0.0)]
-    points += [RocPoint(float(s[i]), float(fp / neg), float(tp / pos)) for i, tp, fp in zip(last_of_tie, tps, fps)]
-    return points
+    return np.r_[0.0, fps / neg], np.r_[0.0, tps / pos], np.r_[np.inf, s[last_of_tie]]
 
 
 def roc_threshold(labels: Sequence[int], scores: Sequence[float], fn_cost: float = HF_FN_COST) -> float:
     """theta* = argmin FPR + fn_cost * FNR over the ROC thresholds (first minimum wins)."""
-    points = roc_curve(labels, scores)
-    costs = [p.fpr + fn_cost * (1.0 - p.tpr) for p in points]
-    return points[int(np.argmin(costs))].threshold
+    fpr, tpr, thresholds = roc_curve(labels, scores)
+    return float(thresholds[int(np.argmin(fpr + fn_cost * (1.0 - tpr)))])
 
 
 def verified_labels(num_drafted: int, num_accepted: int) -> list[int]:
@@ -97,10 +88,13 @@ def verified_labels(num_drafted: int, num_accepted: int) -> list[int]:
 class ConfidenceThreshold:
     """transformers' rule: continue while p_top1 >= theta; theta retuned on the ROC log."""
 
-    def __init__(self, threshold: float = HF_DEFAULT_THRESHOLD, retune: bool = True, max_log: int = 4096) -> None:
+    def __init__(self, threshold: float = HF_DEFAULT_THRESHOLD, retune: bool = True, max_log: int = 4096,
+                 retune_every: int = 1) -> None:
         self.threshold = threshold
         self.retune = retune
         self.max_log = max_log
+        self.retune_every = retune_every  # transformers retunes after every verification (1)
+        self.num_updates = 0
         self.probs: list[float] = []
         self.labels: list[int] = []
 
@@ -118,6 +112,9 @@ class ConfidenceThreshold:
         self.labels.extend(np.asarray(labels, dtype=int).tolist())
         if len(self.labels) > self.max_log:
             del self.labels[: -self.max_log], self.probs[: -self.max_log]
+        self.num_updates += 1
+        if self.num_updates % self.retune_every:
+            return
         if self.retune and len(self.probs) > 5 and 0 < sum(self.labels) < len(self.labels):
             self.threshold = roc_threshold(self.labels, self.probs)
 
@@ -205,7 +202,9 @@ class DiscoPolicy:
     token's (features, accepted), trains the classifier once ``warmup_tokens`` are
     logged, and refits every ``refit_steps`` steps on the latest ``max_log`` tokens
     (so it follows a workload switch). ``variant="threshold"``: transformers'
-    ``assistant_confidence_threshold`` rule with its ROC retuning.
+    ``assistant_confidence_threshold`` rule with its ROC retuning, every ``retune_every``
+    steps (transformers retunes after every verification of its single sequence; here
+    one step verifies a whole batch).
     """
 
     name: ClassVar[str] = "disco"
@@ -213,12 +212,12 @@ class DiscoPolicy:
 
     def __init__(self, ctx: PolicyContext, variant: str = "classifier", model: str | None = None,
                  threshold: float = HF_DEFAULT_THRESHOLD, warmup_tokens: int = 2000, refit_steps: int = 250,
-                 max_log: int = 20000) -> None:
+                 max_log: int = 20000, retune_every: int = 10) -> None:
         if variant not in ("classifier", "threshold"):
             raise InputError("--policy", "disco.variant", variant, "choose 'classifier' or 'threshold'")
         self.ctx = ctx
         self.variant = variant
-        self.hf = ConfidenceThreshold(threshold, retune=True)
+        self.hf = ConfidenceThreshold(threshold, retune=True, retune_every=retune_every)
         self.model = DiscoModel.load(model) if model else None
         self.fixed_model = model is not None
         self.warmup_tokens, self.refit_steps, self.max_log = warmup_tokens, refit_steps, max_log
@@ -245,7 +244,8 @@ class DiscoPolicy:
         k_max = x.shape[1]
         tested = tested_mask(outcome.ks, outcome.accepted, k_max)
         labels = accepted_mask(outcome.accepted, k_max)[tested]
-        self.hf.observe_tested(x[:, :, 0][tested], labels)
+        if self.variant == "threshold" or self.model is None:
+            self.hf.observe_tested(x[:, :, 0][tested], labels)
         if self.variant != "classifier" or self.fixed_model:
             return
         self.log_x.append(x[tested])

@@ -23,17 +23,19 @@ which bounds q(x) from above and so the KL from below). Only tested tokens count
 (nothing after a draft's first rejection).
 
 Length. Over the last ``window`` KL values of a sequence, mean mu and standard
-deviation sd give a pessimistic per-token acceptance estimate (unstable regions
-count as worse):
+deviation sd form a stability score z = mu + sd (an unstable region, with KL
+spikes, scores worse than a calm one of the same mean). The per-token acceptance
+estimate and the length are
 
-    a_hat = exp(-c * (mu + sd))
+    a_hat = exp(-c * z)
     SL    = clamp(floor(log(tau) / log(a_hat)), k_min, k_max)      (tau = 1/2)
 
 i.e. draft the tokens whose survival a_hat^j stays >= tau. A sequence with fewer
-than ``min_history`` values uses ``k_start``. The scale c puts KL in acceptance units
-(exp(-KL) = q(x) for the greedy proxy, c = 1); for any other KL signal c is refit on
-the pooled tested tokens so that mean(exp(-c KL)) = the observed acceptance rate
-(bisection; the mean falls monotonically in c).
+than ``min_history`` values uses ``k_start``. The scale c puts z in acceptance units:
+it is refit every 50 steps on the pooled tested tokens (each paired with its
+sequence's z at decision time) so that mean(exp(-c z)) = their acceptance rate
+(bisection; the mean falls monotonically in c). It starts at c = 1, which is exact
+for a single greedy-proxy token (exp(-KL) = q(x)).
 
 Cap. In a batch the drafter runs for the longest draft, so one long draft stalls the
 step. SL_cap = ceil(mean(SL) + std(SL)) over the batch, and every SL_i <= SL_cap.
@@ -82,28 +84,33 @@ def kl_proxy(top1_prob: Sequence[float], margin: Sequence[float], num_accepted: 
     return out
 
 
-def stable_length(kl_history: Sequence[float], cfg: DsdeConfig, scale: float = 1.0) -> int:
-    """SL = clamp(floor(log tau / log a_hat), k_min, k_max), a_hat = exp(-c (mu + sd)) over the window."""
+def stability_score(kl_history: Sequence[float], cfg: DsdeConfig) -> float | None:
+    """z = mean + standard deviation of the last ``window`` KL values; None below ``min_history``."""
     if len(kl_history) < cfg.min_history:
-        return cfg.k_start
+        return None
     recent = np.fromiter(kl_history, dtype=float)[-cfg.window:]
-    a_hat = math.exp(-scale * (float(recent.mean()) + float(recent.std())))
-    if a_hat >= 1.0 - 1e-12:
+    return float(recent.mean()) + float(recent.std())
+
+
+def stable_length(z: float | None, cfg: DsdeConfig, scale: float = 1.0) -> int:
+    """SL = clamp(floor(log tau / log a_hat), k_min, k_max) with a_hat = exp(-c z); k_start if z is None."""
+    if z is None:
+        return cfg.k_start
+    log_a = -scale * z
+    if log_a >= -1e-12:
         return cfg.k_max
-    if a_hat <= 0.0:
-        return cfg.k_min
-    sl = math.floor(math.log(cfg.tau) / math.log(a_hat))
+    sl = math.floor(math.log(cfg.tau) / log_a)
     return min(max(sl, cfg.k_min), cfg.k_max)
 
 
-def fit_kl_scale(kl: np.ndarray, accepted: np.ndarray) -> float:
-    """c with mean(exp(-c * kl)) = mean(accepted), by bisection on log c in [1e-3, 1e3]."""
-    kl = np.asarray(kl, dtype=float)
+def fit_kl_scale(z: np.ndarray, accepted: np.ndarray) -> float:
+    """c with mean(exp(-c z)) = mean(accepted), by bisection on log c in [1e-3, 1e3]."""
+    z = np.asarray(z, dtype=float)
     rate = float(np.mean(accepted))
     lo, hi = math.log(1e-3), math.log(1e3)
     for _ in range(40):
         mid = 0.5 * (lo + hi)
-        if float(np.mean(np.exp(-math.exp(mid) * kl))) > rate:
+        if float(np.mean(np.exp(-math.exp(mid) * z))) > rate:
             lo = mid
         else:
             hi = mid
@@ -136,43 +143,49 @@ class DsdePolicy:
     uses_features: ClassVar[bool] = True
 
     def __init__(self, ctx: PolicyContext, window: int = 32, k_start: int = 3, tau: float = 0.5,
-                 cap: bool = True) -> None:
+                 cap: bool = True, pool_tokens: int = 8192, refit_steps: int = 50) -> None:
         k_max = ctx.k_max
         self.ctx = ctx
         self.cfg = DsdeConfig(k_min=1, k_max=k_max, k_start=min(k_start, k_max), window=window, tau=tau)
         self.cap = cap
+        self.refit_steps = refit_steps
         self.history: PerRequest[deque] = PerRequest(lambda: deque(maxlen=self.cfg.window))
-        self._features: DraftFeatures | None = None
-        self.scale = 1.0  # c; stays 1 for the greedy proxy, refit for the engine's KL
-        self.pool_kl: deque = deque(maxlen=4096)  # tested tokens' (KL, accepted) for c
-        self.pool_ok: deque = deque(maxlen=4096)
+        self.scale = 1.0  # c
+        self.pool_z: deque = deque(maxlen=pool_tokens)  # tested tokens: their sequence's z, and accepted
+        self.pool_ok: deque = deque(maxlen=pool_tokens)
         self.steps = 0
+        self._features: DraftFeatures | None = None
+        self._z: list[float | None] = []
 
     def decide(self, state: BatchState) -> Decision:
         self._features = state.features
-        lengths = [stable_length(self.history.get(rid), self.cfg, self.scale) for rid in state.request_ids.tolist()]
+        self._z = [stability_score(self.history.get(rid), self.cfg) for rid in state.request_ids.tolist()]
+        lengths = [stable_length(z, self.cfg, self.scale) for z in self._z]
         return Decision.per_request(np.array(capped_lengths(lengths) if self.cap else lengths, dtype=np.int64))
 
     def observe(self, outcome: StepOutcome) -> None:
-        ids = outcome.state.request_ids.tolist()
-        for i, rid in enumerate(ids):
+        for i, rid in enumerate(outcome.state.request_ids.tolist()):
             k, m = int(outcome.ks[i]), int(outcome.accepted[i])
             if k == 0:
                 continue
-            if outcome.kl is not None:
-                values = outcome.kl[i, :k]
-                tested = values[: min(m + 1, k)]
-                self.pool_kl.extend(tested.tolist())
-                self.pool_ok.extend([1] * min(m, k) + [0] * (len(tested) - min(m, k)))
-                values = values[~np.isnan(values)].tolist()
-            elif self._features is not None:
-                f = self._features
-                values = kl_proxy(f.top1_prob[i, :k].tolist(), f.margin[i, :k].tolist(), m)
-            else:
-                continue
+            values = self._kl_values(outcome, i, k, m)
             self.history.get(rid).extend(values)
+            z = self._z[i] if i < len(self._z) else None
+            if z is not None:
+                n_tested = min(m + 1, k)
+                self.pool_z.extend([z] * n_tested)
+                self.pool_ok.extend([1] * m + [0] * (n_tested - m))
         self.history.forget(outcome)
-        self._features = None
+        self._features, self._z = None, []
         self.steps += 1
-        if self.steps % 50 == 1 and len(self.pool_kl) >= 64:
-            self.scale = fit_kl_scale(np.array(self.pool_kl), np.array(self.pool_ok))
+        if self.steps % self.refit_steps == 0 and len(self.pool_z) >= 64:
+            self.scale = fit_kl_scale(np.array(self.pool_z), np.array(self.pool_ok))
+
+    def _kl_values(self, outcome: StepOutcome, i: int, k: int, m: int) -> list[float]:
+        if outcome.kl is not None:
+            values = outcome.kl[i, :k]
+            return values[~np.isnan(values)].tolist()
+        if self._features is not None:
+            f = self._features
+            return kl_proxy(f.top1_prob[i, :k].tolist(), f.margin[i, :k].tolist(), m)
+        return []

@@ -71,8 +71,7 @@ class Draw:
 
 def draw_margins(logits: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """m_ij = logit_ij - z_ij, z standard logistic. logits is [batch_size, k_max]."""
-    u = rng.random(logits.shape)
-    np.clip(u, 1e-12, 1 - 1e-12, out=u)
+    u = rng.random(logits.shape) * (1 - 2e-12) + 1e-12  # in (0, 1)
     return logits - np.log(u / (1.0 - u))
 
 

@@ -19,7 +19,11 @@ class _Run:
         from tabletune.sim.simulator import _Requests
 
         self.sim, self.policy, self.cfg = sim, policy, sim.config
-        self.rng = np.random.default_rng(self.cfg.seed)
+        # three independent streams (common random numbers across policies): request attributes
+        # in id order, arrival times, and per-step acceptance draws
+        self.rng = np.random.default_rng([self.cfg.seed, 0])
+        self.rng_req = np.random.default_rng([self.cfg.seed, 1])
+        self.rng_arrival = np.random.default_rng([self.cfg.seed, 2])
         self.reqs = _Requests(sim.k_max)
         self.queue: deque[dict] = deque()  # open loop: waiting single requests
         self.next_id = 0
@@ -29,13 +33,15 @@ class _Run:
         self.steps: list[tuple] = []
         self.done: list[tuple] = []
         self.uses_features = bool(getattr(policy, "uses_features", False))
+        # span state matters only when an n-gram drafter can be chosen
+        self.track_ngram = sim.default_drafter == NGRAM or self.uses_features
 
     # ---- arrivals and admission ---------------------------------------------
 
     def add(self, n: int, *, charge_prefill: bool = True) -> None:
         if n <= 0:
             return
-        new = self.sim.new_requests(n, self.time_s, self.rng, self.next_id)
+        new = self.sim.new_requests(n, self.time_s, self.rng_req, self.next_id)
         self.next_id += n
         if charge_prefill:
             self.prefill_ms += float(new["prompt_len"].sum()) * self.cfg.prefill_ms_per_token
@@ -47,9 +53,9 @@ class _Run:
             self.add(cfg.load - len(self.reqs), charge_prefill=self.time_s > 0)
             return
         while self.next_arrival_s <= self.time_s:  # Poisson arrivals up to now
-            self.queue.append(self.sim.new_requests(1, self.next_arrival_s, self.rng, self.next_id))
+            self.queue.append(self.sim.new_requests(1, self.next_arrival_s, self.rng_req, self.next_id))
             self.next_id += 1
-            self.next_arrival_s += self.rng.exponential(1.0 / cfg.arrival_rate)
+            self.next_arrival_s += self.rng_arrival.exponential(1.0 / cfg.arrival_rate)
         while self.queue and len(self.reqs) < cfg.max_num_seqs:
             new = self.queue.popleft()
             self.prefill_ms += float(new["prompt_len"].sum()) * cfg.prefill_ms_per_token
@@ -70,15 +76,19 @@ class _Run:
         reqs, sim, rng = self.reqs, self.sim, self.rng
         b, k_max = len(reqs), sim.k_max
         w = sim._w
-        ng_prop, ng_len = ngram.propose(reqs.span_left, reqs.match_len, w["spurious_match_prob"][reqs.widx],
-                                        k_max, rng)
+        if self.track_ngram:
+            ng_prop, ng_len = ngram.propose(reqs.span_left, reqs.match_len, w["spurious_match_prob"][reqs.widx],
+                                            k_max, rng)
+        else:
+            ng_prop = ng_len = np.zeros(b, np.int64)
         margin = acc.draw_margins(reqs.logits, rng) if self.uses_features else None
         state = self.state(margin, ng_prop, ng_len)
         decision = self.policy.decide(state)
-        ks = np.clip(decision.lengths_for(b), 0, k_max)
+        ks = np.minimum(np.maximum(decision.lengths_for(b), 0), k_max)
         drafter = decision.drafter if decision.drafter is not None else np.full(b, sim.default_drafter, np.int64)
         is_ng = drafter == NGRAM
-        ks = np.where(is_ng, np.minimum(ks, ng_prop), ks)
+        if is_ng.any():
+            ks = np.where(is_ng, np.minimum(ks, ng_prop), ks)
         width = int(ks.max()) if b else 0
         accepted = np.zeros(b, np.int64)
         if width > 0:
@@ -107,14 +117,16 @@ class _Run:
         tokens = np.minimum(accepted + 1, reqs.out_len - reqs.generated)
         reqs.generated = reqs.generated + tokens
         reqs.first_s = np.where(np.isnan(reqs.first_s), end_s, reqs.first_s)
-        w = sim._w
-        reqs.span_left, reqs.match_len = ngram.advance(
-            reqs.span_left, reqs.match_len, tokens, w["span_start_prob"][reqs.widx], w["span_mean_len"][reqs.widx],
-            self.rng)
+        if self.track_ngram:
+            w = sim._w
+            reqs.span_left, reqs.match_len = ngram.advance(
+                reqs.span_left, reqs.match_len, tokens, w["span_start_prob"][reqs.widx],
+                w["span_mean_len"][reqs.widx], self.rng)
         fin = reqs.generated >= reqs.out_len
         b = len(ks)
-        self.steps.append((self.time_s, total_ms, b, float(ks.mean()) if b else 0.0, int(tokens.sum()),
-                           int(ks.sum()), int(accepted.sum())))
+        num_drafted = int(ks.sum())
+        self.steps.append((self.time_s, total_ms, b, num_drafted / b if b else 0.0, int(tokens.sum()),
+                           num_drafted, int(accepted.sum())))
         finished_ids = reqs.ids[fin]
         if fin.any():
             self.done.append((reqs.arrival_s[fin], reqs.first_s[fin], np.full(int(fin.sum()), end_s),
@@ -145,7 +157,7 @@ def run_loop(sim, policy: Policy) -> SimResult:
     if sim.config.arrival_rate is None:
         run.add(sim.config.load, charge_prefill=False)  # warm start: the initial requests are prefilled
     else:
-        run.next_arrival_s = run.rng.exponential(1.0 / sim.config.arrival_rate)
+        run.next_arrival_s = run.rng_arrival.exponential(1.0 / sim.config.arrival_rate)
     while run.time_s < sim.config.duration_s:
         run.admit()
         if len(run.reqs) == 0:

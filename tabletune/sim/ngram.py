@@ -83,7 +83,8 @@ def advance(span_left: np.ndarray, match_len: np.ndarray, tokens: np.ndarray, sp
     length = np.where(ended, 0, length)
     start_p = 1.0 - (1.0 - span_start_prob) ** tokens
     starts = ~in_span & (rng.random(len(tokens)) < start_p)
-    new_len = rng.geometric(1.0 / np.maximum(span_mean_len, 1.0))
-    left = np.where(starts, new_len, left)
-    length = np.where(starts, START_MATCH_LEN, length)
+    if starts.any():
+        new_len = rng.geometric(1.0 / np.maximum(span_mean_len, 1.0))
+        left = np.where(starts, new_len, left)
+        length = np.where(starts, START_MATCH_LEN, length)
     return left, length

@@ -108,26 +108,34 @@ class Simulator:
         )
 
     def new_requests(self, n: int, time_s: float, rng: np.random.Generator, next_id: int) -> dict[str, np.ndarray]:
+        """n requests arriving at time_s. ``rng`` is the request stream: it is consumed in request-id
+        order (3 variates per request), so request i gets the same draws under every policy."""
         i = self.schedule.index_at(time_s)
         w = self.schedule.workloads[i]
-        if w.output_len is not None:
-            out_len = np.full(n, w.output_len, np.int64)
-        else:
-            out_len = rng.geometric(1.0 / w.output_len_mean, n).astype(np.int64)
+        z, u_out, u_prompt = rng.standard_normal(n), rng.random(n), rng.random(n)
+        out_len = _geometric(u_out, w.output_len_mean) if w.output_len is None else np.full(n, w.output_len)
+        prompt_len = _geometric(u_prompt, w.prompt_len_mean) if w.prompt_len_mean > 0 else np.zeros(n, np.int64)
         return {
             "ids": np.arange(next_id, next_id + n, dtype=np.int64),
             "widx": np.full(n, i, np.int64),
-            "logits": acc.request_logits(self.thetas[i], w.heterogeneity, n, rng),
-            "out_len": out_len,
+            "logits": self.thetas[i][None, :] + w.heterogeneity * z[:, None],
+            "out_len": out_len.astype(np.int64),
             "generated": np.zeros(n, np.int64),
             "arrival_s": np.full(n, time_s),
             "first_s": np.full(n, np.nan),
             "span_left": np.zeros(n, np.int64),
             "match_len": np.zeros(n, np.int64),
-            "prompt_len": rng.geometric(1.0 / max(w.prompt_len_mean, 1.0), n) if w.prompt_len_mean > 0 else np.zeros(n),
+            "prompt_len": prompt_len,
         }
 
     def run(self, policy: Policy) -> SimResult:
         from tabletune.sim.loop import run_loop
 
         return run_loop(self, policy)
+
+
+def _geometric(u: np.ndarray, mean: float) -> np.ndarray:
+    """Geometric on 1, 2, ... with the given mean, by inversion of uniforms u."""
+    if mean <= 1.0:
+        return np.ones(len(u), np.int64)
+    return np.ceil(np.log1p(-u) / np.log1p(-1.0 / mean)).clip(min=1).astype(np.int64)

@@ -31,7 +31,7 @@ class Workload:
     span_start_prob: float = 0.005  # per emitted token: chance a copyable span starts
     span_mean_len: float = 8.0  # mean copyable span length, tokens (geometric)
     spurious_match_prob: float = 0.1  # per step outside spans: chance of a spurious n-gram match
-    signal_noise: float = 1.0  # noise on the drafter's confidence signal (logit units)
+    signal_noise: float = 2.0  # noise on the confidence signal (logit units); 2.0 gives top-1 AUC ~0.84
 
     def __post_init__(self) -> None:
         src = f"workload {self.name}"
