@@ -137,5 +137,9 @@ def show_cmd(step_times, acceptance, workload, temperature, max_batch, k_max, le
     click.echo(f"wrote {png}")
 
 
+# `tabletune tune` (issue 3): command code in tabletune/tune_cli.py
+from tabletune import tune_cli  # noqa: E402,F401  (registers the command on `main`)
+
+
 if __name__ == "__main__":
     main()

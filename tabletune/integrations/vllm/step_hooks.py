@@ -1,0 +1,103 @@
+"""Hooks on an in-process vLLM ``EngineCore``: time each step, count drafts per step.
+
+``EngineCore.step_fn`` (schedule + execute + update) and ``post_step`` (fetch
+the next drafts) are what the engine-core busy loop of ``vllm serve`` runs per
+step; the recorder wraps both on the instance and times from the start of one
+to the end of the other. ``Scheduler.schedule`` is wrapped to see what each
+step scheduled, and ``Scheduler.update_from_output`` to count drafted and
+accepted tokens per request exactly as vLLM's ``SpecDecodingStats`` does
+(accepted = sampled tokens - 1).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from tabletune.acceptance import AcceptanceCounts
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    step_ms: float
+    num_reqs: int
+    scheduled_tokens: int
+    num_spec_tokens: int  # the k the scheduler chose for this step (drafts proposed after it)
+    has_prefill: bool
+    drafts_per_req: tuple[int, ...]  # draft tokens verified per request in this step
+
+
+def _has_prefill(out) -> bool:
+    """New requests, or any request scheduled for more than 1 + its draft tokens."""
+    if out.scheduled_new_reqs:
+        return True
+    spec = out.scheduled_spec_decode_tokens
+    return any(n != 1 + len(spec.get(req_id, ())) for req_id, n in out.num_scheduled_tokens.items())
+
+
+class StepRecorder:
+    """Install once per EngineCore; ``records`` collects steps while ``recording`` is on."""
+
+    def __init__(self, core) -> None:
+        self.core = core
+        self.records: list[StepRecord] = []
+        self.recording = False
+        self.counts: AcceptanceCounts | None = None  # set to count drafts
+        self._last = None
+        self._t0 = 0.0
+        self._wrap(core)
+
+    def _wrap(self, core) -> None:
+        sched = core.scheduler
+        schedule, update = sched.schedule, sched.update_from_output
+        step_fn, post_step = core.step_fn, core.post_step
+
+        def timed_schedule(*args, **kwargs):
+            self._last = out = schedule(*args, **kwargs)
+            return out
+
+        def counted_update(scheduler_output, model_runner_output):
+            if self.counts is not None:
+                self._count(scheduler_output, model_runner_output)
+            return update(scheduler_output, model_runner_output)
+
+        def timed_step_fn():
+            self._last = None
+            self._t0 = time.perf_counter()
+            return step_fn()
+
+        def timed_post_step(model_executed: bool) -> None:
+            post_step(model_executed=model_executed)
+            t1 = time.perf_counter()
+            if self.recording and self._last is not None and self._last.total_num_scheduled_tokens > 0:
+                self.records.append(self._record(self._last, (t1 - self._t0) * 1e3))
+
+        sched.schedule = timed_schedule
+        sched.update_from_output = counted_update
+        core.step_fn = timed_step_fn
+        core.post_step = timed_post_step
+
+    @staticmethod
+    def _record(out, step_ms: float) -> StepRecord:
+        spec = out.scheduled_spec_decode_tokens
+        return StepRecord(
+            step_ms=step_ms,
+            num_reqs=len(out.num_scheduled_tokens),
+            scheduled_tokens=out.total_num_scheduled_tokens,
+            num_spec_tokens=out.num_spec_tokens_to_schedule,
+            has_prefill=_has_prefill(out),
+            drafts_per_req=tuple(len(spec.get(r, ())) for r in out.num_scheduled_tokens),
+        )
+
+    def _count(self, scheduler_output, model_runner_output) -> None:
+        """vLLM's rule: drafts = scheduled spec tokens, accepted = sampled tokens - 1."""
+        sampled = model_runner_output.sampled_token_ids
+        index = model_runner_output.req_id_to_index
+        invalid = scheduler_output.num_invalid_spec_tokens or {}
+        for req_id, draft in scheduler_output.scheduled_spec_decode_tokens.items():
+            if not draft or req_id not in index or not sampled:
+                continue
+            generated = sampled[index[req_id]]
+            if not generated:
+                continue
+            self.counts.observe_draft(len(draft) - invalid.get(req_id, 0), len(generated) - 1)

@@ -1,0 +1,196 @@
+"""The tuner's vLLM engine: one offline, in-process vLLM engine measured many times.
+
+Implements ``tabletune.tuner.Engine`` on vLLM's own serving path:
+
+* one ``vllm.LLM`` for the whole run, started with a table that uses every k in
+  0..k_max (dynamic-SD mode, as a tuned deployment runs);
+* k is forced by replacing ``Scheduler.dynamic_sd_lookup`` with [k] * (max_num_seqs + 1);
+  the scheduler reads it at the next ``schedule()``;
+* exactly b identical requests decode (ignore_eos, long outputs, greedy); their
+  repetitive token-id prompt makes n-gram drafting propose k tokens every step,
+  and identical prompts make the prefill cheap (prefix cache);
+* steps are timed by hooks on the engine core's step (``step_hooks``); steps
+  with a prefill, with another batch size, and the first ``WARMUP_STEPS`` after
+  a change of k or batch (their drafts were sized by the previous k) are not timed.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Sequence
+
+from tabletune.acceptance import AcceptanceCounts
+from tabletune.integrations.vllm import presets
+from tabletune.integrations.vllm.step_hooks import StepRecorder
+from tabletune.profile import Fingerprint
+from tabletune.tuner import EngineSpec, StepSamples
+
+WARMUP_STEPS = 2
+PATTERN = (5, 6, 7, 8, 9, 10, 11)  # the repeated prompt tokens (valid in every vocabulary)
+REFRESH_TOKENS = 384  # restart the batch after this many generated tokens (bounds context drift)
+
+
+def validate(spec: EngineSpec) -> None:
+    """Bad input fails here, before vLLM starts."""
+    presets.check_model(spec.model)
+    presets.check_method(spec.method, spec.k_max, spec.draft_model)
+
+
+def start(spec: EngineSpec) -> VllmEngine:
+    validate(spec)
+    return VllmEngine(spec)
+
+
+def cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} x{os.cpu_count()}"
+    except OSError:
+        pass
+    return f"{platform.processor() or 'cpu'} x{os.cpu_count()}"
+
+
+class VllmEngine:
+    """``tabletune.tuner.Engine`` over an in-process ``vllm.LLM``."""
+
+    def __init__(self, spec: EngineSpec, **llm_kwargs) -> None:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core must live in this process
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        self.spec = spec
+        self.preset = presets.resolve_model(spec.model)
+        self.k_max = spec.k_max
+        self.max_batch_size = spec.max_batch_size
+        self.context_len = spec.context_len
+        if spec.synthetic_acceptance:
+            from tabletune.integrations.vllm import acceptance_cap
+
+            acceptance_cap.set_rates(spec.synthetic_acceptance)
+        from vllm import LLM, SamplingParams
+
+        self._sampling_params = SamplingParams
+        config = presets.speculative_config(spec.method, spec.k_max, spec.draft_model,
+                                            presets.all_k_ranges(spec.k_max, spec.max_batch_size))
+        kwargs = dict(model=self.preset.path, load_format=self.preset.load_format, dtype="float32",
+                      skip_tokenizer_init=self.preset.skip_tokenizer_init, max_model_len=self.preset.max_model_len,
+                      max_num_seqs=spec.max_batch_size, seed=spec.seed, disable_log_stats=False,
+                      speculative_config=config)
+        kwargs.update(llm_kwargs)
+        self.llm = LLM(**kwargs)
+        self.core = self.llm.llm_engine.engine_core.engine_core
+        self.scheduler = self.core.scheduler
+        self.recorder = StepRecorder(self.core)
+        self._batch: list[str] = []
+        self._generated = 0
+        self._next_id = 0
+        self._context_sum = 0.0
+        self._context_n = 0
+
+    # ---- Engine protocol ----------------------------------------------------
+
+    def fingerprint(self) -> Fingerprint:
+        import vllm
+
+        cfg = self.llm.llm_engine.vllm_config
+        comp = cfg.compilation_config
+        runner = f"v1/{'eager' if cfg.model_config.enforce_eager else f'compile-mode-{int(comp.mode)}'}"
+        drafter = self.spec.method + (f":{os.path.basename(self.spec.draft_model)}" if self.spec.draft_model else "")
+        return Fingerprint(engine="vllm", engine_version=vllm.__version__, device=cpu_name(),
+                           model=self.preset.name, dtype="float32", tp_size=1, runner=runner, drafter=drafter)
+
+    def measure_step(self, batch_size: int, k: int, num_steps: int) -> StepSamples:
+        if not 1 <= batch_size <= self.max_batch_size or not 0 <= k <= self.k_max:
+            raise ValueError(f"(b={batch_size}, k={k}) outside 1..{self.max_batch_size} x 0..{self.k_max}")
+        self.force_k(k)
+        self._ensure_batch(batch_size, k)
+        self._steps(WARMUP_STEPS)
+        full: list[tuple[float, int]] = []
+        short: list[tuple[float, int]] = []
+        for _ in range(4 * num_steps):
+            for r in self._steps(1, record=True):
+                if r.has_prefill or r.num_reqs != batch_size:
+                    continue
+                (full if r.scheduled_tokens == batch_size * (k + 1) else short).append((r.step_ms, r.scheduled_tokens))
+            if len(full) >= num_steps:
+                break
+        kept = full or short  # short drafts only when the drafter never proposed k tokens
+        self.context_len = round(self._context_sum / max(self._context_n, 1))
+        return StepSamples(tuple(ms for ms, _ in kept), tuple(t for _, t in kept))
+
+    def measure_acceptance(self, prompts: Sequence[str], k: int, max_tokens: int) -> AcceptanceCounts:
+        self._abort_batch()
+        self.force_k(k)
+        counts = AcceptanceCounts(k_max=k, drafter=self.spec.method)
+        params = self._sampling_params(max_tokens=max_tokens, temperature=0.0,
+                                       ignore_eos=self.preset.skip_tokenizer_init)
+        inputs = [self._prompt_input(p) for p in prompts]
+        self.recorder.counts = counts
+        try:
+            self.llm.generate(inputs, params, use_tqdm=False)
+        finally:
+            self.recorder.counts = None
+        return counts
+
+    def close(self) -> None:
+        self._abort_batch()
+        self.llm.llm_engine.engine_core.shutdown()
+
+    # ---- helpers ------------------------------------------------------------
+
+    def force_k(self, k: int) -> None:
+        """Every batch size drafts k from the next ``schedule()`` on."""
+        self.scheduler.dynamic_sd_lookup = [k] * (self.scheduler.scheduler_config.max_num_seqs + 1)
+
+    def _prompt_input(self, text: str) -> dict | str:
+        if not self.preset.skip_tokenizer_init:
+            return text
+        # No tokenizer (dummy weights): the text has no meaning to the model. Use the repetitive
+        # pattern, rotated by the prompt, so n-gram drafting matches and the cap sets acceptance.
+        shift = sum(text.encode()) % len(PATTERN)
+        return {"prompt_token_ids": [PATTERN[(i + shift) % len(PATTERN)] for i in range(self.spec.context_len)]}
+
+    def _ensure_batch(self, batch_size: int, k: int) -> None:
+        if len(self._batch) == batch_size and self._generated + 8 * (k + 1) < REFRESH_TOKENS:
+            return
+        self._abort_batch()
+        prompt = {"prompt_token_ids": [PATTERN[i % len(PATTERN)] for i in range(self.spec.context_len)]}
+        from vllm.sampling_params import RequestOutputKind
+
+        params = self._sampling_params(max_tokens=self.preset.max_model_len - self.spec.context_len - 64,
+                                       temperature=0.0, ignore_eos=True, detokenize=False,
+                                       output_kind=RequestOutputKind.DELTA)
+        for _ in range(batch_size):
+            req_id = f"tt-{self._next_id}"
+            self._next_id += 1
+            self.llm.llm_engine.add_request(req_id, prompt, params)
+            self._batch.append(req_id)
+        for _ in range(64):  # until one step runs the whole batch without prefill
+            recs = self._steps(1, record=True)
+            if recs and not recs[-1].has_prefill and recs[-1].num_reqs == batch_size:
+                break
+
+    def _abort_batch(self) -> None:
+        if self._batch:
+            self.llm.llm_engine.abort_request(self._batch)
+            self._batch = []
+        self._generated = 0
+
+    def _steps(self, n: int, record: bool = False) -> list:
+        rec = self.recorder
+        rec.records.clear()
+        rec.recording = True
+        for _ in range(n):
+            for out in self.llm.llm_engine.step():
+                if self._batch and out.request_id == self._batch[0]:
+                    self._generated += len(out.outputs[0].token_ids)
+        rec.recording = False
+        if self._batch:
+            self._context_sum += self.spec.context_len + self._generated
+            self._context_n += 1
+        return list(rec.records) if record else []
+
+
+def speculative_config(spec: EngineSpec, ranges: list[list[int]]) -> dict:
+    """The whole ``--speculative-config`` for the tuned table."""
+    return presets.speculative_config(spec.method, spec.k_max, spec.draft_model, ranges)

@@ -1,0 +1,132 @@
+"""``tabletune tune``: measure T(b, k) and acceptance on a real engine, write the table.
+
+Engines are adapter modules with ``validate(spec)``, ``start(spec) -> Engine``
+and optionally ``speculative_config(spec, ranges)``:
+
+* ``--engine vllm``: ``tabletune.integrations.vllm.tuner_engine`` (offline vLLM);
+* ``--engine builtin``: ``tabletune.engine.tuner_adapter`` (the reference engine).
+"""
+
+from __future__ import annotations
+
+import importlib
+import shlex
+import sys
+from types import ModuleType
+
+import click
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from tabletune.acceptance import parse_rates
+from tabletune.cli import console, input_errors_exit_2, main, print_predictions
+from tabletune.errors import InputError
+from tabletune.profile import parse_int_list
+from tabletune.tune_files import predict_gains, write_run
+from tabletune.tuner import EngineSpec, TunePlan, check_grid, geometric_batch_sizes, run_plan
+
+ADAPTERS = {"vllm": "tabletune.integrations.vllm.tuner_engine", "builtin": "tabletune.engine.tuner_adapter"}
+
+
+def load_adapter(engine: str) -> ModuleType:
+    name = ADAPTERS[engine]
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name and name.startswith(exc.name):
+            raise InputError("--engine", "engine", engine, f"adapter module {name} is not available") from None
+        raise
+
+
+def load_prompt_texts(spec: str, limit: int) -> tuple[str, list[str]]:
+    """(workload name, prompt texts) from a prompt set name or a .jsonl file."""
+    from tabletune import assets
+
+    prompts = assets.load_prompts(spec, limit=limit)
+    if not prompts:
+        raise InputError("--prompts", "prompts", spec, "no prompts")
+    return prompts[0].workload, [p.text for p in prompts]
+
+
+def build_spec(model, method, draft_model, k_max, max_num_seqs, batch_sizes, synthetic, context_len, seed):
+    sizes = tuple(parse_int_list(batch_sizes, "--batch-sizes", "batch_sizes")) if batch_sizes else None
+    max_num_seqs = max_num_seqs or (max(sizes) if sizes else 64)
+    sizes = sizes or geometric_batch_sizes(max_num_seqs)
+    check_grid(sizes, k_max, max_num_seqs)
+    rates = tuple(parse_rates(synthetic, "--synthetic-acceptance")) if synthetic else None
+    if rates is not None and len(rates) < k_max:
+        raise InputError("--synthetic-acceptance", "rates", list(rates), f"give at least k_max={k_max} rates")
+    spec = EngineSpec(model=model, method=method, k_max=k_max, max_batch_size=max_num_seqs, draft_model=draft_model,
+                      synthetic_acceptance=rates, context_len=context_len, seed=seed)
+    return spec, tuple(sorted(set(sizes)))
+
+
+@main.command("tune")
+@click.option("--engine", "engine_name", type=click.Choice(sorted(ADAPTERS)), default="vllm", show_default=True)
+@click.option("--model", required=True, help="tiny-llama, smollm2-135m, or a local HF model folder")
+@click.option("--method", default="ngram", show_default=True, help="speculative method: ngram, draft_model, eagle3, ...")
+@click.option("--draft-model", default=None, help="draft model folder (draft_model, eagle, eagle3)")
+@click.option("--k-max", type=int, default=4, show_default=True)
+@click.option("--batch-sizes", default=None, help="e.g. 1,2,4,8 (default: 1,2,4,... max-num-seqs)")
+@click.option("--max-num-seqs", type=int, default=None, help="engine's max batch (default: largest batch size, or 64)")
+@click.option("--prompts", "prompt_set", default="code", show_default=True, help="code, chat, ... or a .jsonl file")
+@click.option("--num-prompts", type=int, default=16, show_default=True)
+@click.option("--synthetic-acceptance", default=None, help="a1,a2,...: controlled acceptance (measurement aid)")
+@click.option("--point-budget-s", type=float, default=6.0, show_default=True, help="wall time per (b, k) point")
+@click.option("--no-refine", is_flag=True, help="skip refining batch sizes where the chosen k changes")
+@click.option("--context-len", type=int, default=128, show_default=True, help="prompt tokens of timed requests")
+@click.option("--seed", type=int, default=0)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/tune", show_default=True)
+@input_errors_exit_2
+def tune_cmd(engine_name, model, method, draft_model, k_max, batch_sizes, max_num_seqs, prompt_set, num_prompts,
+             synthetic_acceptance, point_budget_s, no_refine, context_len, seed, out_dir):
+    """Measure step times and acceptance on a real engine; write the table and speculative config."""
+    spec, sizes = build_spec(model, method, draft_model, k_max, max_num_seqs, batch_sizes, synthetic_acceptance,
+                             context_len, seed)
+    adapter = load_adapter(engine_name)
+    adapter.validate(spec)
+    workload, prompts = load_prompt_texts(prompt_set, num_prompts)
+    plan = TunePlan(batch_sizes=sizes, ks=tuple(range(k_max + 1)), point_budget_s=point_budget_s, refine=not no_refine)
+    command = "tabletune " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    try:
+        engine = adapter.start(spec)
+    except (InputError, ValueError):
+        raise
+    except Exception as exc:  # the engine's own message, e.g. vLLM's start-up error
+        click.echo(f"tabletune: error: {engine_name} engine failed to start: {exc}", err=True)
+        sys.exit(1)
+    try:
+        outcome = _measure(engine, plan, prompts, workload, command)
+    finally:
+        engine.close()
+    make_config = getattr(adapter, "speculative_config", None)
+    result, files = write_run(out_dir, outcome, lambda ranges: make_config(spec, ranges) if make_config else
+                              {"method": method, "num_speculative_tokens": k_max,
+                               "num_speculative_tokens_per_batch_size": ranges},
+                              command=command, title=f"{engine_name} {model} {method}")
+    _report(outcome, result, files)
+
+
+def _measure(engine, plan, prompts, workload, command):
+    columns = (TextColumn("{task.description:<32}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
+               TextColumn("ETA"), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task("tuning", total=1000)
+        return run_plan(engine, plan, prompts, workload=workload, command=command,
+                        progress=lambda text, frac: bar.update(task, description=text, completed=round(1000 * frac)))
+
+
+def _report(outcome, result, files) -> None:
+    print_predictions(result)
+    gains = predict_gains(outcome, result)
+    rates = ", ".join(f"{r:.3f}" for r in outcome.rates)
+    console.print(f"measured acceptance a_j: {rates} ({outcome.acceptance.num_drafts} drafts)")
+    if outcome.refined_batch_sizes:
+        console.print(f"refined batch sizes: {list(outcome.refined_batch_sizes)}")
+    console.print(f"predicted gain vs best fixed k={gains.best_fixed_k}: {gains.vs_best_fixed[0]:+.1%} mean, "
+                  f"{gains.vs_best_fixed[1]:+.1%} worst b")
+    console.print(f"predicted gain vs vLLM's documented table {gains.documented}: {gains.vs_documented[0]:+.1%} mean, "
+                  f"{gains.vs_documented[1]:+.1%} worst b")
+    for name, path in files.items():
+        console.print(f"wrote {path}")
+    click.echo(files["table.json"].read_text().strip())
+    click.echo(f"png: {files['tune.png']}")
