@@ -1,0 +1,104 @@
+"""GPU correctness checks of the built-in engine (run on the GPU before timing).
+
+1. Triton kernels vs the PyTorch ops on the 8B shape, bf16, relative error.
+2. Greedy outputs with speculation (every drafter, a random table, CUDA graphs)
+   identical to the non-speculative outputs, on a small random model in float32.
+3. MoE grouped-GEMM path vs the per-expert loop.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from tabletune.engine import kernels, ops
+from tabletune.engine.drafters import make_drafter
+from tabletune.engine.model import Decoder, moe_mlp
+from tabletune.engine.presets import PRESETS
+from tabletune.engine.runner import EngineConfig, SpecEngine
+from tabletune.engine.scheduler import Request, Scheduler
+from tabletune.table import DraftTable
+
+
+def rel(a, b) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def check_kernels() -> None:
+    cfg = PRESETS["qwen3-8b"]
+    h, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    b, q, ctx = 5, 4, 300
+    dt = torch.bfloat16
+    qkv = torch.randn(b, q, (h + 2 * hkv) * d, dtype=dt, device="cuda")
+    start = torch.tensor([ctx, 17, 0, 250, 100], device="cuda")
+    slots = torch.tensor([3, 0, 5, 1, 2], device="cuda")
+    kc = torch.randn(7, hkv, 512, d, dtype=dt, device="cuda")
+    vc = torch.randn_like(kc)
+    kc2, vc2 = kc.clone(), vc.clone()
+    qn, kn = torch.rand(d, device="cuda", dtype=dt) + 0.5, torch.rand(d, device="cuda", dtype=dt) + 0.5
+    qa = ops.qk_rope_cache_write(qkv, start, slots, kc, vc, qn, kn, h, hkv, d, 1e6, 1e-6)
+    qb = kernels.qk_rope_cache_write(qkv, start, slots, kc2, vc2, qn, kn, h, hkv, d, 1e6, 1e-6)
+    print(f"rope q {rel(qb, qa):.2e} k-cache {rel(kc2, kc):.2e} v-cache {rel(vc2, vc):.2e}")
+    for splits in (None, 1, 4):
+        oa = ops.attention(qa, kc, vc, start, slots, d ** -0.5)
+        ob = kernels.attention(qa, kc, vc, start, slots, d ** -0.5, num_splits=splits)
+        print(f"attention splits={splits}: {rel(ob, oa):.2e}")
+    x = torch.randn(9, 4096, dtype=dt, device="cuda")
+    w = torch.randn(4096, 4096, dtype=dt, device="cuda") * 0.02
+    print(f"skinny_mm {rel(kernels.skinny_mm(x, w), x @ w.t()):.2e}")
+    dl = torch.randn_like(x)
+    wn = torch.rand(4096, dtype=dt, device="cuda")
+    ya, ra = ops.add_rms_norm(x, dl, wn, 1e-6)
+    yb, rb = kernels.add_rms_norm(x, dl, wn, 1e-6)
+    print(f"add_rms_norm {rel(yb, ya):.2e} {rel(rb, ra):.2e}")
+    gu = torch.randn(9, 2 * 1000, dtype=dt, device="cuda")
+    print(f"silu_mul {rel(kernels.silu_mul(gu), ops.silu_mul(gu)):.2e}")
+
+
+def check_moe() -> None:
+    torch.manual_seed(0)
+    cfg = PRESETS["tiny-moe"]
+    m = Decoder(cfg, torch.float32, "cuda")
+    layer = m.layers[0]
+    x = torch.randn(3, 5, cfg.hidden_size, device="cuda")
+    try:
+        got = moe_mlp(kernels, x, layer.router, layer.w_gate_up, layer.w_down, cfg.num_experts_per_tok)
+        ref = moe_mlp(ops, x.cpu(), layer.router.cpu(), layer.w_gate_up.cpu(), layer.w_down.cpu(),
+                      cfg.num_experts_per_tok)
+        print(f"moe grouped_mm fp32 vs loop: {rel(got.cpu(), ref):.2e}")
+        m16 = Decoder(PRESETS["tiny-moe"], torch.bfloat16, "cuda")
+        l16 = m16.layers[0]
+        moe_mlp(kernels, x.bfloat16(), l16.router, l16.w_gate_up, l16.w_down, 2)
+        print("moe grouped_mm bf16 ok")
+    except Exception as exc:  # report and go on: the dense checks still matter
+        print(f"moe grouped_mm FAILED: {type(exc).__name__}: {exc}")
+
+
+def check_lossless() -> None:
+    torch.manual_seed(0)
+    cfg = PRESETS["tiny"]
+    target = Decoder(cfg, torch.float32, "cuda")
+    rng = random.Random(0)
+    prompts = [[rng.randrange(cfg.vocab_size) for _ in range(rng.randrange(3, 30))] for _ in range(12)]
+
+    def run(drafter, table):
+        d = make_drafter(drafter, target, 5, draft_cfg=PRESETS["tiny"])
+        e = SpecEngine(target, d, EngineConfig(max_num_seqs=8, max_len=96, k_max=5))
+        reqs = [Request(list(p), 40, i) for i, p in enumerate(prompts)]
+        st = Scheduler(e, table).run(reqs)
+        return [r.output for r in reqs], st, len(e.graphs)
+
+    base, _, _ = run("ngram", DraftTable.fixed(0))
+    table = DraftTable.from_ranges([[1, 2, 5], [3, 4, 2], [5, 8, 3]])
+    for dr in ("ngram", "eagle", "draft_model", "parallel_block"):
+        out, st, ng = run(dr, table)
+        print(f"lossless {dr:15s} identical={out == base} graphs={ng} steps={st.num_steps} "
+              f"accepted={st.counts.accepted}")
+
+
+if __name__ == "__main__":
+    print(torch.__version__, torch.cuda.get_device_name(), flush=True)
+    check_kernels()
+    check_lossless()
+    check_moe()

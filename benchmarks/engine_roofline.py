@@ -1,0 +1,120 @@
+"""Step time over the roofline floor for the built-in engine (run on the GPU, one invocation).
+
+Measures the copy bandwidth and the bf16 matrix rate, then times the verify step
+(target forward over q = k+1 tokens, LM head, greedy verification, state update;
+the replay drafter costs a gather) of a random-weight model for every
+b in 1, 2, 4, ..., max_batch and k in 0..k_max, and reports step / floor with
+floor = max(bytes / bandwidth, FLOPs / matrix rate) (``tabletune.engine.profiling``).
+
+    python benchmarks/engine_roofline.py --model qwen3-8b --context 1024 --out benchmarks/results/engine_roofline_h200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from tabletune import fileio
+from tabletune.engine.profiling import (build_engine, device_name, measure_ceilings, step_floor_ms, time_steps)
+from tabletune.engine.presets import resolve
+from tabletune.padding import power_of_two_buckets
+
+
+def diagnose(model: str) -> list[str]:
+    """Achieved bandwidth of the layer's matmuls at a few M, and of the attention kernel."""
+    from tabletune.engine import kernels
+    from tabletune.engine.profiling import _median_ms
+
+    cfg = resolve(model)
+    h, d = cfg.hidden_size, cfg.head_dim
+    shapes = {"qkv": ((cfg.num_heads + 2 * cfg.num_kv_heads) * d, h), "o": (h, cfg.num_heads * d),
+              "gate_up": (2 * cfg.intermediate_size, h), "down": (h, cfg.intermediate_size)}
+    lines = []
+    for name, (n, kk) in shapes.items():
+        ws = [torch.randn(n, kk, dtype=torch.bfloat16, device="cuda") for _ in range(4)]
+        for m in (1, 8, 16, 64, 256, 2048):
+            x = torch.randn(m, kk, dtype=torch.bfloat16, device="cuda")
+            i = [0]
+
+            def f():
+                i[0] = (i[0] + 1) % 4
+                return x @ ws[i[0]].t()
+            ms = _median_ms(f, 30)
+            line = f"mm {name:8s} M={m:5d}: {ms * 1e3:8.1f} us  {n * kk * 2 / ms / 1e6:7.0f} GB/s  " \
+                   f"{2 * m * n * kk / ms / 1e9:6.0f} TFLOP/s"
+            if m <= 16:
+                sk = _median_ms(lambda: kernels.skinny_mm(x, ws[0]), 30)
+                line += f"  | triton skinny {sk * 1e3:8.1f} us"
+            lines.append(line)
+    ctx = 1024
+    for b in (1, 16, 64, 256):
+        for q in (1, 8):
+            kc = torch.randn(b + 1, cfg.num_kv_heads, ctx + 16, d, dtype=torch.bfloat16, device="cuda")
+            vc = torch.randn_like(kc)
+            qq = torch.randn(b, q, cfg.num_heads, d, dtype=torch.bfloat16, device="cuda")
+            start = torch.full((b,), ctx, dtype=torch.long, device="cuda")
+            slots = torch.arange(b, device="cuda")
+            ms = _median_ms(lambda: kernels.attention(qq, kc, vc, start, slots, d ** -0.5), 30)
+            kv = b * (ctx + q) * cfg.num_kv_heads * d * 2 * 2
+            lines.append(f"attn b={b:3d} q={q}: {ms * 1e3:8.1f} us  {kv / ms / 1e6:7.0f} GB/s (KV of one layer)")
+            del kc, vc
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen3-8b")
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--max-batch", type=int, default=256)
+    ap.add_argument("--k-max", type=int, default=7)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--diagnose", action="store_true")
+    ap.add_argument("--out", default="benchmarks/results/engine_roofline_h200")
+    args = ap.parse_args(argv)
+    ceil = measure_ceilings()
+    print(f"ceilings: copy {ceil.bandwidth_gb_s:.0f} GB/s, bf16 matmul {ceil.matrix_tflop_s:.0f} TFLOP/s", flush=True)
+    if args.diagnose:
+        for line in diagnose(args.model):
+            print(line, flush=True)
+    buckets = tuple(power_of_two_buckets(args.max_batch))
+    t0 = time.perf_counter()
+    engine = build_engine(args.model, "replay", args.k_max, args.max_batch, args.context, buckets=buckets)
+    print(f"built + captured {len(engine.graphs)} graphs in {time.perf_counter() - t0:.1f} s", flush=True)
+    cfg = engine.target.cfg
+    rows = []
+    for b in buckets:
+        engine.set_context(b, args.context)
+        for k in range(args.k_max + 1):
+            samples = time_steps(engine, b, k, args.steps, args.context)
+            ms = statistics.median(samples)
+            floor = step_floor_ms(cfg, b, k, args.context, ceil)
+            rows.append({"batch_size": b, "k": k, "step_ms": round(ms, 4), "floor_ms": round(floor, 4),
+                         "ratio": round(ms / floor, 3), "samples_ms": [round(s, 4) for s in samples]})
+        print(f"b={b:4d} " + " ".join(f"k{r['k']}:{r['step_ms']:7.2f}ms/{r['ratio']:.2f}x" for r in rows[-args.k_max - 1:]),
+              flush=True)
+    worst_small = max(r["ratio"] for r in rows if r["batch_size"] <= 32)
+    worst = max(r["ratio"] for r in rows)
+    result = {"device": device_name(engine), "model": args.model, "context_len": args.context,
+              "bandwidth_gb_s": round(ceil.bandwidth_gb_s, 1), "matrix_tflop_s": round(ceil.matrix_tflop_s, 1),
+              "worst_ratio_b_le_32": worst_small, "worst_ratio": worst, "command": " ".join(sys.argv), "rows": rows}
+    fileio.write_json(args.out + ".json", result)
+    md = [f"# step / roofline floor, {args.model}, context {args.context}, {result['device']}", "",
+          f"copy {ceil.bandwidth_gb_s:.0f} GB/s, bf16 matmul {ceil.matrix_tflop_s:.0f} TFLOP/s; "
+          f"worst ratio b<=32: {worst_small:.2f}x, everywhere: {worst:.2f}x", "",
+          "| b | " + " | ".join(f"k={k}" for k in range(args.k_max + 1)) + " |",
+          "|---|" + "---|" * (args.k_max + 1)]
+    for b in buckets:
+        cells = [f"{r['step_ms']:.2f} ms ({r['ratio']:.2f}x)" for r in rows if r["batch_size"] == b]
+        md.append(f"| {b} | " + " | ".join(cells) + " |")
+    fileio.write_text(args.out + ".md", "\n".join(md) + "\n")
+    print("\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

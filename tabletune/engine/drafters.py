@@ -1,0 +1,288 @@
+"""Drafters: propose k tokens per sequence on the device, inside the step's CUDA graph.
+
+Every drafter has ``prefill`` (eager, once per request), ``propose`` (k drafts
+and, when it has them, their probabilities) and ``observe`` (state update from
+the verified step). State lives in per-slot device tensors, gathered by slot.
+
+* ``NgramDrafter``: prompt lookup (as vLLM's ``ngram``): the latest earlier
+  occurrence of the last n tokens (n = n_max..n_min) in the sequence's history;
+  the k tokens that followed it are the drafts.
+* ``ReplayDrafter``: proposes a recorded continuation (e.g. the target's own
+  greedy output); with the forced-rejection cap it replays measured acceptance.
+* ``DraftModelDrafter``: a separate small decoder with its own KV cache.
+* ``EagleDrafter``: EAGLE-style head (Li et al. 2024, arXiv:2401.15077): one
+  decoder layer over fc([embed(token); target hidden]), the target's LM head.
+* ``ParallelBlockDrafter``: DFlash-like: all k drafts from one forward of one
+  layer over k positions conditioned on the target's last hidden state.
+
+Draft-model and EAGLE-style catch-up: the previous step's emitted tokens (m+1)
+are re-fed in one forward of width k+1 before the k-1 single-token steps; when
+more tokens are pending than fit, the oldest are skipped (only acceptance suffers).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tabletune.engine.kv_cache import KVCache
+from tabletune.engine.model import Decoder, DecoderLayer, _param, linear
+from tabletune.engine.presets import ModelConfig
+
+
+class Drafter:
+    name = "none"
+    has_probs = False
+
+    def setup(self, engine) -> None:
+        self.engine = engine
+
+    def prefill(self, slot: int, prompt: torch.Tensor, first_token: int, hidden: torch.Tensor) -> None:
+        pass
+
+    def propose(self, slots, start, last, k: int):
+        """-> drafts [B, k] int64, draft probabilities [B, k, V] or None."""
+        raise NotImplementedError
+
+    def observe(self, slots, start, tokens, m, hidden) -> None:
+        pass
+
+
+def _draft_from_logits(logits: torch.Tensor, temperature: float):
+    from tabletune.engine.verify import sample
+
+    if temperature == 0:
+        return logits.argmax(-1), None
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    return sample(probs), probs
+
+
+class NgramDrafter(Drafter):
+    name = "ngram"
+
+    def __init__(self, n_min: int = 1, n_max: int = 3) -> None:
+        self.n_min, self.n_max = n_min, n_max
+
+    def propose(self, slots, start, last, k):
+        # [B, L]: tokens 0..start of each sequence (position start holds the last token)
+        hist = self.engine.history[slots]
+        b, length = hist.shape
+        pos = torch.arange(length, device=hist.device)
+        best = torch.full((b,), -1, dtype=torch.long, device=hist.device)
+        for n in range(self.n_max, self.n_min - 1, -1):
+            eq = torch.ones(b, length - n + 1, dtype=torch.bool, device=hist.device)
+            for t in range(n):
+                suffix_t = hist.gather(1, (start - n + 1 + t).clamp_min(0)[:, None])
+                eq &= hist[:, t: length - n + 1 + t] == suffix_t
+            ok = eq & (pos[: length - n + 1][None] <= (start - n)[:, None])
+            found = torch.where(ok, pos[: length - n + 1][None], -1).max(1).values
+            best = torch.where((best < 0) & (found >= 0), found + n, best)
+        idx = torch.where(best >= 0, best, start)[:, None] + torch.arange(k, device=hist.device)
+        return hist.gather(1, torch.minimum(idx, start[:, None])), None
+
+
+class ReplayDrafter(Drafter):
+    """Proposes ``engine.oracle[slot, start+1 : start+1+k]`` (host fills the recorded tokens)."""
+
+    name = "replay"
+
+    def propose(self, slots, start, last, k):
+        idx = start[:, None] + 1 + torch.arange(k, device=start.device)
+        return self.engine.oracle[slots].gather(1, idx), None
+
+
+class _CatchUpDrafter(Drafter, nn.Module):
+    """Shared state for drafters that re-feed the previous step's emitted tokens."""
+
+    def setup(self, engine) -> None:
+        Drafter.setup(self, engine)
+        s, w, dev = engine.cache.num_slots + 1, engine.k_max + 1, engine.device
+        self.prev_tok = torch.zeros(s, w, dtype=torch.long, device=dev)
+        self.prev_count = torch.ones(s, dtype=torch.long, device=dev)
+        self.prev_start = torch.zeros(s, dtype=torch.long, device=dev)
+
+    def _pending(self, slots, k):
+        """Tokens to re-feed, [B, k+1], their first position [B] and how many are real [B]."""
+        w = k + 1
+        c = self.prev_count[slots]
+        off = (c - w).clamp_min(0)
+        cols = (off[:, None] + torch.arange(w, device=c.device)).clamp_max(self.prev_tok.shape[1] - 1)
+        return cols, self.prev_start[slots] + off, torch.minimum(c, torch.full_like(c, w))
+
+    def observe(self, slots, start, tokens, m, hidden):
+        k1 = tokens.shape[1]
+        self.prev_tok[slots, :k1] = tokens
+        self.prev_count[slots] = m + 1
+        self.prev_start[slots] = start + 1
+
+
+class DraftModelDrafter(_CatchUpDrafter):
+    name = "draft_model"
+
+    def __init__(self, model: Decoder) -> None:
+        nn.Module.__init__(self)
+        self.model = model
+
+    def setup(self, engine) -> None:
+        super().setup(engine)
+        self.cache = self.model.new_cache(engine.cache.num_slots, engine.cache.max_len)
+        self.has_probs = engine.temperature > 0
+
+    def prefill(self, slot, prompt, first_token, hidden):
+        dev = self.model.device
+        s = torch.tensor([slot], device=dev)
+        self.model(prompt[None], torch.zeros(1, dtype=torch.long, device=dev), s, self.cache, prefill_at=(0, slot))
+        self.prev_tok[slot, 0] = first_token
+        self.prev_count[slot] = 1
+        self.prev_start[slot] = prompt.shape[0]
+
+    def propose(self, slots, start, last, k):
+        cols, pos0, count = self._pending(slots, k)
+        toks = self.prev_tok[slots].gather(1, cols)
+        h = self.model(toks, pos0, slots, self.cache)
+        h = h.gather(1, (count - 1)[:, None, None].expand(-1, 1, h.shape[-1]))
+        drafts, probs = [], []
+        pos = pos0 + count - 1
+        for i in range(k):
+            d, p = _draft_from_logits(self.model.logits(h[:, 0]), self.engine.temperature)
+            drafts.append(d)
+            probs.append(p)
+            if i + 1 < k:
+                pos = pos + 1
+                h = self.model(d[:, None], pos, slots, self.cache)
+        return _stack(drafts, probs, start)
+
+
+class EagleDrafter(_CatchUpDrafter):
+    """EAGLE-style head: h' = layer(fc([embed(t); h])), next token = argmax(lm_head(norm(h')))."""
+
+    name = "eagle"
+
+    def __init__(self, target: Decoder) -> None:
+        nn.Module.__init__(self)
+        cfg, dt, dev = target.cfg, target.dtype, target.device
+        self.target = [target]  # not a submodule: its weights are the target's
+        self.fc = _param(cfg.hidden_size, 2 * cfg.hidden_size, dtype=dt, device=dev)
+        self.layer = DecoderLayer(cfg, dt, dev)
+        self.norm = nn.Parameter(torch.ones(cfg.hidden_size, dtype=dt, device=dev), requires_grad=False)
+
+    def setup(self, engine) -> None:
+        super().setup(engine)
+        t = self.target[0]
+        self.cache = _one_layer_cache(t, engine.cache.num_slots, engine.cache.max_len)
+        self.prev_hid = torch.zeros(*self.prev_tok.shape, t.cfg.hidden_size, dtype=t.dtype, device=t.device)
+        self.has_probs = engine.temperature > 0
+
+    def _forward(self, toks, hid, pos, slots, prefill_at=None):
+        t = self.target[0]
+        ops, eps = t.ops, t.cfg.rms_norm_eps
+        x = linear(torch.cat([t.embed[toks], hid], dim=-1), self.fc)
+        h = ops.rms_norm(x, self.layer.in_norm, eps)
+        a = self.layer.attn(ops, h, pos, slots, self.cache.k[0], self.cache.v[0], prefill_at)
+        h, x = ops.add_rms_norm(x, a, self.layer.post_norm, eps)
+        h, x = ops.add_rms_norm(x, self.layer.mlp(ops, h), self.norm, eps)
+        return h
+
+    def prefill(self, slot, prompt, first_token, hidden):
+        n = prompt.shape[0]
+        if n > 1:
+            s = torch.tensor([slot], device=prompt.device)
+            self._forward(prompt[None, 1:], hidden[None, : n - 1], torch.ones(1, dtype=torch.long,
+                          device=prompt.device), s, prefill_at=(1, slot))
+        self.prev_tok[slot, 0] = first_token
+        self.prev_hid[slot, 0] = hidden[n - 1]
+        self.prev_count[slot] = 1
+        self.prev_start[slot] = n
+
+    def propose(self, slots, start, last, k):
+        t = self.target[0]
+        cols, pos0, count = self._pending(slots, k)
+        toks = self.prev_tok[slots].gather(1, cols)
+        hid = self.prev_hid[slots].gather(1, cols[..., None].expand(-1, -1, self.prev_hid.shape[-1]))
+        h = self._forward(toks, hid, pos0, slots)
+        h = h.gather(1, (count - 1)[:, None, None].expand(-1, 1, h.shape[-1]))
+        drafts, probs = [], []
+        pos = pos0 + count - 1
+        for i in range(k):
+            d, p = _draft_from_logits(t.logits(h[:, 0]), self.engine.temperature)
+            drafts.append(d)
+            probs.append(p)
+            if i + 1 < k:
+                pos = pos + 1
+                h = self._forward(d[:, None], h, pos, slots)
+        return _stack(drafts, probs, start)
+
+    def observe(self, slots, start, tokens, m, hidden):
+        super().observe(slots, start, tokens, m, hidden)
+        self.prev_hid[slots, : tokens.shape[1]] = hidden
+
+
+class ParallelBlockDrafter(Drafter, nn.Module):
+    """DFlash-like block drafter (arXiv:2602.06036 in spirit): k mask positions, one causal layer, one forward.
+
+    x_j = h_last + embed(last token) + pos_j; the layer attends within the block only.
+    """
+
+    name = "parallel_block"
+
+    def __init__(self, target: Decoder, k_max: int) -> None:
+        nn.Module.__init__(self)
+        cfg, dt, dev = target.cfg, target.dtype, target.device
+        self.target = [target]
+        self.pos_emb = _param(max(k_max, 1), cfg.hidden_size, dtype=dt, device=dev, std=0.02)
+        self.layer = DecoderLayer(cfg, dt, dev)
+        self.norm = nn.Parameter(torch.ones(cfg.hidden_size, dtype=dt, device=dev), requires_grad=False)
+
+    def setup(self, engine) -> None:
+        Drafter.setup(self, engine)
+        t = self.target[0]
+        self.cache = _one_layer_cache(t, engine.cache.num_slots, max(engine.k_max, 1))
+        self.feat = torch.zeros(engine.cache.num_slots + 1, t.cfg.hidden_size, dtype=t.dtype, device=t.device)
+        self.has_probs = engine.temperature > 0
+
+    def prefill(self, slot, prompt, first_token, hidden):
+        self.feat[slot] = hidden[-1]
+
+    def propose(self, slots, start, last, k):
+        t = self.target[0]
+        ops, eps = t.ops, t.cfg.rms_norm_eps
+        x = (self.feat[slots] + t.embed[last])[:, None] + self.pos_emb[:k][None]
+        h = ops.rms_norm(x, self.layer.in_norm, eps)
+        zero = torch.zeros_like(start)
+        a = self.layer.attn(ops, h, zero, slots, self.cache.k[0], self.cache.v[0])
+        h, x = ops.add_rms_norm(x, a, self.layer.post_norm, eps)
+        h, _ = ops.add_rms_norm(x, self.layer.mlp(ops, h), self.norm, eps)
+        d, p = _draft_from_logits(t.logits(h), self.engine.temperature)
+        return d, p
+
+    def observe(self, slots, start, tokens, m, hidden):
+        self.feat[slots] = hidden.gather(1, m[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]
+
+
+def _one_layer_cache(t: Decoder, num_slots: int, max_len: int) -> KVCache:
+    c = t.cfg
+    return KVCache(1, num_slots, c.num_kv_heads, max_len, c.head_dim, t.dtype, t.device)
+
+
+def _stack(drafts, probs, start):
+    if not drafts:
+        return torch.zeros(start.shape[0], 0, dtype=torch.long, device=start.device), None
+    d = torch.stack(drafts, 1)
+    return d, (torch.stack(probs, 1) if probs[0] is not None else None)
+
+
+def make_drafter(name: str, target: Decoder, k_max: int, draft_cfg: ModelConfig | None = None,
+                 draft_model: Decoder | None = None) -> Drafter:
+    if name == "ngram":
+        return NgramDrafter()
+    if name == "replay":
+        return ReplayDrafter()
+    if name == "eagle":
+        return EagleDrafter(target)
+    if name == "parallel_block":
+        return ParallelBlockDrafter(target, k_max)
+    if name == "draft_model":
+        if draft_model is None:
+            draft_model = Decoder(draft_cfg, target.dtype, target.device)
+        return DraftModelDrafter(draft_model)
+    raise ValueError(f"unknown drafter {name!r}; choose ngram, replay, eagle, parallel_block, draft_model")

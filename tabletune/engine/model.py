@@ -1,0 +1,168 @@
+"""Llama / Qwen3-family decoder (dense or MoE) over a slot-per-request KV cache.
+
+The forward takes ``tokens [B, q]``, ``start_pos [B]`` (tokens already cached
+per sequence) and ``slots [B]`` (cache rows), writes the q new keys/values and
+returns the final-normed hidden states ``[B, q, hidden]``. Each layer is
+``add+norm -> qkv -> (qk-norm, RoPE, cache write) -> attention -> o -> add+norm
+-> gate_up -> silu*mul -> down``: ten launches on the Triton path.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from tabletune.engine import ops as torch_ops
+from tabletune.engine.kv_cache import KVCache
+from tabletune.engine.presets import ModelConfig
+
+
+def _param(*shape: int, dtype, device, std: float | None = None) -> nn.Parameter:
+    t = torch.randn(*shape, dtype=torch.float32 if device == "cpu" else dtype, device=device)
+    t = t.mul_(std if std is not None else 1.0 / math.sqrt(shape[-1])).to(dtype)
+    return nn.Parameter(t, requires_grad=False)
+
+
+def _ones(n: int, dtype, device) -> nn.Parameter:
+    return nn.Parameter(torch.ones(n, dtype=dtype, device=device), requires_grad=False)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype, device) -> None:
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.cfg = cfg
+        self.in_norm = _ones(h, dtype, device)
+        self.wqkv = _param((cfg.num_heads + 2 * cfg.num_kv_heads) * d, h, dtype=dtype, device=device)
+        self.q_norm = _ones(d, dtype, device) if cfg.qk_norm else None
+        self.k_norm = _ones(d, dtype, device) if cfg.qk_norm else None
+        self.wo = _param(h, cfg.num_heads * d, dtype=dtype, device=device)
+        self.post_norm = _ones(h, dtype, device)
+        if cfg.is_moe:
+            e, im = cfg.num_experts, cfg.moe_intermediate_size
+            self.router = _param(e, h, dtype=dtype, device=device)
+            self.w_gate_up = _param(e, 2 * im, h, dtype=dtype, device=device)
+            self.w_down = _param(e, h, im, dtype=dtype, device=device)
+        else:
+            self.w_gate_up = _param(2 * cfg.intermediate_size, h, dtype=dtype, device=device)
+            self.w_down = _param(h, cfg.intermediate_size, dtype=dtype, device=device)
+
+    def attn(self, ops, x, start_pos, slots, k_cache, v_cache, prefill_at: tuple[int, int] | None = None):
+        """x [B, q, hidden] (normed) -> attention output [B, q, hidden].
+
+        ``prefill_at = (start, slot)`` marks a one-sequence prompt (eager, masked SDPA).
+        """
+        cfg = self.cfg
+        b, qlen, _ = x.shape
+        qkv = linear(x, self.wqkv)
+        q = ops.qk_rope_cache_write(qkv, start_pos, slots, k_cache, v_cache, self.q_norm, self.k_norm,
+                                    cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rope_theta, cfg.rms_norm_eps)
+        if prefill_at is None:
+            o = ops.attention(q, k_cache, v_cache, start_pos, slots, cfg.head_dim ** -0.5)
+        else:
+            o = torch_ops.prefill_attention(q, k_cache, v_cache, *prefill_at, cfg.head_dim ** -0.5)
+        return linear(o.reshape(b, qlen, -1), self.wo)
+
+    def mlp(self, ops, x):
+        if self.cfg.is_moe:
+            return moe_mlp(ops, x, self.router, self.w_gate_up, self.w_down, self.cfg.num_experts_per_tok)
+        return linear(ops.silu_mul(linear(x, self.w_gate_up)), self.w_down)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """y = x W^T over the last dim."""
+    return torch.mm(x.reshape(-1, x.shape[-1]), w.t()).view(*x.shape[:-1], w.shape[0])
+
+
+def moe_mlp(ops, x, router, w_gate_up, w_down, top_k):
+    """Qwen3-MoE: softmax router, top-k experts, renormalised weights; sum_e w_e * down_e(silu*mul(gate_up_e x)).
+
+    Rows are sorted by expert and run as one grouped GEMM (``torch._grouped_mm``) on CUDA, so
+    only the experts that some token picked are read; a loop over experts on the CPU.
+    """
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    t, e = x2.shape[0], router.shape[0]
+    probs = torch.softmax(torch.mm(x2, router.t()).float(), dim=-1)
+    weight, idx = probs.topk(top_k, dim=-1)
+    weight = (weight / weight.sum(-1, keepdim=True)).to(x.dtype)
+    flat = idx.reshape(-1)
+    if x.is_cuda:
+        order = torch.argsort(flat, stable=True)
+        counts = torch.zeros(e, dtype=torch.int32, device=x.device).scatter_add_(
+            0, flat, torch.ones_like(flat, dtype=torch.int32))
+        offs = torch.cumsum(counts, 0, dtype=torch.int32)
+        xs = x2[order // top_k]
+        hs = torch._grouped_mm(xs, w_gate_up.transpose(-2, -1), offs=offs)
+        ys = torch._grouped_mm(ops.silu_mul(hs), w_down.transpose(-2, -1), offs=offs)
+        y = torch.empty_like(ys)
+        y[order] = ys
+    else:
+        xs = x2.repeat_interleave(top_k, dim=0)
+        y = torch.zeros(t * top_k, shape[-1], dtype=x.dtype, device=x.device)
+        for ex in torch.unique(flat).tolist():
+            rows = (flat == ex).nonzero().squeeze(1)
+            y[rows] = linear(ops.silu_mul(linear(xs[rows], w_gate_up[ex])), w_down[ex])
+    out = (y.view(t, top_k, -1) * weight[..., None]).sum(1)
+    return out.view(shape)
+
+
+class Decoder(nn.Module):
+    """A stack of decoder layers with embeddings, final norm and LM head."""
+
+    def __init__(self, cfg: ModelConfig, dtype=torch.bfloat16, device="cpu", num_layers: int | None = None,
+                 use_triton: bool | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.dtype = dtype
+        n = cfg.num_layers if num_layers is None else num_layers
+        self.embed = _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device, std=1.0)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, dtype, device) for _ in range(n))
+        self.final_norm = _ones(cfg.hidden_size, dtype, device)
+        self.lm_head = self.embed if cfg.tie_embeddings else _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype,
+                                                                     device=device)
+        self.ops = select_ops(torch.device(device) if isinstance(device, str) else device, use_triton)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    def new_cache(self, num_slots: int, max_len: int) -> KVCache:
+        c = self.cfg
+        return KVCache(len(self.layers), num_slots, c.num_kv_heads, max_len, c.head_dim, self.dtype, self.device)
+
+    def forward(self, tokens, start_pos, slots, cache: KVCache, embeds: torch.Tensor | None = None,
+                prefill_at: tuple[int, int] | None = None):
+        """tokens [B, q] -> final-normed hidden [B, q, hidden]."""
+        ops, eps = self.ops, self.cfg.rms_norm_eps
+        x = self.embed[tokens] if embeds is None else embeds
+        delta = torch.zeros_like(x)
+        for i, layer in enumerate(self.layers):
+            h, x = ops.add_rms_norm(x, delta, layer.in_norm, eps)
+            a = layer.attn(ops, h, start_pos, slots, cache.k[i], cache.v[i], prefill_at)
+            h, x = ops.add_rms_norm(x, a, layer.post_norm, eps)
+            delta = layer.mlp(ops, h)
+        return ops.add_rms_norm(x, delta, self.final_norm, eps)[0]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., hidden] -> logits [..., vocab] in the model's dtype."""
+        return linear(hidden, self.lm_head)
+
+    def load_safetensors(self, folder: str | Path) -> None:
+        from tabletune.engine.weights import load_hf_weights
+
+        load_hf_weights(self, Path(folder))
+
+
+def select_ops(device: torch.device, use_triton: bool | None):
+    """Triton kernels on CUDA (unless use_triton=False), the PyTorch ops elsewhere."""
+    if use_triton is None:
+        use_triton = device.type == "cuda"
+    if use_triton:
+        from tabletune.engine import kernels
+
+        return kernels
+    return torch_ops

@@ -1,0 +1,93 @@
+"""The layer ops in plain PyTorch: the CPU path and the reference for the Triton kernels.
+
+Shapes: B sequences, q query tokens each, H query heads, Hkv KV heads, D head dim.
+The KV cache of one layer is ``[num_slots, Hkv, max_len, D]`` for K and for V; a
+sequence in slot s with ``start_pos`` tokens already cached writes its q new
+keys at positions start_pos .. start_pos+q-1, and query i sees keys
+0 .. start_pos+i (a causal mask aligned to the lower right).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """y = x / sqrt(mean(x^2) + eps) * w, computed in float32."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * weight.float()).to(x.dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape [*positions.shape, D] (HF's non-interleaved layout)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
+    freqs = positions.float()[..., None] * inv_freq
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, q, heads, D]; cos/sin [B, q, D]. x*cos + rotate_half(x)*sin, in float32."""
+    xf = x.float()
+    half = xf.shape[-1] // 2
+    rot = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
+    return (xf * cos[:, :, None] + rot * sin[:, :, None]).to(x.dtype)
+
+
+def qk_rope_cache_write(qkv, start_pos, slots, k_cache, v_cache, q_norm_w, k_norm_w, num_heads, num_kv_heads,
+                        head_dim, theta, eps):
+    """Split qkv [B, q, (H+2Hkv)*D]; qk-norm (if weights given), RoPE; write K, V to the cache; return Q [B, q, H, D]."""
+    b, qlen, _ = qkv.shape
+    h, hkv, d = num_heads, num_kv_heads, head_dim
+    q = qkv[..., : h * d].reshape(b, qlen, h, d)
+    k = qkv[..., h * d: (h + hkv) * d].reshape(b, qlen, hkv, d)
+    v = qkv[..., (h + hkv) * d:].reshape(b, qlen, hkv, d)
+    if q_norm_w is not None:
+        q, k = rms_norm(q, q_norm_w, eps), rms_norm(k, k_norm_w, eps)
+    # [B, q]
+    pos = start_pos[:, None].long() + torch.arange(qlen, device=qkv.device)
+    cos, sin = rope_cos_sin(pos, d, theta)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    k_cache[slots[:, None], :, pos] = k.to(k_cache.dtype)
+    v_cache[slots[:, None], :, pos] = v.to(v_cache.dtype)
+    return q
+
+
+def attention(q, k_cache, v_cache, start_pos, slots, scale):
+    """q [B, q, H, D] against the cached keys of each slot; causal, lower-right aligned. Returns [B, q, H, D]."""
+    b, qlen, h, d = q.shape
+    # [B, Hkv, L, D]
+    k, v = k_cache[slots], v_cache[slots]
+    max_len = k.shape[2]
+    # [B, q, L]: query i of sequence s sees keys 0 .. start_pos[s] + i
+    limit = start_pos[:, None].long() + torch.arange(qlen, device=q.device)
+    mask = torch.arange(max_len, device=q.device)[None, None, :] <= limit[:, :, None]
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.to(q.dtype), v.to(q.dtype), attn_mask=mask[:, None], scale=scale,
+        enable_gqa=True)
+    return out.transpose(1, 2)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for gate_up = [gate | up] on the last dim."""
+    g, u = gate_up.chunk(2, dim=-1)
+    return F.silu(g) * u
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float):
+    """residual = x + delta; return (rms_norm(residual), residual)."""
+    r = x + delta
+    return rms_norm(r, weight, eps), r
+
+
+def prefill_attention(q, k_cache, v_cache, start: int, slot: int, scale):
+    """One sequence's prompt: q [1, P, H, D] at positions start..start+P-1, keys 0..start+P-1 of ``slot``."""
+    _, plen, _, _ = q.shape
+    end = start + plen
+    k = k_cache[slot, :, :end][None].to(q.dtype)
+    v = v_cache[slot, :, :end][None].to(q.dtype)
+    mask = torch.ones(plen, end, dtype=torch.bool, device=q.device).tril(diagonal=start)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    return out.transpose(1, 2)

@@ -1,0 +1,124 @@
+"""Build an engine from names, time its steps, and the roofline floor of a step.
+
+Roofline floor of one verify step of b sequences with q = k+1 tokens each at
+context c (the issue's definition):
+
+    bytes(b, k)  = weights read once + KV read = W + b * (c + q) * kv_bytes_per_token
+    flops(b, k)  = 2 * P_matmul * b * q + 4 * b * q * (c + q) * H * D * layers
+    floor(b, k)  = max(bytes / bandwidth, flops / matrix_rate)
+
+W counts every weight a step reads: all layers and the LM head, not the
+embedding table (a step gathers b*q of its rows). For MoE only the routed
+experts count, at most min(E, b*q*top_k) of them per layer.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from tabletune.engine.drafters import make_drafter
+from tabletune.engine.model import Decoder
+from tabletune.engine.presets import ModelConfig, resolve
+from tabletune.engine.runner import EngineConfig, SpecEngine
+
+ENGINE_VERSION = "0.1"
+RUNNER = "builtin/cudagraph-per-(bucket,k)"
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    bandwidth_gb_s: float  # device copy, bytes read + written
+    matrix_tflop_s: float  # bf16 8192^3 matmul
+
+
+def measure_ceilings(device: str = "cuda") -> Ceilings:
+    """A 4 GiB device copy and a bf16 8192^3 matmul, median of timed repeats."""
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.float32, device=device).normal_()
+    b = torch.empty_like(a)
+    copy_ms = _median_ms(lambda: b.copy_(a), 20)
+    del a, b
+    x = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device)
+    y = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device)
+    mm_ms = _median_ms(lambda: x @ y, 20)
+    return Ceilings(2 * 4 * n / copy_ms / 1e6, 2 * 8192 ** 3 / mm_ms / 1e9)
+
+
+def _median_ms(fn, reps: int) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        fn()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1))
+    return sorted(times)[len(times) // 2]
+
+
+def weight_bytes(cfg: ModelConfig, tokens: int, dtype_bytes: int = 2) -> int:
+    """Weights one step reads for ``tokens`` tokens: layers + LM head (MoE: routed experts only)."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    attn = h * d * (cfg.num_heads + 2 * cfg.num_kv_heads) + cfg.num_heads * d * h
+    if cfg.is_moe:
+        experts = min(cfg.num_experts, tokens * cfg.num_experts_per_tok)
+        mlp = experts * 3 * h * cfg.moe_intermediate_size + cfg.num_experts * h
+    else:
+        mlp = 3 * h * cfg.intermediate_size
+    return (cfg.num_layers * (attn + mlp) + cfg.vocab_size * h) * dtype_bytes
+
+
+def step_floor_ms(cfg: ModelConfig, batch_size: int, k: int, context_len: int, ceil: Ceilings) -> float:
+    q = k + 1
+    tokens = batch_size * q
+    kv = batch_size * (context_len + q) * cfg.kv_bytes_per_token()
+    bytes_moved = weight_bytes(cfg, tokens) + kv
+    active = cfg.num_params(active_only=True) - cfg.vocab_size * cfg.hidden_size * (0 if cfg.tie_embeddings else 1)
+    flops = 2 * active * tokens + 4 * tokens * (context_len + q) * cfg.num_heads * cfg.head_dim * cfg.num_layers
+    return max(bytes_moved / ceil.bandwidth_gb_s / 1e6, flops / ceil.matrix_tflop_s / 1e9)
+
+
+def build_engine(model: str, drafter: str, k_max: int, max_batch: int, context_len: int, device: str = "cuda",
+                 draft_model: str = "qwen3-0.6b", dtype=torch.bfloat16, weights: str | None = None,
+                 buckets: tuple[int, ...] = (), temperature: float = 0.0, max_len: int | None = None) -> SpecEngine:
+    """Target (random weights unless ``weights`` names a safetensors folder) + drafter + engine."""
+    cfg = resolve(model)
+    torch.manual_seed(0)
+    target = Decoder(cfg, dtype, device)
+    if weights:
+        target.load_safetensors(weights)
+    draft_cfg = resolve(draft_model) if drafter == "draft_model" else None
+    d = make_drafter(drafter, target, k_max, draft_cfg=draft_cfg)
+    ecfg = EngineConfig(max_num_seqs=max_batch, max_len=max_len or context_len + k_max + 16, k_max=k_max,
+                        temperature=temperature, buckets=buckets)
+    return SpecEngine(target, d, ecfg)
+
+
+def time_steps(engine: SpecEngine, batch_size: int, k: int, num_steps: int, context_len: int,
+               warmup: int = 2) -> list[float]:
+    """Wall time (ms) of ``engine.step`` for rows 0..b-1 at context_len, each from a reset state."""
+    slots = list(range(batch_size))
+    cuda = engine.device.type == "cuda"
+    out = []
+    for i in range(warmup + num_steps):
+        engine.reset_rows(batch_size, context_len)
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        engine.step(slots, k)
+        dt = (time.perf_counter() - t0) * 1e3
+        if i >= warmup:
+            out.append(dt)
+    return out
+
+
+def device_name(engine: SpecEngine) -> str:
+    if engine.device.type == "cuda":
+        return torch.cuda.get_device_name(engine.device)
+    return "cpu"

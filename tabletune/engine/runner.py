@@ -1,0 +1,177 @@
+"""The speculative step: draft, verify, accept, update state; one CUDA graph per (batch bucket, k).
+
+All set-up happens in the constructor: KV caches, per-slot state, and on CUDA a
+graph for every (bucket, k), captured largest first into one memory pool (as
+nano-vllm does). A step only copies the slot ids and caps into static buffers,
+replays, and reads back one small tensor (the step's single host sync):
+
+    step(b rows, k):  bucket B = bucket_for(b); rows b..B-1 point at the scratch slot
+      drafts [B, k]     = drafter.propose(...)
+      hidden [B, k+1]   = target([last, drafts]) at positions start .. start+k
+      m, tokens         = verify(lm_head(hidden), drafts)       # row emits tokens[:m+1]
+      cached += m + 1; last = tokens[m]; history[start+1 ..] = tokens
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tabletune.engine.drafters import Drafter
+from tabletune.engine.model import Decoder
+from tabletune.engine.verify import verify
+from tabletune.padding import bucket_for, default_buckets
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_num_seqs: int = 8
+    max_len: int = 2048  # cache positions per sequence (prompt + output + k_max + 2)
+    k_max: int = 7
+    temperature: float = 0.0
+    buckets: tuple[int, ...] = ()  # default: padding.default_buckets(max_num_seqs)
+    ks: tuple[int, ...] = ()  # k values with a graph; default 0..k_max
+    use_graphs: bool | None = None  # default: on CUDA
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1 or self.k_max < 0 or self.temperature < 0:
+            raise ValueError(f"bad engine config {self}")
+        if self.max_len < self.k_max + 3:
+            raise ValueError(f"max_len {self.max_len} too small for k_max {self.k_max}")
+
+
+@dataclass
+class StepBuffers:
+    slots: torch.Tensor  # [B] int64
+    cap: torch.Tensor  # [B] int64, forced-rejection cap per row
+    out: torch.Tensor  # [B, k_max + 2]: column 0 is m, columns 1.. the emitted tokens
+
+
+class SpecEngine:
+    def __init__(self, target: Decoder, drafter: Drafter, cfg: EngineConfig) -> None:
+        self.target, self.drafter, self.cfg = target, drafter, cfg
+        self.device = target.device
+        self.k_max, self.temperature = cfg.k_max, cfg.temperature
+        self.buckets = list(cfg.buckets or default_buckets(cfg.max_num_seqs))
+        self.ks = list(cfg.ks or range(cfg.k_max + 1))
+        self.cache = target.new_cache(self.buckets[-1], cfg.max_len)
+        s1, dev = self.cache.num_slots + 1, self.device
+        self.cached = torch.zeros(s1, dtype=torch.long, device=dev)  # tokens in the target cache
+        self.last_token = torch.zeros(s1, dtype=torch.long, device=dev)  # newest token, not yet cached
+        self.history = torch.zeros(s1, cfg.max_len, dtype=torch.long, device=dev)  # all tokens by position
+        self.oracle = torch.zeros(s1, cfg.max_len, dtype=torch.long, device=dev)  # ReplayDrafter's tokens
+        drafter.setup(self)
+        self.buffers = {b: StepBuffers(torch.full((b,), self.cache.scratch_slot, dtype=torch.long, device=dev),
+                                       torch.full((b,), cfg.k_max, dtype=torch.long, device=dev),
+                                       torch.zeros(b, cfg.k_max + 2, dtype=torch.long, device=dev))
+                        for b in self.buckets}
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        use_graphs = self.device.type == "cuda" if cfg.use_graphs is None else cfg.use_graphs
+        if use_graphs:
+            self.capture()
+
+    # ---- the step ----------------------------------------------------------
+
+    @torch.inference_mode()
+    def _step_body(self, buf: StepBuffers, k: int) -> None:
+        """Everything a step does on the device; captured as one graph per (bucket, k)."""
+        slots = buf.slots
+        start, last = self.cached[slots], self.last_token[slots]
+        if k > 0:
+            drafts, probs = self.drafter.propose(slots, start, last, k)
+        else:
+            drafts, probs = torch.zeros(slots.shape[0], 0, dtype=torch.long, device=self.device), None
+        # [B, k+1]
+        inputs = torch.cat([last[:, None], drafts], dim=1)
+        hidden = self.target(inputs, start, slots, self.cache)
+        m, tokens = verify(self.target.logits(hidden), drafts, probs, self.temperature, cap=buf.cap)
+        self.cached[slots] = start + m + 1
+        self.last_token[slots] = tokens.gather(1, m[:, None])[:, 0]
+        self.history[slots[:, None], (start + 1)[:, None] + torch.arange(k + 1, device=self.device)] = tokens
+        self.drafter.observe(slots, start, tokens, m, hidden)
+        self.cached[self.cache.scratch_slot] = 0
+        buf.out[:, 0] = m
+        buf.out[:, 1: k + 2] = tokens
+
+    def capture(self) -> None:
+        """A CUDA graph per (bucket, k), largest bucket first, sharing one memory pool."""
+        pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream()
+        for b in reversed(self.buckets):
+            for k in self.ks:
+                buf = self.buffers[b]
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    self._step_body(buf, k)
+                torch.cuda.current_stream().wait_stream(stream)
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool):
+                    self._step_body(buf, k)
+                self.graphs[(b, k)] = g
+        self.cached.zero_()
+        torch.cuda.synchronize()
+
+    def launch(self, slots: list[int], k: int, caps: list[int] | None = None) -> StepBuffers:
+        """Fill the static inputs and run the step (replay on CUDA); no sync."""
+        if k not in self.ks:
+            raise ValueError(f"k={k} has no graph (captured: {self.ks})")
+        b = bucket_for(len(slots), self.buckets)
+        buf = self.buffers[b]
+        pad = [self.cache.scratch_slot] * (b - len(slots))
+        cap = caps if caps is not None else [k] * len(slots)
+        host = torch.tensor([slots + pad, cap + [k] * len(pad)], dtype=torch.long)
+        buf.slots.copy_(host[0], non_blocking=True)
+        buf.cap.copy_(host[1], non_blocking=True)
+        graph = self.graphs.get((b, k))
+        if graph is not None:
+            graph.replay()
+        else:
+            self._step_body(buf, k)
+        return buf
+
+    def step(self, slots: list[int], k: int, caps: list[int] | None = None) -> tuple[list[int], list[list[int]]]:
+        """One speculative step for the sequences in ``slots``: (m per row, emitted tokens per row)."""
+        buf = self.launch(slots, k, caps)
+        out = buf.out[: len(slots), : k + 2].tolist()  # the step's one host sync
+        return [row[0] for row in out], [row[1: row[0] + 2] for row in out]
+
+    # ---- requests ------------------------------------------------------------
+
+    @torch.inference_mode()
+    def prefill(self, slot: int, prompt: list[int]) -> int:
+        """Run the prompt through the target (and the drafter); return the first generated token."""
+        n = len(prompt)
+        if not 0 < n <= self.cfg.max_len - self.k_max - 3:
+            raise ValueError(f"prompt of {n} tokens does not fit max_len {self.cfg.max_len}")
+        p = torch.tensor(prompt, dtype=torch.long, device=self.device)
+        zero = torch.zeros(1, dtype=torch.long, device=self.device)
+        hidden = self.target(p[None], zero, torch.tensor([slot], device=self.device), self.cache,
+                             prefill_at=(0, slot))[0]
+        logits = self.target.logits(hidden[-1:]).float()
+        if self.temperature == 0:
+            first = int(logits.argmax(-1))
+        else:
+            first = int(torch.multinomial(torch.softmax(logits / self.temperature, -1), 1))
+        self.cached[slot] = n
+        self.last_token[slot] = first
+        self.history[slot, :n] = p
+        self.history[slot, n] = first
+        self.drafter.prefill(slot, p, first, hidden)
+        return first
+
+    def set_context(self, num_rows: int, context_len: int, seed: int = 0) -> None:
+        """Pretend slots 0..num_rows-1 hold context_len tokens (random history) — for timing."""
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        vocab = self.target.cfg.vocab_size
+        self.cached[:num_rows] = context_len
+        self.history[:num_rows] = torch.randint(0, vocab, self.history[:num_rows].shape, generator=g).to(self.device)
+        self.last_token[:num_rows] = self.history[:num_rows, context_len]
+        self.reset_rows(num_rows, context_len)
+
+    def reset_rows(self, num_rows: int, context_len: int) -> None:
+        """Put slots 0..num_rows-1 back at context_len cached tokens (between timed steps)."""
+        self.cached[:num_rows] = context_len
+        if hasattr(self.drafter, "prev_count"):
+            self.drafter.prev_count[:num_rows] = 1
+            self.drafter.prev_start[:num_rows] = context_len

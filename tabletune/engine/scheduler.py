@@ -1,0 +1,122 @@
+"""Continuous batching over a ``SpecEngine``: admit up to max_num_seqs, prefill, step, retire.
+
+Each step runs every running sequence with one k, the draft table's k for the
+current batch size (a fixed k is the one-range table). After the step the host
+appends the emitted tokens, counts acceptance per position (vLLM's meaning: see
+``tabletune.acceptance``), and frees finished slots.
+
+With ``cap_rates`` = (a_1, ..., a_K) the forced-rejection cap replays measured
+conditional acceptance: for each row the host draws the first j with
+Bernoulli(a_j) = 0 and caps the accepted count there (``verify`` says why this
+stays lossless).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tabletune.acceptance import AcceptanceCounts
+from tabletune.engine.runner import SpecEngine
+from tabletune.table import DraftTable
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    max_new_tokens: int
+    id: int = 0
+    oracle: list[int] | None = None  # tokens for the ReplayDrafter (the continuation)
+    output: list[int] = field(default_factory=list)
+    slot: int = -1
+
+
+@dataclass
+class RunStats:
+    num_requests: int
+    output_tokens: int
+    wall_s: float
+    num_steps: int
+    counts: AcceptanceCounts
+    step_batch_sizes: list[int]
+    step_ks: list[int]
+
+    @property
+    def throughput_tok_s(self) -> float:
+        return self.output_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def draw_caps(rates: Sequence[float], k: int, n: int, rng: random.Random) -> list[int]:
+    """Per row: the first position j (0-based) whose Bernoulli(a_{j+1}) fails, or k."""
+    caps = []
+    for _ in range(n):
+        j = 0
+        while j < k and rng.random() < rates[min(j, len(rates) - 1)]:
+            j += 1
+        caps.append(j)
+    return caps
+
+
+class Scheduler:
+    def __init__(self, engine: SpecEngine, table: DraftTable, max_num_seqs: int | None = None,
+                 cap_rates: Sequence[float] | None = None, seed: int = 0) -> None:
+        self.engine = engine
+        self.table = table.clamped(engine.k_max)
+        self.max_num_seqs = min(max_num_seqs or engine.cfg.max_num_seqs, engine.buckets[-1])
+        self.cap_rates = list(cap_rates) if cap_rates else None
+        self.rng = random.Random(seed)
+        self.counts = AcceptanceCounts(k_max=max(engine.k_max, 1), drafter=engine.drafter.name)
+
+    def _admit(self, req: Request, free: list[int]) -> None:
+        req.slot = free.pop()
+        e = self.engine
+        if req.oracle is not None:
+            import torch
+
+            n = len(req.prompt)
+            tail = req.prompt + req.oracle
+            tail = tail[: e.cfg.max_len]
+            e.oracle[req.slot, : len(tail)] = torch.tensor(tail, device=e.device)
+            e.oracle[req.slot, len(tail):] = 0
+            del n
+        req.output = [e.prefill(req.slot, req.prompt)]
+
+    def _done(self, req: Request) -> bool:
+        limit = self.engine.cfg.max_len - self.engine.k_max - 3
+        return len(req.output) >= req.max_new_tokens or len(req.prompt) + len(req.output) >= limit
+
+    def run(self, requests: Sequence[Request]) -> RunStats:
+        """Serve all requests, at most max_num_seqs at a time (a closed loop of that load)."""
+        waiting = deque(requests)
+        running: list[Request] = []
+        free = list(range(self.engine.cache.num_slots))[::-1]
+        steps_b, steps_k = [], []
+        out_tokens = 0
+        t0 = time.perf_counter()
+        while waiting or running:
+            while waiting and len(running) < self.max_num_seqs:
+                req = waiting.popleft()
+                self._admit(req, free)
+                running.append(req)
+            still = []
+            for req in running:
+                (free.append(req.slot) if self._done(req) else still.append(req))
+            running = still
+            if not running:
+                continue
+            b = len(running)
+            k = min(self.table.k_for(b), self.engine.k_max)
+            caps = draw_caps(self.cap_rates, k, b, self.rng) if self.cap_rates and k > 0 else None
+            ms, emitted = self.engine.step([r.slot for r in running], k, caps)
+            steps_b.append(b)
+            steps_k.append(k)
+            for req, m, toks in zip(running, ms, emitted):
+                if k > 0:
+                    self.counts.observe_draft(k, m)
+                req.output.extend(toks[: req.max_new_tokens - len(req.output)])
+        wall = time.perf_counter() - t0
+        out_tokens = sum(len(r.output) for r in requests)
+        return RunStats(len(requests), out_tokens, wall, len(steps_b), self.counts, steps_b, steps_k)

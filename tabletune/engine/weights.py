@@ -1,0 +1,57 @@
+"""Load HF safetensors (Llama / Qwen3 names) into a ``Decoder``, fusing qkv and gate_up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from tabletune.errors import InputError
+
+
+def _read_all(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise InputError(str(folder), "<weights>", str(folder), "no *.safetensors files")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        tensors.update(load_file(str(f)))
+    return tensors
+
+
+def load_hf_weights(model, folder: Path) -> None:
+    t = _read_all(folder)
+    if any(name.endswith("q_proj.bias") for name in t):
+        raise InputError(str(folder), "q_proj.bias", True, "attention biases (Qwen2) are not supported")
+
+    def get(name: str) -> torch.Tensor:
+        if name not in t:
+            raise InputError(str(folder), name, None, "missing tensor")
+        return t[name]
+
+    def put(param: torch.nn.Parameter, value: torch.Tensor) -> None:
+        if tuple(param.shape) != tuple(value.shape):
+            raise InputError(str(folder), "<shape>", tuple(value.shape), f"expected {tuple(param.shape)}")
+        param.data.copy_(value.to(param.dtype))
+
+    with torch.no_grad():
+        put(model.embed, get("model.embed_tokens.weight"))
+        put(model.final_norm, get("model.norm.weight"))
+        if not model.cfg.tie_embeddings:
+            put(model.lm_head, get("lm_head.weight"))
+        for i, layer in enumerate(model.layers):
+            p = f"model.layers.{i}."
+            put(layer.in_norm, get(p + "input_layernorm.weight"))
+            put(layer.post_norm, get(p + "post_attention_layernorm.weight"))
+            qkv = [get(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
+            put(layer.wqkv, torch.cat(qkv, 0))
+            put(layer.wo, get(p + "self_attn.o_proj.weight"))
+            if layer.q_norm is not None:
+                put(layer.q_norm, get(p + "self_attn.q_norm.weight"))
+                put(layer.k_norm, get(p + "self_attn.k_norm.weight"))
+            if model.cfg.is_moe:
+                raise InputError(str(folder), "num_experts", model.cfg.num_experts, "MoE weights load is not supported")
+            put(layer.w_gate_up, torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")], 0))
+            put(layer.w_down, get(p + "mlp.down_proj.weight"))
