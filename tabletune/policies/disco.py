@@ -197,14 +197,20 @@ def train_disco(x: np.ndarray, accepted: np.ndarray, trained_on: str = "", fn_co
 class DiscoPolicy:
     """DISCO per request: draft while the classifier (or transformers' threshold) says continue.
 
-    ``variant="classifier"``: with ``model=FILE`` the saved coefficients are used as
-    they are. Without one, the policy starts with the threshold rule, logs every tested
-    token's (features, accepted), trains the classifier once ``warmup_tokens`` are
-    logged, and refits every ``refit_steps`` steps on the latest ``max_log`` tokens
-    (so it follows a workload switch). ``variant="threshold"``: transformers'
-    ``assistant_confidence_threshold`` rule with its ROC retuning, every ``retune_every``
-    steps (transformers retunes after every verification of its single sequence; here
-    one step verifies a whole batch).
+    Variants:
+
+    * ``classifier`` (default): a classifier trained offline. ``model=FILE`` loads saved
+      coefficients; without it, ``profiles/policies/disco-sim.json`` (trained on the
+      simulator's stated confidence model, pooled over the workload presets, by
+      ``python -m tabletune.policies.trace_fit disco --source sim``), or the same
+      training run in-process if that file is absent.
+    * ``online``: starts with the threshold rule, logs every tested token's
+      (features, accepted), trains the classifier once ``warmup_tokens`` are logged and
+      refits every ``refit_steps`` steps on the latest ``max_log`` tokens (it follows a
+      workload switch).
+    * ``threshold``: transformers' ``assistant_confidence_threshold`` rule with its ROC
+      retuning, every ``retune_every`` steps (transformers retunes after every
+      verification of its single sequence; here one step verifies a whole batch).
     """
 
     name: ClassVar[str] = "disco"
@@ -213,13 +219,18 @@ class DiscoPolicy:
     def __init__(self, ctx: PolicyContext, variant: str = "classifier", model: str | None = None,
                  threshold: float = HF_DEFAULT_THRESHOLD, warmup_tokens: int = 2000, refit_steps: int = 250,
                  max_log: int = 20000, retune_every: int = 10) -> None:
-        if variant not in ("classifier", "threshold"):
-            raise InputError("--policy", "disco.variant", variant, "choose 'classifier' or 'threshold'")
+        if variant not in ("classifier", "online", "threshold"):
+            raise InputError("--policy", "disco.variant", variant, "choose 'classifier', 'online' or 'threshold'")
         self.ctx = ctx
         self.variant = variant
         self.hf = ConfidenceThreshold(threshold, retune=True, retune_every=retune_every)
-        self.model = DiscoModel.load(model) if model else None
-        self.fixed_model = model is not None
+        self.model: DiscoModel | None = None
+        if model:
+            self.model = DiscoModel.load(model)
+        elif variant == "classifier":
+            from tabletune.policies.trace_fit import default_disco_model
+
+            self.model = default_disco_model()
         self.warmup_tokens, self.refit_steps, self.max_log = warmup_tokens, refit_steps, max_log
         self.log_x: list[np.ndarray] = []
         self.log_y: list[np.ndarray] = []
@@ -230,9 +241,10 @@ class DiscoPolicy:
     def decide(self, state: BatchState) -> Decision:
         x = feature_tensor(require_features(state.features, self.name))[:, : self.ctx.k_max]  # [b, K, 5]
         self._x = x
-        if self.variant == "classifier" and self.model is not None:
-            b, k, d = x.shape
-            keep = (self.model.accept_prob(x.reshape(-1, d)) >= self.model.threshold).reshape(b, k)
+        if self.variant != "threshold" and self.model is not None:
+            b, k, _ = x.shape
+            d = len(self.model.features)
+            keep = (self.model.accept_prob(x[:, :, :d].reshape(-1, d)) >= self.model.threshold).reshape(b, k)
         else:
             keep = x[:, :, 0] >= self.hf.threshold
         return Decision.per_request(first_stop(keep))
@@ -246,7 +258,7 @@ class DiscoPolicy:
         labels = accepted_mask(outcome.accepted, k_max)[tested]
         if self.variant == "threshold" or self.model is None:
             self.hf.observe_tested(x[:, :, 0][tested], labels)
-        if self.variant != "classifier" or self.fixed_model:
+        if self.variant != "online":
             return
         self.log_x.append(x[tested])
         self.log_y.append(labels.astype(np.int8))

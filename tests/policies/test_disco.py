@@ -1,3 +1,4 @@
+import gzip
 import json
 
 import numpy as np
@@ -15,6 +16,7 @@ from tabletune.policies.disco import (
     train_disco,
     verified_labels,
 )
+from tabletune.policies.trace_fit import fit_ngram_table, read_traces, trace_rows
 from tabletune.sim.traces import draft_log
 from tabletune.sim.workload import preset
 
@@ -110,7 +112,8 @@ def test_model_file_errors_name_the_field(tmp_path):
 
 def test_classifier_policy_trains_online_and_stops_on_low_confidence(sim_log):
     ctx = make_ctx()
-    policy = DiscoPolicy(ctx, warmup_tokens=500)
+    policy = DiscoPolicy(ctx, variant="online", warmup_tokens=500)
+    assert policy.model is None  # starts with the threshold rule
     rng = np.random.default_rng(0)
     x, y = sim_log
     for step in range(40):  # feed outcomes consistent with the log's confidence
@@ -127,7 +130,43 @@ def test_classifier_policy_trains_online_and_stops_on_low_confidence(sim_log):
     assert policy.decide(make_state(high)).ks[0] > policy.decide(make_state(low)).ks[0] == 3
 
 
-@pytest.mark.parametrize("spec", ["disco", "disco:variant=threshold"])
+def test_default_classifier_is_the_committed_sim_model():
+    policy = DiscoPolicy(make_ctx())
+    assert policy.model is not None and policy.model.features[0] == "top1_prob" and policy.model.coef[0] > 0
+    assert policy.model.trained_on.startswith("sim presets")
+
+
+def test_unknown_variant_is_an_input_error():
+    with pytest.raises(InputError, match="disco.variant"):
+        DiscoPolicy(make_ctx(), variant="psychic")
+
+
+def test_trace_files_train_disco_and_the_ngram_table(tmp_path):
+    rows = ["request,draft_start,draft_pos,gen_pos,top1_prob,entropy,margin,ngram_len,accept_prob,accepted"]
+    rng = np.random.default_rng(0)
+    for i in range(400):  # model drafter: accepted iff confident
+        p = rng.uniform(0.05, 0.99)
+        rows.append(f"r{i},0,{1 + i % 4},{i},{p:.3f},{-np.log(p):.3f},{p / 2:.3f},0,{p:.3f},{int(p > 0.5)}")
+    for i in range(200):  # n-gram drafter (no probabilities): long matches accepted
+        length = 2 + i % 10
+        rows.append(f"n{i},0,1,{i},nan,nan,nan,{length},1,{int(length >= 6)}")
+    path = tmp_path / "traces.csv.gz"
+    path.write_bytes(gzip.compress("\n".join(rows).encode()))
+    cols = read_traces(tmp_path)
+    x, y = trace_rows(cols)
+    assert x.shape == (400, 4)
+    model = train_disco(x, y)
+    assert model.accept_prob(np.array([[0.9, 0.1, 0.45, 1.0]]))[0] > 0.5 > model.accept_prob(
+        np.array([[0.1, 2.3, 0.05, 1.0]]))[0]
+    table = fit_ngram_table(cols, k_max=4)
+    assert table.rates[9, 0] > 0.8 and table.rates[3, 0] < 0.2
+    bad = tmp_path / "bad.csv"
+    bad.write_text("draft_pos,accepted\n1,1\n")
+    with pytest.raises(InputError, match="missing columns"):
+        read_traces(bad)
+
+
+@pytest.mark.parametrize("spec", ["disco", "disco:variant=threshold", "disco:variant=online"])
 def test_disco_runs_in_simulator_within_k_max_and_is_deterministic(spec):
     seen = []
     result, policy = run_sim(spec, load=8, duration_s=2.0, seed=5, recorder=lambda d, s: seen.append(d.ks))

@@ -1,0 +1,135 @@
+"""Fit the per-request policies' offline models from logged drafts; save them as JSON.
+
+Two sources of logged (features, accepted) pairs, tested tokens only (nothing after a
+draft's first rejection):
+
+* ``sim``: drafts from the simulator's stated confidence model
+  (``tabletune.sim.traces.draft_log``), pooled over the workload presets
+  (code, math, chat, code-edit) as "general text";
+* ``traces``: issue 7's measured per-token traces, CSV or CSV.gz files with a header
+  that names at least ``draft_pos, top1_prob, entropy, margin, ngram_len, accepted``
+  (``tabletune.integrations.hf.replay.TRACE_COLUMNS``); rows of model drafters train
+  DISCO, rows with NaN probabilities (n-gram drafters) fit Hybrid Spark's table.
+
+Usage (writes atomically)::
+
+    python -m tabletune.policies.trace_fit disco --source sim --out profiles/policies/disco-sim.json
+    python -m tabletune.policies.trace_fit disco --source traces --traces DIR --out FILE
+    python -m tabletune.policies.trace_fit ngram --traces DIR --out FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import io
+from pathlib import Path
+
+import numpy as np
+
+from tabletune import fileio
+from tabletune.errors import InputError
+from tabletune.policies.disco import DiscoModel, train_disco
+from tabletune.policies.hybrid_spark import NgramTable
+
+DEFAULT_DISCO_MODEL = Path(__file__).resolve().parents[2] / "profiles" / "policies" / "disco-sim.json"
+SIM_WORKLOADS = ("code", "math", "chat", "code-edit")
+TRACE_FIELDS = ("draft_pos", "top1_prob", "entropy", "margin", "ngram_len", "accepted")
+_CACHE: dict[tuple, DiscoModel] = {}
+
+
+def sim_rows(k_max: int = 7, drafts_per_workload: int = 5000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(x [n, 4] = top1, entropy, margin, position; y [n]) from the simulator, pooled over the presets."""
+    from tabletune.sim.traces import draft_log
+    from tabletune.sim.workload import preset
+
+    xs, ys = [], []
+    for i, name in enumerate(SIM_WORKLOADS):
+        x, y = draft_log(preset(name), drafts_per_workload, k_max, seed=seed + i).training_rows()
+        xs.append(x)
+        ys.append(y)
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def read_traces(path: str | Path) -> dict[str, np.ndarray]:
+    """Columns of ``TRACE_FIELDS`` from one trace file or every *.csv / *.csv.gz under a folder."""
+    path = Path(path)
+    files = sorted(path.glob("**/*.csv")) + sorted(path.glob("**/*.csv.gz")) if path.is_dir() else [path]
+    if not files:
+        raise InputError(str(path), "<files>", str(path), "no .csv or .csv.gz trace files")
+    cols: dict[str, list[float]] = {f: [] for f in TRACE_FIELDS}
+    for file in files:
+        raw = gzip.decompress(file.read_bytes()) if file.suffix == ".gz" else file.read_bytes()
+        reader = csv.DictReader(io.StringIO(raw.decode()))
+        missing = [f for f in TRACE_FIELDS if f not in (reader.fieldnames or [])]
+        if missing:
+            raise InputError(str(file), "<header>", reader.fieldnames, f"missing columns {missing}")
+        for row in reader:
+            for f in TRACE_FIELDS:
+                cols[f].append(float(row[f]) if row[f] not in ("", "nan", "NaN") else float("nan"))
+    return {f: np.array(v) for f, v in cols.items()}
+
+
+def trace_rows(cols: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """DISCO rows from model-drafter trace rows (those with a top-1 probability)."""
+    model = ~np.isnan(cols["top1_prob"])
+    x = np.stack([cols[f][model] for f in ("top1_prob", "entropy", "margin", "draft_pos")], axis=1)
+    return x, cols["accepted"][model].astype(np.int64)
+
+
+def fit_ngram_table(cols: dict[str, np.ndarray], k_max: int, l_max: int = 64) -> NgramTable:
+    """Hybrid Spark's match length x position table from n-gram trace rows.
+
+    The prior of each cell is the pooled per-length rate r[L] = (acc_L + 1) / (tested_L + 2)
+    spread over positions by ``NgramTable.from_length_rates``; cells with data move to it.
+    """
+    ngram = np.isnan(cols["top1_prob"])
+    length = np.clip(cols["ngram_len"][ngram].astype(np.int64), 0, l_max)
+    accepted = cols["accepted"][ngram]
+    tested = np.bincount(length, minlength=l_max + 1)
+    acc = np.bincount(length, weights=accepted, minlength=l_max + 1)
+    prior = NgramTable.from_length_rates(tuple((acc + 1.0) / (tested + 2.0)), k_max)
+    return NgramTable.fit(length, cols["draft_pos"][ngram], accepted, prior)
+
+
+def default_disco_model(k_max: int = 7) -> DiscoModel:
+    """The committed sim-trained model if present, else one trained now on sim drafts (cached)."""
+    key = ("default", k_max)
+    if key not in _CACHE:
+        if DEFAULT_DISCO_MODEL.exists():
+            _CACHE[key] = DiscoModel.load(DEFAULT_DISCO_MODEL)
+        else:
+            x, y = sim_rows(k_max)
+            _CACHE[key] = train_disco(x, y, trained_on="sim presets " + ",".join(SIM_WORKLOADS))
+    return _CACHE[key]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tabletune.policies.trace_fit", description=__doc__.split("\n")[0])
+    ap.add_argument("what", choices=("disco", "ngram"))
+    ap.add_argument("--source", choices=("sim", "traces"), default="sim")
+    ap.add_argument("--traces", help="trace file or folder (issue 7)")
+    ap.add_argument("--k-max", type=int, default=7)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    if args.what == "disco" and args.source == "sim":
+        x, y = sim_rows(args.k_max)
+        model = train_disco(x, y, trained_on="sim presets " + ",".join(SIM_WORKLOADS))
+    elif args.traces is None:
+        ap.error("--traces is required for trace sources")
+    elif args.what == "disco":
+        x, y = trace_rows(read_traces(args.traces))
+        model = train_disco(x, y, trained_on=f"traces {Path(args.traces).name}")
+    else:
+        table = fit_ngram_table(read_traces(args.traces), args.k_max)
+        fileio.write_json(args.out, {"schema": "tabletune.ngram_table", "version": 1,
+                                     "rates": np.round(table.rates, 6).tolist()})
+        return 0
+    model.save(args.out)
+    print(f"wrote {args.out}: coef {np.round(model.coef, 3).tolist()} threshold {model.threshold:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
