@@ -37,18 +37,18 @@ def diagnose(model: str) -> list[str]:
     lines = []
     for name, (n, kk) in shapes.items():
         ws = [torch.randn(n, kk, dtype=torch.bfloat16, device="cuda") for _ in range(4)]
-        for m in (1, 8, 16, 64, 256, 2048):
+        for m in (1, 16, 256, 2048):
             x = torch.randn(m, kk, dtype=torch.bfloat16, device="cuda")
             i = [0]
 
             def f():
                 i[0] = (i[0] + 1) % 4
                 return x @ ws[i[0]].t()
-            ms = _median_ms(f, 30)
+            ms = _median_ms(f, 10, inner=20)
             line = f"mm {name:8s} M={m:5d}: {ms * 1e3:8.1f} us  {n * kk * 2 / ms / 1e6:7.0f} GB/s  " \
                    f"{2 * m * n * kk / ms / 1e9:6.0f} TFLOP/s"
             if m <= 16:
-                sk = _median_ms(lambda: kernels.skinny_mm(x, ws[0]), 30)
+                sk = _median_ms(lambda: kernels.skinny_mm(x, ws[0]), 10, inner=20)
                 line += f"  | triton skinny {sk * 1e3:8.1f} us"
             lines.append(line)
     ctx = 1024
@@ -59,7 +59,7 @@ def diagnose(model: str) -> list[str]:
             qq = torch.randn(b, q, cfg.num_heads, d, dtype=torch.bfloat16, device="cuda")
             start = torch.full((b,), ctx, dtype=torch.long, device="cuda")
             slots = torch.arange(b, device="cuda")
-            ms = _median_ms(lambda: kernels.attention(qq, kc, vc, start, slots, d ** -0.5), 30)
+            ms = _median_ms(lambda: kernels.attention(qq, kc, vc, start, slots, d ** -0.5), 10, inner=20)
             kv = b * (ctx + q) * cfg.num_kv_heads * d * 2 * 2
             lines.append(f"attn b={b:3d} q={q}: {ms * 1e3:8.1f} us  {kv / ms / 1e6:7.0f} GB/s (KV of one layer)")
             del kc, vc
@@ -97,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
                          "ratio": round(ms / floor, 3), "samples_ms": [round(s, 4) for s in samples]})
         print(f"b={b:4d} " + " ".join(f"k{r['k']}:{r['step_ms']:7.2f}ms/{r['ratio']:.2f}x" for r in rows[-args.k_max - 1:]),
               flush=True)
+    from tabletune.engine import gemm
+
+    picks = sorted((m, n, k, "cublas" if c is None else "triton" + str(c)) for (m, n, k), c in gemm._choice.items())
+    print("gemm choices:", "; ".join(f"M={m} N={n} K={k}: {c}" for m, n, k, c in picks if m in (1, 8, 16, 64, 256)))
     worst_small = max(r["ratio"] for r in rows if r["batch_size"] <= 32)
     worst = max(r["ratio"] for r in rows)
     result = {"device": device_name(engine), "model": args.model, "context_len": args.context,

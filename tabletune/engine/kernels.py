@@ -178,10 +178,10 @@ def _silu_mul_kernel(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
     tl.store(y_ptr + row * N + cols, (g / (1.0 + tl.exp(-g)) * u).to(y_ptr.dtype.element_ty), mask=ok)
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor, out_dtype=None) -> torch.Tensor:
     n = gate_up.shape[-1] // 2
     x = gate_up.reshape(-1, 2 * n)
-    y = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
+    y = torch.empty(x.shape[0], n, dtype=out_dtype or x.dtype, device=x.device)
     _silu_mul_kernel[(x.shape[0], triton.cdiv(n, 1024))](x, y, n, BLOCK=1024)
     return y.view(*gate_up.shape[:-1], n)
 
@@ -203,8 +203,8 @@ def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, y_ptr, r_ptr, N, eps, BLOCK: tl.co
 
 def add_rms_norm(x, delta, weight, eps):
     n = x.shape[-1]
-    r = torch.empty_like(x)
-    y = torch.empty_like(x)
+    r = torch.empty(x.shape, dtype=weight.dtype, device=x.device)
+    y = torch.empty_like(r)
     _add_rms_norm_kernel[(x.numel() // n,)](x, delta, weight, y, r, n, eps, BLOCK=triton.next_power_of_2(n),
                                             num_warps=8)
     return y, r
@@ -212,6 +212,7 @@ def add_rms_norm(x, delta, weight, eps):
 
 def rms_norm(x, weight, eps):
     return add_rms_norm(x, torch.zeros_like(x), weight, eps)[0]
+
 
 
 @triton.jit

@@ -69,12 +69,20 @@ class DecoderLayer(nn.Module):
     def mlp(self, ops, x):
         if self.cfg.is_moe:
             return moe_mlp(ops, x, self.router, self.w_gate_up, self.w_down, self.cfg.num_experts_per_tok)
-        return linear(ops.silu_mul(linear(x, self.w_gate_up)), self.w_down)
+        return linear(ops.silu_mul(linear(x, self.w_gate_up), self.w_down.dtype), self.w_down)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """y = x W^T over the last dim."""
-    return torch.mm(x.reshape(-1, x.shape[-1]), w.t()).view(*x.shape[:-1], w.shape[0])
+    """y = x W^T over the last dim (on CUDA: ``gemm.linear``, which may return float32)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    y = gemm_linear(x2, w) if x.is_cuda else torch.mm(x2, w.t())
+    return y.view(*x.shape[:-1], w.shape[0])
+
+
+def gemm_linear(x2: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    from tabletune.engine import gemm
+
+    return gemm.linear(x2, w)
 
 
 def moe_mlp(ops, x, router, w_gate_up, w_down, top_k):
@@ -97,7 +105,7 @@ def moe_mlp(ops, x, router, w_gate_up, w_down, top_k):
         offs = torch.cumsum(counts, 0, dtype=torch.int32)
         xs = x2[order // top_k]
         hs = torch._grouped_mm(xs, w_gate_up.transpose(-2, -1), offs=offs)
-        ys = torch._grouped_mm(ops.silu_mul(hs), w_down.transpose(-2, -1), offs=offs)
+        ys = torch._grouped_mm(ops.silu_mul(hs, x.dtype), w_down.transpose(-2, -1), offs=offs)
         y = torch.empty_like(ys)
         y[order] = ys
     else:
@@ -105,7 +113,7 @@ def moe_mlp(ops, x, router, w_gate_up, w_down, top_k):
         y = torch.zeros(t * top_k, shape[-1], dtype=x.dtype, device=x.device)
         for ex in torch.unique(flat).tolist():
             rows = (flat == ex).nonzero().squeeze(1)
-            y[rows] = linear(ops.silu_mul(linear(xs[rows], w_gate_up[ex])), w_down[ex])
+            y[rows] = linear(ops.silu_mul(linear(xs[rows], w_gate_up[ex]), x.dtype), w_down[ex])
     out = (y.view(t, top_k, -1) * weight[..., None]).sum(1)
     return out.view(shape)
 
@@ -148,8 +156,8 @@ class Decoder(nn.Module):
         return ops.add_rms_norm(x, delta, self.final_norm, eps)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., hidden] -> logits [..., vocab] in the model's dtype."""
-        return linear(hidden, self.lm_head)
+        """[..., hidden] -> logits [..., vocab] in the model's dtype (cuBLAS: N is large)."""
+        return torch.mm(hidden.reshape(-1, hidden.shape[-1]), self.lm_head.t()).view(*hidden.shape[:-1], -1)
 
     def load_safetensors(self, folder: str | Path) -> None:
         from tabletune.engine.weights import load_hf_weights

@@ -70,15 +70,15 @@ def attention(q, k_cache, v_cache, start_pos, slots, scale):
     return out.transpose(1, 2)
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor, out_dtype=None) -> torch.Tensor:
     """silu(gate) * up for gate_up = [gate | up] on the last dim."""
     g, u = gate_up.chunk(2, dim=-1)
-    return F.silu(g) * u
+    return (F.silu(g) * u).to(out_dtype or gate_up.dtype)
 
 
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float):
     """residual = x + delta; return (rms_norm(residual), residual)."""
-    r = x + delta
+    r = (x + delta).to(weight.dtype)
     return rms_norm(r, weight, eps), r
 
 

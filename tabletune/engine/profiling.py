@@ -47,7 +47,8 @@ def measure_ceilings(device: str = "cuda") -> Ceilings:
     return Ceilings(2 * 4 * n / copy_ms / 1e6, 2 * 8192 ** 3 / mm_ms / 1e9)
 
 
-def _median_ms(fn, reps: int) -> float:
+def _median_ms(fn, reps: int, inner: int = 1) -> float:
+    """Median over ``reps`` of the mean time of ``inner`` back-to-back calls (queued, so launches overlap)."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -55,10 +56,11 @@ def _median_ms(fn, reps: int) -> float:
     for _ in range(reps):
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         e0.record()
-        fn()
+        for _ in range(inner):
+            fn()
         e1.record()
         e1.synchronize()
-        times.append(e0.elapsed_time(e1))
+        times.append(e0.elapsed_time(e1) / inner)
     return sorted(times)[len(times) // 2]
 
 

