@@ -66,6 +66,29 @@ def diagnose(model: str) -> list[str]:
     return lines
 
 
+def kernel_breakdown(engine, batch_size: int, k: int, context_len: int, top: int = 12) -> list[str]:
+    """GPU time per kernel of one eager step (CUPTI), largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine.set_context(batch_size, context_len)
+    buf = engine.buffers[batch_size]
+    buf.slots.copy_(torch.arange(batch_size))
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        engine._step_body(buf, k)
+        torch.cuda.synchronize()
+    rows = {}
+    for ev in prof.events():
+        if ev.device_type.name == "CUDA":
+            name = ev.name[:60]
+            n, us = rows.get(name, (0, 0.0))
+            rows[name] = (n + 1, us + ev.device_time_total)
+    total = sum(us for _, us in rows.values())
+    lines = [f"kernels of one step b={batch_size} k={k}: {total / 1e3:.2f} ms GPU, {sum(n for n, _ in rows.values())} launches"]
+    for name, (n, us) in sorted(rows.items(), key=lambda r: -r[1][1])[:top]:
+        lines.append(f"  {us / 1e3:7.3f} ms {n:5d}x  {name}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-8b")
@@ -78,14 +101,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     ceil = measure_ceilings()
     print(f"ceilings: copy {ceil.bandwidth_gb_s:.0f} GB/s, bf16 matmul {ceil.matrix_tflop_s:.0f} TFLOP/s", flush=True)
-    if args.diagnose:
-        for line in diagnose(args.model):
-            print(line, flush=True)
     buckets = tuple(power_of_two_buckets(args.max_batch))
     t0 = time.perf_counter()
     engine = build_engine(args.model, "replay", args.k_max, args.max_batch, args.context, buckets=buckets)
     print(f"built + captured {len(engine.graphs)} graphs in {time.perf_counter() - t0:.1f} s", flush=True)
     cfg = engine.target.cfg
+    if args.diagnose:
+        for b, k in ((1, 0), (32, 7), (256, 0)):
+            if b <= args.max_batch:
+                for line in kernel_breakdown(engine, b, k, args.context):
+                    print(line, flush=True)
     rows = []
     for b in buckets:
         engine.set_context(b, args.context)
