@@ -53,7 +53,7 @@ from tabletune.table import DraftTable
 __all__ = ["Controller", "ControllerConfig", "StepObservation", "prior_rates"]
 
 HISTORY = 16
-DEFAULT_HALF_LIFE_TOKENS = 4000.0
+DEFAULT_HALF_LIFE_TOKENS = 2000.0
 
 
 @dataclass(frozen=True)
@@ -64,12 +64,13 @@ class ControllerConfig:
     prior_weight: float = 20.0  # pseudo-drafts per position
     prior_workload: str | None = None  # entry of the AcceptanceProfile to use as prior
     prior_temperature: float | None = None
-    half_life_tokens: float | None = None  # drafted tokens (default 4000 when neither is set)
+    half_life_tokens: float | None = None  # draft tokens verified per position (default 2000)
     half_life_s: float | None = None  # or seconds
     explore_fraction: float = 0.02
     min_gain: float = 0.01  # install only if some b gains more than this (modelled)
     min_install_interval_s: float = 1.0
     rebuild_interval_s: float = 0.2
+    rebuild_min_change: float = 0.002  # skip a rebuild while no rate moved this much since the last one
     warmup_drafts: int = 200
 
     def __post_init__(self) -> None:
@@ -90,6 +91,7 @@ class ControllerConfig:
             ("min_gain", self.min_gain, self.min_gain >= 0, "must be >= 0"),
             ("min_install_interval_s", self.min_install_interval_s, self.min_install_interval_s >= 0, "must be >= 0"),
             ("rebuild_interval_s", self.rebuild_interval_s, self.rebuild_interval_s >= 0, "must be >= 0"),
+            ("rebuild_min_change", self.rebuild_min_change, self.rebuild_min_change >= 0, "must be >= 0"),
             ("warmup_drafts", self.warmup_drafts, self.warmup_drafts >= 0, "must be >= 0"),
         ]
         for name, value, ok, problem in checks:
@@ -163,6 +165,7 @@ class Controller:
         self._credit = 0.0
         self._last_eval_s: float | None = None
         self._last_install_s: float | None = None
+        self._last_rates: list[float] = []
 
     # ---- per step --------------------------------------------------------------
 
@@ -208,8 +211,10 @@ class Controller:
             return None
         if self.drafts < cfg.warmup_drafts:
             return None
-        self._last_eval_s = now_s
         rates = self.estimator.rates()
+        if self._last_rates and max(abs(a - b) for a, b in zip(rates, self._last_rates)) < cfg.rebuild_min_change:
+            return None
+        self._last_eval_s, self._last_rates = now_s, rates
         result = optimize_table(self.profile, rates, self.options)
         current = predict(self.table, [p.fixed_goodput for p in result.predictions])
         gain = max(new.goodput / cur.goodput - 1.0 for new, cur in zip(result.predictions, current))
@@ -256,6 +261,7 @@ class Controller:
             "steps": self.steps,
             "drafts": self.drafts,
             "explore_steps": self.explore_steps,
+            "shifts": self.estimator.shifts,
             "ignored": dict(self.ignored),
             "last_gain": round(self.last_gain, 6),
             "k_max": self.k_max,

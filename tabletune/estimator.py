@@ -9,16 +9,27 @@ j, never from all drafts:
     a_j = (A_j + w * m_j) / (R_j + w)
 
 where R_j, A_j are the exponentially decayed reached/accepted counts, w the prior
-weight in pseudo-drafts and m_j the prior mean at j. Decay multiplies R and A by
-0.5 ** (x / half_life) before each new observation, where x is the number of
-drafted tokens in it (``half_life_tokens``) or the seconds since the previous one
-(``half_life_s``); the prior never decays.
+weight in pseudo-drafts and m_j the prior mean at j; the prior never decays.
+
+Decay: before each observation, R_j and A_j are multiplied by 0.5 ** (x_j / half_life),
+where x_j is the number of draft tokens the observation verified *at position j*
+(its reached_j; ``half_life_tokens``), or the seconds since the previous
+observation (``half_life_s``). Counting verified tokens per position keeps about
+half_life / ln 2 drafts of evidence at every position, also at deep positions
+that only exploration steps reach: they forget as slowly as they learn.
 
 The prior mean is *chained*: m_1 = p_1 and m_j = p_j * a_{j-1} / p_{j-1} for j >= 2,
-with p the prior profile's rates. A position that is rarely reached (only on
-exploration steps, or deep in a draft at low acceptance) thus follows the level
-measured one position down, in the prior's shape, rather than a prior measured on
-another workload. With no evidence anywhere, a_j = p_j.
+with p the prior profile's rates. A position with little evidence thus follows
+the level measured one position down, in the prior's shape, rather than a prior
+measured on another workload. With no evidence anywhere, a_j = p_j.
+
+Shift detection: slowly forgetting deep positions would stay stale after a
+workload switch. A second count at position 1 decays ``FAST_RATIO`` times
+faster. When the fast and slow rates there differ by more than ``SHIFT_Z``
+standard errors of the fast one (and by at least ``SHIFT_MIN_DELTA``), the
+workload has changed: position 1 keeps only the fast counts and deeper positions
+drop their evidence, so the chained prior carries the new level to them until
+drafting and exploration re-measure them.
 
 Observations carry exact per-draft information when the engine has it
 (``StepObservation.from_drafts``). Engines that only report vLLM's per-position
@@ -35,6 +46,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 LN2 = math.log(2.0)
+FAST_RATIO = 8.0  # the fast position-1 estimate forgets this many times faster
+SHIFT_Z = 4.0  # standard errors between fast and slow position-1 rates that signal a switch
+SHIFT_MIN_DELTA = 0.05
+SHIFT_MIN_EVIDENCE = 30.0  # fast drafts needed before testing
 
 
 @dataclass(frozen=True)
@@ -119,7 +134,7 @@ class StepObservation:
 
 
 class DecayedAcceptance:
-    """Exponentially decayed reached/accepted counts per position, shrunk towards a prior."""
+    """Exponentially decayed reached/accepted counts per position, shrunk towards a chained prior."""
 
     def __init__(self, prior: Sequence[float], prior_weight: float,
                  half_life_tokens: float | None = None, half_life_s: float | None = None) -> None:
@@ -130,36 +145,55 @@ class DecayedAcceptance:
         self.half_life_tokens = half_life_tokens
         self.half_life_s = half_life_s
         k_max = len(self.prior)
-        self.reached = [0.0] * k_max
-        self.accepted = [0.0] * k_max
+        self.reached, self.accepted = [0.0] * k_max, [0.0] * k_max
+        self.fast_reached = self.fast_accepted = 0.0  # position 1 only
+        self.shifts = 0
         self.last_time_s: float | None = None
 
     @property
     def k_max(self) -> int:
         return len(self.prior)
 
-    def decay_factor(self, obs: StepObservation) -> float:
-        """0.5 ** (x / half_life): x = drafted tokens in obs, or seconds since the last one."""
+    def decay_factors(self, obs: StepObservation) -> list[float]:
+        """0.5 ** (x_j / half_life): x_j = obs.reached_j, or the seconds since the last observation."""
         if self.half_life_tokens is not None:
-            return math.exp(-LN2 * sum(obs.drafted) / self.half_life_tokens)
+            h, n = self.half_life_tokens, len(obs.reached)
+            return [math.exp(-LN2 * obs.reached[j] / h) if j < n else 1.0 for j in range(self.k_max)]
         if obs.time_s is None:
             raise ValueError("half_life_s needs observations with time_s")
         dt = 0.0 if self.last_time_s is None else max(obs.time_s - self.last_time_s, 0.0)
-        return math.exp(-LN2 * dt / self.half_life_s)  # type: ignore[operator]
+        return [math.exp(-LN2 * dt / self.half_life_s)] * self.k_max  # type: ignore[operator]
 
     def update(self, obs: StepObservation) -> None:
-        """Decay the old evidence, then add obs (positions beyond k_max are dropped)."""
-        f = self.decay_factor(obs)
+        """Decay, add obs (positions beyond k_max are dropped), and test for a workload shift."""
+        factors = self.decay_factors(obs)
         if obs.time_s is not None:
             self.last_time_s = obs.time_s
         n = min(len(obs.reached), self.k_max)
-        reached, accepted = self.reached, self.accepted
-        for j in range(self.k_max):
-            reached[j] *= f
-            accepted[j] *= f
+        r, a = self.reached, self.accepted
+        for j, f in enumerate(factors):
+            r[j] *= f
+            a[j] *= f
         for j in range(n):
-            reached[j] += obs.reached[j]
-            accepted[j] += obs.accepted[j]
+            r[j] += obs.reached[j]
+            a[j] += obs.accepted[j]
+        if n:
+            ff = factors[0] ** FAST_RATIO
+            self.fast_reached = self.fast_reached * ff + obs.reached[0]
+            self.fast_accepted = self.fast_accepted * ff + obs.accepted[0]
+            if self.shifted():
+                self.reached = [self.fast_reached] + [0.0] * (self.k_max - 1)
+                self.accepted = [self.fast_accepted] + [0.0] * (self.k_max - 1)
+                self.shifts += 1
+
+    def shifted(self) -> bool:
+        """|fast - slow| position-1 rate > max(SHIFT_Z standard errors of the fast rate, SHIFT_MIN_DELTA)."""
+        rf, r1 = self.fast_reached, self.reached[0]
+        if rf < SHIFT_MIN_EVIDENCE or r1 <= rf * 1.01:
+            return False
+        fast, slow = self.fast_accepted / rf, self.accepted[0] / r1
+        se = math.sqrt(max(slow * (1 - slow), 0.01) / rf)
+        return abs(fast - slow) > max(SHIFT_Z * se, SHIFT_MIN_DELTA)
 
     def rates(self, floor: float = 1e-3) -> list[float]:
         """a_j = (A_j + w m_j) / (R_j + w) with the chained prior mean m_j, clamped to [floor, 1]."""

@@ -71,7 +71,7 @@ def test_config_rejects(kwargs, field):
 
 
 def test_config_defaults_and_json():
-    assert ControllerConfig().half_life_tokens == 4000.0
+    assert ControllerConfig().half_life_tokens == 2000.0
     cfg = ControllerConfig.from_json({"half_life_s": 5, "lengths": [0, 2], "prior_workload": "code"})
     assert cfg.half_life_tokens is None and cfg.half_life_s == 5 and cfg.lengths == (0, 2)
     with pytest.raises(InputError, match="unknown option"):

@@ -67,10 +67,11 @@ def test_prior_only_then_shrinkage():
 
 def test_decay_halves_evidence_per_half_life_tokens():
     est = DecayedAcceptance([0.5], prior_weight=0, half_life_tokens=100)
-    est.update(StepObservation(100, 1, 100, (100,), (100,), (100,)))
-    est.update(StepObservation(100, 1, 100, (100,), (0,), (100,)))  # decays the first by 0.5 ** (100/100)
+    est.update(StepObservation(100, 1, 100, (100,), (60,), (100,)))
+    est.update(StepObservation(100, 1, 100, (100,), (40,), (100,)))  # decays the first by 0.5 ** (100/100)
     assert est.reached == pytest.approx([150.0])
-    assert est.rates() == pytest.approx([50 / 150])
+    assert est.rates() == pytest.approx([70 / 150])
+    assert est.shifts == 0
 
 
 def test_decay_in_seconds():
@@ -80,6 +81,20 @@ def test_decay_in_seconds():
     assert est.reached == pytest.approx([1.0])
     with pytest.raises(ValueError):
         est.update(StepObservation(1, 1, 0, (0,), (0,), (0,)))
+
+
+def test_shift_detection_forgets_stale_deep_positions():
+    est = DecayedAcceptance([0.5, 0.5], prior_weight=10, half_life_tokens=2000)
+    for _ in range(20):  # old workload: 0.9 at both positions, 100 drafts of length 2 per step
+        est.update(StepObservation(100, 2, 100, (100, 90), (90, 81), (100, 100)))
+    assert est.shifts == 0 and est.rates()[1] == pytest.approx(0.9, abs=0.01)
+    for _ in range(3):  # new workload: 0.3 at position 1, position 2 never reached (k=1)
+        est.update(StepObservation(100, 1, 100, (100, 0), (30, 0), (100, 0)))
+    assert est.shifts == 1
+    a1, a2 = est.rates()
+    assert a1 < 0.65  # without the shift the slow counts would still say ~0.85
+    assert est.reached[1] == 0  # the stale evidence at position 2 is dropped ...
+    assert a2 == pytest.approx(a1)  # ... and the chained prior (p2 / p1 = 1) follows a1
 
 
 def test_rates_are_clamped():
