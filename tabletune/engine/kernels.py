@@ -63,7 +63,7 @@ def _qk_rope_cache_kernel(qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, start_pt
 def qk_rope_cache_write(qkv, start_pos, slots, k_cache, v_cache, q_norm_w, k_norm_w, num_heads, num_kv_heads,
                         head_dim, theta, eps):
     b, qlen, _ = qkv.shape
-    q = torch.empty(b, qlen, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    q = torch.empty(b, qlen, num_heads, head_dim, dtype=k_cache.dtype, device=qkv.device)
     has_norm = q_norm_w is not None
     _qk_rope_cache_kernel[(b * qlen, num_heads + 2 * num_kv_heads)](
         qkv, q, k_cache, v_cache, start_pos, slots, q_norm_w if has_norm else qkv, k_norm_w if has_norm else qkv,

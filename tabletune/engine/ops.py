@@ -49,7 +49,7 @@ def qk_rope_cache_write(qkv, start_pos, slots, k_cache, v_cache, q_norm_w, k_nor
     # [B, q]
     pos = start_pos[:, None].long() + torch.arange(qlen, device=qkv.device)
     cos, sin = rope_cos_sin(pos, d, theta)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    q, k = apply_rope(q, cos, sin).to(k_cache.dtype), apply_rope(k, cos, sin)
     k_cache[slots[:, None], :, pos] = k.to(k_cache.dtype)
     v_cache[slots[:, None], :, pos] = v.to(v_cache.dtype)
     return q
