@@ -4,7 +4,8 @@ Source: the DSpark line of work on batch-level speculative verification budgets.
 details are not public; this "-style" version assumes the rule stated in the issue:
 
 1. Survival. Request i's drafted token at position j is accepted with probability
-   p_ij = c(top1_ij), a calibration map from the drafter's top-1 probability to
+   p_ij = c(top1_ij), a calibration map from the default drafter's top-1 probability
+   (for an n-gram drafter, its table confidence, see ``per_request.default_features``) to
    acceptance (``ConfidenceCalibrator``: 20 bins, Beta prior at the operator's mean
    prior rate, learned online from the tested tokens only, with decay). Slot (i, j)
    is worth its survival S_ij = prod_{l<=j} p_il, the chance it yields a token.
@@ -32,7 +33,7 @@ from typing import ClassVar
 import numpy as np
 
 from tabletune.policies.base import MODEL, BatchState, Decision, PolicyContext, StepOutcome
-from tabletune.policies.per_request import accepted_mask, require_features, tested_mask
+from tabletune.policies.per_request import accepted_mask, default_features, tested_mask
 from tabletune.sim.cost import StepCost
 
 
@@ -61,8 +62,8 @@ class ConfidenceCalibrator:
         self.accepted *= self.decay
         self.tested *= self.decay
         idx = self.bins(top1)
-        np.add.at(self.tested, idx, 1.0)
-        np.add.at(self.accepted, idx, np.asarray(accepted, dtype=float))
+        self.tested += np.bincount(idx, minlength=self.num_bins)
+        self.accepted += np.bincount(idx, weights=np.asarray(accepted, dtype=float), minlength=self.num_bins)
 
 
 @dataclass(frozen=True)
@@ -93,23 +94,28 @@ def allocate_budget(survival: np.ndarray, cost: StepCost) -> Budget:
     survival is [batch_size, k_max], non-increasing along each row. For each cap
     c = 1..k_max only slots with j <= c compete (the longest draft sets the drafting
     time); B* = argmax_B E(B) / T(B) on that curve; the best cap wins. B = 0 (no
-    speculation) is always a candidate.
+    speculation) is always a candidate. One sort serves every cap: the ranking of the
+    slots j <= c is the full ranking with the others left out, so all caps are
+    evaluated at once on [caps, slots] arrays (first maximum wins: smaller cap, fewer slots).
     """
     b, k_max = survival.shape
     t_off = float(mixed_curve_ms(cost, b, np.zeros(1), np.zeros(1))[0])
-    best = Budget(ks=np.zeros(b, np.int64), slots=0, expected_tokens=float(b), step_ms=t_off)
-    for cap in range(1, k_max + 1):
-        flat = survival[:, :cap].ravel()
-        order = np.argsort(-flat, kind="stable")  # ties: lower request, then lower position
-        num = np.arange(1, b * cap + 1)
-        expected = b + np.cumsum(flat[order])
-        k_top = np.maximum.accumulate(order % cap + 1).astype(float)
-        step_ms = mixed_curve_ms(cost, b, k_top, num / b)
-        i = int(np.argmax(expected / step_ms))
-        if expected[i] / step_ms[i] > best.theta:
-            ks = np.bincount(order[: i + 1] // cap, minlength=b).astype(np.int64)
-            best = Budget(ks=ks, slots=i + 1, expected_tokens=float(expected[i]), step_ms=float(step_ms[i]))
-    return best
+    flat = survival.ravel()
+    order = np.argsort(-flat, kind="stable")  # ties: lower request, then lower position
+    pos = order % k_max + 1  # position j of each ranked slot
+    caps = np.arange(1, k_max + 1)
+    admit = pos[None, :] <= caps[:, None]  # [caps, slots]: slot may be admitted under cap c
+    expected = b + np.cumsum(np.where(admit, flat[order][None, :], 0.0), axis=1)
+    slots = np.cumsum(admit, axis=1)
+    k_top = np.maximum.accumulate(np.where(admit, pos[None, :], 0), axis=1).astype(float)
+    theta = np.where(admit, expected / mixed_curve_ms(cost, b, k_top, slots / b), -np.inf)
+    c, i = np.unravel_index(int(np.argmax(theta)), theta.shape)
+    if theta[c, i] <= b / t_off:
+        return Budget(ks=np.zeros(b, np.int64), slots=0, expected_tokens=float(b), step_ms=t_off)
+    taken = order[: i + 1][admit[c, : i + 1]]
+    ks = np.bincount(taken // k_max, minlength=b).astype(np.int64)
+    return Budget(ks=ks, slots=int(slots[c, i]), expected_tokens=float(expected[c, i]),
+                  step_ms=float(expected[c, i] / theta[c, i]))
 
 
 class AdaptiveVerificationPolicy:
@@ -130,7 +136,7 @@ class AdaptiveVerificationPolicy:
         return np.cumprod(self.calibrator(top1), axis=1)
 
     def decide(self, state: BatchState) -> Decision:
-        top1 = require_features(state.features, self.name).top1_prob[:, : self.ctx.k_max]
+        top1 = default_features(state, self.ctx, self.name).top1_prob[:, : self.ctx.k_max]
         self._top1 = top1
         self.last = allocate_budget(self.survival(top1), self.ctx.cost)
         return Decision.per_request(self.last.ks)
@@ -139,14 +145,13 @@ class AdaptiveVerificationPolicy:
         if self._top1 is None:
             return
         top1, self._top1 = self._top1, None
-        update_calibrator(self.calibrator, top1, outcome)
+        update_calibrator(self.calibrator, top1, outcome, self.ctx.default_drafter)
 
 
-def update_calibrator(cal: ConfidenceCalibrator, top1: np.ndarray, outcome: StepOutcome, model_only: bool = True) -> None:
-    """Feed the tested model-drafter tokens of one step to the calibrator (censoring-correct)."""
+def update_calibrator(cal: ConfidenceCalibrator, top1: np.ndarray, outcome: StepOutcome, drafter: int = MODEL) -> None:
+    """Feed one step's tested tokens of ``drafter`` to the calibrator (censoring-correct)."""
     k_max = top1.shape[1]
     tested = tested_mask(outcome.ks, outcome.accepted, k_max)
-    if model_only:
-        tested &= (outcome.drafter == MODEL)[:, None]
+    tested &= (outcome.drafter == drafter)[:, None]
     if tested.any():
         cal.update(top1[tested], accepted_mask(outcome.accepted, k_max)[tested])

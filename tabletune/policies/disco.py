@@ -41,7 +41,7 @@ import numpy as np
 from tabletune import fileio
 from tabletune.errors import InputError
 from tabletune.policies.base import BatchState, Decision, PolicyContext, StepOutcome
-from tabletune.policies.per_request import accepted_mask, feature_tensor, first_stop, require_features, tested_mask
+from tabletune.policies.per_request import accepted_mask, default_features, feature_tensor, first_stop, tested_mask
 
 FEATURES = ("top1_prob", "entropy", "margin", "position", "ngram_match_len")
 DISCO_SCHEMA = "tabletune.disco_model"
@@ -239,7 +239,7 @@ class DiscoPolicy:
         self._x: np.ndarray | None = None
 
     def decide(self, state: BatchState) -> Decision:
-        x = feature_tensor(require_features(state.features, self.name))[:, : self.ctx.k_max]  # [b, K, 5]
+        x = feature_tensor(default_features(state, self.ctx, self.name))[:, : self.ctx.k_max]  # [b, K, 5]
         self._x = x
         if self.variant != "threshold" and self.model is not None:
             b, k, _ = x.shape

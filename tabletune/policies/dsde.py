@@ -22,10 +22,11 @@ one, -log p2 with p2 = p1 - margin (assuming the target chose the draft's runner
 which bounds q(x) from above and so the KL from below). Only tested tokens count
 (nothing after a draft's first rejection).
 
-Length. Over the last ``window`` KL values of a sequence, mean mu and standard
-deviation sd form a stability score z = mu + sd (an unstable region, with KL
-spikes, scores worse than a calm one of the same mean). The per-token acceptance
-estimate and the length are
+Length. Over a sequence's recent KL values, the exponentially weighted mean mu and
+standard deviation sd (span ``window`` tokens: weight alpha = 2 / (window + 1) per
+value, mu <- mu + alpha d, var <- (1 - alpha)(var + alpha d^2) with d = x - mu)
+form a stability score z = mu + sd (an unstable region, with KL spikes, scores worse
+than a calm one of the same mean). The per-token acceptance estimate and the length are
 
     a_hat = exp(-c * z)
     SL    = clamp(floor(log(tau) / log(a_hat)), k_min, k_max)      (tau = 1/2)
@@ -44,15 +45,14 @@ step. SL_cap = ceil(mean(SL) + std(SL)) over the batch, and every SL_i <= SL_cap
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
-from tabletune.policies.base import BatchState, Decision, DraftFeatures, PolicyContext, StepOutcome
-from tabletune.policies.per_request import PerRequest
+from tabletune.policies.base import MODEL, BatchState, Decision, DraftFeatures, PolicyContext, StepOutcome
+from tabletune.policies.per_request import accepted_mask, default_features, tested_mask
 
 P_FLOOR = 1e-6
 
@@ -71,36 +71,43 @@ class DsdeConfig:
             raise ValueError(f"need 0 <= k_min <= k_start <= k_max, got {self.k_min}, {self.k_start}, {self.k_max}")
         if not 0.0 < self.tau < 1.0:
             raise ValueError(f"tau must lie in (0, 1), got {self.tau}")
-        if self.window < 2 or self.min_history < 2:
-            raise ValueError("window and min_history must be >= 2")
+        if self.window < 2 or self.min_history < 1:
+            raise ValueError("window must be >= 2 and min_history >= 1")
+
+    @property
+    def alpha(self) -> float:
+        return 2.0 / (self.window + 1.0)
 
 
-def kl_proxy(top1_prob: Sequence[float], margin: Sequence[float], num_accepted: int) -> list[float]:
-    """Greedy-target KL of the tested tokens: -log p1 if accepted, -log(p1 - margin) for the first rejected."""
-    out = [-math.log(max(p, P_FLOOR)) for p in top1_prob[:num_accepted]]
-    if num_accepted < len(top1_prob):
-        p2 = top1_prob[num_accepted] - margin[num_accepted]
-        out.append(-math.log(max(p2, P_FLOOR)))
-    return out
+def kl_proxy(top1_prob: np.ndarray, margin: np.ndarray, ks: np.ndarray, accepted: np.ndarray) -> np.ndarray:
+    """[b, k_max] greedy-target KL of the tested tokens, NaN elsewhere.
+
+    -log p1 at accepted positions, -log(p1 - margin) at the first rejected one (if drafted).
+    """
+    k_max = top1_prob.shape[1]
+    acc = accepted_mask(accepted, k_max)
+    tested = tested_mask(ks, accepted, k_max)
+    p = np.where(acc, top1_prob, top1_prob - margin)
+    return np.where(tested, -np.log(np.maximum(p, P_FLOOR)), np.nan)
 
 
-def stability_score(kl_history: Sequence[float], cfg: DsdeConfig) -> float | None:
-    """z = mean + standard deviation of the last ``window`` KL values; None below ``min_history``."""
-    if len(kl_history) < cfg.min_history:
-        return None
-    recent = np.fromiter(kl_history, dtype=float)[-cfg.window:]
-    return float(recent.mean()) + float(recent.std())
+def ew_update(mean: np.ndarray, var: np.ndarray, count: np.ndarray, x: np.ndarray,
+              alpha: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One exponentially weighted mean/variance update per row where x is not NaN (the first value sets mu)."""
+    valid = ~np.isnan(x)
+    first = valid & (count == 0)
+    d = np.where(valid, x - mean, 0.0)
+    new_mean = np.where(first, x, mean + alpha * d)
+    new_var = np.where(first, 0.0, np.where(valid, (1.0 - alpha) * (var + alpha * d * d), var))
+    return new_mean, new_var, count + valid
 
 
-def stable_length(z: float | None, cfg: DsdeConfig, scale: float = 1.0) -> int:
-    """SL = clamp(floor(log tau / log a_hat), k_min, k_max) with a_hat = exp(-c z); k_start if z is None."""
-    if z is None:
-        return cfg.k_start
-    log_a = -scale * z
-    if log_a >= -1e-12:
-        return cfg.k_max
-    sl = math.floor(math.log(cfg.tau) / log_a)
-    return min(max(sl, cfg.k_min), cfg.k_max)
+def stable_lengths(z: np.ndarray, cfg: DsdeConfig, scale: float = 1.0) -> np.ndarray:
+    """SL = clamp(floor(log tau / log a_hat), k_min, k_max), a_hat = exp(-c z); k_start where z is NaN."""
+    z = np.asarray(z, dtype=float)
+    log_a = -scale * np.maximum(np.nan_to_num(z, nan=1.0), 1e-12)
+    sl = np.clip(np.floor(math.log(cfg.tau) / log_a), cfg.k_min, cfg.k_max)
+    return np.where(np.isnan(z), cfg.k_start, sl).astype(np.int64)
 
 
 def fit_kl_scale(z: np.ndarray, accepted: np.ndarray) -> float:
@@ -117,7 +124,7 @@ def fit_kl_scale(z: np.ndarray, accepted: np.ndarray) -> float:
     return math.exp(0.5 * (lo + hi))
 
 
-def straggler_cap(lengths: Sequence[int]) -> int:
+def straggler_cap(lengths: Sequence[int] | np.ndarray) -> int:
     """SL_cap = ceil(mean + std) of the batch's lengths."""
     arr = np.asarray(lengths, dtype=float)
     if len(arr) == 0:
@@ -125,18 +132,20 @@ def straggler_cap(lengths: Sequence[int]) -> int:
     return int(math.ceil(float(arr.mean()) + float(arr.std()) - 1e-9))
 
 
-def capped_lengths(lengths: Sequence[int]) -> list[int]:
+def capped_lengths(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
     """min(SL_i, SL_cap) for every sequence of the batch."""
-    cap = straggler_cap(lengths)
-    return [min(sl, cap) for sl in lengths]
+    arr = np.asarray(lengths, dtype=np.int64)
+    return np.minimum(arr, straggler_cap(arr))
 
 
 class DsdePolicy:
     """Per request: SL from the stability of its recent KL values; the batch caps stragglers.
 
     The KL values come from ``StepOutcome.kl`` (the simulator's KL(target || draft) at every
-    verified position, see ``tabletune.sim.acceptance``); an engine that reports none gets
-    the greedy-target proxy ``kl_proxy`` from the drafted tokens' p1 and margin.
+    verified position, see ``tabletune.sim.acceptance``); an engine that reports none, or a
+    setting whose default drafter is the n-gram one (the engine's KL is the model drafter's),
+    gets the greedy-target proxy ``kl_proxy`` from the default drafter's p1 and margin.
+    Per-request statistics live in arrays (one row per running request, rows reused).
     """
 
     name: ClassVar[str] = "dsde"
@@ -148,44 +157,84 @@ class DsdePolicy:
         self.ctx = ctx
         self.cfg = DsdeConfig(k_min=1, k_max=k_max, k_start=min(k_start, k_max), window=window, tau=tau)
         self.cap = cap
-        self.refit_steps = refit_steps
-        self.history: PerRequest[deque] = PerRequest(lambda: deque(maxlen=self.cfg.window))
+        self.refit_steps, self.pool_tokens = refit_steps, pool_tokens
+        self.rows: dict[int, int] = {}
+        self.free: list[int] = []
+        self.mean, self.var, self.count = np.zeros(0), np.zeros(0), np.zeros(0, np.int64)
         self.scale = 1.0  # c
-        self.pool_z: deque = deque(maxlen=pool_tokens)  # tested tokens: their sequence's z, and accepted
-        self.pool_ok: deque = deque(maxlen=pool_tokens)
+        self.pool: list[tuple[np.ndarray, np.ndarray]] = []  # tested tokens: (their sequence's z, accepted)
         self.steps = 0
         self._features: DraftFeatures | None = None
-        self._z: list[float | None] = []
+        self._z = np.zeros(0)
+
+    def row_of(self, request_ids: np.ndarray) -> np.ndarray:
+        """Array rows of the requests (new requests get a free or new row)."""
+        out = []
+        for rid in request_ids.tolist():
+            row = self.rows.get(rid)
+            if row is None:
+                if not self.free:
+                    n = len(self.mean)
+                    self.free = list(range(max(2 * n, 16) - 1, n - 1, -1))
+                    grow = max(2 * n, 16) - n
+                    self.mean = np.r_[self.mean, np.zeros(grow)]
+                    self.var = np.r_[self.var, np.zeros(grow)]
+                    self.count = np.r_[self.count, np.zeros(grow, np.int64)]
+                row = self.rows[rid] = self.free.pop()
+                self.mean[row] = self.var[row] = self.count[row] = 0
+            out.append(row)
+        return np.array(out, dtype=np.int64)
+
+    def scores(self, request_ids: np.ndarray) -> np.ndarray:
+        """z = mu + sd per request; NaN below ``min_history`` values."""
+        rows = self.row_of(request_ids)
+        z = self.mean[rows] + np.sqrt(self.var[rows])
+        return np.where(self.count[rows] >= self.cfg.min_history, z, np.nan)
 
     def decide(self, state: BatchState) -> Decision:
-        self._features = state.features
-        self._z = [stability_score(self.history.get(rid), self.cfg) for rid in state.request_ids.tolist()]
-        lengths = [stable_length(z, self.cfg, self.scale) for z in self._z]
-        return Decision.per_request(np.array(capped_lengths(lengths) if self.cap else lengths, dtype=np.int64))
+        self._features = default_features(state, self.ctx, self.name) if state.features is not None else None
+        self._z = self.scores(state.request_ids)
+        lengths = stable_lengths(self._z, self.cfg, self.scale)
+        return Decision.per_request(capped_lengths(lengths) if self.cap else lengths)
 
     def observe(self, outcome: StepOutcome) -> None:
-        for i, rid in enumerate(outcome.state.request_ids.tolist()):
-            k, m = int(outcome.ks[i]), int(outcome.accepted[i])
-            if k == 0:
-                continue
-            values = self._kl_values(outcome, i, k, m)
-            self.history.get(rid).extend(values)
-            z = self._z[i] if i < len(self._z) else None
-            if z is not None:
-                n_tested = min(m + 1, k)
-                self.pool_z.extend([z] * n_tested)
-                self.pool_ok.extend([1] * m + [0] * (n_tested - m))
-        self.history.forget(outcome)
-        self._features, self._z = None, []
+        rows = self.row_of(outcome.state.request_ids)
+        values = self._kl_values(outcome)
+        if values is not None:
+            mean, var, count = self.mean[rows], self.var[rows], self.count[rows]
+            width = int(outcome.ks.max()) if len(outcome.ks) else 0  # later columns are all NaN
+            for j in range(min(width, values.shape[1])):
+                mean, var, count = ew_update(mean, var, count, values[:, j], self.cfg.alpha)
+            self.mean[rows], self.var[rows], self.count[rows] = mean, var, count
+        self._pool(outcome)
+        for rid in outcome.finished_ids.tolist():
+            row = self.rows.pop(int(rid), None)
+            if row is not None:
+                self.free.append(row)
+        self._features = None
         self.steps += 1
-        if self.steps % self.refit_steps == 0 and len(self.pool_z) >= 64:
-            self.scale = fit_kl_scale(np.array(self.pool_z), np.array(self.pool_ok))
+        if self.steps % self.refit_steps == 0 and self.pool:
+            z = np.concatenate([p[0] for p in self.pool])[-self.pool_tokens:]
+            ok = np.concatenate([p[1] for p in self.pool])[-self.pool_tokens:]
+            self.pool = [(z, ok)]
+            if len(z) >= 64:
+                self.scale = fit_kl_scale(z, ok)
 
-    def _kl_values(self, outcome: StepOutcome, i: int, k: int, m: int) -> list[float]:
-        if outcome.kl is not None:
-            values = outcome.kl[i, :k]
-            return values[~np.isnan(values)].tolist()
+    def _pool(self, outcome: StepOutcome) -> None:
+        """Pair each tested token with its sequence's z at decision time (for the scale c)."""
+        if len(self._z) != len(outcome.ks):
+            return
+        k_max = self.ctx.k_max
+        tested = tested_mask(outcome.ks, outcome.accepted, k_max) & ~np.isnan(self._z)[:, None]
+        if tested.any():
+            z = np.broadcast_to(self._z[:, None], tested.shape)[tested]
+            self.pool.append((z, accepted_mask(outcome.accepted, k_max)[tested].astype(float)))
+
+    def _kl_values(self, outcome: StepOutcome) -> np.ndarray | None:
+        k_max = self.ctx.k_max
+        if outcome.kl is not None and self.ctx.default_drafter == MODEL:
+            return outcome.kl[:, :k_max]
         if self._features is not None:
             f = self._features
-            return kl_proxy(f.top1_prob[i, :k].tolist(), f.margin[i, :k].tolist(), m)
-        return []
+            return kl_proxy(f.top1_prob[:, :k_max], f.margin[:, :k_max], outcome.ks, outcome.accepted)
+        return None

@@ -25,7 +25,7 @@ batch, so its price in tokens is
 Each request takes, per chain, the slots worth their price, j*_c = #{j : S_c(j) > lambda}
 (S falls along j), and the chain with the larger surplus sum_{j<=j*_c} (S_c(j) - lambda);
 a request with no slot worth its price drafts nothing. lambda and k_bar are iterated
-(up to 4 rounds). The longest draft sets the drafting time, so the market runs under
+(3 rounds). The longest draft sets the drafting time, so the market runs under
 each length cap c = 1..k_max, and the allocation with the largest step surplus
 
     E[tokens] - R * T(ks)        (mixed-length step cost, ``StepCost.mixed_ms``)
@@ -49,7 +49,7 @@ from tabletune.policies.base import MODEL, NGRAM, BatchState, Decision, PolicyCo
 from tabletune.policies.per_request import require_features
 from tabletune.sim.cost import StepCost
 
-ROUNDS = 4
+ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -115,22 +115,37 @@ def buy(surv_model: np.ndarray, surv_ngram: np.ndarray, price: float) -> tuple[n
 
     Returns (ks, drafter, bought survival sum) per request; ties go to the model chain.
     """
-    worth_m, worth_n = surv_model > price, surv_ngram > price
-    gain_m = np.where(worth_m, surv_model - price, 0.0).sum(axis=1)
-    gain_n = np.where(worth_n, surv_ngram - price, 0.0).sum(axis=1)
-    use_ng = gain_n > gain_m
-    ks = np.where(use_ng, worth_n.sum(axis=1), worth_m.sum(axis=1)).astype(np.int64)
-    tokens = np.where(use_ng, np.where(worth_n, surv_ngram, 0.0).sum(axis=1),
-                      np.where(worth_m, surv_model, 0.0).sum(axis=1))
-    return ks, np.where(use_ng, NGRAM, MODEL).astype(np.int64), tokens
+    k_max = surv_model.shape[1]
+    ks, use_ng, tokens = _choose(surv_model, surv_ngram, np.array([price]), np.array([k_max]))
+    return ks[0].astype(np.int64), np.where(use_ng[0], NGRAM, MODEL).astype(np.int64), tokens[0]
 
 
-def slot_slope_ms(cost: StepCost, batch_size: int, k_bar: float) -> float:
+def _choose(surv_model: np.ndarray, surv_ngram: np.ndarray, prices: np.ndarray,
+            caps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each (price, cap) pair c: ks, use-n-gram and bought survival per request, each [len(caps), b].
+
+    j*_c = min(#{j : S_j > price}, cap) slots per chain (S falls along j); the chain with the
+    larger surplus sum_{j<=j*} S_j - price j* wins.
+    """
+    surv = np.stack([surv_model, surv_ngram])  # [2, b, k_max]
+    chains, b, k_max = surv.shape
+    cum = np.zeros((chains, b, k_max + 1))  # cum[., ., j] = S_1 + ... + S_j
+    np.cumsum(surv, axis=2, out=cum[:, :, 1:])
+    j = np.minimum((surv[:, None, :, :] > prices[None, :, None, None]).sum(axis=3), caps[None, :, None])
+    tok = cum[np.arange(chains)[:, None, None], np.arange(b)[None, None, :], j]  # [2, caps, b]
+    gain = tok - prices[None, :, None] * j
+    use_ng = gain[1] > gain[0]
+    return np.where(use_ng, j[1], j[0]), use_ng, np.where(use_ng, tok[1], tok[0])
+
+
+def slot_slope_ms(cost: StepCost, batch_size: int, k_bar: np.ndarray | float) -> np.ndarray:
     """dT/dslot = (T(b, k_bar + 1) - T(b, k_bar - 1)) / (2 b), clipped at 0; one-sided at the ends."""
-    lo, hi = max(k_bar - 1.0, 0.0), min(k_bar + 1.0, float(cost.k_max))
-    if hi <= lo:
-        return 0.0
-    return max(cost.step_ms(batch_size, hi) - cost.step_ms(batch_size, lo), 0.0) / ((hi - lo) * batch_size)
+    ks = np.array(cost.ks, dtype=float)
+    row = cost.row(batch_size)
+    k_bar = np.asarray(k_bar, dtype=float)
+    lo, hi = np.maximum(k_bar - 1.0, ks[0]), np.minimum(k_bar + 1.0, ks[-1])
+    rise = np.maximum(np.interp(hi, ks, row) - np.interp(lo, ks, row), 0.0)
+    return np.where(hi > lo, rise / np.maximum(hi - lo, 1e-9) / batch_size, 0.0)
 
 
 def market(surv_model: np.ndarray, surv_ngram: np.ndarray, cost: StepCost, rate: float,
@@ -139,26 +154,25 @@ def market(surv_model: np.ndarray, surv_ngram: np.ndarray, cost: StepCost, rate:
 
     For each cap c = 1..k_max (only slots j <= c for sale; the longest draft sets the
     drafting time) the candidates are: every slot (price 0, which a kink of T such as a
-    cheap odd k can favour), then the price R * dT/dslot(c / 2) iterated as
-    lambda <- R * dT/dslot(k_bar) of the last allocation.
+    cheap odd k can favour), then the price R * dT/dslot(c / 2) iterated ``rounds - 1``
+    times as lambda <- R * dT/dslot(k_bar) of the cap's last allocation. All caps are
+    evaluated at once ([caps, b] arrays).
     """
+    from tabletune.policies.adaptive_verification import mixed_curve_ms
+
     b, k_max = surv_model.shape
+    caps = np.arange(1, k_max + 1)
     best = Choice(np.zeros(b, np.int64), np.full(b, MODEL, np.int64), float(b), cost.step_ms(b, 0), 0.0)
-    for cap in range(1, k_max + 1):
-        sm, sn = surv_model[:, :cap], surv_ngram[:, :cap]
-        saturated = False  # some request bought all cap slots at a positive price
-        k_bar = cap / 2.0
-        for r in range(rounds + 1):
-            price = 0.0 if r == 0 else rate * slot_slope_ms(cost, b, k_bar)
-            ks, drafter, tokens = buy(sm, sn, price)
-            saturated |= price > 0 and int(ks.max()) == cap
-            choice = Choice(ks, drafter, b + float(tokens.sum()), cost.mixed_ms(ks), price)
-            if choice.surplus(rate) > best.surplus(rate):
-                best = choice
-            if r > 0:
-                k_bar = float(ks.mean())
-        if not saturated:  # a larger cap replays the same priced rounds exactly
-            break
+    prices = np.zeros(k_max)
+    for r in range(rounds + 1):
+        ks, use_ng, tokens = _choose(surv_model, surv_ngram, prices, caps)  # [caps, b] each
+        expected = b + tokens.sum(axis=1)
+        step_ms = mixed_curve_ms(cost, b, ks.max(axis=1).astype(float), ks.mean(axis=1))
+        c = int(np.argmax(expected - rate * step_ms))
+        if expected[c] - rate * step_ms[c] > best.surplus(rate):
+            best = Choice(ks[c].astype(np.int64), np.where(use_ng[c], NGRAM, MODEL).astype(np.int64),
+                          float(expected[c]), float(step_ms[c]), float(prices[c]))
+        prices = rate * slot_slope_ms(cost, b, caps / 2.0 if r == 0 else ks.mean(axis=1))
     return best
 
 
@@ -201,7 +215,7 @@ class HybridSparkPolicy:
         if self._top1 is None:
             return
         top1, self._top1 = self._top1, None
-        update_calibrator(self.calibrator, top1, outcome, model_only=True)
+        update_calibrator(self.calibrator, top1, outcome, MODEL)
         w = self.ema if self.ema_ms > 0 else 0.0
         self.ema_tokens = w * self.ema_tokens + (1.0 - w) * outcome.num_tokens
         self.ema_ms = w * self.ema_ms + (1.0 - w) * outcome.step_ms

@@ -11,17 +11,24 @@
   m accepted tested positions 1..min(m+1, k); later ones are censored.
 * ``feature_tensor``: the model drafter's per-token features in the column order of
   ``tabletune.policies.disco.FEATURES``.
+* ``default_features``: the confidence signals of the setting's default drafter. For
+  the model drafter they are the engine's ``DraftFeatures``. An n-gram drafter has no
+  probabilities, so its confidence at position j is the calibration table's conditional
+  acceptance p_ij = R[L_i, j] (``hybrid_spark.NgramTable``, from ``ctx.ngram_rates``;
+  0 past the tokens it proposes), with entropy H(p) = -p ln p - (1-p) ln(1-p) and
+  top-1/top-2 margin max(2p - 1, 0), as if the proposal were a two-way choice.
 * ``PerRequest``: a dict of per-request state that forgets finished requests.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
 import numpy as np
 
-from tabletune.policies.base import DraftFeatures, StepOutcome
+from tabletune.policies.base import NGRAM, BatchState, DraftFeatures, PolicyContext, StepOutcome
 
 T = TypeVar("T")
 
@@ -55,6 +62,28 @@ def require_features(features: DraftFeatures | None, policy: str) -> DraftFeatur
     if features is None:
         raise ValueError(f"policy {policy} needs draft features; the engine must fill BatchState.features")
     return features
+
+
+def default_features(state: BatchState, ctx: PolicyContext, policy: str) -> DraftFeatures:
+    """The default drafter's signals (module docstring): the engine's for MODEL, the table's for NGRAM."""
+    f = require_features(state.features, policy)
+    if ctx.default_drafter != NGRAM:
+        return f
+    k_max = f.top1_prob.shape[1]
+    rates = _ngram_table(ctx.ngram_rates or (0.0,), k_max)
+    l_max = rates.shape[0] - 1
+    p = rates[np.clip(np.asarray(f.ngram_match_len, dtype=np.int64), 0, l_max)]
+    p[np.arange(1, k_max + 1)[None, :] > np.asarray(f.ngram_num_proposed)[:, None]] = 0.0
+    q = np.clip(p, 1e-9, 1 - 1e-9)
+    entropy = -q * np.log(q) - (1 - q) * np.log(1 - q)
+    return DraftFeatures(p, entropy, np.maximum(2 * p - 1, 0.0), f.ngram_match_len, f.ngram_num_proposed)
+
+
+@functools.lru_cache(maxsize=16)
+def _ngram_table(length_rates: tuple[float, ...], k_max: int) -> np.ndarray:
+    from tabletune.policies.hybrid_spark import NgramTable
+
+    return NgramTable.from_length_rates(length_rates, k_max).rates
 
 
 class PerRequest(Generic[T]):

@@ -42,7 +42,7 @@ import numpy as np
 
 from tabletune.errors import InputError
 from tabletune.policies.base import BatchState, Decision, DraftFeatures, PolicyContext, StepOutcome
-from tabletune.policies.per_request import first_stop, require_features
+from tabletune.policies.per_request import default_features, first_stop
 
 ARMS = ("max-confidence", "svip", "adaedl", "logit-margin")
 
@@ -128,7 +128,7 @@ class TapOutPolicy:
         return RULES[arm](f.top1_prob[:, :k], f.margin[:, :k], f.entropy[:, :k], self.adaedl_lambda)
 
     def decide(self, state: BatchState) -> Decision:
-        f = require_features(state.features, self.name)
+        f = default_features(state, self.ctx, self.name)
         picks = np.array([self.bandit.pick() for _ in range(state.batch_size)], dtype=np.int64)
         ks = np.zeros(state.batch_size, dtype=np.int64)
         for a, arm in enumerate(self.arms):

@@ -9,32 +9,47 @@ from tabletune.policies.dsde import (
     DsdePolicy,
     capped_lengths,
     fit_kl_scale,
+    ew_update,
     kl_proxy,
-    stability_score,
-    stable_length,
+    stable_lengths,
     straggler_cap,
 )
 
 
 def test_kl_proxy_is_greedy_target_cross_entropy():
-    # accepted token: -log p1; first rejected: -log p2 with p2 = p1 - margin; later ones censored
-    out = kl_proxy([0.5, 0.25, 0.9], [0.3, 0.05, 0.8], num_accepted=1)
-    assert out == pytest.approx([-math.log(0.5), -math.log(0.2)])
-    assert kl_proxy([0.5, 0.5], [0.1, 0.1], num_accepted=2) == pytest.approx([math.log(2)] * 2)
+    # accepted token: -log p1; first rejected: -log p2 with p2 = p1 - margin; later ones censored (NaN)
+    out = kl_proxy(np.array([[0.5, 0.25, 0.9], [0.5, 0.5, 0.5]]), np.array([[0.3, 0.05, 0.8], [0.1, 0.1, 0.1]]),
+                   ks=np.array([3, 2]), accepted=np.array([1, 2]))
+    np.testing.assert_allclose(out, [[-math.log(0.5), -math.log(0.2), np.nan], [math.log(2), math.log(2), np.nan]])
+
+
+def test_ew_statistics_hand_worked():
+    cfg = DsdeConfig(window=3)  # alpha = 0.5
+    mean, var, count = np.zeros(2), np.zeros(2), np.zeros(2, np.int64)
+    for x in ([1.0, np.nan], [3.0, 2.0]):
+        mean, var, count = ew_update(mean, var, count, np.array(x), cfg.alpha)
+    # row 0: first value sets mu = 1; then d = 2: mu = 2, var = 0.5 * (0 + 0.5 * 4) = 1
+    assert mean.tolist() == [2.0, 2.0] and var.tolist() == [1.0, 0.0] and count.tolist() == [2, 1]
 
 
 def test_stable_length_hand_worked():
-    cfg = DsdeConfig(k_max=8, k_start=3, min_history=4)
-    assert stability_score([0.1] * 3, cfg) is None
-    assert stable_length(None, cfg) == 3
-    z = stability_score([0.1] * 4, cfg)
-    assert z == pytest.approx(0.1)  # mean 0.1, sd 0
-    assert stable_length(z, cfg) == 6  # floor(ln 2 / 0.1) = 6
-    assert stable_length(z, cfg, scale=3.0) == 2  # floor(ln 2 / 0.3) = 2
-    # same mean, but spiky: sd 0.1 adds to the score and shortens the draft
-    spiky = stability_score([0.0, 0.2, 0.0, 0.2], cfg)
-    assert spiky == pytest.approx(0.2) and stable_length(spiky, cfg) == 3
-    assert stable_length(0.0, cfg) == 8 and stable_length(50.0, cfg) == 1
+    cfg = DsdeConfig(k_max=8, k_start=3)
+    z = np.array([np.nan, 0.1, 0.2, 0.0, 50.0])
+    # floor(ln 2 / 0.1) = 6, floor(ln 2 / 0.2) = 3, z = 0: k_max, huge z: k_min; NaN: k_start
+    assert stable_lengths(z, cfg).tolist() == [3, 6, 3, 8, 1]
+    assert stable_lengths(np.array([0.1]), cfg, scale=3.0).tolist() == [2]  # floor(ln 2 / 0.3)
+
+
+def test_spiky_history_scores_worse_than_calm_of_equal_mean():
+    policy = DsdePolicy(make_ctx(), window=3)
+    state = make_state(np.full((2, policy.ctx.k_max), 0.8), ids=[0, 1])
+    policy.decide(state)
+    kl = np.full((2, policy.ctx.k_max), np.nan)
+    kl[0, :4] = [0.1, 0.1, 0.1, 0.1]
+    kl[1, :4] = [0.0, 0.2, 0.0, 0.2]
+    policy.observe(make_outcome(state, [4, 4], [4, 4], kl=kl))
+    z = policy.scores(np.array([0, 1]))
+    assert z[0] == pytest.approx(0.1) and z[1] > 0.15
 
 
 def test_fit_kl_scale_matches_the_acceptance_rate():
@@ -46,8 +61,8 @@ def test_fit_kl_scale_matches_the_acceptance_rate():
 def test_straggler_cap():
     # mean 2.75, sd 3.03 -> cap ceil(5.78) = 6
     assert straggler_cap([1, 1, 1, 8]) == 6
-    assert capped_lengths([1, 1, 1, 8]) == [1, 1, 1, 6]
-    assert capped_lengths([4, 4]) == [4, 4]
+    assert capped_lengths([1, 1, 1, 8]).tolist() == [1, 1, 1, 6]
+    assert capped_lengths([4, 4]).tolist() == [4, 4]
 
 
 def _feed(policy, kl_value, steps, ids=(0, 1)):
@@ -74,7 +89,7 @@ def test_finished_requests_are_forgotten():
     state = make_state(np.full((2, policy.ctx.k_max), 0.8), ids=[7, 8])
     ks = policy.decide(state).ks
     policy.observe(make_outcome(state, ks, [0, 0], kl=np.zeros((2, policy.ctx.k_max)), finished=[7]))
-    assert set(policy.history.items) == {8}
+    assert set(policy.rows) == {8} and len(policy.free) == len(policy.mean) - 1
 
 
 def test_without_engine_kl_the_proxy_is_used():
@@ -82,7 +97,8 @@ def test_without_engine_kl_the_proxy_is_used():
     state = make_state(np.full((1, policy.ctx.k_max), 0.5))
     policy.decide(state)
     policy.observe(make_outcome(state, [3], [3]))
-    assert list(policy.history.get(0)) == pytest.approx([math.log(2)] * 3)
+    row = policy.rows[0]
+    assert policy.count[row] == 3 and policy.mean[row] == pytest.approx(math.log(2)) and policy.var[row] < 1e-12
 
 
 def test_dsde_runs_in_simulator_within_k_max_and_is_deterministic():
