@@ -175,3 +175,16 @@ def test_disco_runs_in_simulator_within_k_max_and_is_deterministic(spec):
     assert result.throughput_tok_s > 0
     again, _ = run_sim(spec, load=8, duration_s=2.0, seed=5)
     assert again.throughput_tok_s == result.throughput_tok_s
+
+
+def test_policy_modules_import_neither_torch_nor_vllm_nor_sklearn():
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "import tabletune.policies.disco, tabletune.policies.tapout, tabletune.policies.dsde\n"
+            "import tabletune.policies.gammatune, tabletune.policies.adaptive_verification\n"
+            "import tabletune.policies.hybrid_spark, tabletune.policies.trace_fit\n"
+            "print(sorted(m for m in ('torch', 'vllm', 'sklearn') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
