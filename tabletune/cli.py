@@ -140,6 +140,11 @@ def show_cmd(step_times, acceptance, workload, temperature, max_batch, k_max, le
 # `tabletune tune` (issue 3): command code in tabletune/tune_cli.py
 from tabletune import tune_cli  # noqa: E402,F401  (registers the command on `main`)
 
+# `tabletune acceptance` (issue 7): command code in tabletune/cli_acceptance.py
+from tabletune.cli_acceptance import acceptance_cmd  # noqa: E402
+
+main.add_command(acceptance_cmd)
+
 
 if __name__ == "__main__":
     main()
