@@ -10,7 +10,9 @@ survivals S_c(i, j) = P(first j tokens of chain c accepted):
   adaptive verification (``ConfidenceCalibrator``);
 * n-gram chain: prod_{l<=j} R[L_i, l] for j <= the tokens it proposes (0 beyond),
   with R the calibration table "match length x position -> acceptance", fit once on
-  general text (``NgramTable``): from issue 7's n-gram traces when given, else from the
+  general text (``NgramTable``): from issue 7's n-gram traces when given
+  (``hybrid-spark:ngram_table=FILE``, written by ``python -m tabletune.policies.trace_fit
+  ngram``), else from the
   per-length table of the context (``ctx.ngram_rates``) by assuming each accepted copied
   token lengthens the suffix match by one, R[L, j] = r[L + j - 1].
 
@@ -40,9 +42,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
+
+from tabletune import fileio
+from tabletune.errors import InputError
 
 from tabletune.policies.adaptive_verification import ConfidenceCalibrator, update_calibrator
 from tabletune.policies.base import MODEL, NGRAM, BatchState, Decision, PolicyContext, StepOutcome
@@ -50,6 +56,7 @@ from tabletune.policies.per_request import require_features
 from tabletune.sim.cost import StepCost
 
 ROUNDS = 3
+NGRAM_SCHEMA = "tabletune.ngram_table"
 
 
 @dataclass(frozen=True)
@@ -84,10 +91,26 @@ class NgramTable:
         np.add.at(acc, (li, ji), np.asarray(accepted, dtype=float))
         return cls((acc + prior_weight * prior.rates) / (tested + prior_weight))
 
+    def to_json(self) -> dict:
+        return {"schema": NGRAM_SCHEMA, "version": 1, "rates": np.round(self.rates, 6).tolist()}
+
+    @classmethod
+    def load(cls, path: str | Path) -> NgramTable:
+        """A table saved by ``python -m tabletune.policies.trace_fit ngram``."""
+        obj = fileio.read_json(path)
+        if not isinstance(obj, dict) or obj.get("schema") != NGRAM_SCHEMA:
+            raise InputError(str(path), "schema", obj.get("schema") if isinstance(obj, dict) else obj,
+                             f"expected {NGRAM_SCHEMA!r}")
+        rates = np.asarray(obj.get("rates"), dtype=float)
+        if rates.ndim != 2 or rates.size == 0 or not ((rates >= 0) & (rates <= 1)).all():
+            raise InputError(str(path), "rates", obj.get("rates"), "must be a non-empty [L, k] table of rates in [0, 1]")
+        return cls(rates)
+
     def survival(self, match_len: np.ndarray, num_proposed: np.ndarray, k_max: int) -> np.ndarray:
         """[b, k_max] S(i, j) = prod_{l<=j} R[L_i, l], 0 for j > num_proposed_i."""
-        l_max = self.rates.shape[0] - 1
-        rows = self.rates[np.clip(np.asarray(match_len, dtype=np.int64), 0, l_max), :k_max]
+        l_max, width = self.rates.shape[0] - 1, self.rates.shape[1]
+        cols = np.minimum(np.arange(k_max), width - 1)  # positions past the table reuse its last column
+        rows = self.rates[np.clip(np.asarray(match_len, dtype=np.int64), 0, l_max)][:, cols]
         surv = np.cumprod(rows, axis=1)
         surv[np.arange(1, k_max + 1)[None, :] > np.asarray(num_proposed)[:, None]] = 0.0
         return surv
@@ -183,10 +206,12 @@ class HybridSparkPolicy:
     uses_features: ClassVar[bool] = True
 
     def __init__(self, ctx: PolicyContext, num_bins: int = 20, prior_weight: float = 5.0, ema: float = 0.95,
-                 ngram_table: NgramTable | None = None) -> None:
+                 ngram_table: NgramTable | str | None = None) -> None:
         self.ctx = ctx
         prior = float(np.mean(ctx.prior_rates)) if ctx.prior_rates else 0.5
         self.calibrator = ConfidenceCalibrator(prior, num_bins=num_bins, prior_weight=prior_weight)
+        if isinstance(ngram_table, str):  # hybrid-spark:ngram_table=FILE
+            ngram_table = NgramTable.load(ngram_table)
         if ngram_table is None:
             rates = ctx.ngram_rates or (0.0,)
             ngram_table = NgramTable.from_length_rates(rates, ctx.k_max)

@@ -123,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         model = train_disco(x, y, trained_on=f"traces {Path(args.traces).name}")
     else:
         table = fit_ngram_table(read_traces(args.traces), args.k_max)
-        fileio.write_json(args.out, {"schema": "tabletune.ngram_table", "version": 1,
-                                     "rates": np.round(table.rates, 6).tolist()})
+        fileio.write_json(args.out, table.to_json())
+        print(f"wrote {args.out}: {table.rates.shape[0] - 1} match lengths x {table.rates.shape[1]} positions")
         return 0
     model.save(args.out)
     print(f"wrote {args.out}: coef {np.round(model.coef, 3).tolist()} threshold {model.threshold:.3f}")

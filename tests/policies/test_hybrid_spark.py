@@ -69,3 +69,23 @@ def test_hybrid_spark_in_simulator_beats_model_only_fixed_on_code_edit():
     best_model_only = max(run_sim(f"fixed:{k}", workload="code-edit", load=16, duration_s=4.0, seed=1)[0]
                           .throughput_tok_s for k in (1, 3, 5))
     assert result.throughput_tok_s > best_model_only
+
+
+def test_table_file_round_trip_and_errors(tmp_path):
+    import json
+
+    from tabletune.errors import InputError
+    from tabletune.fileio import write_json
+
+    table = NgramTable.from_length_rates([0.0, 0.1, 0.5, 0.9], k_max=2)
+    path = tmp_path / "ngram.json"
+    write_json(path, table.to_json())
+    again = NgramTable.load(path)
+    np.testing.assert_allclose(again.rates, table.rates)
+    # a 2-position table serves k_max = 4 by repeating its last column
+    assert again.survival(np.array([3]), np.array([4]), 4).shape == (1, 4)
+    policy = HybridSparkPolicy(make_ctx(), ngram_table=str(path))
+    np.testing.assert_allclose(policy.ngram.rates, table.rates)
+    path.write_text(json.dumps({"schema": "tabletune.ngram_table", "version": 1, "rates": [[0.5, 1.5]]}))
+    with pytest.raises(InputError, match="rates"):
+        NgramTable.load(path)
