@@ -39,9 +39,11 @@ batch-size histogram capped at ``max_batch``, and the last 16 installs.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from tabletune.acceptance import AcceptanceCounts, AcceptanceProfile
 from tabletune.errors import InputError
@@ -50,7 +52,7 @@ from tabletune.optimizer import OptimizeOptions, optimize_table, predict
 from tabletune.profile import StepProfile
 from tabletune.table import DraftTable
 
-__all__ = ["Controller", "ControllerConfig", "StepObservation", "prior_rates"]
+__all__ = ["Controller", "ControllerConfig", "StepObservation", "load_controller", "prior_rates"]
 
 HISTORY = 16
 DEFAULT_HALF_LIFE_TOKENS = 2000.0
@@ -269,3 +271,28 @@ class Controller:
             "history": list(self.history),
             "config": dataclasses.asdict(self.config),
         }
+
+
+def load_controller(profile_dir: str | Path, options_json: str, table: DraftTable | None, k_max: int | None,
+                    max_batch: int | None, source: str = "controller options") -> Controller:
+    """A Controller from a ``tabletune tune`` folder (step_profile.json, acceptance.json).
+
+    ``options_json``: a JSON object of ``ControllerConfig`` fields ('' for defaults); k_max and
+    max_batch are the engine's limits. With several acceptance entries the first is the prior
+    unless ``prior_workload`` says otherwise.
+    """
+    folder = Path(profile_dir)
+    step_profile = StepProfile.load(folder / "step_profile.json")
+    prior = AcceptanceProfile.load(folder / "acceptance.json")
+    try:
+        options = json.loads(options_json) if options_json.strip() else {}
+    except json.JSONDecodeError as exc:
+        raise InputError(source, "<json>", options_json, f"invalid JSON: {exc.msg}") from None
+    if isinstance(options, dict):
+        if k_max is not None:
+            options["k_max"] = min(int(options.get("k_max") or k_max), k_max)
+        if max_batch is not None:
+            options["max_batch"] = max_batch
+        if len(prior.entries) > 1 and options.get("prior_workload") is None:
+            options["prior_workload"] = prior.entries[0].workload
+    return Controller(step_profile, prior, ControllerConfig.from_json(options, source), table=table)

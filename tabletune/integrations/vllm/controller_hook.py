@@ -30,17 +30,13 @@ last good lookup, and each kind of error is logged once (counted in
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 from collections import deque
-from pathlib import Path
 
-from tabletune.acceptance import AcceptanceProfile
-from tabletune.controller import Controller, ControllerConfig
+from tabletune.controller import Controller, load_controller
 from tabletune.estimator import StepObservation
-from tabletune.profile import StepProfile
 from tabletune.table import DraftTable
 
 PROFILE_ENV = "TABLETUNE_PROFILE"
@@ -80,25 +76,13 @@ def install() -> None:
     _status.update(reason="no scheduler built yet")
 
 
-def load_controller(profile_dir: str | Path, options_json: str, table: DraftTable, k_max: int,
-                    max_batch: int) -> Controller:
-    """A Controller from a ``tabletune tune`` folder and the engine's start-up table."""
-    folder = Path(profile_dir)
-    step_profile = StepProfile.load(folder / "step_profile.json")
-    prior = AcceptanceProfile.load(folder / "acceptance.json")
-    options = json.loads(options_json) if options_json.strip() else {}
-    if isinstance(options, dict):
-        options = {**options, "k_max": min(int(options.get("k_max") or k_max), k_max), "max_batch": max_batch}
-    config = ControllerConfig.from_json(options, OPTIONS_ENV)
-    if len(prior.entries) > 1 and config.prior_workload is None:  # default: the first entry
-        config = ControllerConfig.from_json({**options, "prior_workload": prior.entries[0].workload}, OPTIONS_ENV)
-    return Controller(step_profile, prior, config, table=table)
-
-
 def attach(scheduler) -> ControllerHook | None:
     """Build the controller for this scheduler and wrap its methods (once)."""
     if getattr(scheduler, "_tabletune_hook", None) is not None:
         return scheduler._tabletune_hook
+    if not os.environ.get(PROFILE_ENV, "").strip():
+        _status.update(enabled=False, reason=f"{PROFILE_ENV} is not set")
+        return None
     spec = scheduler.vllm_config.speculative_config
     ranges = getattr(spec, "num_speculative_tokens_per_batch_size", None) if spec else None
     if not ranges or scheduler.dynamic_sd_lookup is None:
@@ -108,7 +92,7 @@ def attach(scheduler) -> ControllerHook | None:
     max_batch = scheduler.scheduler_config.max_num_seqs
     table = DraftTable.from_ranges([list(r) for r in ranges]).clamped(scheduler.num_spec_tokens)
     controller = load_controller(os.environ[PROFILE_ENV], os.environ.get(OPTIONS_ENV, ""), table,
-                                 scheduler.num_spec_tokens, max_batch)
+                                 scheduler.num_spec_tokens, max_batch, source=OPTIONS_ENV)
     hook = ControllerHook(scheduler, controller)
     scheduler._tabletune_hook = hook
     _status.update(enabled=True, reason="")
@@ -182,6 +166,8 @@ class ControllerHook:
         new = c.maybe_rebuild(now_s)
         if new is not None:
             self.table_lookup = self.lookup_for(new)
+            logger.warning("tabletune: installed table %s after %d steps (predicted gain %.1f%%, acceptance %s)",
+                           new, c.steps, 100 * c.last_gain, [round(r, 3) for r in c.estimator.rates()])
         explore = c.explore_next(batch_size)
         self.scheduler.dynamic_sd_lookup = self.explore_lookup if explore else self.table_lookup
 

@@ -1,0 +1,126 @@
+"""The controller as a sidecar: acceptance from vLLM's Prometheus counters.
+
+For deployments that cannot load the plugin. It scrapes ``/metrics`` with
+``prometheus_client``'s text parser and reads, summed over engines:
+
+* ``vllm:spec_decode_num_drafts_total`` (D), ``vllm:spec_decode_num_draft_tokens_total`` (T),
+* ``vllm:spec_decode_num_accepted_tokens_per_pos_total{position=j-1}`` (acc_j),
+* ``vllm:num_requests_running`` (the batch size, for the record only).
+
+The bias: vLLM exports accepted-per-position but *not drafted-per-position*.
+The naive rate acc_j / D assumes every draft reached length j; when k varies
+with the batch size (the whole point of a table), drafts shorter than j count
+as failures at j and deep positions look worse than they are. We correct with
+the table in force: the k values it can schedule are known, and the window's
+mean draft length T / D lies between two of them, k_lo <= T/D <= k_hi. We take
+the drafts as that two-point mixture (share q = (T/D - k_lo) / (k_hi - k_lo) of
+length k_hi), so drafted_j = D for j <= k_lo, q D for k_lo < j <= k_hi, 0 above.
+This is exact when the window used one k or two adjacent ones, and still an
+approximation when the batch size swept over more ranges in one window, or
+when the drafter proposed fewer tokens than scheduled (n-gram without a match
+proposes nothing, which is not a draft and does not bias). Reached counts then
+follow ``StepObservation.from_vllm_counts`` (length independent of acceptance).
+
+The sidecar cannot change the engine's k, so it cannot explore: positions above
+the table's largest k keep their prior (chained to the measured level).
+Counter resets (an engine restart) and NaN scrapes are ignored for one window.
+"""
+
+from __future__ import annotations
+
+import math
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tabletune.controller import Controller
+from tabletune.estimator import CumulativeCounters, StepObservation
+from tabletune.table import DraftTable
+
+DRAFTS = "vllm:spec_decode_num_drafts"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+RUNNING = "vllm:num_requests_running"
+
+
+@dataclass(frozen=True)
+class SpecCounters:
+    """Cumulative spec-decode counters of one scrape (summed over engines)."""
+
+    num_drafts: float
+    num_draft_tokens: float
+    accepted_per_pos: tuple[float, ...]
+    num_requests_running: float = 0.0
+
+
+def parse_metrics(text: str) -> SpecCounters | None:
+    """The spec-decode counters in a Prometheus text exposition; None if the engine has none."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals: dict[str, float] = {}
+    per_pos: dict[int, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name.removesuffix("_total")
+            if name == ACCEPTED_PER_POS and sample.name.endswith("_total"):
+                pos = int(sample.labels.get("position", "0"))
+                per_pos[pos] = per_pos.get(pos, 0.0) + sample.value
+            elif name in (DRAFTS, DRAFT_TOKENS) and sample.name.endswith("_total"):
+                totals[name] = totals.get(name, 0.0) + sample.value
+            elif sample.name == RUNNING:
+                totals[RUNNING] = totals.get(RUNNING, 0.0) + sample.value
+    if DRAFTS not in totals or not per_pos:
+        return None
+    accepted = tuple(per_pos.get(j, 0.0) for j in range(max(per_pos) + 1))
+    return SpecCounters(totals[DRAFTS], totals.get(DRAFT_TOKENS, 0.0), accepted, totals.get(RUNNING, 0.0))
+
+
+def scrape(url: str, timeout_s: float = 5.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 (operator-given URL)
+        return response.read().decode()
+
+
+def drafted_per_position(num_drafts: float, num_draft_tokens: float, table_ks: Sequence[int],
+                         k_max: int) -> tuple[float, ...]:
+    """drafted_j from D and T, taking the drafts as a mixture of the two table k around T / D."""
+    ks = sorted({k for k in table_ks if 0 < k <= k_max}) or list(range(1, k_max + 1))
+    if num_drafts <= 0:
+        return (0.0,) * k_max
+    mean = min(max(num_draft_tokens / num_drafts, ks[0]), ks[-1])
+    lo = max(k for k in ks if k <= mean)
+    hi = min(k for k in ks if k >= mean)
+    share_hi = (mean - lo) / (hi - lo) if hi > lo else 0.0
+    return tuple(num_drafts if j <= lo else num_drafts * share_hi if j <= hi else 0.0
+                 for j in range(1, k_max + 1))
+
+
+def naive_rates(num_drafts: float, accepted: Sequence[float]) -> list[float | None]:
+    """What the counter alone suggests, acc_j / D: a *survival* ratio, and biased when k varies."""
+    return [a / num_drafts if num_drafts > 0 else None for a in accepted]
+
+
+class Sidecar:
+    """Feeds scrape windows to a Controller, correcting drafted-per-position with the table in force."""
+
+    def __init__(self, controller: Controller, table_in_force: DraftTable) -> None:
+        self.controller = controller
+        self.table_in_force = table_in_force
+        self.counters = CumulativeCounters()
+        self.windows = 0
+
+    def feed(self, counters: SpecCounters, now_s: float) -> StepObservation | None:
+        """One scrape; returns the window's observation, or None (first scrape, reset, NaN, no drafts)."""
+        k_max = self.controller.k_max
+        acc = (tuple(counters.accepted_per_pos) + (0.0,) * k_max)[:k_max]
+        delta = self.counters.delta((counters.num_drafts, counters.num_draft_tokens, *acc))
+        if delta is None or delta[0] <= 0:
+            return None
+        drafts, tokens, accepted = delta[0], delta[1], delta[2:]
+        ks = [k for _, _, k in self.table_in_force.ranges]
+        drafted = drafted_per_position(drafts, tokens, ks, k_max)
+        drafted = tuple(max(d, a) for d, a in zip(drafted, accepted))
+        batch = max(1, round(counters.num_requests_running)) if math.isfinite(counters.num_requests_running) else 1
+        obs = StepObservation.from_vllm_counts(batch, round(tokens / drafts), int(drafts), drafted, accepted, now_s)
+        self.windows += 1
+        self.controller.observe(obs)
+        return obs
