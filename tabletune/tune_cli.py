@@ -71,7 +71,7 @@ def build_spec(model, method, draft_model, k_max, max_num_seqs, batch_sizes, syn
 @click.option("--prompts", "prompt_set", default="code", show_default=True, help="code, chat, ... or a .jsonl file")
 @click.option("--num-prompts", type=int, default=16, show_default=True)
 @click.option("--synthetic-acceptance", default=None, help="a1,a2,...: controlled acceptance (measurement aid)")
-@click.option("--point-budget-s", type=float, default=6.0, show_default=True, help="wall time per (b, k) point")
+@click.option("--point-budget-s", type=float, default=4.0, show_default=True, help="wall time per (b, k) point")
 @click.option("--no-refine", is_flag=True, help="skip refining batch sizes where the chosen k changes")
 @click.option("--context-len", type=int, default=128, show_default=True, help="prompt tokens of timed requests")
 @click.option("--seed", type=int, default=0)

@@ -118,13 +118,15 @@ class TunePlan:
 
     batch_sizes: tuple[int, ...]
     ks: tuple[int, ...]
-    steps_per_call: int = 8
-    min_samples: int = 16
+    steps_per_call: int = 4  # short calls: a point's samples spread over the whole batch size's time
+    min_samples: int = 12
     target_spread: float = 0.05  # IQR / median at which a point is done
-    point_budget_s: float = 6.0  # wall time one (b, k) point may use
+    point_budget_s: float = 4.0  # wall time one (b, k) point may use
     refine: bool = True
     acceptance_max_tokens: int = 128
     interference_tolerance: float | None = 0.3  # None: keep every sample
+    recheck_passes: int = 2  # re-measure points slower than a point doing more work
+    recheck_tolerance: float = 0.15
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or min(self.batch_sizes) < 1:
@@ -222,6 +224,40 @@ def measure_points(engine: Engine, batch_sizes: Sequence[int], plan: TunePlan,
     return out
 
 
+def suspect_points(points: Sequence[StepPoint], tolerance: float) -> list[tuple[int, int]]:
+    """(b, k) whose median exceeds (1 + tolerance) x that of a point doing at least as much work.
+
+    A step with more requests and longer drafts (b' >= b, k' >= k) verifies more
+    tokens; when it measured faster, the slower point most likely met interference.
+    """
+    bad = []
+    for p in points:
+        if any(q is not p and q.batch_size >= p.batch_size and q.k >= p.k
+               and p.median_ms > (1 + tolerance) * q.median_ms for q in points):
+            bad.append((p.batch_size, p.k))
+    return bad
+
+
+def recheck_points(engine: Engine, points: list[StepPoint], plan: TunePlan,
+                   progress: ProgressFn | None = None) -> list[StepPoint]:
+    """Add samples to suspect points (``suspect_points``) and filter again, up to ``recheck_passes`` times."""
+    by_key = {(p.batch_size, p.k): p for p in points}
+    for n in range(plan.recheck_passes):
+        bad = suspect_points(list(by_key.values()), plan.recheck_tolerance)
+        for i, (b, k) in enumerate(bad):
+            if progress:
+                progress(f"recheck b={b} k={k}", (n + i / len(bad)) / plan.recheck_passes)
+            old = by_key[(b, k)]
+            got = engine.measure_step(b, k, 2 * plan.steps_per_call)
+            samples = old.samples_ms + got.samples_ms
+            tokens = old.scheduled_tokens + got.scheduled_tokens
+            keep = interference_filter(samples, plan.interference_tolerance)
+            full = len(tokens) == len(samples)
+            by_key[(b, k)] = StepPoint(b, k, tuple(samples[i] for i in keep),
+                                       tuple(tokens[i] for i in keep) if full else ())
+    return list(by_key.values())
+
+
 def refinement_batch_sizes(profile: StepProfile, rates: Sequence[float], k_max: int) -> list[int]:
     """Midpoints between neighbouring measured b whose chosen k differ (not yet measured)."""
     result = optimize_table(profile, rates, OptimizeOptions(k_max=k_max))
@@ -265,7 +301,8 @@ def run_plan(engine: Engine, plan: TunePlan, prompts: Sequence[str], *, workload
     rates = tuple(counts.known_rates())
     if not rates:
         raise RuntimeError("no draft was verified while measuring acceptance: the drafter proposed nothing")
-    points = measure_points(engine, plan.batch_sizes, plan, _phase(progress, 0.05, 0.85 if plan.refine else 1.0))
+    points = measure_points(engine, plan.batch_sizes, plan, _phase(progress, 0.05, 0.75 if plan.refine else 0.9))
+    points = recheck_points(engine, points, plan, _phase(progress, 0.75 if plan.refine else 0.9, 0.8))
     fp = engine.fingerprint()
     fp = Fingerprint(**{**fp.__dict__, "command": command or fp.command})
     profile = StepProfile(points=tuple(points), context_len=engine.context_len, fingerprint=fp)
@@ -273,7 +310,8 @@ def run_plan(engine: Engine, plan: TunePlan, prompts: Sequence[str], *, workload
     if plan.refine:
         refined = refinement_batch_sizes(profile, rates, k_max)
         if refined:
-            points += measure_points(engine, refined, plan, _phase(progress, 0.85, 1.0))
+            points = recheck_points(engine, points + measure_points(engine, refined, plan, _phase(progress, 0.8, 0.95)),
+                                    plan, _phase(progress, 0.95, 1.0))
             profile = StepProfile(points=tuple(points), context_len=engine.context_len, fingerprint=fp)
     if progress:
         progress("done", 1.0)

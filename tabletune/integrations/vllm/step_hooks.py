@@ -20,6 +20,8 @@ from tabletune.acceptance import AcceptanceCounts
 @dataclass(frozen=True)
 class StepRecord:
     step_ms: float
+    cpu_ms: float  # CPU time of this process (all threads) during the step
+    thread_ms: float  # CPU time of the engine-core thread during the step
     num_reqs: int
     scheduled_tokens: int
     num_spec_tokens: int  # the k the scheduler chose for this step (drafts proposed after it)
@@ -44,7 +46,7 @@ class StepRecorder:
         self.recording = False
         self.counts: AcceptanceCounts | None = None  # set to count drafts
         self._last = None
-        self._t0 = 0.0
+        self._t0 = self._c0 = self._th0 = 0.0
         self._wrap(core)
 
     def _wrap(self, core) -> None:
@@ -64,13 +66,16 @@ class StepRecorder:
         def timed_step_fn():
             self._last = None
             self._t0 = time.perf_counter()
+            self._c0 = time.process_time()
+            self._th0 = time.thread_time()
             return step_fn()
 
         def timed_post_step(model_executed: bool) -> None:
             post_step(model_executed=model_executed)
-            t1 = time.perf_counter()
+            t1, c1, th1 = time.perf_counter(), time.process_time(), time.thread_time()
             if self.recording and self._last is not None and self._last.total_num_scheduled_tokens > 0:
-                self.records.append(self._record(self._last, (t1 - self._t0) * 1e3))
+                self.records.append(self._record(self._last, (t1 - self._t0) * 1e3, (c1 - self._c0) * 1e3,
+                                                 (th1 - self._th0) * 1e3))
 
         sched.schedule = timed_schedule
         sched.update_from_output = counted_update
@@ -78,10 +83,12 @@ class StepRecorder:
         core.post_step = timed_post_step
 
     @staticmethod
-    def _record(out, step_ms: float) -> StepRecord:
+    def _record(out, step_ms: float, cpu_ms: float, thread_ms: float) -> StepRecord:
         spec = out.scheduled_spec_decode_tokens
         return StepRecord(
             step_ms=step_ms,
+            cpu_ms=cpu_ms,
+            thread_ms=thread_ms,
             num_reqs=len(out.num_scheduled_tokens),
             scheduled_tokens=out.total_num_scheduled_tokens,
             num_spec_tokens=out.num_spec_tokens_to_schedule,

@@ -26,7 +26,7 @@ from tabletune.integrations.vllm.step_hooks import StepRecorder
 from tabletune.profile import Fingerprint
 from tabletune.tuner import EngineSpec, StepSamples
 
-WARMUP_STEPS = 2
+WARMUP_STEPS = 1  # the first step after a change verifies drafts sized by the old k
 PATTERN = (5, 6, 7, 8, 9, 10, 11)  # the repeated prompt tokens (valid in every vocabulary)
 REFRESH_TOKENS = 384  # restart the batch after this many generated tokens (bounds context drift)
 
