@@ -137,6 +137,12 @@ def show_cmd(step_times, acceptance, workload, temperature, max_batch, k_max, le
     click.echo(f"wrote {png}")
 
 
+# simulator and experiments (issue 5): command code in tabletune/experiments/commands.py
+from tabletune.experiments.commands import experiment_cmd, simulate_cmd  # noqa: E402
+
+main.add_command(simulate_cmd)
+main.add_command(experiment_cmd)
+
 # `tabletune tune` (issue 3): command code in tabletune/tune_cli.py
 from tabletune import tune_cli  # noqa: E402,F401  (registers the command on `main`)
 

@@ -77,11 +77,8 @@ def draw_margins(logits: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 def accepted_count(margin: np.ndarray, ks: np.ndarray) -> np.ndarray:
     """Leading run of accepted positions (margin > 0), capped at each row's k. Returns [batch_size]."""
-    k_max = margin.shape[1]
-    ok = margin > 0  # [batch_size, k_max]
-    # first rejected position (k_max if none): argmin over (ok) finds the first False
-    first_reject = np.where(ok.all(axis=1), k_max, np.argmin(ok, axis=1))
-    return np.minimum(first_reject, ks)
+    run = (margin > 0).cumprod(axis=1).sum(axis=1)  # [batch_size]
+    return np.minimum(run, ks)
 
 
 def confidence_features(margin: np.ndarray, noise: np.ndarray | float, rng: np.random.Generator) -> tuple[np.ndarray, ...]:

@@ -35,6 +35,9 @@ class _Run:
         self.uses_features = bool(getattr(policy, "uses_features", False))
         # span state matters only when an n-gram drafter can be chosen
         self.track_ngram = sim.default_drafter == NGRAM or self.uses_features
+        self._consts: dict[tuple[int, int], np.ndarray] = {}
+        self._no_ids = np.zeros(0, np.int64)
+        self.new_first = False  # some running request has not emitted a token yet
 
     # ---- arrivals and admission ---------------------------------------------
 
@@ -46,6 +49,7 @@ class _Run:
         if charge_prefill:
             self.prefill_ms += float(new["prompt_len"].sum()) * self.cfg.prefill_ms_per_token
         self.reqs.extend(new)
+        self.new_first = True
 
     def admit(self) -> None:
         cfg = self.cfg
@@ -60,6 +64,7 @@ class _Run:
             new = self.queue.popleft()
             self.prefill_ms += float(new["prompt_len"].sum()) * cfg.prefill_ms_per_token
             self.reqs.extend(new)
+            self.new_first = True
 
     # ---- one step --------------------------------------------------------------
 
@@ -72,25 +77,36 @@ class _Run:
         return BatchState(step=len(self.steps), time_s=self.time_s, request_ids=self.reqs.ids,
                           num_generated=self.reqs.generated, features=features)
 
+    def _const(self, b: int, value: int) -> np.ndarray:
+        """A cached read-only [b] int array filled with value (uniform k, default drafter)."""
+        key = (b, value)
+        arr = self._consts.get(key)
+        if arr is None:
+            arr = self._consts[key] = np.full(b, value, np.int64)
+            arr.flags.writeable = False
+        return arr
+
     def step(self) -> None:
         reqs, sim, rng = self.reqs, self.sim, self.rng
         b, k_max = len(reqs), sim.k_max
-        w = sim._w
         if self.track_ngram:
-            ng_prop, ng_len = ngram.propose(reqs.span_left, reqs.match_len, w["spurious_match_prob"][reqs.widx],
-                                            k_max, rng)
+            ng_prop, ng_len = ngram.propose(reqs.span_left, reqs.match_len,
+                                            sim._w["spurious_match_prob"][reqs.widx], k_max, rng)
         else:
-            ng_prop = ng_len = np.zeros(b, np.int64)
+            ng_prop = ng_len = self._const(b, 0)
         margin = acc.draw_margins(reqs.logits, rng) if self.uses_features else None
         state = self.state(margin, ng_prop, ng_len)
         decision = self.policy.decide(state)
+        if decision.ks is None and decision.drafter is None and sim.default_drafter != NGRAM and margin is None:
+            self.uniform_step(state, min(max(int(decision.k), 0), k_max))  # type: ignore[arg-type]
+            return
         ks = np.minimum(np.maximum(decision.lengths_for(b), 0), k_max)
-        drafter = decision.drafter if decision.drafter is not None else np.full(b, sim.default_drafter, np.int64)
+        drafter = decision.drafter if decision.drafter is not None else self._const(b, sim.default_drafter)
         is_ng = drafter == NGRAM
         if is_ng.any():
             ks = np.where(is_ng, np.minimum(ks, ng_prop), ks)
         width = int(ks.max()) if b else 0
-        accepted = np.zeros(b, np.int64)
+        accepted = self._const(b, 0)
         if width > 0:
             if margin is None:
                 margin = acc.draw_margins(reqs.logits[:, :width], rng)
@@ -102,12 +118,23 @@ class _Run:
         if self.uses_features and margin is not None:
             kl = acc.kl_divergence(margin, rng)
             kl[np.arange(k_max)[None, :] >= ks[:, None]] = np.nan
-        self.finish_step(state, ks, drafter, accepted, kl)
+        self.finish_step(state, ks, drafter, accepted, kl, sim.cost.mixed_ms(ks), int(ks.sum()))
+
+    def uniform_step(self, state: BatchState, k: int) -> None:
+        """Fast path: one k for every request, model drafter, no features."""
+        b = len(self.reqs)
+        if k > 0:
+            ok = acc.draw_margins(self.reqs.logits[:, :k], self.rng) > 0
+            accepted = ok.cumprod(axis=1).sum(axis=1)  # leading run of accepted positions
+        else:
+            accepted = self._const(b, 0)
+        ks = self._const(b, k)
+        self.finish_step(state, ks, self._const(b, self.sim.default_drafter), accepted, None,
+                         self.sim.cost.step_ms(b, k), k * b)
 
     def finish_step(self, state: BatchState, ks: np.ndarray, drafter: np.ndarray, accepted: np.ndarray,
-                    kl: np.ndarray | None) -> None:
+                    kl: np.ndarray | None, step_ms: float, num_drafted: int) -> None:
         reqs, cfg, sim = self.reqs, self.cfg, self.sim
-        step_ms = sim.cost.mixed_ms(ks)
         if cfg.noise_cv > 0:
             sigma2 = np.log1p(cfg.noise_cv ** 2)
             step_ms *= float(np.exp(self.rng.normal(-sigma2 / 2, np.sqrt(sigma2))))
@@ -116,7 +143,9 @@ class _Run:
         end_s = self.time_s + total_ms / 1000.0
         tokens = np.minimum(accepted + 1, reqs.out_len - reqs.generated)
         reqs.generated = reqs.generated + tokens
-        reqs.first_s = np.where(np.isnan(reqs.first_s), end_s, reqs.first_s)
+        if self.new_first:  # requests that emitted their first tokens in this step
+            reqs.first_s = np.where(np.isnan(reqs.first_s), end_s, reqs.first_s)
+            self.new_first = False
         if self.track_ngram:
             w = sim._w
             reqs.span_left, reqs.match_len = ngram.advance(
@@ -124,12 +153,13 @@ class _Run:
                 w["span_mean_len"][reqs.widx], self.rng)
         fin = reqs.generated >= reqs.out_len
         b = len(ks)
-        num_drafted = int(ks.sum())
-        self.steps.append((self.time_s, total_ms, b, num_drafted / b if b else 0.0, int(tokens.sum()),
-                           num_drafted, int(accepted.sum())))
-        finished_ids = reqs.ids[fin]
+        num_tokens = int(tokens.sum())
+        self.steps.append((self.time_s, total_ms, b, num_drafted / b if b else 0.0, num_tokens,
+                           num_drafted, int(accepted.sum()) if num_drafted else 0))
+        finished_ids = self._no_ids
         if fin.any():
-            self.done.append((reqs.arrival_s[fin], reqs.first_s[fin], np.full(int(fin.sum()), end_s),
+            finished_ids = reqs.ids[fin]
+            self.done.append((reqs.arrival_s[fin], reqs.first_s[fin], np.full(len(finished_ids), end_s),
                               reqs.generated[fin]))
             reqs.keep(~fin)
         self.policy.observe(StepOutcome(state=state, ks=ks, drafter=drafter, accepted=accepted, step_ms=step_ms,

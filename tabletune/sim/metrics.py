@@ -83,6 +83,11 @@ class SimResult:
         return tokens / window_s
 
     def summary(self) -> dict:
+        """JSON-able metrics; undefined ones (no finished request) are None."""
+        out = self._summary()
+        return {k: (None if isinstance(v, float) and v != v else v) for k, v in out.items()}
+
+    def _summary(self) -> dict:
         return {
             "policy": self.policy,
             "throughput_tok_s": round(self.throughput_tok_s, 3),

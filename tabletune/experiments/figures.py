@@ -1,0 +1,108 @@
+"""The paper's figures and tables as functions: each runs its points, writes CSV + PNG, returns a Section.
+
+* fig1: throughput as a share of the best fixed k at each load, every fixed k and the tuned table (EAGLE-like).
+* table1: worst loss of the tuned table against the best fixed k over loads, per drafter setting.
+* fig3: TableTune (table, + controller) vs TurboSpec-style vs Nightjar-style (+ per-request policies).
+* table2: controller gains when it starts from a mistuned table (experiments/mistuned.py).
+* fig4b: workload switch code -> math (experiments/switch.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from tabletune.experiments.analysis import (Section, md_table, pct, share_matrix_md, share_plot, shares, worst_loss,
+                                            write_csv)
+from tabletune.experiments.runner import Lab, fixed_policies
+from tabletune.experiments.settings import SETTINGS, TABLE1
+from tabletune.policies import PER_REQUEST_POLICIES, resolve
+from tabletune.errors import InputError
+
+COMPARED = ("tabletune", "controller", "turbospec", "nightjar")
+
+
+def available_per_request() -> list[str]:
+    """Per-request policies whose modules exist (issue 5b); the others are skipped, and said so."""
+    out = []
+    for name in PER_REQUEST_POLICIES:
+        try:
+            resolve(name)
+        except InputError:
+            continue
+        out.append(name)
+    return out
+
+
+def fig1(lab: Lab, out: Path, loads: Sequence[int], seeds: Sequence[int], setting: str = "eagle") -> Section:
+    fixed = fixed_policies(lab, setting)
+    policies = [*fixed, "tabletune"]
+    rows = shares(lab.grid(setting, policies, loads, seeds), fixed)
+    files = [write_csv(out / "fig1.csv", rows),
+             share_plot(out / "fig1.png", rows, policies, f"Fig 1: share of best fixed k ({setting})")]
+    loss, at = worst_loss(rows, setting, "tabletune")
+    below = [s.load for s in rows if s.policy == "tabletune" and s.mean < 0.94]
+    md = (f"Setting `{setting}`, prior rates measured offline: {list(lab.measured_rates(SETTINGS[setting]))}.\n"
+          f"Mean share of the best fixed k over {len(seeds)} seeds (min-max in brackets), in %.\n\n"
+          + share_matrix_md(rows, policies, loads)
+          + f"\n\nTuned table: worst loss {pct(loss)} (load {at}); loads below 94%: {below or 'none'}.")
+    return Section("fig1", "Fig 1: fixed k vs the tuned table across loads", md, files,
+                   {"tabletune_worst_loss": loss, "at_load": at})
+
+
+def table1(lab: Lab, out: Path, loads: Sequence[int], seeds: Sequence[int],
+           settings: Sequence[str] = TABLE1) -> Section:
+    all_rows, body, summary = [], [], {}
+    for setting in settings:
+        fixed = fixed_policies(lab, setting)
+        rows = shares(lab.grid(setting, [*fixed, "tabletune"], loads, seeds), fixed)
+        all_rows += rows
+        loss, at = worst_loss(rows, setting, "tabletune")
+        single = min(fixed, key=lambda f: worst_loss(rows, setting, f)[0])
+        single_loss, single_at = worst_loss(rows, setting, single)
+        ok = all(s.mean >= 0.94 for s in rows if s.policy == "tabletune")
+        summary[setting] = {"worst_loss": loss, "at_load": at, "ge_94_every_load": ok,
+                            "best_single_fixed": single, "best_single_worst_loss": single_loss}
+        body.append([setting, SETTINGS[setting].description, pct(loss), at, "yes" if ok else "no",
+                     single, pct(single_loss), single_at])
+    files = [write_csv(out / "table1.csv", all_rows)]
+    files.append(share_plot(out / "table1.png", [_as(s, s.setting) for s in all_rows if s.policy == "tabletune"],
+                            list(settings), "Table 1: tuned table / best fixed k, per drafter setting"))
+    n_ok = sum(v["ge_94_every_load"] for v in summary.values())
+    md = (md_table(["setting", "drafter", "tuned table worst loss", "at load", ">=94% at every load",
+                    "best single fixed k", "its worst loss", "at load"], body)
+          + f"\n\nTuned table >= 94% of the best fixed k at every load in {n_ok} of {len(settings)} settings.")
+    return Section("table1", "Table 1: worst loss against the best fixed k, per drafter", md, files, summary)
+
+
+def _as(share, policy: str):
+    from dataclasses import replace
+
+    return replace(share, policy=policy)
+
+
+def fig3(lab: Lab, out: Path, loads: Sequence[int], seeds: Sequence[int], settings: Sequence[str] = ("eagle",),
+         per_request: bool = True) -> Section:
+    extra = available_per_request() if per_request else []
+    missing = [p for p in PER_REQUEST_POLICIES if p not in extra] if per_request else []
+    policies = [*COMPARED, *extra]
+    all_rows, body, summary = [], [], {}
+    for setting in settings:
+        fixed = fixed_policies(lab, setting)
+        rows = shares(lab.grid(setting, [*fixed, *policies], loads, seeds), fixed)
+        all_rows += rows
+        for name in policies:
+            loss, at = worst_loss(rows, setting, name)
+            mean = sum(s.mean for s in rows if s.policy == name and s.setting == setting) / len(loads)
+            summary[f"{setting}/{name}"] = {"worst_loss": loss, "at_load": at, "mean_share": mean}
+            body.append([setting, name, pct(loss), at, pct(mean)])
+    files = [write_csv(out / "fig3.csv", all_rows)]
+    first = [s for s in all_rows if s.setting == settings[0]]
+    files.append(share_plot(out / "fig3.png", first, policies, f"Fig 3: adaptive policies ({settings[0]})"))
+    md = (f"Every method chooses among the same lengths {lab.cost(SETTINGS[settings[0]]).ks}. "
+          "Worst loss = max over loads of 1 - mean share of the best fixed k.\n\n"
+          + md_table(["setting", "policy", "worst loss", "at load", "mean share"], body)
+          + "\n\n" + share_matrix_md(first, policies, loads))
+    if missing:
+        md += f"\n\nNot run (module not available): {', '.join(missing)}."
+    return Section("fig3", "Fig 3: TableTune vs TurboSpec-style vs Nightjar-style", md, files, summary)

@@ -1,0 +1,140 @@
+"""Running simulation points for the experiments: settings x policies x loads x seeds, cached.
+
+Every point is one closed-loop simulation (``tabletune.sim``) of ``duration_s`` simulated
+seconds. Policies get a PolicyContext whose prior rates were *measured offline* by a
+calibration run (fixed k_max, load 16, a seed no experiment uses), as the tuner would
+measure them, unless an experiment passes another prior (e.g. a mismatched one).
+Seeds give common random numbers: under one seed every policy sees the same requests.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tabletune.policies import make_policy
+from tabletune.policies.base import PolicyContext, StepOutcome
+from tabletune.policies.fixed import FixedK
+from tabletune.profile import StepProfile
+from tabletune.sim import Schedule, SimConfig, Simulator, StepCost
+from tabletune.experiments.settings import SETTINGS, Setting
+
+DEFAULT_LOADS = (1, 2, 4, 8, 16, 32, 64, 96, 128)
+DEFAULT_SEEDS = (0, 1, 2)
+CALIBRATION_SEED = 10_000
+
+
+@dataclass(frozen=True)
+class Point:
+    setting: str
+    policy: str
+    load: int
+    seed: int
+    throughput_tok_s: float
+    mean_k: float
+    acceptance: float
+    tpot_ms: float
+
+
+class _Measuring(FixedK):
+    """Fixed k that also counts censored per-position acceptance (reached / accepted)."""
+
+    def __init__(self, ctx: PolicyContext, k: int) -> None:
+        super().__init__(ctx, k)
+        self.reached = np.zeros(ctx.k_max)
+        self.accepted = np.zeros(ctx.k_max)
+
+    def observe(self, outcome: StepOutcome) -> None:
+        j = np.arange(1, len(self.reached) + 1)[:, None]
+        ks, m = outcome.ks[None, :], outcome.accepted[None, :]
+        self.reached += ((ks >= j) & (m >= j - 1)).sum(axis=1)
+        self.accepted += (m >= j).sum(axis=1)
+
+
+@dataclass
+class Lab:
+    """Caches derived profiles, measured priors and simulated points."""
+
+    eagle_profile: StepProfile
+    duration_s: float = 30.0
+    max_num_seqs: int = 128
+    noise_cv: float = 0.0
+    jobs: int = 1  # worker processes for grid()
+    points: dict[tuple, Point] = field(default_factory=dict)
+    _costs: dict[str, StepCost] = field(default_factory=dict)
+    _priors: dict[str, tuple[float, ...]] = field(default_factory=dict)
+
+    def cost(self, setting: Setting) -> StepCost:
+        if setting.name not in self._costs:
+            self._costs[setting.name] = StepCost(setting.profile(self.eagle_profile), setting.draft_share)
+        return self._costs[setting.name]
+
+    def simulator(self, setting: Setting, load: int, seed: int, schedule: Schedule | None = None,
+                  duration_s: float | None = None) -> Simulator:
+        config = SimConfig(duration_s=duration_s or self.duration_s, load=load, max_num_seqs=self.max_num_seqs,
+                           noise_cv=self.noise_cv, seed=seed)
+        return Simulator(self.cost(setting), schedule or Schedule.constant(setting.workload), config,
+                         default_drafter=setting.default_drafter)
+
+    def measured_rates(self, setting: Setting) -> tuple[float, ...]:
+        """Offline acceptance, conditional and censoring-correct: accepted_j / reached_j at fixed k_max."""
+        if setting.name not in self._priors:
+            self._priors[setting.name] = measure_rates(self.simulator(setting, 16, CALIBRATION_SEED, duration_s=30.0))
+        return self._priors[setting.name]
+
+    def run(self, setting_name: str, policy: str, load: int, seed: int, *, prior: Sequence[float] | None = None,
+            schedule: Schedule | None = None, duration_s: float | None = None, tag: str = ""):
+        """Simulate one point (cached by its arguments); returns the SimResult's Point."""
+        key = (setting_name, policy, load, seed, tuple(prior) if prior else None, tag, duration_s)
+        if key not in self.points:
+            setting = SETTINGS[setting_name]
+            sim = self.simulator(setting, load, seed, schedule, duration_s)
+            ctx = sim.context(prior_rates=tuple(prior) if prior else self.measured_rates(setting))
+            result = sim.run(make_policy(policy, ctx))
+            self.points[key] = Point(setting_name, policy, load, seed, result.throughput_tok_s, result.mean_k,
+                                     result.acceptance, result.tpot_ms)
+            self.last_result = result
+        return self.points[key]
+
+    def grid(self, setting: str, policies: Sequence[str], loads: Sequence[int], seeds: Sequence[int],
+             prior: Sequence[float] | None = None) -> list[Point]:
+        """All (policy, load, seed) points, simulated on ``jobs`` processes when there is more than one."""
+        tasks = [(setting, p, n, s, tuple(prior) if prior else None) for p in policies for n in loads for s in seeds]
+        todo = [t for t in tasks if (*t, "", None) not in self.points]
+        if self.jobs > 1 and len(todo) > 1:
+            self.measured_rates(SETTINGS[setting])  # once, before the workers fork
+            global _LAB
+            _LAB = self
+            ctx = multiprocessing.get_context("fork")
+            with ProcessPoolExecutor(self.jobs, mp_context=ctx) as pool:
+                for t, point in zip(todo, pool.map(_work, todo, chunksize=4)):
+                    self.points[(*t, "", None)] = point
+        return [self.run(setting, p, n, s, prior=prior) for (_, p, n, s, _) in tasks]
+
+
+def measure_rates(sim: Simulator) -> tuple[float, ...]:
+    ctx = sim.context()
+    policy = _Measuring(ctx, ctx.k_max)
+    sim.run(policy)
+    reached = np.maximum(policy.reached, 1.0)
+    rates = np.clip(policy.accepted / reached, 1e-3, 1.0)
+    return tuple(round(float(r), 4) for r in rates)
+
+
+def fixed_policies(lab: Lab, setting: str) -> list[str]:
+    ks = [k for k in lab.cost(SETTINGS[setting]).ks if k <= len(SETTINGS[setting].workload.rates)]
+    return [f"fixed:{k}" for k in ks]
+
+
+_LAB: Lab | None = None  # the parent's Lab, inherited by forked workers
+
+
+def _work(task: tuple) -> Point:
+    setting, policy, load, seed, prior = task
+    assert _LAB is not None
+    return _LAB.run(setting, policy, load, seed, prior=prior)
+

@@ -1,0 +1,97 @@
+"""Fig 4b: a workload switch (code -> math at the start of the 4th 60-second window).
+
+Three policies run on the same schedule and seeds (EAGLE-like drafter):
+
+* stale: the table tuned on code's measured rates, never changed;
+* controller: the same start, adapting online (``tabletune.controller.Controller``);
+* oracle: in each window, the table tuned on the rates of the workload in force
+  (code before the switch, math after), i.e. a static table per phase.
+
+Share of the stale table's loss recovered in window w:
+(controller_w - stale_w) / (oracle_w - stale_w), reported where oracle_w - stale_w
+exceeds 0.5% of oracle_w (otherwise there is no loss to recover and we print "-").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from tabletune import fileio
+from tabletune.experiments.analysis import Section, md_table
+from tabletune.experiments.runner import Lab
+from tabletune.experiments.settings import SETTINGS
+from tabletune.policies import make_policy
+from tabletune.sim import Schedule
+
+WINDOW_S = 60.0
+
+
+def _windows(lab: Lab, policy: str, prior: tuple[float, ...], load: int, seed: int, num_windows: int,
+             switch_s: float) -> np.ndarray:
+    code, math = SETTINGS["eagle-code"], SETTINGS["eagle-math"]
+    schedule = Schedule.switch(code.workload, math.workload, switch_s)
+    sim = lab.simulator(code, load, seed, schedule, duration_s=num_windows * WINDOW_S)
+    result = sim.run(make_policy(policy, sim.context(prior_rates=prior)))
+    return result.window_throughput(WINDOW_S)[:num_windows]
+
+
+def fig4b(lab: Lab, out: Path, loads: Sequence[int] = (32,), seeds: Sequence[int] = (0, 1, 2),
+          num_windows: int = 6, switch_window: int = 4) -> Section:
+    switch_s = (switch_window - 1) * WINDOW_S
+    code_rates = lab.measured_rates(SETTINGS["eagle-code"])
+    math_rates = lab.measured_rates(SETTINGS["eagle-math"])
+    rows, body, summary = [], [], {}
+    for load in loads:
+        stale = np.mean([_windows(lab, "tabletune", code_rates, load, s, num_windows, switch_s) for s in seeds], 0)
+        ctrl = np.mean([_windows(lab, "controller", code_rates, load, s, num_windows, switch_s) for s in seeds], 0)
+        oracle_after = np.mean([_windows(lab, "tabletune", math_rates, load, s, num_windows, switch_s)
+                                for s in seeds], 0)
+        oracle = np.where(np.arange(num_windows) < switch_window - 1, stale, oracle_after)
+        for w in range(num_windows):
+            gap = oracle[w] - stale[w]
+            rec = (ctrl[w] - stale[w]) / gap if gap > 0.005 * oracle[w] else None
+            rows.append({"load": load, "window": w + 1, "stale_tok_s": stale[w], "controller_tok_s": ctrl[w],
+                         "oracle_tok_s": oracle[w], "recovered": rec if rec is not None else ""})
+            body.append([load, w + 1, "math" if w >= switch_window - 1 else "code", f"{stale[w]:.0f}",
+                         f"{ctrl[w]:.0f}", f"{oracle[w]:.0f}", "-" if rec is None else f"{100 * rec:.0f}%"])
+        summary[load] = {"recovered": [r["recovered"] for r in rows if r["load"] == load]}
+    files = [_csv(out / "fig4b.csv", rows), _plot(out / "fig4b.png", rows, loads, switch_window)]
+    md = (f"Code -> math at {switch_s:.0f} s (window {switch_window}); throughput per 60 s window, mean of "
+          f"{len(seeds)} seeds; stale = table tuned on code {list(code_rates)}; oracle after the switch = table "
+          f"tuned on math {list(math_rates)}.\n\n"
+          + md_table(["load", "window", "workload", "stale tok/s", "controller tok/s", "oracle tok/s",
+                      "loss recovered"], body))
+    return Section("fig4b", "Fig 4b: recovery after a workload switch", md, files, summary)
+
+
+def _csv(path: Path, rows: list[dict]) -> str:
+    from tabletune.experiments.analysis import write_csv
+
+    return write_csv(path, rows)
+
+
+def _plot(path: Path, rows: list[dict], loads: Sequence[int], switch_window: int) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for load in loads:
+        mine = [r for r in rows if r["load"] == load]
+        x = [r["window"] for r in mine]
+        for key, style in (("stale_tok_s", ":"), ("controller_tok_s", "-"), ("oracle_tok_s", "--")):
+            ax.plot(x, [r[key] for r in mine], style, marker="o", ms=3, label=f"{key[:-6]} (load {load})")
+    ax.axvline(switch_window - 0.5, color="grey", lw=1)
+    ax.set_xlabel("60 s window")
+    ax.set_ylabel("output tokens/s")
+    ax.set_title("Fig 4b: code -> math switch")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    with fileio.atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight", format="png")
+    plt.close(fig)
+    return path.name
