@@ -122,26 +122,26 @@ def _attn_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, start_ptr, slots_ptr, o_
 
 @triton.jit
 def _attn_merge_kernel(out_ptr, o_part, m_part, l_part, QLEN, NUM_SPLITS,
-                       H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr):
+                       H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_S: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
-    rows = tl.arange(0, BLOCK_M)
-    d = tl.arange(0, D)
-    base = ((b * tl.num_programs(1) + kvh) * NUM_SPLITS).to(tl.int64) * BLOCK_M
-    m_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    for s in range(NUM_SPLITS):
-        m_max = tl.maximum(m_max, tl.load(m_part + base + s * BLOCK_M + rows))
-    m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
-    l_sum = tl.zeros([BLOCK_M], tl.float32)
-    for s in range(NUM_SPLITS):
-        w = tl.exp2(tl.load(m_part + base + s * BLOCK_M + rows) - m_safe)
-        l_sum += w * tl.load(l_part + base + s * BLOCK_M + rows)
-        acc += w[:, None] * tl.load(o_part + (base + s * BLOCK_M + rows)[:, None] * D + d[None, :])
-    out = acc / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
-    row_ok = rows < G * QLEN
-    o_off = ((b * QLEN + rows // G).to(tl.int64) * H + kvh * G + rows % G) * D
-    tl.store(out_ptr + o_off[:, None] + d[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    r = tl.program_id(2)
+    if r < G * QLEN:
+        s = tl.arange(0, BLOCK_S)
+        s_ok = s < NUM_SPLITS
+        d = tl.arange(0, D)
+        idx = ((b * tl.num_programs(1) + kvh) * NUM_SPLITS + s).to(tl.int64) * BLOCK_M + r
+        m = tl.load(m_part + idx, mask=s_ok, other=float("-inf"))
+        l_s = tl.load(l_part + idx, mask=s_ok, other=0.0)
+        m_max = tl.max(m, 0)
+        w = tl.exp2(m - tl.where(m_max == float("-inf"), 0.0, m_max))
+        o = tl.load(o_part + idx[:, None] * D + d[None, :], mask=s_ok[:, None], other=0.0)
+        acc = tl.sum(w[:, None] * o, 0)
+        l_sum = tl.sum(w * l_s, 0)
+        out = acc / tl.where(l_sum == 0.0, 1.0, l_sum)
+        o_off = ((b * QLEN + r // G).to(tl.int64) * H + kvh * G + r % G) * D
+        tl.store(out_ptr + o_off + d, out.to(out_ptr.dtype.element_ty))
 
 
 def num_splits_for(batch_size: int, num_kv_heads: int, num_sms: int = 132) -> int:
@@ -163,8 +163,8 @@ def attention(q, k_cache, v_cache, start_pos, slots, scale, num_splits: int | No
         k_cache.stride(0), k_cache.stride(1), splits, H=h, G=g, D=d, BLOCK_M=block_m, BLOCK_N=64,
         num_warps=4, num_stages=3)
     out = torch.empty_like(q)
-    _attn_merge_kernel[(b, hkv)](out, o_part, m_part, l_part, qlen, splits, H=h, G=g, D=d, BLOCK_M=block_m,
-                                 num_warps=4)
+    _attn_merge_kernel[(b, hkv, g * qlen)](out, o_part, m_part, l_part, qlen, splits, H=h, G=g, D=d,
+                                           BLOCK_M=block_m, BLOCK_S=triton.next_power_of_2(splits), num_warps=2)
     return out
 
 
