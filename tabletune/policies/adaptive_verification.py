@@ -100,6 +100,8 @@ def allocate_budget(survival: np.ndarray, cost: StepCost) -> Budget:
     """
     b, k_max = survival.shape
     t_off = float(mixed_curve_ms(cost, b, np.zeros(1), np.zeros(1))[0])
+    if b == 0 or k_max == 0:
+        return Budget(ks=np.zeros(b, np.int64), slots=0, expected_tokens=float(b), step_ms=t_off)
     flat = survival.ravel()
     order = np.argsort(-flat, kind="stable")  # ties: lower request, then lower position
     pos = order % k_max + 1  # position j of each ranked slot

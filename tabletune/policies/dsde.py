@@ -155,7 +155,7 @@ class DsdePolicy:
                  cap: bool = True, pool_tokens: int = 8192, refit_steps: int = 50) -> None:
         k_max = ctx.k_max
         self.ctx = ctx
-        self.cfg = DsdeConfig(k_min=1, k_max=k_max, k_start=min(k_start, k_max), window=window, tau=tau)
+        self.cfg = DsdeConfig(k_min=min(1, k_max), k_max=k_max, k_start=min(k_start, k_max), window=window, tau=tau)
         self.cap = cap
         self.refit_steps, self.pool_tokens = refit_steps, pool_tokens
         self.rows: dict[int, int] = {}

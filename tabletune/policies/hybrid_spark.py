@@ -186,6 +186,8 @@ def market(surv_model: np.ndarray, surv_ngram: np.ndarray, cost: StepCost, rate:
     b, k_max = surv_model.shape
     caps = np.arange(1, k_max + 1)
     best = Choice(np.zeros(b, np.int64), np.full(b, MODEL, np.int64), float(b), cost.step_ms(b, 0), 0.0)
+    if b == 0 or k_max == 0:
+        return best
     prices = np.zeros(k_max)
     for r in range(rounds + 1):
         ks, use_ng, tokens = _choose(surv_model, surv_ngram, prices, caps)  # [caps, b] each

@@ -36,6 +36,8 @@ T = TypeVar("T")
 def first_stop(keep: np.ndarray) -> np.ndarray:
     """[batch_size] lengths from a [batch_size, k_max] keep-drafting matrix (see module docstring)."""
     k_max = keep.shape[1]
+    if k_max == 0:
+        return np.zeros(keep.shape[0], np.int64)
     return np.where(keep.all(axis=1), k_max, np.argmin(keep, axis=1) + 1).astype(np.int64)
 
 

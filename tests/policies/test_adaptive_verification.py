@@ -90,3 +90,18 @@ def test_adaptive_verification_in_simulator_is_deterministic_and_near_best_fixed
     assert again.throughput_tok_s == result.throughput_tok_s
     best_fixed = max(run_sim(f"fixed:{k}", load=64, duration_s=3.0, seed=1)[0].throughput_tok_s for k in (1, 3, 5))
     assert result.throughput_tok_s >= 0.9 * best_fixed
+
+
+@pytest.mark.parametrize("spec", ["disco", "tapout", "dsde", "gammatune", "adaptive-verification", "hybrid-spark"])
+def test_every_per_request_policy_handles_k_max_1_and_an_empty_batch(spec):
+    from tabletune.policies import make_policy
+
+    ctx = make_ctx(prior=(0.8,))
+    ctx = type(ctx)(cost=ctx.cost, prior_rates=(0.8,), lengths=(0, 1))
+    policy = make_policy(spec, ctx)
+    state = make_state(np.full((3, 1), 0.9))
+    ks = policy.decide(state).lengths_for(3)
+    assert ((ks >= 0) & (ks <= 1)).all()
+    policy.observe(make_outcome(state, ks, np.minimum(ks, 1)))
+    empty = make_state(np.zeros((0, 1)))
+    assert len(policy.decide(empty).lengths_for(0)) == 0
