@@ -12,9 +12,9 @@ survivals S_c(i, j) = P(first j tokens of chain c accepted):
   with R the calibration table "match length x position -> acceptance", fit once on
   general text (``NgramTable``): from issue 7's n-gram traces when given
   (``hybrid-spark:ngram_table=FILE``, written by ``python -m tabletune.policies.trace_fit
-  ngram``), else from the
-  per-length table of the context (``ctx.ngram_rates``) by assuming each accepted copied
-  token lengthens the suffix match by one, R[L, j] = r[L + j - 1].
+  ngram``), else from the per-length table of the context (``ctx.ngram_rates``) by
+  assuming each accepted copied token lengthens the suffix match by one:
+  R[L, j] = r[L + j - 1].
 
 Price. A verified draft slot costs step time that would earn tokens elsewhere in the
 batch, so its price in tokens is
@@ -26,9 +26,12 @@ batch, so its price in tokens is
 
 Each request takes, per chain, the slots worth their price, j*_c = #{j : S_c(j) > lambda}
 (S falls along j), and the chain with the larger surplus sum_{j<=j*_c} (S_c(j) - lambda);
-a request with no slot worth its price drafts nothing. lambda and k_bar are iterated
-(3 rounds). The longest draft sets the drafting time, so the market runs under
-each length cap c = 1..k_max, and the allocation with the largest step surplus
+a request with no slot worth its price drafts nothing. The longest draft sets the
+drafting time, so the market runs under each length cap c = 1..k_max (only slots
+j <= c for sale). Per cap the candidates are: every slot (price 0; a kink of T such as
+a cheap odd k can favour it), then lambda at k_bar = c / 2, then ``ROUNDS - 1`` rounds of
+lambda at the last allocation's k_bar. Of all candidates, the one with the largest
+step surplus
 
     E[tokens] - R * T(ks)        (mixed-length step cost, ``StepCost.mixed_ms``)
 
@@ -50,7 +53,7 @@ import numpy as np
 from tabletune import fileio
 from tabletune.errors import InputError
 
-from tabletune.policies.adaptive_verification import ConfidenceCalibrator, update_calibrator
+from tabletune.policies.adaptive_verification import ConfidenceCalibrator, mixed_curve_ms, update_calibrator
 from tabletune.policies.base import MODEL, NGRAM, BatchState, Decision, PolicyContext, StepOutcome
 from tabletune.policies.per_request import require_features
 from tabletune.sim.cost import StepCost
@@ -181,8 +184,6 @@ def market(surv_model: np.ndarray, surv_ngram: np.ndarray, cost: StepCost, rate:
     times as lambda <- R * dT/dslot(k_bar) of the cap's last allocation. All caps are
     evaluated at once ([caps, b] arrays).
     """
-    from tabletune.policies.adaptive_verification import mixed_curve_ms
-
     b, k_max = surv_model.shape
     caps = np.arange(1, k_max + 1)
     best = Choice(np.zeros(b, np.int64), np.full(b, MODEL, np.int64), float(b), cost.step_ms(b, 0), 0.0)
