@@ -8,8 +8,8 @@
 # workload (extraction has 10), up to MAX_NEW_TOKENS generated tokens, k = 8.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-NUM_PROMPTS=${NUM_PROMPTS:-12}
-MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-128}
+NUM_PROMPTS=${NUM_PROMPTS:-8}
+MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-96}
 EXIT_LAYER=${EXIT_LAYER:-}
 export TABLETUNE_TORCH_THREADS=${TABLETUNE_TORCH_THREADS:-1}
 PHASES=${1:-ngram sweep early-exit}

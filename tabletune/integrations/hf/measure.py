@@ -99,15 +99,17 @@ def _no_progress(stage: str, done: int, total: int) -> None:
 
 
 def trajectories(run: AcceptanceRun, runner, progress: Progress = _no_progress) -> list[Trajectory]:
-    """The target's continuations, cached by everything they depend on (shared by the drafters)."""
+    """The target's continuations, cached under ``cache_dir()/trajectories`` and shared by the drafters.
+
+    A cached run of the same workload, temperature and seed with at least as many prompts and
+    tokens is reused, cut to size: a prefix of a continuation is a continuation (greedy or sampled).
+    """
     prompts = load_prompts(run.workload, run.num_prompts)
-    key = (f"{Path(run.workload).stem}_T{run.temperature:g}_n{len(prompts)}_len{run.max_new_tokens}"
-           f"_seed{run.seed}_b{run.batch_size}")
-    path = cache_dir() / "trajectories" / f"{key}.json"
-    if path.exists():
-        cached = json.loads(path.read_text())
-        if [c["id"] for c in cached] == [p.id for p in prompts]:
-            return [Trajectory(**c) for c in cached]
+    folder = cache_dir() / "trajectories"
+    stem = f"{Path(run.workload).stem}_T{run.temperature:g}_seed{run.seed}"
+    cached = _cached_superset(folder, stem, [p.id for p in prompts], run.max_new_tokens)
+    if cached is not None:
+        return cached
     ids = [runner.encode(p.text) for p in prompts]
     result: list[Trajectory] = []
     for start in range(0, len(prompts), run.batch_size):
@@ -116,8 +118,18 @@ def trajectories(run: AcceptanceRun, runner, progress: Progress = _no_progress) 
         outputs = runner.generate(batch, run.max_new_tokens, run.temperature, run.seed + start)
         result += [Trajectory(p.id, i, o) for p, i, o in zip(prompts[start:], batch, outputs)]
     progress("generate", len(prompts), len(prompts))
-    fileio.write_json(path, [asdict(t) for t in result])
+    fileio.write_json(folder / f"{stem}_n{len(prompts)}_len{run.max_new_tokens}.json",
+                      {"max_new_tokens": run.max_new_tokens, "trajectories": [asdict(t) for t in result]})
     return result
+
+
+def _cached_superset(folder: Path, stem: str, ids: list[str], max_new_tokens: int) -> list[Trajectory] | None:
+    for path in sorted(folder.glob(f"{stem}_n*_len*.json")):
+        data = json.loads(path.read_text())
+        cached = {t["id"]: t for t in data["trajectories"]}
+        if data["max_new_tokens"] >= max_new_tokens and all(i in cached for i in ids):
+            return [Trajectory(i, cached[i]["prompt"], cached[i]["output"][:max_new_tokens]) for i in ids]
+    return None
 
 
 def ngram_proposer(tokens: list[int], prompt_len: int, run: AcceptanceRun):

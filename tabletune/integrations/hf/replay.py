@@ -16,9 +16,12 @@ numbers along it:
 * a token-proposing drafter (n-gram, q one-hot on d) at any temperature: accept iff d == y_t;
 * a model drafter at temperature T > 0: accept with probability min(1, q_t(y_t) / p_t(y_t)).
 
-Schedule: a draft starts at output index i, proposes up to k tokens (truncated to the tokens the
-request still has), the first m are accepted, and the next draft starts at i + m + 1 (the target's
-correction or bonus token). A drafter with no proposal costs a plain decode step: i += 1.
+Schedule (as vLLM's): the prefill step emits output token 0 with no draft. A draft starts at output
+index i >= 1, proposes up to k tokens (at most ``num_verifiable - i``: the trajectory's known
+tokens), the first m are accepted, and the next draft starts at i + m + 1 (the target's
+correction or bonus token). A drafter with no proposal costs a plain decode step: i += 1. The
+request ends once i >= num_tokens; a draft that straddles the end is verified in full when the
+trajectory extends past it (as vLLM verifies drafts beyond max_tokens or EOS), else truncated.
 """
 
 from __future__ import annotations
@@ -56,14 +59,9 @@ class RequestReplay:
 
     request: str
     num_tokens: int
+    num_steps: int = 0  # target forward passes: prefill, one per draft, one per undrafted token
     drafts: list[tuple[int, int, int]] = field(default_factory=list)
     trace: list[tuple] = field(default_factory=list)
-
-    @property
-    def num_steps(self) -> int:
-        """Target forward passes: one per draft plus one per undrafted token."""
-        covered = sum(m + 1 for _, _, m in self.drafts)
-        return len(self.drafts) + max(self.num_tokens - covered, 0)
 
     def summary(self) -> dict:
         drafted = sum(k for _, k, _ in self.drafts)
@@ -77,12 +75,16 @@ class RequestReplay:
         }
 
 
-def replay(request: str, num_tokens: int, k: int, propose: ProposeFn, rng: np.random.Generator) -> RequestReplay:
-    """Run the draft/verify schedule over ``num_tokens`` output tokens (see the module docstring)."""
-    out = RequestReplay(request=request, num_tokens=num_tokens)
-    i = 0
+def replay(request: str, num_tokens: int, k: int, propose: ProposeFn, rng: np.random.Generator,
+           num_verifiable: int | None = None) -> RequestReplay:
+    """Run the draft/verify schedule over ``num_tokens`` output tokens (see the module docstring);
+    ``num_verifiable`` (default ``num_tokens``) is how many trajectory tokens drafts may be checked against."""
+    limit = num_tokens if num_verifiable is None else max(num_verifiable, num_tokens)
+    out = RequestReplay(request=request, num_tokens=num_tokens, num_steps=1 if num_tokens else 0)
+    i = 1
     while i < num_tokens:
-        draft = propose(i, min(k, num_tokens - i))
+        out.num_steps += 1
+        draft = propose(i, min(k, limit - i))
         size = len(draft.accept_prob)
         if size == 0:
             i += 1

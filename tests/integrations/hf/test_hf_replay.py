@@ -14,24 +14,28 @@ def propose_deterministic(i: int, k: int) -> Draft:
 
 def test_schedule_hand_worked():
     r = replay("req", num_tokens=10, k=4, propose=propose_deterministic, rng=np.random.default_rng(0))
-    # draft at 0: t0, t1 accepted, t2 rejected -> next at 3; draft at 3: t3..t6 accepted -> bonus t7 (the
-    # rejection at 7 is never tested) -> next at 8; draft at 8 truncated to the 2 tokens left
-    assert r.drafts == [(0, 4, 2), (3, 4, 4), (8, 2, 2)]
+    # token 0 comes from prefill; draft at 1: t1 accepted, t2 rejected -> next at 3; draft at 3: t3..t6
+    # accepted -> bonus t7 (its rejection is never tested) -> next at 8; draft at 8 truncated to 2 tokens
+    assert r.drafts == [(1, 4, 1), (3, 4, 4), (8, 2, 2)]
     assert [(row[1], row[2], row[3], row[-1]) for row in r.trace] == [
-        (0, 1, 0, 1), (0, 2, 1, 1), (0, 3, 2, 0), (3, 1, 3, 1), (3, 2, 4, 1), (3, 3, 5, 1), (3, 4, 6, 1),
-        (8, 1, 8, 1), (8, 2, 9, 1)]
-    assert r.num_steps == 3
+        (1, 1, 1, 1), (1, 2, 2, 0), (3, 1, 3, 1), (3, 2, 4, 1), (3, 3, 5, 1), (3, 4, 6, 1), (8, 1, 8, 1), (8, 2, 9, 1)]
+    assert r.num_steps == 4
     c = count([r], k_max=4, workload="w")
-    assert c.reached == [3, 3, 2, 1]
-    assert c.accepted == [3, 3, 1, 1]
+    assert c.reached == [3, 3, 1, 1]
+    assert c.accepted == [3, 2, 1, 1]
     assert c.drafted == [3, 3, 2, 2]
-    assert r.summary()["num_accepted_tokens"] == 8 and r.summary()["num_draft_tokens"] == 10
+    assert r.summary()["num_accepted_tokens"] == 7 and r.summary()["num_draft_tokens"] == 10
+
+
+def test_draft_straddling_the_end_is_verified_in_full_when_the_trajectory_allows():
+    r = replay("req", 10, 4, propose_deterministic, np.random.default_rng(0), num_verifiable=12)
+    assert r.drafts[-1] == (8, 4, 4)
 
 
 def test_no_proposal_is_a_plain_decode_step():
     empty = Draft(np.empty(0), np.empty(0), np.empty(0), np.empty(0), 0)
     r = replay("req", 5, 4, lambda i, k: empty, np.random.default_rng(0))
-    assert r.drafts == [] and r.trace == [] and r.num_steps == 5
+    assert r.drafts == [] and r.trace == [] and r.num_steps == 5  # prefill + 4 decode steps
     assert r.summary()["acceptance_rate"] is None
 
 
@@ -46,7 +50,7 @@ def test_by_generation_position_buckets():
     r = replay("req", 10, 4, propose_deterministic, np.random.default_rng(0))
     buckets = by_generation_position([r], 4, bucket_tokens=4)
     assert [(b["gen_start"], b["num_drafts"]) for b in buckets] == [(0, 2), (8, 1)]
-    assert buckets[0]["accepted"] == [2, 2, 1, 1] and buckets[1]["rates"][:2] == [1.0, 1.0]
+    assert buckets[0]["accepted"] == [2, 1, 1, 1] and buckets[1]["rates"][:2] == [1.0, 1.0]
 
 
 def test_accept_probability_given_the_output_is_exact():
