@@ -71,7 +71,7 @@ def simulate_cmd(policy, load, arrival_rate, step_times, acceptance, prior, dura
               show_default=True, help="EAGLE-like T(b,k) the settings derive from")
 @click.option("--loads", default="1,2,4,8,16,32,64,96,128", show_default=True)
 @click.option("--seeds", type=int, default=3, show_default=True, help="number of seeds")
-@click.option("--duration", type=float, default=30.0, show_default=True, help="simulated seconds per point")
+@click.option("--duration", type=float, default=20.0, show_default=True, help="simulated seconds per point")
 @click.option("--fig3-settings", default="eagle", show_default=True, help="comma-separated Table 1 settings")
 @click.option("--fig4b-loads", default="32", show_default=True)
 @click.option("--no-per-request", is_flag=True, help="skip the per-request policies in fig3")

@@ -23,9 +23,10 @@ NAMES = ("fig1", "table1", "fig3", "table2", "fig4b")
 class ExperimentOptions:
     loads: tuple[int, ...] = DEFAULT_LOADS
     seeds: tuple[int, ...] = DEFAULT_SEEDS
-    duration_s: float = 30.0
+    duration_s: float = 20.0
     fig3_settings: tuple[str, ...] = ("eagle",)
     fig4b_loads: tuple[int, ...] = (32,)
+    fig4b_window_s: float = 60.0
     per_request: bool = True
     jobs: int = 2  # worker processes
 
@@ -53,7 +54,7 @@ def run_one(name: str, lab: Lab, out: Path, opts: ExperimentOptions) -> Section:
     if name == "table2":
         return table2(lab, out, opts.loads, opts.seeds)
     if name == "fig4b":
-        return fig4b(lab, out, opts.fig4b_loads, opts.seeds)
+        return fig4b(lab, out, opts.fig4b_loads, opts.seeds, window_s=opts.fig4b_window_s)
     raise ValueError(f"unknown experiment {name!r}; choose one of {[*NAMES, 'all']}")
 
 

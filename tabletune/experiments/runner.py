@@ -10,7 +10,7 @@ Seeds give common random numbers: under one seed every policy sees the same requ
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
@@ -60,7 +60,7 @@ class Lab:
     """Caches derived profiles, measured priors and simulated points."""
 
     eagle_profile: StepProfile
-    duration_s: float = 30.0
+    duration_s: float = 20.0
     max_num_seqs: int = 128
     noise_cv: float = 0.0
     jobs: int = 1  # worker processes for grid()
@@ -107,13 +107,26 @@ class Lab:
         todo = [t for t in tasks if (*t, "", None) not in self.points]
         if self.jobs > 1 and len(todo) > 1:
             self.measured_rates(SETTINGS[setting])  # once, before the workers fork
-            global _LAB
-            _LAB = self
-            ctx = multiprocessing.get_context("fork")
-            with ProcessPoolExecutor(self.jobs, mp_context=ctx) as pool:
-                for t, point in zip(todo, pool.map(_work, todo, chunksize=4)):
-                    self.points[(*t, "", None)] = point
+            for t, point in zip(todo, self.parallel(_work, todo)):
+                self.points[(*t, "", None)] = point
         return [self.run(setting, p, n, s, prior=prior) for (_, p, n, s, _) in tasks]
+
+
+    def parallel(self, fn: Callable[[tuple], object], tasks: Sequence[tuple]) -> list:
+        """[fn(t) for t in tasks] on ``jobs`` forked processes; fn is module-level and may use ``lab()``."""
+        global _LAB
+        _LAB = self
+        if self.jobs <= 1 or len(tasks) <= 1:
+            return [fn(t) for t in tasks]
+        ctx = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(self.jobs, mp_context=ctx) as pool:
+            return list(pool.map(fn, tasks, chunksize=max(1, len(tasks) // (4 * self.jobs))))
+
+
+def lab() -> Lab:
+    """The Lab of the process that forked this worker (set by ``Lab.parallel``)."""
+    assert _LAB is not None
+    return _LAB
 
 
 def measure_rates(sim: Simulator) -> tuple[float, ...]:
@@ -135,6 +148,5 @@ _LAB: Lab | None = None  # the parent's Lab, inherited by forked workers
 
 def _work(task: tuple) -> Point:
     setting, policy, load, seed, prior = task
-    assert _LAB is not None
-    return _LAB.run(setting, policy, load, seed, prior=prior)
+    return lab().run(setting, policy, load, seed, prior=prior)
 

@@ -22,6 +22,7 @@ import numpy as np
 from tabletune import fileio
 from tabletune.experiments.analysis import Section, md_table
 from tabletune.experiments.runner import Lab
+from tabletune.experiments.runner import lab as worker_lab
 from tabletune.experiments.settings import SETTINGS
 from tabletune.policies import make_policy
 from tabletune.sim import Schedule
@@ -29,26 +30,27 @@ from tabletune.sim import Schedule
 WINDOW_S = 60.0
 
 
-def _windows(lab: Lab, policy: str, prior: tuple[float, ...], load: int, seed: int, num_windows: int,
-             switch_s: float) -> np.ndarray:
+def _windows(task: tuple) -> np.ndarray:
+    policy, prior, load, seed, num_windows, switch_s, window_s = task
     code, math = SETTINGS["eagle-code"], SETTINGS["eagle-math"]
     schedule = Schedule.switch(code.workload, math.workload, switch_s)
-    sim = lab.simulator(code, load, seed, schedule, duration_s=num_windows * WINDOW_S)
+    sim = worker_lab().simulator(code, load, seed, schedule, duration_s=num_windows * window_s)
     result = sim.run(make_policy(policy, sim.context(prior_rates=prior)))
-    return result.window_throughput(WINDOW_S)[:num_windows]
+    return result.window_throughput(window_s)[:num_windows]
 
 
 def fig4b(lab: Lab, out: Path, loads: Sequence[int] = (32,), seeds: Sequence[int] = (0, 1, 2),
-          num_windows: int = 6, switch_window: int = 4) -> Section:
-    switch_s = (switch_window - 1) * WINDOW_S
+          num_windows: int = 6, switch_window: int = 4, window_s: float = WINDOW_S) -> Section:
+    switch_s = (switch_window - 1) * window_s
     code_rates = lab.measured_rates(SETTINGS["eagle-code"])
     math_rates = lab.measured_rates(SETTINGS["eagle-math"])
     rows, body, summary = [], [], {}
     for load in loads:
-        stale = np.mean([_windows(lab, "tabletune", code_rates, load, s, num_windows, switch_s) for s in seeds], 0)
-        ctrl = np.mean([_windows(lab, "controller", code_rates, load, s, num_windows, switch_s) for s in seeds], 0)
-        oracle_after = np.mean([_windows(lab, "tabletune", math_rates, load, s, num_windows, switch_s)
-                                for s in seeds], 0)
+        runs = [(p, prior, load, s, num_windows, switch_s, window_s) for p, prior in
+                (("tabletune", code_rates), ("controller", code_rates), ("tabletune", math_rates)) for s in seeds]
+        windows = lab.parallel(_windows, runs)
+        n = len(seeds)
+        stale, ctrl, oracle_after = (np.mean(windows[i * n:(i + 1) * n], axis=0) for i in range(3))
         oracle = np.where(np.arange(num_windows) < switch_window - 1, stale, oracle_after)
         for w in range(num_windows):
             gap = oracle[w] - stale[w]
@@ -59,7 +61,7 @@ def fig4b(lab: Lab, out: Path, loads: Sequence[int] = (32,), seeds: Sequence[int
                          f"{ctrl[w]:.0f}", f"{oracle[w]:.0f}", "-" if rec is None else f"{100 * rec:.0f}%"])
         summary[load] = {"recovered": [r["recovered"] for r in rows if r["load"] == load]}
     files = [_csv(out / "fig4b.csv", rows), _plot(out / "fig4b.png", rows, loads, switch_window)]
-    md = (f"Code -> math at {switch_s:.0f} s (window {switch_window}); throughput per 60 s window, mean of "
+    md = (f"Code -> math at {switch_s:.0f} s (window {switch_window}); throughput per {window_s:.0f} s window, mean of "
           f"{len(seeds)} seeds; stale = table tuned on code {list(code_rates)}; oracle after the switch = table "
           f"tuned on math {list(math_rates)}.\n\n"
           + md_table(["load", "window", "workload", "stale tok/s", "controller tok/s", "oracle tok/s",
@@ -86,7 +88,7 @@ def _plot(path: Path, rows: list[dict], loads: Sequence[int], switch_window: int
         for key, style in (("stale_tok_s", ":"), ("controller_tok_s", "-"), ("oracle_tok_s", "--")):
             ax.plot(x, [r[key] for r in mine], style, marker="o", ms=3, label=f"{key[:-6]} (load {load})")
     ax.axvline(switch_window - 0.5, color="grey", lw=1)
-    ax.set_xlabel("60 s window")
+    ax.set_xlabel("window")
     ax.set_ylabel("output tokens/s")
     ax.set_title("Fig 4b: code -> math switch")
     ax.legend(fontsize=7)

@@ -63,8 +63,8 @@ class Workload:
 
 #: Presets (EAGLE-3-like drafter, temperature 0). code-edit has long copyable spans.
 PRESETS: dict[str, Workload] = {
-    "code": Workload("code", (0.85, 0.82, 0.79, 0.76, 0.73, 0.70, 0.67, 0.64)),
-    "math": Workload("math", (0.78, 0.72, 0.67, 0.62, 0.58, 0.54, 0.50, 0.47)),
+    "code": Workload("code", (0.90, 0.88, 0.86, 0.84, 0.82, 0.80, 0.78, 0.76)),
+    "math": Workload("math", (0.74, 0.66, 0.60, 0.55, 0.50, 0.46, 0.42, 0.39)),
     "chat": Workload("chat", (0.70, 0.62, 0.56, 0.51, 0.47, 0.43, 0.40, 0.37)),
     "code-edit": Workload(
         "code-edit", (0.80, 0.76, 0.72, 0.68, 0.64, 0.60, 0.56, 0.52),

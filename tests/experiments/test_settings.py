@@ -1,0 +1,36 @@
+import pytest
+
+from tabletune.experiments.settings import EAGLE_DRAFT_SHARE, SETTINGS, TABLE1
+from tabletune.profile import StepProfile
+
+
+@pytest.fixture
+def eagle(starter_8b):
+    return StepProfile.load(starter_8b)
+
+
+def test_eagle_setting_is_the_measured_profile(eagle):
+    p = SETTINGS["eagle"].profile(eagle)
+    for b in (1, 16, 128):
+        for k in (0, 3, 7):
+            assert p.step_ms(b, k) == pytest.approx(eagle.step_ms(b, k))
+
+
+def test_ngram_removes_the_eagle_drafting_cost(eagle):
+    p = SETTINGS["ngram-code-edit"].profile(eagle)
+    t0 = eagle.step_ms(32, 0)
+    assert p.step_ms(32, 5) == pytest.approx(eagle.step_ms(32, 5) - 5 * EAGLE_DRAFT_SHARE * t0)
+    assert p.step_ms(32, 0) == pytest.approx(t0)
+
+
+def test_parallel_block_pays_one_pass_whatever_k(eagle):
+    p = SETTINGS["parallel-block"].profile(eagle)
+    v = SETTINGS["ngram-code-edit"].profile(eagle)
+    t0 = eagle.step_ms(8, 0)
+    for k in (1, 4, 7):
+        assert p.step_ms(8, k) - v.step_ms(8, k) == pytest.approx(0.15 * t0)
+
+
+def test_drafter_costs_are_ordered(eagle):
+    cost = {name: SETTINGS[name].profile(eagle).step_ms(1, 5) for name in TABLE1}
+    assert cost["ngram-code-edit"] < cost["eagle"] < cost["draft-model"] < cost["weak-drafter"]

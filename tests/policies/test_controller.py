@@ -1,0 +1,42 @@
+import numpy as np
+import pytest
+
+from helpers_batch import ctx, outcome, state
+from tabletune.controller import Controller
+from tabletune.policies import make_policy
+from tabletune.policies.controller import ControllerPolicy, observation
+
+
+def test_wraps_the_plugin_controller_class():
+    p = make_policy("controller", ctx())
+    assert isinstance(p, ControllerPolicy) and type(p.controller) is Controller
+
+
+def test_observation_counts_are_censored_and_exact():
+    st = state(3)
+    obs = observation(outcome(st, [3, 3, 1], [0, 2, 1]), k_max=4, time_s=1.0)
+    # drafted_j = #{k>=j}; accepted_j = #{m>=j}; reached_j = #{k>=j and m>=j-1}
+    assert obs.drafted == (3, 2, 2, 0)
+    assert obs.accepted == (2, 1, 0, 0)
+    assert obs.reached == (3, 1, 1, 0)
+    assert obs.num_drafts == 3 and obs.k == 3
+
+
+def test_starts_from_given_table_and_corrects_it():
+    c = ctx()
+    p = make_policy("controller:start=documented-div4,warmup_drafts=10,min_install_interval_s=0", c)
+    assert p.decide(state(64)).k == 0  # documented/4: k=0 above 32
+    t = 0.0
+    for _ in range(400):  # every draft fully accepted
+        st = state(64, time_s=t)
+        k = p.decide(st).k
+        p.observe(outcome(st, [k] * 64, [k] * 64, 10.0))
+        t += 0.01
+    assert p.controller.installs >= 1
+    assert p.decide(state(64)).k > 0
+
+
+def test_prior_option():
+    p = make_policy("controller:prior=0.5/0.4/0.3", ctx())
+    assert p.controller.estimator.prior[:3] == pytest.approx([0.5, 0.4, 0.3])
+    assert np.all(np.array(p.controller.estimator.prior) > 0)

@@ -1,0 +1,38 @@
+import numpy as np
+import pytest
+
+from tabletune.profile import StepPoint, StepProfile
+from tabletune.sim.cost import StepCost
+
+
+def profile() -> StepProfile:
+    # T(b, k) = 10 + b + 2k at b in {1, 4}, k in 0..3
+    pts = [StepPoint(b, k, (10.0 + b + 2 * k,)) for b in (1, 4) for k in range(4)]
+    return StepProfile(points=tuple(pts), context_len=0)
+
+
+def test_uniform_k_is_the_profile_and_linear_in_b():
+    cost = StepCost(profile())
+    assert cost.step_ms(1, 2) == pytest.approx(15.0)
+    assert cost.step_ms(2, 3) == pytest.approx(18.0)  # between b=1 (17) and b=4 (20)
+    assert cost.mixed_ms(np.array([3, 3])) == pytest.approx(18.0)
+    assert cost.step_ms(1, 1.5) == pytest.approx(14.0)  # linear between measured k
+
+
+def test_mixed_lengths_hand_worked():
+    # b=2, ks=(0, 2): T0=12, T(kmax=2)=16, T(kbar=1)=14; f=0.5 -> 12 + 0.5*4 + 0.5*2 = 15
+    cost = StepCost(profile(), draft_share=0.5)
+    assert cost.mixed_ms(np.array([0, 2])) == pytest.approx(15.0)
+    assert StepCost(profile(), 0.0).mixed_ms(np.array([0, 2])) == pytest.approx(14.0)
+    assert StepCost(profile(), 1.0).mixed_ms(np.array([0, 2])) == pytest.approx(16.0)
+
+
+def test_budget_is_total_slots_over_batch():
+    cost = StepCost(profile())
+    assert cost.budget_ms(4, 8) == pytest.approx(cost.step_ms(4, 2))
+    assert cost.budget_ms(4, 0) == pytest.approx(cost.step_ms(4, 0))
+
+
+def test_bad_draft_share():
+    with pytest.raises(ValueError):
+        StepCost(profile(), draft_share=1.5)

@@ -1,0 +1,94 @@
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from tabletune.cli import main
+from tabletune.goodput import expected_tokens
+from tabletune.policies import make_policy
+from tabletune.profile import StepProfile
+from tabletune.sim import Schedule, SimConfig, Simulator, StepCost, Workload
+
+RATES = [0.8, 0.75, 0.7, 0.65, 0.6, 0.55, 0.5]
+RATES_TEXT = ",".join(map(str, RATES))
+
+
+def simulate(starter, *args):
+    out = CliRunner().invoke(main, ["simulate", "--step-times", str(starter), "--acceptance", RATES_TEXT, *args,
+                                    "--json"])
+    assert out.exit_code == 0, out.output
+    return json.loads(out.output)
+
+
+@pytest.mark.parametrize("load,k", [(1, 3), (16, 5), (64, 1), (128, 3), (128, 0), (32, 7)])
+def test_closed_loop_long_outputs_fixed_k_is_analytic(starter_8b, load, k):
+    """No request ends: throughput = N * E[tokens|k] / T(N, k) within 1%."""
+    res = simulate(starter_8b, "--policy", f"fixed:{k}", "--load", str(load), "--duration", "60",
+                   "--output-len", "1000000", "--seed", "3")
+    analytic = load * expected_tokens(RATES, k) / StepProfile.load(starter_8b).step_ms(load, k) * 1000
+    assert res["throughput_tok_s"] == pytest.approx(analytic, rel=0.01)
+    assert res["mean_k"] == k and res["finished_requests"] == 0 and res["steps"] > 100
+
+
+def test_deterministic_per_seed_and_seeds_differ(starter_8b):
+    a = simulate(starter_8b, "--policy", "fixed:3", "--load", "8", "--duration", "10", "--heterogeneity", "0.6")
+    b = simulate(starter_8b, "--policy", "fixed:3", "--load", "8", "--duration", "10", "--heterogeneity", "0.6")
+    c = simulate(starter_8b, "--policy", "fixed:3", "--load", "8", "--duration", "10", "--heterogeneity", "0.6",
+                 "--seed", "1")
+    assert a == b and a["throughput_tok_s"] != c["throughput_tok_s"]
+
+
+def test_bad_input_exits_2(starter_8b):
+    for args in (["--policy", "nope"], ["--policy", "fixed:x"], ["--policy", "fixed:3", "--load", "0"],
+                 ["--policy", "fixed:3", "--acceptance", "1.5"]):
+        out = CliRunner().invoke(main, ["simulate", "--step-times", str(starter_8b), "--acceptance", RATES_TEXT,
+                                        *args])
+        assert out.exit_code == 2, (args, out.output)
+        assert "error" in out.output
+
+
+def sim_for(starter, workload, **config):
+    return Simulator(StepCost(StepProfile.load(starter)), Schedule.constant(workload), SimConfig(**config))
+
+
+def test_output_lengths_are_respected_and_requests_replaced(starter_8b):
+    sim = sim_for(starter_8b, Workload("w", tuple(RATES), output_len=10), duration_s=5, load=4)
+    r = sim.run(make_policy("fixed:5", sim.context()))
+    assert np.all(r.requests.num_tokens == 10)
+    assert np.all(r.steps.batch_size == 4)  # closed loop: always 4 open
+    assert r.requests.finish_s.size > 50 and r.tpot_ms > 0
+
+
+def test_open_loop_respects_max_num_seqs_and_rate(starter_8b):
+    sim = sim_for(starter_8b, Workload("w", tuple(RATES), output_len_mean=50), duration_s=30, arrival_rate=400.0,
+                  max_num_seqs=16)
+    r = sim.run(make_policy("fixed:1", sim.context()))
+    assert r.steps.batch_size.max() == 16
+    light = sim_for(starter_8b, Workload("w", tuple(RATES), output_len_mean=50), duration_s=60, arrival_rate=2.0)
+    r = light.run(make_policy("fixed:1", light.context()))
+    assert r.requests.finish_s.size == pytest.approx(120, rel=0.25)  # ~ rate * duration
+    assert r.latency_s(50) < r.latency_s(99)
+
+
+def test_workload_switch_changes_acceptance(starter_8b):
+    hi, lo = Workload("hi", (0.9,) * 7, output_len=20), Workload("lo", (0.3,) * 7, output_len=20)
+    sim = Simulator(StepCost(StepProfile.load(starter_8b)), Schedule.switch(hi, lo, 10.0),
+                    SimConfig(duration_s=20, load=16))
+    r = sim.run(make_policy("fixed:3", sim.context()))
+    before = r.steps.start_s < 9
+    after = r.steps.start_s > 12
+    acc_before = r.steps.accepted[before].sum() / r.steps.drafted[before].sum()
+    acc_after = r.steps.accepted[after].sum() / r.steps.drafted[after].sum()
+    assert acc_before > 0.75 and acc_after < 0.35
+
+
+def test_ngram_drafter_only_verifies_matched_requests(starter_8b):
+    from tabletune.policies.base import NGRAM
+    from tabletune.sim import preset
+
+    sim = Simulator(StepCost(StepProfile.load(starter_8b), 0.0), Schedule.constant(preset("code-edit")),
+                    SimConfig(duration_s=10, load=32), default_drafter=NGRAM)
+    r = sim.run(make_policy("fixed:5", sim.context()))
+    assert 0.5 < r.mean_k < 5  # requests without a match draft nothing
+    assert r.acceptance > 0.4
