@@ -41,9 +41,9 @@ exact when every draft in the window had the same length.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 LN2 = math.log(2.0)
 FAST_RATIO = 8.0  # the fast position-1 estimate forgets this many times faster
@@ -74,28 +74,26 @@ class StepObservation:
         """Exact counts from (draft length, accepted length) pairs.
 
         drafted_j = #{k_i >= j}, accepted_j = #{m_i >= j}, reached_j = #{k_i >= j and m_i >= j-1}:
-        each pair adds 1 to the "ends at" bins k_i, m_i and min(m_i + 1, k_i); suffix sums give the counts.
+        each draft adds 1 to the "ends at" bins k_i, min(m_i + 1, k_i) and m_i; suffix sums give the counts.
         """
-        hist = Counter(drafts)
-        n = k_max or max((d for d, _ in hist), default=0)
-        ends = [[0] * (n + 1) for _ in range(3)]  # drafted, reached, accepted: how many end at j
+        drafts = list(drafts)
+        n = k_max or max((d for d, _ in drafts), default=0)
+        # how many drafts end at j: their length (drafted), their last tested position (reached), m (accepted)
+        end_d, end_r, end_a = [0] * (n + 1), [0] * (n + 1), [0] * (n + 1)
         num_drafts = 0
-        for (d, a), c in hist.items():
+        for d, a in drafts:
             if d <= 0:
                 continue
-            d = min(d, n)
-            a = min(a, d)
-            num_drafts += c
-            ends[0][d] += c
-            ends[1][min(a + 1, d)] += c
-            ends[2][a] += c
-        drafted, reached, accepted = ([0] * n for _ in range(3))
-        for out, end in zip((drafted, reached, accepted), ends):
-            total = 0
-            for j in range(n, 0, -1):
-                total += end[j]
-                out[j - 1] = total
-        return cls(batch_size, k, num_drafts, tuple(reached), tuple(accepted), tuple(drafted), time_s)
+            if d > n:
+                d = n
+            if a > d:
+                a = d
+            num_drafts += 1
+            end_d[d] += 1
+            end_r[a + 1 if a < d else d] += 1
+            end_a[a] += 1
+        drafted, reached, accepted = (tuple(accumulate(e[:0:-1]))[::-1] for e in (end_d, end_r, end_a))
+        return cls(batch_size, k, num_drafts, reached, accepted, drafted, time_s)
 
     @classmethod
     def from_vllm_counts(cls, batch_size: int, k: int, num_drafts: int, drafted: Sequence[float],

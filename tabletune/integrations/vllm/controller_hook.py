@@ -115,10 +115,24 @@ class ControllerHook:
         self.explore_lookup = self.lookup_for(DraftTable.fixed(controller.k_max))
         scheduler.dynamic_sd_lookup = self.table_lookup
         self.pairs: list[tuple[int, int]] = []
+        self.enabled = True  # False: the installed table stays, nothing is observed (static-table baselines)
         self.errors: dict[str, int] = {}
         self.overhead_us: deque[float] = deque(maxlen=4096)
         self.overhead_total_s = 0.0
         self._wrap()
+
+    def use_controller(self, controller: Controller) -> None:
+        """Start over with another controller (and its table), e.g. between benchmark runs."""
+        self.controller = controller
+        self.table_lookup = self.lookup_for(controller.table)
+        self.explore_lookup = self.lookup_for(DraftTable.fixed(controller.k_max))
+        self.scheduler.dynamic_sd_lookup = self.table_lookup
+        self.enabled = True
+
+    def use_static(self, table: DraftTable) -> None:
+        """Pause the controller and run this table as it is (a static baseline)."""
+        self.table_lookup = self.scheduler.dynamic_sd_lookup = self.lookup_for(table)
+        self.enabled = False
 
     def lookup_for(self, table: DraftTable) -> list[int]:
         """vLLM's own dense expansion of the ranges (validates them again)."""
@@ -129,9 +143,11 @@ class ControllerHook:
         make_stats, update = sched.make_spec_decoding_stats, sched.update_from_output
         pairs = self.pairs
 
-        def make_spec_decoding_stats(spec_decoding_stats, num_draft_tokens, num_accepted_tokens, *args, **kwargs):
+        def make_spec_decoding_stats(spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
+                                     num_invalid_spec_tokens, request_id):
             pairs.append((num_draft_tokens, num_accepted_tokens))
-            return make_stats(spec_decoding_stats, num_draft_tokens, num_accepted_tokens, *args, **kwargs)
+            return make_stats(spec_decoding_stats, num_draft_tokens, num_accepted_tokens, num_invalid_spec_tokens,
+                              request_id)
 
         def update_from_output(scheduler_output, model_runner_output):
             out = update(scheduler_output, model_runner_output)
@@ -143,6 +159,9 @@ class ControllerHook:
 
     def after_step(self, scheduler_output) -> None:
         """Observe, maybe rebuild, choose the next lookup; never raises."""
+        if not self.enabled:
+            self.pairs.clear()
+            return
         t0 = time.perf_counter()
         try:
             self._step(scheduler_output, time.monotonic())
@@ -191,7 +210,7 @@ class ControllerHook:
         us = sorted(self.overhead_us)
         return {
             **self.controller.state(),
-            "enabled": True,
+            "enabled": self.enabled,
             "errors": dict(self.errors),
             "lookup_k": self.scheduler.dynamic_sd_lookup[1:],
             "overhead_us_median": us[len(us) // 2] if us else 0.0,

