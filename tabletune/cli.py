@@ -154,6 +154,3 @@ main.add_command(acceptance_cmd)
 # `tabletune control` (issue 4): the Prometheus sidecar, command code in tabletune/control_cli.py
 from tabletune import control_cli  # noqa: E402,F401  (registers the command on `main`)
 
-
-if __name__ == "__main__":
-    main()

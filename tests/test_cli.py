@@ -72,7 +72,7 @@ def test_unknown_schema_version_via_real_cli(tmp_path):
     src = tmp_path / "p.json"
     src.write_text(json.dumps({"schema": "tabletune.step_profile", "version": 3}))
     out = tmp_path / "o.json"
-    proc = subprocess.run([sys.executable, "-m", "tabletune.cli", "table", "--step-times", str(src),
+    proc = subprocess.run([sys.executable, "-m", "tabletune", "table", "--step-times", str(src),
                            "--acceptance", "0.5", "--output", str(out)], capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"tabletune: error: {src}: field 'version' = 3: unknown schema version (this tabletune reads 1)"

@@ -1,0 +1,5 @@
+"""``python -m tabletune`` runs the CLI."""
+
+from tabletune.cli import main
+
+main()
