@@ -11,8 +11,9 @@ KL signal. The simulator reports KL(target || draft) at every verified position
 (``StepOutcome.kl``), drawn by its stated model (``tabletune.sim.acceptance``: a noisy
 decreasing function of the token's latent acceptance margin, large where the token is
 rejected); the policy uses those values as they come. For an engine that reports no KL
-(``kl`` is None), the policy falls back to a proxy from what every engine has: each
-drafted token's top-1 probability p1, top-1/top-2 margin, and whether it was accepted.
+(``kl`` is None), or a setting whose default drafter is the n-gram one, the policy falls
+back to a proxy from what every engine has: each drafted token's top-1 probability p1,
+top-1/top-2 margin, and whether it was accepted.
 At temperature 0 the target distribution is one-hot at its token x, so
 
     KL(p_target || q_draft) = -log q(x)
