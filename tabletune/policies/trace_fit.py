@@ -14,8 +14,8 @@ draft's first rejection):
 Usage (writes atomically)::
 
     python -m tabletune.policies.trace_fit disco --source sim --out profiles/policies/disco-sim.json
-    python -m tabletune.policies.trace_fit disco --source traces --traces DIR --out FILE
-    python -m tabletune.policies.trace_fit ngram --traces DIR --out FILE
+    python -m tabletune.policies.trace_fit disco --source traces --traces FILE_OR_DIR... --out FILE
+    python -m tabletune.policies.trace_fit ngram --traces FILE_OR_DIR... --out FILE
 """
 
 from __future__ import annotations
@@ -52,12 +52,14 @@ def sim_rows(k_max: int = 7, drafts_per_workload: int = 5000, seed: int = 0) -> 
     return np.concatenate(xs), np.concatenate(ys)
 
 
-def read_traces(path: str | Path) -> dict[str, np.ndarray]:
-    """Columns of ``TRACE_FIELDS`` from one trace file or every *.csv / *.csv.gz under a folder."""
-    path = Path(path)
-    files = sorted(path.glob("**/*.csv")) + sorted(path.glob("**/*.csv.gz")) if path.is_dir() else [path]
-    if not files:
-        raise InputError(str(path), "<files>", str(path), "no .csv or .csv.gz trace files")
+def read_traces(*paths: str | Path) -> dict[str, np.ndarray]:
+    """Columns of ``TRACE_FIELDS`` from trace files, or every *.csv / *.csv.gz under folders."""
+    files: list[Path] = []
+    for path in map(Path, paths):
+        found = sorted(path.glob("**/*.csv")) + sorted(path.glob("**/*.csv.gz")) if path.is_dir() else [path]
+        if not found:
+            raise InputError(str(path), "<files>", str(path), "no .csv or .csv.gz trace files")
+        files += found
     cols: dict[str, list[float]] = {f: [] for f in TRACE_FIELDS}
     for file in files:
         raw = gzip.decompress(file.read_bytes()) if file.suffix == ".gz" else file.read_bytes()
@@ -109,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tabletune.policies.trace_fit", description=__doc__.split("\n")[0])
     ap.add_argument("what", choices=("disco", "ngram"))
     ap.add_argument("--source", choices=("sim", "traces"), default="sim")
-    ap.add_argument("--traces", help="trace file or folder (issue 7)")
+    ap.add_argument("--traces", nargs="+", help="trace files or folders (issue 7)")
     ap.add_argument("--k-max", type=int, default=7)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -119,10 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     elif args.traces is None:
         ap.error("--traces is required for trace sources")
     elif args.what == "disco":
-        x, y = trace_rows(read_traces(args.traces))
-        model = train_disco(x, y, trained_on=f"traces {Path(args.traces).name}")
+        x, y = trace_rows(read_traces(*args.traces))
+        model = train_disco(x, y, trained_on="traces " + ",".join(Path(t).name for t in args.traces))
     else:
-        table = fit_ngram_table(read_traces(args.traces), args.k_max)
+        table = fit_ngram_table(read_traces(*args.traces), args.k_max)
         fileio.write_json(args.out, table.to_json())
         print(f"wrote {args.out}: {table.rates.shape[0] - 1} match lengths x {table.rates.shape[1]} positions")
         return 0
