@@ -188,3 +188,15 @@ def test_policy_modules_import_neither_torch_nor_vllm_nor_sklearn():
             "print(sorted(m for m in ('torch', 'vllm', 'sklearn') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_committed_trace_model_separates_accepted_tokens_in_the_measured_traces():
+    from per_request_helpers import STARTER_8B
+
+    root = STARTER_8B.parents[2]
+    model = DiscoModel.load(root / "profiles" / "policies" / "disco-smollm2-early-exit.json")
+    x, y = trace_rows(read_traces(root / "profiles" / "traces" / "early-exit_code_T0.csv.gz"))
+    assert model.trained_on.startswith("traces") and _auc(y, model.accept_prob(x)) > 0.75
+    result, _ = run_sim(f"disco:model={root / 'profiles' / 'policies' / 'disco-smollm2-early-exit.json'}",
+                        load=4, duration_s=1.0)
+    assert result.throughput_tok_s > 0

@@ -89,3 +89,11 @@ def test_table_file_round_trip_and_errors(tmp_path):
     path.write_text(json.dumps({"schema": "tabletune.ngram_table", "version": 1, "rates": [[0.5, 1.5]]}))
     with pytest.raises(InputError, match="rates"):
         NgramTable.load(path)
+
+
+def test_committed_trace_table_is_a_valid_rate_table():
+    from per_request_helpers import STARTER_8B
+
+    table = NgramTable.load(STARTER_8B.parents[2] / "profiles" / "policies" / "ngram-table-smollm2-mtbench.json")
+    assert table.rates.shape[1] == 8 and (table.rates[0] == 0).all()
+    assert ((table.rates >= 0) & (table.rates <= 1)).all()
