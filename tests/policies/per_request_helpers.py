@@ -8,7 +8,7 @@ import numpy as np
 
 from tabletune.policies import make_policy
 from tabletune.policies.base import MODEL, BatchState, DraftFeatures, PolicyContext, StepOutcome
-from tabletune.profile import step_profile_from_csv
+from tabletune.profile import StepPoint, StepProfile, step_profile_from_csv
 from tabletune.sim import SimConfig, Simulator, StepCost, preset
 from tabletune.sim.workload import Schedule
 
@@ -65,3 +65,9 @@ def run_sim(spec: str, workload: str = "code", load: int = 8, duration_s: float 
 
         policy.decide = recording
     return sim.run(policy), policy
+
+
+def linear_cost(base_ms=10.0, per_k_ms=5.0, k_max=2, draft_share=0.0) -> StepCost:
+    """T(b, k) = base + per_k * k for b in {1, 2, 4}: every verified slot of a batch of b costs per_k / b."""
+    points = tuple(StepPoint(b, k, (base_ms + per_k_ms * k,)) for b in (1, 2, 4) for k in range(k_max + 1))
+    return StepCost(StepProfile(points=points, context_len=1024), draft_share=draft_share)

@@ -1,20 +1,12 @@
 import numpy as np
 import pytest
-from per_request_helpers import make_ctx, make_outcome, make_state, run_sim
+from per_request_helpers import linear_cost, make_ctx, make_outcome, make_state, run_sim
 
 from tabletune.policies.adaptive_verification import (
     AdaptiveVerificationPolicy,
     ConfidenceCalibrator,
     allocate_budget,
 )
-from tabletune.profile import StepPoint, StepProfile
-from tabletune.sim.cost import StepCost
-
-
-def linear_cost(base_ms=10.0, per_k_ms=5.0, k_max=2, draft_share=0.0) -> StepCost:
-    """T(b, k) = base + per_k * k for b in {1, 2, 4}: every verified slot of a batch of b costs per_k / b."""
-    points = tuple(StepPoint(b, k, (base_ms + per_k_ms * k,)) for b in (1, 2, 4) for k in range(k_max + 1))
-    return StepCost(StepProfile(points=points, context_len=1024), draft_share=draft_share)
 
 
 def test_budget_hand_worked():

@@ -1,7 +1,6 @@
 import numpy as np
 import pytest
-from per_request_helpers import make_ctx, make_outcome, make_state, run_sim
-from test_adaptive_verification import linear_cost
+from per_request_helpers import linear_cost, make_ctx, make_outcome, make_state, run_sim
 
 from tabletune.policies.base import MODEL, NGRAM
 from tabletune.policies.hybrid_spark import HybridSparkPolicy, NgramTable, buy, market, slot_slope_ms
