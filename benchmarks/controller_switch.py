@@ -70,13 +70,13 @@ def run_config(llm, hook, name: str, ctx: dict, args) -> dict:
     windows, converged = [], None
     for w in range(args.steps_after // args.window):
         res = loop.run(args.window)
-        windows.append(res.throughput_tok_s)
+        windows.append(res.throughput_cpu_tok_s)
         if name == "controller" and converged is None and cc.worst_share(ctx["profile"], ctx["rates_b"],
                                                                          hook.controller.table, hook.max_batch) >= 0.98:
             converged = (w + 1) * args.window
     loop.close()
     after_tok = sum(windows) / len(windows)
-    return {"config": name, "before_tok_s": before.throughput_tok_s, "after_tok_s": after_tok, "windows": windows,
+    return {"config": name, "before_tok_s": before.throughput_cpu_tok_s, "after_tok_s": after_tok, "windows": windows,
             "steps_to_2pct_after_switch": converged,
             "final_table": str(hook.controller.table if name == "controller" else table_b if name == "oracle"
                                else table_a)}
@@ -84,7 +84,8 @@ def run_config(llm, hook, name: str, ctx: dict, args) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--profile", required=True)
+    ap.add_argument("--profile", required=True, help="folder from `tabletune tune` (tiny-llama)")
+    ap.add_argument("--fit", default=None, help="write a linear fit of --profile to this folder and use it")
     ap.add_argument("--model", default="tiny-llama")
     ap.add_argument("--rates-a", default="0.9,0.85,0.8,0.75")
     ap.add_argument("--rates-b", default="0.5,0.4,0.35,0.3")
@@ -96,6 +97,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--options", default='{"rebuild_interval_s": 0.1, "min_install_interval_s": 0.5}')
     args = ap.parse_args()
+    if args.fit:
+        args.profile = cc.fit_linear_profile(args.profile, args.fit)
     real = args.model != "tiny-llama"
     k_max = len(args.rates_a.split(","))
     cc.configure(args.profile, None if real else [float(x) for x in args.rates_a.split(",")])
@@ -139,13 +142,14 @@ def report(rows: list[dict], ctx: dict, args) -> None:
           f"`python benchmarks/controller_switch.py --profile {args.profile} --model {args.model} --load {args.load}`", "",
           f"acceptance A {ctx['rates_a']} -> B {ctx['rates_b']}" + ("" if ctx["cap"] else " (measured: HumanEval -> MT-Bench)"),
           f"table A {ctx['table_a']}, table B {ctx['table_b']}", "",
-          "| after the switch | stale tok/s | controller tok/s | oracle tok/s | recovered share of the stale loss |",
+          "| after the switch | stale tok/cpu-s | controller tok/cpu-s | oracle tok/cpu-s | recovered share of the stale loss |",
           "|---|---|---|---|---|",
           f"| all {args.steps_after} steps | {after['stale']:.0f} | {after['controller']:.0f} | {after['oracle']:.0f} "
           f"| {(after['controller'] - after['stale']) / gap if gap > 0 else float('nan'):.0%} |",
           f"| second half | {last['stale']:.0f} | {last['controller']:.0f} | {last['oracle']:.0f} "
           f"| {(last['controller'] - last['stale']) / gap_last if gap_last > 0 else float('nan'):.0%} |", "",
-          f"steps after the switch until the installed table is within 2% (predicted) of B's optimum: {conv}", ""]
+          f"steps after the switch until the installed table is within 2% (predicted) of B's optimum: {conv}", "",
+          "Throughput in output tokens per second of engine CPU time (one OpenMP thread; the machine is shared).", ""]
     cc.write_results(name, {"rows": rows, "after": after, "second_half": last, "rates_a": ctx["rates_a"],
                             "rates_b": ctx["rates_b"]}, "\n".join(md))
 

@@ -9,6 +9,8 @@ vLLM cannot start a second engine in one process, so the test runs:
   (d) greedy outputs with the controller on.
 * ``plain``: the same speculative config, no tabletune plugin loaded at all; greedy outputs.
 * ``nospec``: speculation off; greedy outputs.
+* ``online``: ``AsyncLLM`` with the engine core in its own process (the ``vllm serve`` path):
+  ``call_utility_async("tabletune_state")`` and ``("tabletune_set_table", ...)``.
 
 Usage: TT_TEST_MODEL_DIR=<folder with TEST_MODEL as config.json> python vllm_controller_scenarios.py SCENARIO OUT.json
 """
@@ -121,8 +123,36 @@ def controller_scenario() -> dict:
     return result
 
 
+async def online_scenario() -> dict:
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    speculative = {"method": "ngram", "num_speculative_tokens": K_MAX, "prompt_lookup_min": 2,
+                   "prompt_lookup_max": 4, "num_speculative_tokens_per_batch_size": START_TABLE}
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(
+        model=os.environ["TT_TEST_MODEL_DIR"], load_format="dummy", skip_tokenizer_init=True, dtype="float32",
+        max_model_len=1024, max_num_seqs=MAX_NUM_SEQS, enforce_eager=True, seed=0, speculative_config=speculative))
+    params = SamplingParams(temperature=0, max_tokens=GREEDY_TOKENS, ignore_eos=True, detokenize=False)
+    outputs = []
+    for i, prompt in enumerate(prompts(4)):
+        async for out in engine.generate(prompt, params, request_id=f"online-{i}"):
+            final = out
+        outputs.append(list(final.outputs[0].token_ids))
+    state = await engine.engine_core.call_utility_async("tabletune_state")
+    set_table = await engine.engine_core.call_utility_async("tabletune_set_table", [[1, 2, 3], [3, 512, 1]])
+    state_after = await engine.engine_core.call_utility_async("tabletune_state")
+    engine.shutdown()
+    return {"outputs": outputs, "state": state, "set_table": set_table, "state_after": state_after,
+            "pid_test": os.getpid()}
+
+
 def main(scenario: str, out_path: str) -> None:
-    if scenario == "controller":
+    if scenario == "online":
+        import asyncio
+
+        result = asyncio.run(online_scenario())
+    elif scenario == "controller":
         result = controller_scenario()
     else:
         from tabletune.integrations.vllm.closed_loop import generate_greedy
@@ -131,6 +161,8 @@ def main(scenario: str, out_path: str) -> None:
         result = {"outputs": generate_greedy(llm, prompts(8), GREEDY_TOKENS)}
     with open(out_path, "w") as f:
         json.dump(result, f)
+    sys.stdout.flush()
+    os._exit(0)  # skip vLLM's teardown: the result is written, and exit can be slow on a busy machine
 
 
 if __name__ == "__main__":

@@ -162,7 +162,7 @@ class ControllerHook:
         if not self.enabled:
             self.pairs.clear()
             return
-        t0 = time.perf_counter()
+        t0 = time.thread_time()  # CPU time of the engine-core thread: robust on a shared machine
         try:
             self._step(scheduler_output, time.monotonic())
         except Exception as exc:  # fail open: keep the last good table
@@ -170,7 +170,7 @@ class ControllerHook:
             self._error(type(exc).__name__, exc)
         finally:
             self.pairs.clear()
-            dt = time.perf_counter() - t0
+            dt = time.thread_time() - t0
             self.overhead_us.append(dt * 1e6)
             self.overhead_total_s += dt
 
