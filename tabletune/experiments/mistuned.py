@@ -44,7 +44,7 @@ def table2(lab: Lab, out: Path, loads: Sequence[int], seeds: Sequence[int]) -> S
         points = lab.grid(setting, fixed, loads, seeds)
         points += lab.grid(setting, [static, ctrl], loads, seeds, prior=prior)
         rows = shares(points, fixed)
-        all_rows += rows
+        all_rows += [_relabel(r, out) for r in rows]
         by = {(s.policy, s.load): s for s in rows}
         gains = [by[(ctrl, n)].throughput_tok_s / by[(static, n)].throughput_tok_s - 1 for n in loads]
         static_loss, _ = worst_loss(rows, setting, static)
@@ -60,3 +60,11 @@ def table2(lab: Lab, out: Path, loads: Sequence[int], seeds: Sequence[int]) -> S
           + md_table(["setting", "starting table", "mean gain over loads", "max gain", "static worst loss",
                       "controller worst loss"], body))
     return Section("table2", "Table 2: controller gains from mistuned tables", md, files, summary)
+
+
+def _relabel(row, out: Path):
+    """CSV rows name the hand-written table file relative to the output folder."""
+    from dataclasses import replace
+
+    return replace(row, policy=row.policy.replace(f"{out}/", ""))
+
