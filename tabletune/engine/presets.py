@@ -96,6 +96,9 @@ def config_from_hf(path: str | Path) -> ModelConfig:
     arch = " ".join(d.get("architectures") or [d.get("model_type", "")])
     if not any(a in arch.lower() for a in ("llama", "qwen")):
         raise InputError(str(p), "architectures", arch, "only Llama / Qwen2 / Qwen3 decoders are supported")
+    rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise InputError(str(p), "rope_parameters.rope_type", rope.get("rope_type"), "only default RoPE is supported")
     try:
         heads = int(d["num_attention_heads"])
         hidden = int(d["hidden_size"])
@@ -108,7 +111,7 @@ def config_from_hf(path: str | Path) -> ModelConfig:
             num_heads=heads,
             num_kv_heads=int(d.get("num_key_value_heads", heads)),
             head_dim=int(d.get("head_dim") or hidden // heads),
-            rope_theta=float(d.get("rope_theta", 10_000.0)),
+            rope_theta=float(rope.get("rope_theta", d.get("rope_theta", 10_000.0))),
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
             qk_norm="qwen3" in arch.lower(),
             tie_embeddings=bool(d.get("tie_word_embeddings", False)),

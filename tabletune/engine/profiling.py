@@ -24,7 +24,7 @@ from tabletune.engine.model import Decoder
 from tabletune.engine.presets import ModelConfig, resolve
 from tabletune.engine.runner import EngineConfig, SpecEngine
 
-ENGINE_VERSION = "0.1"
+ENGINE_VERSION = "0.2"
 RUNNER = "builtin/cudagraph-per-(bucket,k)"
 
 

@@ -43,10 +43,18 @@ class RunStats:
     counts: AcceptanceCounts
     step_batch_sizes: list[int]
     step_ks: list[int]
+    step_wall_s: list[float] = field(default_factory=list)  # per step, admissions/prefills before it included
+    step_tokens: list[int] = field(default_factory=list)  # tokens emitted by the step
 
     @property
     def throughput_tok_s(self) -> float:
         return self.output_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    def steady_throughput_tok_s(self, load: int) -> float:
+        """Tokens / second over the steps that ran the full load (the closed loop before it drains)."""
+        full = [i for i, b in enumerate(self.step_batch_sizes) if b == load]
+        wall = sum(self.step_wall_s[i] for i in full)
+        return sum(self.step_tokens[i] for i in full) / wall if wall > 0 else 0.0
 
 
 def draw_caps(rates: Sequence[float], k: int, n: int, rng: random.Random) -> list[int]:
@@ -93,14 +101,16 @@ class Scheduler:
         waiting = deque(requests)
         running: list[Request] = []
         free = list(range(self.engine.cache.num_slots))[::-1]
-        steps_b, steps_k = [], []
-        out_tokens = 0
+        steps_b, steps_k, walls, toks = [], [], [], []
         t0 = time.perf_counter()
+        t_prev = t0
         while waiting or running:
+            n_first = 0  # prefills emit each request's first token
             while waiting and len(running) < self.max_num_seqs:
                 req = waiting.popleft()
                 self._admit(req, free)
                 running.append(req)
+                n_first += 1
             still = []
             for req in running:
                 (free.append(req.slot) if self._done(req) else still.append(req))
@@ -113,10 +123,17 @@ class Scheduler:
             ms, emitted = self.engine.step([r.slot for r in running], k, caps)
             steps_b.append(b)
             steps_k.append(k)
-            for req, m, toks in zip(running, ms, emitted):
+            n_tok = n_first
+            for req, m, out in zip(running, ms, emitted):
                 if k > 0:
                     self.counts.observe_draft(k, m)
-                req.output.extend(toks[: req.max_new_tokens - len(req.output)])
+                new = out[: req.max_new_tokens - len(req.output)]
+                n_tok += len(new)
+                req.output.extend(new)
+            t_now = time.perf_counter()
+            walls.append(t_now - t_prev)
+            toks.append(n_tok)
+            t_prev = t_now
         wall = time.perf_counter() - t0
         out_tokens = sum(len(r.output) for r in requests)
-        return RunStats(len(requests), out_tokens, wall, len(steps_b), self.counts, steps_b, steps_k)
+        return RunStats(len(requests), out_tokens, wall, len(steps_b), self.counts, steps_b, steps_k, walls, toks)

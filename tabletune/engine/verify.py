@@ -16,9 +16,11 @@ A drafter without probabilities (n-gram, replay) has q_j = one-hot(d_j).
 Sampling uses the exponential race argmax(w / E), E ~ Exp(1), which samples
 from w / sum(w) with no host sync and inside a CUDA graph.
 
-The forced-rejection cap (``cap``, per row) lowers m to min(m, cap): position
-cap emits the target's own token, t_cap under greedy and a fresh sample of p_cap
-otherwise, so a capped step is as lossless as an uncapped one.
+The forced-rejection cap (``cap``, per row) lowers m to min(m, cap): when the
+verification reaches position cap, that position ignores its draft and emits the
+target's own token, t_cap under greedy and a fresh sample of p_cap otherwise (not
+the residual: the draft there is never tested), so a capped step is as lossless
+as an uncapped one.
 """
 
 from __future__ import annotations
@@ -70,7 +72,8 @@ def verify(logits: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor
     tokens = torch.where(pos < m[:, None], drafts_ext, correction)
     if cap is not None:
         fresh = sample(p, generator)
-        forced = cap < m
+        # verification reached the cap: its draft is ignored and p_cap is sampled afresh
+        forced = cap <= m
         m = torch.minimum(m, cap)
         tokens = torch.where(forced[:, None] & (pos == m[:, None]), fresh, tokens)
     return m, tokens

@@ -1,0 +1,125 @@
+"""Closed-loop serving on the built-in engine (GPU), and the profile the simulator needs for it.
+
+Target: a random-weight shape; drafts: the target's own greedy continuation
+(recorded by a k=0 pass) replayed through the forced-rejection cap with the given
+conditional rates, so acceptance follows them and outputs stay the target's
+greedy outputs. For each load L (requests always open) and each policy (a fixed
+k, the tuned table) it records the steady-state throughput (steps that ran the
+full load, prefills included) and the realised acceptance. It also measures
+T(b, k) of the same engine at the mean serving context and the prefill cost per
+prompt token, so ``benchmarks/engine_sim_agreement.py`` can run the simulator on
+the same profile and acceptance.
+
+    python benchmarks/engine_serving.py --model qwen3-8b --out benchmarks/results/engine_serving_h200
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+
+import torch
+
+from tabletune import fileio
+from tabletune.engine.drafters import ReplayDrafter
+from tabletune.engine.model import Decoder
+from tabletune.engine.presets import resolve
+from tabletune.engine.profiling import ENGINE_VERSION, RUNNER, device_name, time_steps
+from tabletune.engine.runner import EngineConfig, SpecEngine
+from tabletune.engine.scheduler import Request, Scheduler
+from tabletune.optimizer import OptimizeOptions, optimize_table
+from tabletune.padding import power_of_two_buckets
+from tabletune.profile import Fingerprint, StepPoint, StepProfile
+from tabletune.table import DraftTable
+
+RATES = (0.8, 0.75, 0.7, 0.65, 0.6, 0.55, 0.5)
+
+
+def measure_profile(engine: SpecEngine, context_len: int, k_max: int, steps: int, command: str) -> StepProfile:
+    points = []
+    for b in engine.buckets:
+        engine.set_context(b, context_len)
+        for k in range(k_max + 1):
+            s = time_steps(engine, b, k, steps, context_len)
+            points.append(StepPoint(b, k, tuple(round(x, 4) for x in s)))
+    fp = Fingerprint(engine="builtin", engine_version=ENGINE_VERSION, device=device_name(engine),
+                     model=f"{engine.target.cfg.name} (shape, random bf16 weights)", dtype="bfloat16",
+                     runner=RUNNER, drafter="replay+cap", command=command)
+    return StepProfile(points=tuple(points), context_len=context_len, fingerprint=fp)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen3-8b")
+    ap.add_argument("--loads", default="1,2,4,8,16,32,64,128")
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--k-fixed", type=int, default=3)
+    ap.add_argument("--k-max", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=3, help="requests per load = rounds * load (at least 4)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out", default="benchmarks/results/engine_serving_h200")
+    args = ap.parse_args(argv)
+    command = "python benchmarks/engine_serving.py " + " ".join(argv or sys.argv[1:])
+    loads = [int(x) for x in args.loads.split(",")]
+    max_load = max(loads)
+    torch.manual_seed(0)
+    cuda = args.device == "cuda"
+    target = Decoder(resolve(args.model), torch.bfloat16 if cuda else torch.float32, args.device)
+    cfg = EngineConfig(max_num_seqs=max_load, max_len=args.prompt_len + args.output_len + args.k_max + 16,
+                       k_max=args.k_max, buckets=tuple(power_of_two_buckets(max_load)))
+    engine = SpecEngine(target, ReplayDrafter(), cfg)
+    mean_ctx = args.prompt_len + args.output_len // 2
+    profile = measure_profile(engine, mean_ctx, args.k_max, 8, command)
+    profile.save(args.out + "_profile.json")
+    table = optimize_table(profile, list(RATES), OptimizeOptions(max_batch=max_load)).table
+    print(f"profile at context {mean_ctx} measured; table {table}", flush=True)
+
+    rng = random.Random(0)
+    n_prompts = max(4, args.rounds * max_load)
+    prompts = [[rng.randrange(target.cfg.vocab_size) for _ in range(args.prompt_len)] for _ in range(n_prompts)]
+    t0 = time.perf_counter()
+    record = [Request(p, args.output_len + args.k_max + 2, i) for i, p in enumerate(prompts)]
+    Scheduler(engine, DraftTable.fixed(0)).run(record)
+    oracle = [r.output for r in record]
+    print(f"recorded greedy continuations in {time.perf_counter() - t0:.1f} s", flush=True)
+
+    # prefill cost per prompt token, as the simulator charges it
+    engine.cached.zero_()
+    pre = []
+    for i in range(10):
+        if cuda:
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        engine.prefill(0, prompts[i])
+        if cuda:
+            torch.cuda.synchronize()
+        pre.append((time.perf_counter() - t) * 1e3)
+    prefill_ms = statistics.median(pre)
+
+    runs = []
+    for load in loads:
+        for name, tab in ((f"fixed:{args.k_fixed}", DraftTable.fixed(args.k_fixed)), ("table", table)):
+            n = max(4, args.rounds * load)
+            reqs = [Request(list(prompts[i]), args.output_len, i, oracle=oracle[i]) for i in range(n)]
+            stats = Scheduler(engine, tab, max_num_seqs=load, cap_rates=RATES, seed=load).run(reqs)
+            runs.append({"load": load, "policy": name, "k": tab.k_for(load),
+                         "throughput_tok_s": round(stats.steady_throughput_tok_s(load), 2),
+                         "overall_tok_s": round(stats.throughput_tok_s, 2), "num_steps": stats.num_steps,
+                         "rates": [None if r is None else round(r, 4) for r in stats.counts.rates()],
+                         "reached": stats.counts.reached, "accepted": stats.counts.accepted})
+            print(f"load {load:4d} {name:8s} k={runs[-1]['k']} {runs[-1]['throughput_tok_s']:9.1f} tok/s "
+                  f"rates {runs[-1]['rates'][:4]}", flush=True)
+    fileio.write_json(args.out + ".json", {
+        "device": device_name(engine), "model": args.model, "prompt_len": args.prompt_len,
+        "output_len": args.output_len, "cap_rates": list(RATES), "table": table.as_lists(),
+        "prefill_ms": round(prefill_ms, 3), "prefill_ms_per_token": round(prefill_ms / args.prompt_len, 5),
+        "profile": args.out.split("/")[-1] + "_profile.json", "command": command, "runs": runs})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,166 @@
+"""The built-in engine behind the tuner's ``Engine`` protocol: ``tabletune tune --engine builtin``.
+
+    tabletune tune --engine builtin --model qwen3-8b --method eagle --k-max 7 --max-num-seqs 256 \\
+        --context-len 1024 --synthetic-acceptance 0.8,0.75,0.7,0.65,0.6,0.55,0.5
+
+* ``--model``: a shape preset (random weights; ``smollm2-135m`` loads its real
+  weights) or a local HF folder with config.json + safetensors.
+* ``--method``: ngram, eagle (eagle3 is taken as eagle), draft_model, parallel_block;
+  ``--draft-model``: a preset or folder (default: qwen3-0.6b's shape when the
+  vocabularies match, else a quarter-depth copy of the target's shape).
+* GPU when there is one (bf16, CUDA graphs over power-of-two batch buckets),
+  else the CPU in float32.
+
+``measure_step`` times whole steps from ``context_len`` cached tokens (each
+sample starts from the same context); ``measure_acceptance`` decodes the prompts
+with the real drafter, or, with synthetic acceptance, replays the target's own
+greedy continuation through the forced-rejection cap (lossless; the acceptance
+then follows the given conditional rates).
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from tabletune.acceptance import AcceptanceCounts
+from tabletune.engine.drafters import ReplayDrafter, make_drafter
+from tabletune.engine.model import Decoder
+from tabletune.engine.presets import PRESETS, replace, resolve
+from tabletune.engine.profiling import ENGINE_VERSION, RUNNER, device_name, time_steps
+from tabletune.engine.runner import EngineConfig, SpecEngine
+from tabletune.engine.scheduler import Request, Scheduler
+from tabletune.errors import InputError
+from tabletune.padding import power_of_two_buckets
+from tabletune.profile import Fingerprint
+from tabletune.table import DraftTable
+from tabletune.tuner import EngineSpec, StepSamples
+
+METHODS = {"ngram": "ngram", "eagle": "eagle", "eagle3": "eagle", "draft_model": "draft_model",
+           "parallel_block": "parallel_block", "dflash": "parallel_block"}
+ACCEPTANCE_TOKENS = 256  # room in each slot for prompt + output during measure_acceptance
+
+
+def validate(spec: EngineSpec) -> None:
+    if spec.method not in METHODS:
+        raise InputError("--method", "method", spec.method, f"the builtin engine drafts with {sorted(METHODS)}")
+    if spec.model not in PRESETS and not (Path(spec.model) / "config.json").exists():
+        raise InputError("--model", "model", spec.model, f"not a preset ({sorted(PRESETS)}) nor a HF model folder")
+    if spec.k_max < 1:
+        raise InputError("--k-max", "k_max", spec.k_max, "must be >= 1")
+
+
+def start(spec: EngineSpec) -> BuiltinEngine:
+    validate(spec)
+    return BuiltinEngine(spec)
+
+
+def _weights_folder(model: str) -> str | None:
+    if model == "smollm2-135m":
+        from tabletune import assets
+
+        return str(assets.smollm2_model_dir())
+    return model if Path(model).is_dir() else None
+
+
+class BuiltinEngine:
+    def __init__(self, spec: EngineSpec) -> None:
+        self.spec = spec
+        cuda = torch.cuda.is_available()
+        self.device, self.dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+        self.weights = _weights_folder(spec.model)
+        cfg = resolve(self.weights or spec.model)
+        torch.manual_seed(spec.seed)
+        self.target = Decoder(cfg, self.dtype, self.device)
+        if self.weights:
+            self.target.load_safetensors(self.weights)
+        self.method = METHODS[spec.method]
+        self.max_batch_size, self.k_max, self.context_len = spec.max_batch_size, spec.k_max, spec.context_len
+        self.engine = self._build(make_drafter(self.method, self.target, spec.k_max, draft_model=self._draft()))
+        self._rows_ready = 0
+
+    def _draft(self) -> Decoder | None:
+        if self.method != "draft_model":
+            return None
+        name = self.spec.draft_model
+        if name:
+            folder = _weights_folder(name)
+            model = Decoder(resolve(folder or name), self.dtype, self.device)
+            if folder:
+                model.load_safetensors(folder)
+            return model
+        cfg = self.target.cfg
+        small = PRESETS["qwen3-0.6b"] if cfg.vocab_size == PRESETS["qwen3-0.6b"].vocab_size else \
+            replace(cfg, name=cfg.name + "-draft", num_layers=max(1, cfg.num_layers // 4))
+        return Decoder(small, self.dtype, self.device)
+
+    def _build(self, drafter) -> SpecEngine:
+        spec = self.spec
+        max_len = max(spec.context_len, ACCEPTANCE_TOKENS) + spec.k_max + ACCEPTANCE_TOKENS
+        cfg = EngineConfig(max_num_seqs=spec.max_batch_size, max_len=max_len, k_max=spec.k_max,
+                           buckets=tuple(power_of_two_buckets(spec.max_batch_size)))
+        return SpecEngine(self.target, drafter, cfg)
+
+    # ---- Engine protocol ----------------------------------------------------
+
+    def fingerprint(self) -> Fingerprint:
+        model = self.spec.model if self.weights else f"{self.spec.model} (shape, random weights)"
+        drafter = self.method + (f":{self.spec.draft_model}" if self.spec.draft_model else "")
+        return Fingerprint(engine="builtin", engine_version=ENGINE_VERSION, device=device_name(self.engine),
+                           model=model, dtype=str(self.dtype).removeprefix("torch."), runner=RUNNER, drafter=drafter)
+
+    def measure_step(self, batch_size: int, k: int, num_steps: int) -> StepSamples:
+        if not 1 <= batch_size <= self.max_batch_size or not 0 <= k <= self.k_max:
+            raise ValueError(f"(b={batch_size}, k={k}) outside 1..{self.max_batch_size} x 0..{self.k_max}")
+        if batch_size > self._rows_ready:
+            self.engine.set_context(batch_size, self.context_len, seed=self.spec.seed)
+            self._rows_ready = batch_size
+        samples = time_steps(self.engine, batch_size, k, num_steps, self.context_len, warmup=1)
+        return StepSamples(tuple(samples), tuple([batch_size * (k + 1)] * len(samples)))
+
+    def measure_acceptance(self, prompts: Sequence[str], k: int, max_tokens: int) -> AcceptanceCounts:
+        self._rows_ready = 0  # the decode below overwrites the timing rows' state
+        ids = [self._tokenize(p) for p in prompts]
+        max_tokens = min(max_tokens, ACCEPTANCE_TOKENS - 8)
+        rates = self.spec.synthetic_acceptance
+        if rates:
+            base = self._decode(self.engine, ids, DraftTable.fixed(0), max_tokens)
+            replay = self._build(ReplayDrafter())
+            reqs = [Request(p, max_tokens, i, oracle=out + [0] * (k + 2)) for i, (p, out) in enumerate(zip(ids, base))]
+            counts = Scheduler(replay, DraftTable.fixed(k), cap_rates=rates, seed=self.spec.seed).run(reqs).counts
+            del replay
+        else:
+            reqs = [Request(p, max_tokens, i) for i, p in enumerate(ids)]
+            counts = Scheduler(self.engine, DraftTable.fixed(k)).run(reqs).counts
+        out = AcceptanceCounts(k_max=k, drafter=self.method, num_drafts=counts.num_drafts,
+                               reached=counts.reached[:k], accepted=counts.accepted[:k], drafted=counts.drafted[:k])
+        return out
+
+    def close(self) -> None:
+        del self.engine
+        gc.collect()
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
+
+    # ---- helpers ------------------------------------------------------------
+
+    def _decode(self, engine: SpecEngine, ids: list[list[int]], table: DraftTable, max_tokens: int):
+        reqs = [Request(p, max_tokens, i) for i, p in enumerate(ids)]
+        Scheduler(engine, table).run(reqs)
+        return [r.output for r in reqs]
+
+    def _tokenize(self, text: str) -> list[int]:
+        """The model's tokenizer with real weights; bytes (mod vocab) for a random-weight shape."""
+        limit = max(self.context_len, 8)
+        if self.weights:
+            from transformers import AutoTokenizer
+
+            if not hasattr(self, "_tok"):
+                self._tok = AutoTokenizer.from_pretrained(self.weights)
+            ids = self._tok(text).input_ids
+        else:
+            ids = [b % self.target.cfg.vocab_size for b in text.encode()]
+        return ids[-limit:] or [0]

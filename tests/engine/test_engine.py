@@ -1,0 +1,190 @@
+"""The reference engine on the CPU: lossless speculation, counters, CUDA graphs off, a real model."""
+
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tabletune.engine.drafters import ReplayDrafter, make_drafter  # noqa: E402
+from tabletune.engine.model import Decoder  # noqa: E402
+from tabletune.engine.presets import PRESETS, config_from_hf  # noqa: E402
+from tabletune.engine.runner import EngineConfig, SpecEngine  # noqa: E402
+from tabletune.engine.scheduler import Request, Scheduler, draw_caps  # noqa: E402
+from tabletune.table import DraftTable  # noqa: E402
+
+DRAFTERS = ("ngram", "eagle", "draft_model", "parallel_block")
+
+
+def _engine(target, drafter, k_max=4, max_num_seqs=4, max_len=72, temperature=0.0, draft_model=None):
+    d = make_drafter(drafter, target, k_max, draft_cfg=PRESETS["tiny"], draft_model=draft_model)
+    return SpecEngine(target, d, EngineConfig(max_num_seqs=max_num_seqs, max_len=max_len, k_max=k_max,
+                                              temperature=temperature))
+
+
+def _serve(engine, prompts, table, max_new=24, **kw):
+    reqs = [Request(list(p), max_new, i) for i, p in enumerate(prompts)]
+    stats = Scheduler(engine, table, **kw).run(reqs)
+    return [r.output for r in reqs], stats
+
+
+def _random_table(rng, k_max, max_batch):
+    bounds = sorted(rng.sample(range(2, max_batch + 1), 2))
+    starts = [1] + bounds
+    ends = [s - 1 for s in starts[1:]] + [max_batch]
+    return DraftTable.from_ranges([[s, e, rng.randrange(k_max + 1)] for s, e in zip(starts, ends)])
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    target = Decoder(PRESETS["tiny"], torch.float32, "cpu")
+    rng = random.Random(0)
+    prompts = [[rng.randrange(97) for _ in range(rng.randrange(3, 20))] for _ in range(6)]
+    base, _ = _serve(_engine(target, "ngram"), prompts, DraftTable.fixed(0))
+    return target, prompts, base
+
+
+def test_cpu_engine_captures_no_graph(tiny):
+    target, _, _ = tiny
+    engine = _engine(target, "eagle")
+    assert engine.graphs == {}
+    assert engine.cache.scratch_slot == engine.buckets[-1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_graphs_captured_per_bucket_and_k():
+    target = Decoder(PRESETS["tiny"], torch.float32, "cuda")
+    engine = _engine(target, "eagle", k_max=2, max_num_seqs=4)
+    assert set(engine.graphs) == {(b, k) for b in (1, 2, 4) for k in (0, 1, 2)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_greedy_outputs_identical_with_speculation(tiny, drafter):
+    target, prompts, base = tiny
+    rng = random.Random(hash(drafter) % 1000)
+    for _ in range(2):
+        table = _random_table(rng, 4, 4)
+        out, stats = _serve(_engine(target, drafter), prompts, table)
+        assert out == base, f"{drafter} with table {table}"
+        assert stats.counts.num_drafts > 0 or table.k_max == 0
+
+
+@pytest.mark.slow
+def test_self_drafting_accepts_everything(tiny):
+    """The target as its own draft model: every draft matches (checks the catch-up bookkeeping)."""
+    target, prompts, base = tiny
+    out, stats = _serve(_engine(target, "draft_model", draft_model=target), prompts, DraftTable.fixed(3))
+    assert out == base
+    assert stats.counts.rates() == [1.0, 1.0, 1.0, None]
+
+
+def test_counters_match_hand_worked_steps(tiny):
+    """Replay of the exact greedy continuation, capped at position 1 every step (rates 1, 0).
+
+    One request, 9 new tokens, k = 3: the prefill emits 1 token, each step accepts 1 draft and
+    emits 2 tokens, so 4 steps. Per position: drafted [4, 4, 4] (every draft has length 3),
+    reached [4, 4, 0] (position 2 is tested after position 1 passed), accepted [4, 0, 0].
+    """
+    target, prompts, base = tiny
+    engine = SpecEngine(target, ReplayDrafter(), EngineConfig(max_num_seqs=1, max_len=72, k_max=3))
+    req = Request(list(prompts[0]), 9, 0, oracle=base[0] + [0] * 8)
+    stats = Scheduler(engine, DraftTable.fixed(3), cap_rates=[1.0, 0.0, 0.0]).run([req])
+    assert req.output == base[0][:9]
+    assert stats.num_steps == 4
+    c = stats.counts
+    assert (c.num_drafts, c.drafted, c.reached, c.accepted) == (4, [4, 4, 4], [4, 4, 0], [4, 0, 0])
+
+
+def test_replay_without_cap_accepts_all_and_is_lossless(tiny):
+    target, prompts, base = tiny
+    engine = SpecEngine(target, ReplayDrafter(), EngineConfig(max_num_seqs=4, max_len=72, k_max=4))
+    reqs = [Request(list(p), 13, i, oracle=base[i] + [0] * 8) for i, p in enumerate(prompts)]
+    stats = Scheduler(engine, DraftTable.fixed(4)).run(reqs)
+    assert [r.output for r in reqs] == [b[:13] for b in base]
+    assert stats.counts.rates()[0] == 1.0
+
+
+def test_draw_caps_replays_conditional_rates():
+    rng = random.Random(0)
+    caps = draw_caps([0.8, 0.5], 2, 20000, rng)
+    reached_2 = sum(c >= 1 for c in caps)
+    assert abs(reached_2 / len(caps) - 0.8) < 0.02
+    assert abs(sum(c == 2 for c in caps) / reached_2 - 0.5) < 0.02
+
+
+@pytest.mark.slow
+def test_sampling_engine_runs_every_drafter(tiny):
+    target, prompts, _ = tiny
+    for drafter in DRAFTERS:
+        torch.manual_seed(0)
+        out, stats = _serve(_engine(target, drafter, temperature=0.8), prompts[:2], DraftTable.fixed(2), max_new=10)
+        assert all(len(o) == 10 and all(0 <= t < 97 for t in o) for o in out)
+
+
+@pytest.mark.slow
+def test_triton_kernels_match_torch_ops_in_interpreter():
+    """The Triton kernels (RoPE/cache write, split-KV attention, norms, GEMM) under TRITON_INTERPRET=1."""
+    pytest.importorskip("triton")
+    code = """
+import torch
+from tabletune.engine import kernels as K, ops as O, gemm as G
+torch.manual_seed(0)
+B, q, H, Hkv, D, S, L = 3, 3, 4, 2, 16, 5, 40
+qkv = torch.randn(B, q, (H + 2 * Hkv) * D)
+start = torch.tensor([5, 0, 17]); slots = torch.tensor([2, 0, 4])
+kc1, vc1 = torch.randn(S, Hkv, L, D), torch.randn(S, Hkv, L, D)
+kc2, vc2 = kc1.clone(), vc1.clone()
+qn, kn = torch.rand(D) + 0.5, torch.rand(D) + 0.5
+qa = O.qk_rope_cache_write(qkv, start, slots, kc1, vc1, qn, kn, H, Hkv, D, 1e4, 1e-6)
+qb = K.qk_rope_cache_write(qkv, start, slots, kc2, vc2, qn, kn, H, Hkv, D, 1e4, 1e-6)
+err = [(qa - qb).abs().max(), (kc1 - kc2).abs().max(), (vc1 - vc2).abs().max()]
+for splits in (1, 3):
+    err.append((O.attention(qa, kc1, vc1, start, slots, D ** -0.5)
+                - K.attention(qa, kc1, vc1, start, slots, D ** -0.5, num_splits=splits)).abs().max())
+x, d, w = torch.randn(5, 48), torch.randn(5, 48), torch.rand(48)
+err += [(a - b).abs().max() for a, b in zip(O.add_rms_norm(x, d, w, 1e-6), K.add_rms_norm(x, d, w, 1e-6))]
+gu = torch.randn(7, 96)
+err.append((O.silu_mul(gu) - K.silu_mul(gu)).abs().max())
+x, w = torch.randn(20, 300), torch.randn(70, 300)
+err.append((G.triton_linear(x, w, (64, 64, 64, 4, 4, 4)) - x @ w.T).abs().max())
+assert max(float(e) for e in err) < 1e-3, err
+print("ok")
+"""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_smollm2_real_weights_match_transformers_and_stay_lossless():
+    transformers = pytest.importorskip("transformers")
+    from tabletune import assets
+
+    try:
+        folder = assets.smollm2_model_dir()
+    except Exception as exc:  # the package that carries the weights is missing
+        pytest.skip(f"SmolLM2 weights unavailable: {exc}")
+    cfg = config_from_hf(folder)
+    model = Decoder(cfg, torch.float32, "cpu")
+    model.load_safetensors(folder)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(folder), torch_dtype=torch.float32)
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    ids = tok("def fibonacci(n):\n    if n < 2:\n        return n\n    return", return_tensors="pt").input_ids
+    with torch.no_grad():
+        ref = hf(ids).logits[0]
+    engine = SpecEngine(model, make_drafter("ngram", model, 4), EngineConfig(max_num_seqs=2, max_len=96, k_max=4))
+    with torch.inference_mode():
+        hidden = model(ids, torch.zeros(1, dtype=torch.long), torch.tensor([0]), engine.cache, prefill_at=(0, 0))
+        ours = model.logits(hidden)[0]
+    assert (ours - ref).abs().max().item() < 1e-3 * ref.abs().max().item()
+    prompts = [ids[0].tolist()]
+    base, _ = _serve(engine, prompts, DraftTable.fixed(0), max_new=32)
+    spec, stats = _serve(engine, prompts, DraftTable.fixed(4), max_new=32)
+    assert spec == base
+    assert base[0][0] == int(ref[-1].argmax())
+    assert stats.counts.accepted[0] > 0  # code repeats itself: prompt lookup finds matches

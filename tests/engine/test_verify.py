@@ -1,0 +1,93 @@
+"""Verification: greedy hand-worked steps, and the rejection sampler's output distribution (chi-square)."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from scipy.stats import chi2  # noqa: E402
+
+from tabletune.engine.verify import num_accepted_greedy, verify  # noqa: E402
+
+
+def _logits_for(tokens, vocab=6):
+    """Logits whose argmax at position j is tokens[j]."""
+    out = torch.zeros(len(tokens), vocab)
+    for j, t in enumerate(tokens):
+        out[j, t] = 5.0
+    return out
+
+
+def test_greedy_hand_worked():
+    # target argmax per verified position: [3, 1, 4, 1]; drafts [3, 1, 5] -> 2 accepted, then the correction 4
+    logits = _logits_for([3, 1, 4, 1])[None]
+    m, tokens = verify(logits, torch.tensor([[3, 1, 5]]), None, 0.0)
+    assert m.tolist() == [2]
+    assert tokens[0, : m[0] + 1].tolist() == [3, 1, 4]
+
+
+def test_greedy_all_accepted_gets_bonus_and_first_miss_stops():
+    logits = torch.stack([_logits_for([2, 2, 2]), _logits_for([0, 1, 2])])
+    m, tokens = verify(logits, torch.tensor([[2, 2], [1, 1]]), None, 0.0)
+    assert m.tolist() == [2, 0]
+    assert tokens[0].tolist() == [2, 2, 2]  # two drafts + bonus
+    assert tokens[1, :1].tolist() == [0]  # the target's own token at the first miss
+
+
+def test_num_accepted_counts_leading_matches_only():
+    target = torch.tensor([[1, 2, 3, 4]])
+    assert num_accepted_greedy(torch.tensor([[1, 9, 3]]), target).tolist() == [1]
+    assert num_accepted_greedy(torch.tensor([[9, 2, 3]]), target).tolist() == [0]
+
+
+def test_forced_rejection_cap_emits_target_token_greedy():
+    logits = _logits_for([3, 1, 4, 1])[None]
+    m, tokens = verify(logits, torch.tensor([[3, 1, 4]]), None, 0.0, cap=torch.tensor([1]))
+    assert m.tolist() == [1]
+    assert tokens[0, :2].tolist() == [3, 1]  # the target's token at the capped position, not a draft's
+
+
+def _chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    n = counts.sum().item()
+    expected = probs * n
+    stat = (((counts - expected) ** 2) / expected).sum().item()
+    return chi2.sf(stat, df=len(probs) - 1)
+
+
+@pytest.mark.parametrize("use_cap", [False, True])
+def test_rejection_sampling_matches_target_distribution(use_cap):
+    """First emitted token ~ p, whatever the draft distribution q (lossless), with and without a cap."""
+    g = torch.Generator().manual_seed(0)
+    n, vocab, temp = 40000, 5, 1.0
+    p = torch.tensor([0.4, 0.3, 0.15, 0.1, 0.05])
+    q = torch.tensor([0.1, 0.1, 0.2, 0.3, 0.3])
+    logits = torch.log(p).expand(n, 2, vocab).clone()  # position 0 and the bonus position share p
+    drafts = torch.multinomial(q.expand(n, vocab), 1, replacement=True, generator=g)
+    draft_probs = q.expand(n, 1, vocab)
+    cap = torch.zeros(n, dtype=torch.long) if use_cap else None
+    m, tokens = verify(logits, drafts, draft_probs, temp, cap=cap, generator=g)
+    first = tokens[:, 0]
+    counts = torch.bincount(first, minlength=vocab).float()
+    assert _chi_square_p(counts, p) > 1e-3
+    if not use_cap:
+        # acceptance rate = sum_x min(p(x), q(x)) = 0.1 + 0.1 + 0.15 + 0.1 + 0.05
+        assert abs(m.float().mean().item() - 0.5) < 0.02
+        # after an accepted draft the bonus token is also ~ p
+        bonus = tokens[m == 1, 1]
+        assert _chi_square_p(torch.bincount(bonus, minlength=vocab).float(), p) > 1e-3
+    else:
+        assert m.sum().item() == 0
+
+
+def test_ngram_style_drafts_without_probabilities():
+    """A deterministic draft (q one-hot) is accepted with probability p(draft)."""
+    g = torch.Generator().manual_seed(1)
+    n = 40000
+    p = torch.tensor([0.7, 0.2, 0.1])
+    logits = torch.log(p).expand(n, 2, 3).clone()
+    m, tokens = verify(logits, torch.zeros(n, 1, dtype=torch.long), None, 1.0, generator=g)
+    assert abs(m.float().mean().item() - 0.7) < 0.015
+    rejected = tokens[m == 0, 0]
+    # the correction comes from norm(max(0, p - onehot(0))) = [0, 2/3, 1/3]
+    assert (rejected == 0).sum().item() == 0
+    c = torch.bincount(rejected, minlength=3).float()[1:]
+    assert _chi_square_p(c, torch.tensor([2 / 3, 1 / 3])) > 1e-3
