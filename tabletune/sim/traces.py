@@ -44,3 +44,54 @@ def draft_log(workload: Workload, num_drafts: int, k_max: int, seed: int = 0) ->
     reached = np.concatenate([np.ones((num_drafts, 1), bool), np.cumprod(ok, axis=1)[:, :-1].astype(bool)], axis=1)
     position = np.broadcast_to(np.arange(1, len(rates) + 1), ok.shape).copy()
     return DraftLog(top1, entropy, margin12, position, ok, reached)
+
+
+# ---- calibration of the confidence signal against measured per-token traces ---------------
+
+
+def auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    """ROC AUC by the rank (Mann-Whitney) formula; ties get average ranks."""
+    scores, labels = np.asarray(scores, float), np.asarray(labels, bool)
+    pos, neg = int(labels.sum()), int((~labels).sum())
+    if pos == 0 or neg == 0:
+        raise ValueError("AUC needs both accepted and rejected tokens")
+    order = np.argsort(scores, kind="mergesort")
+    ranks = np.empty(len(scores))
+    sorted_scores = scores[order]
+    i = 0
+    while i < len(scores):  # average ranks over ties
+        j = i
+        while j + 1 < len(scores) and sorted_scores[j + 1] == sorted_scores[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2.0 + 1.0
+        i = j + 1
+    return float((ranks[labels].sum() - pos * (pos + 1) / 2.0) / (pos * neg))
+
+
+def trace_top1_auc(path: str) -> tuple[float, int]:
+    """(AUC of top1_prob for acceptance, rows) from an issue-7 trace CSV(.gz) with top1_prob, accepted."""
+    import csv
+    import gzip
+
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as fh:  # type: ignore[operator]
+        rows = [r for r in csv.DictReader(fh) if r.get("top1_prob")]
+    top1 = np.array([float(r["top1_prob"]) for r in rows])
+    accepted = np.array([int(r["accepted"]) for r in rows])
+    return auc(top1, accepted), len(rows)
+
+
+def signal_noise_for_auc(target_auc: float, workload: Workload, k_max: int = 7, num_drafts: int = 4000,
+                         seed: int = 0) -> float:
+    """The signal noise tau whose simulated top-1 AUC (reached positions) equals target_auc (bisection)."""
+    import dataclasses
+
+    lo, hi = 0.05, 8.0  # AUC falls as tau grows
+    for _ in range(20):
+        mid = 0.5 * (lo + hi)
+        x, y = draft_log(dataclasses.replace(workload, signal_noise=mid), num_drafts, k_max, seed).training_rows()
+        if auc(x[:, 0], y) > target_auc:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
