@@ -25,7 +25,7 @@ def test_trace_auc_reads_issue7_csv(tmp_path):
 
 def test_fitted_noise_moves_the_auc_the_right_way():
     w = Workload("w", (0.8, 0.7, 0.6))
-    noisy = signal_noise_for_auc(0.70, w, k_max=3, num_drafts=2000)
-    clean = signal_noise_for_auc(0.90, w, k_max=3, num_drafts=2000)
+    noisy = signal_noise_for_auc(0.70, w, k_max=3, num_drafts=500)
+    clean = signal_noise_for_auc(0.90, w, k_max=3, num_drafts=500)
     assert noisy > clean > 0
     assert np.isfinite(noisy)
