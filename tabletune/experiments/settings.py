@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tabletune.policies.base import MODEL, NGRAM
-from tabletune.profile import Fingerprint, StepPoint, StepProfile
+from tabletune.profile import StepPoint, StepProfile
 from tabletune.sim.workload import PRESETS, Workload
 
 EAGLE_DRAFT_SHARE = 0.04

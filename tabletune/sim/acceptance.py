@@ -27,7 +27,6 @@ Parametric model (stated; to be calibrated from measured traces under
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -61,14 +60,6 @@ def calibrate_logits(rates: Sequence[float], heterogeneity: float) -> np.ndarray
         thetas.append(theta)
         prefix = prefix * sigmoid(theta + u)
     return np.array(thetas)
-
-
-@dataclass(frozen=True)
-class Draw:
-    """Latent draws of one step for the running batch."""
-
-    margin: np.ndarray  # [batch_size, k_max] m_ij; accepted iff > 0
-    signal: np.ndarray | None = None  # [batch_size, k_max] g_ij (only when features are wanted)
 
 
 def draw_margins(logits: np.ndarray, rng: np.random.Generator) -> np.ndarray:
