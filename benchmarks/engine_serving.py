@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         if cuda:
             torch.cuda.synchronize()
         t = time.perf_counter()
-        engine.prefill(0, prompts[i])
+        engine.prefill(0, prompts[i % len(prompts)])
         if cuda:
             torch.cuda.synchronize()
         pre.append((time.perf_counter() - t) * 1e3)
