@@ -57,7 +57,7 @@ def main() -> None:
     ap.add_argument("--loads", default="4,16,64")
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--options", default='{"rebuild_interval_s": 0.1, "min_install_interval_s": 0.5}')
+    ap.add_argument("--options", default='{"rebuild_interval_s": 0.1, "min_install_interval_s": 0.5, "rebuild_every_steps": 4}')
     args = ap.parse_args()
     if args.fit:
         args.profile = cc.fit_linear_profile(args.profile, args.fit)

@@ -72,6 +72,7 @@ class ControllerConfig:
     min_gain: float = 0.01  # install only if some b gains more than this (modelled)
     min_install_interval_s: float = 1.0
     rebuild_interval_s: float = 0.2
+    rebuild_every_steps: int = 32  # and at most once per this many observed steps
     rebuild_min_change: float = 0.002  # skip a rebuild while no rate moved this much since the last one
     warmup_drafts: int = 200
 
@@ -93,6 +94,7 @@ class ControllerConfig:
             ("min_gain", self.min_gain, self.min_gain >= 0, "must be >= 0"),
             ("min_install_interval_s", self.min_install_interval_s, self.min_install_interval_s >= 0, "must be >= 0"),
             ("rebuild_interval_s", self.rebuild_interval_s, self.rebuild_interval_s >= 0, "must be >= 0"),
+            ("rebuild_every_steps", self.rebuild_every_steps, self.rebuild_every_steps >= 1, "must be >= 1"),
             ("rebuild_min_change", self.rebuild_min_change, self.rebuild_min_change >= 0, "must be >= 0"),
             ("warmup_drafts", self.warmup_drafts, self.warmup_drafts >= 0, "must be >= 0"),
         ]
@@ -168,6 +170,7 @@ class Controller:
         self._last_eval_s: float | None = None
         self._last_install_s: float | None = None
         self._last_rates: list[float] = []
+        self._eval_steps = 0
 
     # ---- per step --------------------------------------------------------------
 
@@ -207,7 +210,8 @@ class Controller:
     def maybe_rebuild(self, now_s: float) -> DraftTable | None:
         """Re-optimise from the current estimate; return a table worth installing, else None."""
         cfg = self.config
-        if self._last_eval_s is not None and now_s - self._last_eval_s < cfg.rebuild_interval_s:
+        if self._last_eval_s is not None and (now_s - self._last_eval_s < cfg.rebuild_interval_s
+                                              or self.steps - self._eval_steps < cfg.rebuild_every_steps):
             return None
         if self._last_install_s is not None and now_s - self._last_install_s < cfg.min_install_interval_s:
             return None
@@ -216,7 +220,7 @@ class Controller:
         rates = self.estimator.rates()
         if self._last_rates and max(abs(a - b) for a, b in zip(rates, self._last_rates)) < cfg.rebuild_min_change:
             return None
-        self._last_eval_s, self._last_rates = now_s, rates
+        self._last_eval_s, self._last_rates, self._eval_steps = now_s, rates, self.steps
         result = optimize_table(self.profile, rates, self.options)
         current = predict(self.table, [p.fixed_goodput for p in result.predictions])
         gain = max(new.goodput / cur.goodput - 1.0 for new, cur in zip(result.predictions, current))

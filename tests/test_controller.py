@@ -63,6 +63,7 @@ def worst_share(table: DraftTable, rates) -> float:
     ({"min_gain": -0.1}, "min_gain"),
     ({"k_max": 0}, "k_max"),
     ({"lengths": ()}, "lengths"),
+    ({"rebuild_every_steps": 0}, "rebuild_every_steps"),
 ])
 def test_config_rejects(kwargs, field):
     with pytest.raises(InputError) as exc:
@@ -121,8 +122,8 @@ def test_workload_switch_reconverges():
 
 
 def test_hysteresis_min_interval_and_gain():
-    c = Controller(PROFILE, TRUE, ControllerConfig(min_install_interval_s=100, rebuild_interval_s=0, warmup_drafts=0),
-                   table=DraftTable.fixed(0))
+    c = Controller(PROFILE, TRUE, ControllerConfig(min_install_interval_s=100, rebuild_interval_s=0, warmup_drafts=0,
+                                                   rebuild_every_steps=1), table=DraftTable.fixed(0))
     obs = StepObservation.from_drafts(4, 4, [(4, 4)] * 4)
     c.observe(obs)
     assert c.maybe_rebuild(1.0) is not None
@@ -139,6 +140,18 @@ def test_hysteresis_min_interval_and_gain():
         d.observe(exact)
         assert d.maybe_rebuild(float(i)) is None
     assert d.installs == 0 and d.estimator.rates() == pytest.approx(TRUE)
+
+
+def test_rebuilds_are_amortised_over_steps():
+    c = Controller(PROFILE, OTHER, ControllerConfig(rebuild_interval_s=0, min_install_interval_s=0, warmup_drafts=0,
+                                                    rebuild_every_steps=10, explore_fraction=0), table=DraftTable.fixed(0))
+    evals = 0
+    for i in range(100):
+        c.observe(StepObservation.from_drafts(4, 4, [(4, i % 5)] * 4))
+        before = c._last_eval_s
+        c.maybe_rebuild(float(i))
+        evals += c._last_eval_s != before
+    assert evals <= 10
 
 
 def test_bad_observations_are_ignored():

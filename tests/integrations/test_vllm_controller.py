@@ -84,7 +84,8 @@ def runs(tmp_path_factory):
     controller_env = {**base, "TABLETUNE_PROFILE": str(prof),
                       "TABLETUNE_ACCEPTANCE_CAP": ",".join(map(str, sc.TRUE_RATES)),
                       "TABLETUNE_CONTROLLER": json.dumps({"explore_fraction": 0.05, "rebuild_interval_s": 0,
-                                                          "min_install_interval_s": 0, "half_life_tokens": 800})}
+                                                          "min_install_interval_s": 0, "half_life_tokens": 800,
+                                                          "rebuild_every_steps": 2})}
     return run_all(tmp, {
         "controller": controller_env,
         "plain": {**base, "VLLM_PLUGINS": "no-such-plugin"},  # the tabletune plugin is not loaded at all
