@@ -102,7 +102,8 @@ def report(rows: list[dict], tables: dict, args) -> None:
     md += ["", "Throughput in output tokens per second of engine CPU time (one OpenMP thread; the 2-core "
            "machine is shared). Wall-clock gains of the controller vs mistuned: "
            + ", ".join(f"load {b}: {s['wall_gain']:+.1%}" for b, s in summary.items()), ""]
-    cc.write_results("controller_gain", {"rows": rows, "summary": summary}, "\n".join(md))
+    name = "controller_gain" + ("" if args.loads == "4,16,64" else "_loads" + args.loads.replace(",", "-"))
+    cc.write_results(name, {"rows": rows, "summary": summary}, "\n".join(md))
 
 
 if __name__ == "__main__":

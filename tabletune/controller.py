@@ -74,7 +74,7 @@ class ControllerConfig:
     rebuild_interval_s: float = 0.2
     rebuild_every_steps: int = 32  # and at most once per this many observed steps
     rebuild_min_change: float = 0.002  # skip a rebuild while no rate moved this much since the last one
-    warmup_drafts: int = 200
+    warmup_drafts: int = 0  # drafts to see before the first install (the prior alone may justify one)
 
     def __post_init__(self) -> None:
         if self.half_life_s is None and self.half_life_tokens is None:
