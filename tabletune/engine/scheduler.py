@@ -51,8 +51,12 @@ class RunStats:
         return self.output_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
     def steady_throughput_tok_s(self, load: int) -> float:
-        """Tokens / second over the steps that ran the full load (the closed loop before it drains)."""
-        full = [i for i, b in enumerate(self.step_batch_sizes) if b == load]
+        """Tokens / second over the steps that ran the full load (the closed loop before it drains).
+
+        The first step is left out: it carries the initial prefill of the whole load, which a
+        steady closed loop (and the simulator's, which starts prefilled) never sees at once.
+        """
+        full = [i for i, b in enumerate(self.step_batch_sizes) if b == load and i > 0]
         wall = sum(self.step_wall_s[i] for i in full)
         return sum(self.step_tokens[i] for i in full) / wall if wall > 0 else 0.0
 
