@@ -51,14 +51,22 @@ class RunStats:
         return self.output_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
     def steady_throughput_tok_s(self, load: int) -> float:
-        """Tokens / second over the steps that ran the full load (the closed loop before it drains).
+        """Tokens / second of the closed loop before it drains, prefills included.
 
-        The first step is left out: it carries the initial prefill of the whole load, which a
-        steady closed loop (and the simulator's, which starts prefilled) never sees at once.
+        Window: from the second step (the first carries the initial prefill of the whole
+        load, which a steady loop, and the simulator's, never sees at once) to the last step
+        that ran the full load; every step in between counts, with its admissions.
         """
-        full = [i for i, b in enumerate(self.step_batch_sizes) if b == load and i > 0]
-        wall = sum(self.step_wall_s[i] for i in full)
-        return sum(self.step_tokens[i] for i in full) / wall if wall > 0 else 0.0
+        return steady_throughput(self.step_batch_sizes, self.step_wall_s, self.step_tokens, load)
+
+
+def steady_throughput(batch_sizes: Sequence[int], wall_s: Sequence[float], tokens: Sequence[int], load: int) -> float:
+    full = [i for i, b in enumerate(batch_sizes) if b == load]
+    if not full:
+        return 0.0
+    window = range(1 if full[-1] > 0 else 0, full[-1] + 1)
+    wall = sum(wall_s[i] for i in window)
+    return sum(tokens[i] for i in window) / wall if wall > 0 else 0.0
 
 
 def draw_caps(rates: Sequence[float], k: int, n: int, rng: random.Random) -> list[int]:
