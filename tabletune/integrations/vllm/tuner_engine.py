@@ -57,7 +57,7 @@ class VllmEngine:
 
     def __init__(self, spec: EngineSpec, **llm_kwargs) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core must live in this process
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; ~40k tokens of the tiny model
         self.spec = spec
         self.preset = presets.resolve_model(spec.model)
         self.k_max = spec.k_max
