@@ -43,7 +43,7 @@ def tuned(tmp_path_factory):
         counts = engine.measure_acceptance(prompts, 2, 96)
         after_acceptance = spec_counters(engine.llm)
         plan = TunePlan(batch_sizes=(1, 4, 8), ks=(0, 1, 2), steps_per_call=4, min_samples=6,
-                        point_budget_s=2.0, refine=False, acceptance_max_tokens=64, recheck_passes=1)
+                        point_budget_s=1.0, refine=False, acceptance_max_tokens=64, recheck_passes=1)
         outcome = run_plan(engine, plan, prompts, workload="synthetic")
         out = tmp_path_factory.mktemp("tune") / "run"
         result, files = write_run(out, outcome, lambda ranges: tuner_engine.speculative_config(SPEC, ranges))
