@@ -117,16 +117,16 @@ class Scheduler:
         t0 = time.perf_counter()
         t_prev = t0
         while waiting or running:
+            still = []
+            for req in running:  # retire first, so a finished request is replaced in the same step
+                (free.append(req.slot) if self._done(req) else still.append(req))
+            running = still
             n_first = 0  # prefills emit each request's first token
             while waiting and len(running) < self.max_num_seqs:
                 req = waiting.popleft()
                 self._admit(req, free)
                 running.append(req)
                 n_first += 1
-            still = []
-            for req in running:
-                (free.append(req.slot) if self._done(req) else still.append(req))
-            running = still
             if not running:
                 continue
             b = len(running)
