@@ -1,0 +1,4 @@
+"""The built-in reference engine (PyTorch + Triton): see ``runner`` for the step and ``README.md``.
+
+Importing this package imports nothing heavy; ``tabletune.engine.runner`` and friends import torch.
+"""
