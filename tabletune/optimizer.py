@@ -94,7 +94,8 @@ def allowed_lengths(profile: StepProfile, num_rates: int, options: OptimizeOptio
 def goodput_grid(profile: StepProfile, rates: Sequence[float], ks: Sequence[int], max_batch: int) -> list[dict[int, float]]:
     """grid[b-1][k] = modelled goodput at batch size b with fixed k."""
     tokens = {k: expected_tokens(rates, k) for k in ks}
-    return [{k: goodput(b, profile.step_ms(b, k), tokens[k]) for k in ks} for b in range(1, max_batch + 1)]
+    step_ms = {k: profile.dense_step_ms(max_batch, k) for k in ks}
+    return [{k: goodput(b, step_ms[k][b - 1], tokens[k]) for k in ks} for b in range(1, max_batch + 1)]
 
 
 def best_k(row: dict[int, float]) -> int:

@@ -86,6 +86,7 @@ class StepProfile:
             bs.append(p.batch_size)
             ms.append(p.median_ms)
         object.__setattr__(self, "_curves", curves)
+        object.__setattr__(self, "_dense", {})
 
     @property
     def ks(self) -> list[int]:
@@ -105,6 +106,13 @@ class StepProfile:
             raise KeyError(f"k={k} was not measured (measured: {self.ks})")
         bs, ms = self._curves[k]  # type: ignore[attr-defined]
         return interpolate(bs, ms, batch_size)
+
+    def dense_step_ms(self, max_batch: int, k: int) -> tuple[float, ...]:
+        """(T(1,k), ..., T(max_batch,k)), computed once per (max_batch, k) and cached."""
+        key = (max_batch, k)
+        if key not in self._dense:  # type: ignore[attr-defined]
+            self._dense[key] = tuple(self.step_ms(b, k) for b in range(1, max_batch + 1))  # type: ignore[attr-defined]
+        return self._dense[key]  # type: ignore[attr-defined]
 
     def merged(self, other: StepProfile, *, force: bool = False) -> StepProfile:
         """Pool the samples of two profiles; refuses differing fingerprints unless forced."""
