@@ -34,7 +34,8 @@ def _progress_bar() -> tuple[Progress, Callable[[str, int, int], None]]:
 @click.option("--k-max", "k_max", type=int, default=8, show_default=True, help="draft length k of every draft")
 @click.option("--num-prompts", type=int, default=None, help="first N prompts of the workload (default: all)")
 @click.option("--max-new-tokens", type=int, default=256, show_default=True)
-@click.option("--exit-layer", type=int, default=12, show_default=True, help="early-exit drafter: first m layers")
+@click.option("--exit-layer", type=int, default=28, show_default=True,
+              help="early-exit drafter: first m layers (28: benchmarks/results/early_exit_layers.md)")
 @click.option("--ngram-min", type=int, default=2, show_default=True)
 @click.option("--ngram-max", type=int, default=5, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
