@@ -53,6 +53,10 @@ def control_cmd(metrics_url, profile_dir, table, k_max, max_batch, options, inte
     if interval_s <= 0:
         raise InputError("--interval-s", "interval_s", interval_s, "must be > 0")
     start = table_in_force(table, Path(profile_dir))
+    try:  # one observation per scrape window: rebuild after any window unless told otherwise
+        options = json.dumps({"rebuild_every_steps": 1, **json.loads(options or "{}")})
+    except (json.JSONDecodeError, TypeError):
+        raise InputError("--options", "options", options, "must be a JSON object") from None
     controller = load_controller(profile_dir, options, start, k_max, max_batch, source="--options")
     sidecar = Sidecar(controller, start or controller.table)
     click.echo(f"table in force {sidecar.table_in_force}; k_max {controller.k_max}; prior {controller.estimator.prior}")
