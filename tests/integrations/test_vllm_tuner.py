@@ -60,6 +60,7 @@ def greedy_outputs(engine) -> dict[str, list[list[int]]]:
 
     prompts = [{"prompt_token_ids": [5 + (i + j) % 7 for j in range(40)]} for i in range(4)]
     params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+    engine.stop_batch()
     runs = {}
     for name, rates, k in (("cap", RATES, 2), ("natural", None, 2), ("k0", None, 0)):
         acceptance_cap.set_rates(rates)

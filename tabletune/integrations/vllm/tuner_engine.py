@@ -119,7 +119,7 @@ class VllmEngine:
         return StepSamples(tuple(ms for ms, _ in kept), tuple(t for _, t in kept))
 
     def measure_acceptance(self, prompts: Sequence[str], k: int, max_tokens: int) -> AcceptanceCounts:
-        self._abort_batch()
+        self.stop_batch()
         self.force_k(k)
         counts = AcceptanceCounts(k_max=k, drafter=self.spec.method)
         params = self._sampling_params(max_tokens=max_tokens, temperature=0.0,
@@ -133,7 +133,7 @@ class VllmEngine:
         return counts
 
     def close(self) -> None:
-        self._abort_batch()
+        self.stop_batch()
         self.llm.llm_engine.engine_core.shutdown()
 
     # ---- helpers ------------------------------------------------------------
@@ -153,7 +153,7 @@ class VllmEngine:
     def _ensure_batch(self, batch_size: int, k: int) -> None:
         if len(self._batch) == batch_size and self._generated + 8 * (k + 1) < REFRESH_TOKENS:
             return
-        self._abort_batch()
+        self.stop_batch()
         prompt = {"prompt_token_ids": [PATTERN[i % len(PATTERN)] for i in range(self.spec.context_len)]}
         from vllm.sampling_params import RequestOutputKind
 
@@ -170,7 +170,8 @@ class VllmEngine:
             if recs and not recs[-1].has_prefill and recs[-1].num_reqs == batch_size:
                 break
 
-    def _abort_batch(self) -> None:
+    def stop_batch(self) -> None:
+        """Abort the timing requests (call before using ``self.llm`` directly)."""
         if self._batch:
             self.llm.llm_engine.abort_request(self._batch)
             self._batch = []
