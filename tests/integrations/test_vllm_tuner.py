@@ -105,29 +105,52 @@ def test_acceptance_cap_is_lossless_under_greedy(tuned):
     assert greedy["cap"] == greedy["natural"] == greedy["k0"]
 
 
-def test_emitted_speculative_config_drives_vllm_scheduler(tuned):
+# A second vllm.LLM in the same process trips vLLM's kernel-override scan (vllm/triton_utils/dispatcher.py:
+# "'_lib_fn_wrapper' object has no attribute 'get'"), so the fresh start runs in its own process.
+FRESH_START = r"""
+import json, os, sys
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+if __name__ == "__main__":
     from vllm import LLM, SamplingParams
-
     from tabletune.integrations.vllm.presets import tiny_llama_dir
     from tabletune.integrations.vllm.step_hooks import StepRecorder
-
-    files = tuned[2]
-    config = json.loads(files["speculative_config.json"].read_text())
-    table = DraftTable.load(files["table.json"])
+    config = json.load(open(sys.argv[1]))
     llm = LLM(model=str(tiny_llama_dir()), load_format="dummy", dtype="float32", skip_tokenizer_init=True,
               max_model_len=512, max_num_seqs=8, speculative_config=config)
     core = llm.llm_engine.engine_core.engine_core
-    assert core.scheduler.dynamic_sd_lookup == table.dense(8, config["num_speculative_tokens"])
     recorder = StepRecorder(core)
     params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    steps = {}
     for b in (1, 8):
         recorder.records.clear()
         recorder.recording = True
         llm.generate([{"prompt_token_ids": [5 + j % 7 for j in range(40)]}] * b, params, use_tqdm=False)
         recorder.recording = False
-        full = [r for r in recorder.records if r.num_reqs == b and not r.has_prefill]
-        assert full and {r.num_spec_tokens for r in full} == {table.k_for(b)}
+        steps[b] = [[r.num_spec_tokens, list(r.drafts_per_req)] for r in recorder.records
+                    if r.num_reqs == b and not r.has_prefill]
+    print("RESULT " + json.dumps({"lookup": core.scheduler.dynamic_sd_lookup, "steps": steps}))
+"""
+
+
+def test_emitted_speculative_config_drives_vllm_scheduler(tuned, tmp_path):
+    import subprocess
+    import sys
+
+    files = tuned[2]
+    config = json.loads(files["speculative_config.json"].read_text())
+    table = DraftTable.load(files["table.json"])
+    script = tmp_path / "fresh_start.py"
+    script.write_text(FRESH_START)
+    proc = subprocess.run([sys.executable, str(script), str(files["speculative_config.json"])],
+                          capture_output=True, text=True, timeout=600)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    got = json.loads(lines[-1][len("RESULT "):])
+    assert got["lookup"] == table.dense(8, config["num_speculative_tokens"])
+    for b in (1, 8):
+        steps = got["steps"][str(b)]
+        assert steps and {k for k, _ in steps} == {table.k_for(b)}
         # drafts verified in a step were sized by the previous step's k: after the first, never above k(b)
-        drafts = [d for r in full[1:] for d in r.drafts_per_req]
+        drafts = [d for _, ds in steps[1:] for d in ds]
         assert max(drafts) == table.k_for(b)
-    llm.llm_engine.engine_core.shutdown()
