@@ -77,3 +77,14 @@ def test_unknown_schema_version_via_real_cli(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"tabletune: error: {src}: field 'version' = 3: unknown schema version (this tabletune reads 1)"
     assert not out.exists()
+
+
+def test_outputs_get_the_usual_file_mode(starter_8b, tmp_path):
+    import os
+
+    out = tmp_path / "t.json"
+    r = run(["table", "--step-times", str(starter_8b), "--acceptance", RATES, "--output", str(out), "--quiet"])
+    assert r.exit_code == 0, r.output
+    mask = os.umask(0)
+    os.umask(mask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~mask
