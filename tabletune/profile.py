@@ -241,11 +241,12 @@ def step_profile_from_csv(
 def step_profile_from_csv_text(
     text: str, source: str, fingerprint: Fingerprint | None = None, context_len: int = 0
 ) -> StepProfile:
+    reader = csv.DictReader(io.StringIO(text))
     try:
-        rows = list(csv.DictReader(io.StringIO(text)))
+        rows = list(reader)
     except csv.Error as exc:
         raise InputError(source, "<csv>", str(exc), "malformed CSV") from None
-    header = [h.strip() for h in (csv.DictReader(io.StringIO(text)).fieldnames or [])]
+    header = [h.strip() for h in (reader.fieldnames or [])]
     for col in ("batch_size", "k", "step_ms"):
         if col not in header:
             raise InputError(source, col, header, "missing column")
