@@ -62,7 +62,7 @@ def drive(port: int, model: str, load: int, duration_s: float) -> int:
             out = post(f"http://127.0.0.1:{port}/v1/completions",
                        {"model": model, "prompt": prompt, "max_tokens": 64, "temperature": 0,
                         "ignore_eos": True}, timeout_s=600)
-            done[0] += len(out["choices"][0].get("token_ids") or []) or 64
+            done[0] += out["usage"]["completion_tokens"]
 
     threads = [threading.Thread(target=client) for _ in range(load)]
     for t in threads:
