@@ -75,6 +75,7 @@ class ControllerConfig:
     rebuild_every_steps: int = 32  # and at most once per this many observed steps
     rebuild_min_change: float = 0.002  # skip a rebuild while no rate moved this much since the last one
     warmup_drafts: int = 0  # drafts to see before the first install (the prior alone may justify one)
+    observe_every_steps: int = 8  # engines batch this many steps into one observation (amortises its cost)
 
     def __post_init__(self) -> None:
         if self.half_life_s is None and self.half_life_tokens is None:
@@ -97,6 +98,8 @@ class ControllerConfig:
             ("rebuild_every_steps", self.rebuild_every_steps, self.rebuild_every_steps >= 1, "must be >= 1"),
             ("rebuild_min_change", self.rebuild_min_change, self.rebuild_min_change >= 0, "must be >= 0"),
             ("warmup_drafts", self.warmup_drafts, self.warmup_drafts >= 0, "must be >= 0"),
+            ("observe_every_steps", self.observe_every_steps,
+             self.observe_every_steps >= 1 and float(self.observe_every_steps).is_integer(), "must be an integer >= 1"),
         ]
         for name, value, ok, problem in checks:
             if not ok:
@@ -174,18 +177,27 @@ class Controller:
 
     # ---- per step --------------------------------------------------------------
 
-    def observe(self, obs: StepObservation) -> bool:
-        """Count one step; returns False (and counts why) when the observation is ignored."""
+    def observe(self, obs: StepObservation, batch_sizes: Sequence[int] | None = None) -> bool:
+        """Count one step, or the steps of ``batch_sizes`` when obs pools several steps' drafts.
+
+        Returns False (and counts why) when the observation is ignored. Pooling n steps
+        into one observation gives the same estimate as n observations, up to the decay
+        inside the window (evidence of the window's first step is not decayed by the
+        rest of the window; the decay factor of the window is the product of its steps').
+        """
         problem = obs.problem()
         if problem is None and self.config.half_life_s is not None and obs.time_s is None:
             problem = "no_time"
         if problem is not None:
             self.ignored[problem] = self.ignored.get(problem, 0) + 1
             return False
-        self.steps += 1
+        sizes = (obs.batch_size,) if batch_sizes is None else batch_sizes
+        self.steps += len(sizes)
         self.drafts += obs.num_drafts
-        b = min(max(int(obs.batch_size), 1), self.max_batch)
-        self.batch_hist[b] += 1
+        b = self.last_batch_size
+        for size in sizes:
+            b = min(max(int(size), 1), self.max_batch)
+            self.batch_hist[b] += 1
         self.last_batch_size = b
         if obs.num_drafts or obs.time_s is not None:
             self.estimator.update(obs)

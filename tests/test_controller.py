@@ -196,3 +196,24 @@ def test_memory_is_bounded():
     assert len(c.history) == 16
     c.observe(StepObservation.from_drafts(10_000, 1, [(1, 1)]))  # batch above max_batch is clamped
     assert len(c.batch_hist) == PROFILE.max_batch_size + 1
+
+
+def test_pooled_window_counts_every_step_and_matches_per_step_evidence():
+    """observe(obs, batch_sizes) of n steps' drafts = n per-step observations, up to in-window decay."""
+    rng = random.Random(3)
+    steps = [[(4, rng.randint(0, 4)) for _ in range(b)] for b in (3, 5, 8, 2)]
+    cfg = ControllerConfig(half_life_tokens=1e9)  # no decay: the two must agree exactly
+    per_step, pooled = Controller(PROFILE, TRUE, cfg), Controller(PROFILE, TRUE, cfg)
+    for drafts in steps:
+        per_step.observe(StepObservation.from_drafts(len(drafts), 4, drafts, k_max=4))
+    pooled.observe(StepObservation.from_drafts(2, 4, [d for s in steps for d in s], k_max=4), [3, 5, 8, 2])
+    assert pooled.steps == per_step.steps == 4 and pooled.drafts == per_step.drafts == 18
+    assert pooled.batch_hist == per_step.batch_hist and pooled.last_batch_size == 2
+    assert pooled.estimator.rates() == pytest.approx(per_step.estimator.rates())
+    assert pooled.estimator.evidence() == pytest.approx(per_step.estimator.evidence())
+
+
+def test_observe_every_steps_is_validated():
+    for bad in (0, 2.5):
+        with pytest.raises(InputError, match="observe_every_steps"):
+            ControllerConfig(observe_every_steps=bad)

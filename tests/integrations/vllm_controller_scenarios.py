@@ -98,7 +98,9 @@ def controller_scenario() -> dict:
         raise RuntimeError("injected fault")
 
     hook.controller.observe = boom
+    windows = hook.windows
     result["outputs_fault"] = generate_greedy(llm, prompts(8), GREEDY_TOKENS)
+    result["windows_fault"] = hook.windows - windows
     result["lookup_kept"] = core.engine_core.scheduler.dynamic_sd_lookup == good_lookup
     del hook.controller.observe
     result["state_fault"] = core.call_utility("tabletune_state")
@@ -109,7 +111,9 @@ def controller_scenario() -> dict:
     nan = math.nan
     hook.make_observation = lambda b, k, now: StepObservation(b, k, 1, (1.0,) * K_MAX, (nan,) * K_MAX,
                                                                (1.0,) * K_MAX, now)
+    windows = hook.windows
     result["outputs_nan"] = generate_greedy(llm, prompts(8), GREEDY_TOKENS)
+    result["windows_nan"] = hook.windows - windows
     del hook.make_observation
     result.update(nan_table_kept=hook.controller.table.as_lists() == table_before,
                   nan_rates_kept=hook.controller.estimator.rates() == rates_before,

@@ -12,8 +12,11 @@ What it patches (idempotent; harmless in processes that never build a Scheduler)
 * ``Scheduler.__init__``: after vLLM's own init, a ``ControllerHook`` attaches to
   the instance. It wraps ``make_spec_decoding_stats`` (called by
   ``update_from_output`` once per verified draft with its length and accepted
-  count) to collect (k_i, m_i) pairs, and ``update_from_output`` to turn each
-  step's pairs into a ``StepObservation`` for ``tabletune.controller.Controller``.
+  count) to collect (k_i, m_i) pairs, and ``update_from_output`` to count the
+  step. Every ``observe_every_steps`` steps (``ControllerConfig``, default 8) the
+  pooled pairs become one ``StepObservation`` for ``tabletune.controller.Controller``
+  and the controller may rebuild: the other steps cost a few microseconds, and
+  the estimator's cost is amortised over the window.
 * After each step, in the engine-core thread and before the next ``schedule()``,
   it sets ``scheduler.dynamic_sd_lookup`` to vLLM's own expansion
   (``build_dynamic_sd_schedule_lookup``) of the installed table, or to an
@@ -114,7 +117,9 @@ class ControllerHook:
         self.table_lookup = self.lookup_for(controller.table)
         self.explore_lookup = self.lookup_for(DraftTable.fixed(controller.k_max))
         scheduler.dynamic_sd_lookup = self.table_lookup
-        self.pairs: list[tuple[int, int]] = []
+        self.pairs: list[tuple[int, int]] = []  # (k_i, m_i) of the current window's verified drafts
+        self.window: list[int] = []  # batch size of each step of the current window
+        self.windows = 0  # observations handed to the controller
         self.enabled = True  # False: the installed table stays, nothing is observed (static-table baselines)
         self.errors: dict[str, int] = {}
         self.overhead_us: deque[float] = deque(maxlen=4096)
@@ -127,6 +132,8 @@ class ControllerHook:
         self.table_lookup = self.lookup_for(controller.table)
         self.explore_lookup = self.lookup_for(DraftTable.fixed(controller.k_max))
         self.scheduler.dynamic_sd_lookup = self.table_lookup
+        self.pairs.clear()
+        self.window.clear()
         self.enabled = True
 
     def use_static(self, table: DraftTable) -> None:
@@ -158,39 +165,54 @@ class ControllerHook:
         sched.update_from_output = update_from_output
 
     def after_step(self, scheduler_output) -> None:
-        """Observe, maybe rebuild, choose the next lookup; never raises."""
+        """Count the step, observe and maybe rebuild once per window, choose the next lookup; never raises."""
         if not self.enabled:
             self.pairs.clear()
+            self.window.clear()
             return
         t0 = time.thread_time()  # CPU time of the engine-core thread: robust on a shared machine
         try:
-            self._step(scheduler_output, time.monotonic())
+            self._step(scheduler_output)
         except Exception as exc:  # fail open: keep the last good table
             self.scheduler.dynamic_sd_lookup = self.table_lookup
+            self.pairs.clear()
+            self.window.clear()
             self._error(type(exc).__name__, exc)
         finally:
-            self.pairs.clear()
             dt = time.thread_time() - t0
             self.overhead_us.append(dt * 1e6)
             self.overhead_total_s += dt
 
-    def _step(self, scheduler_output, now_s: float) -> None:
+    def _step(self, scheduler_output) -> None:
         c = self.controller
         batch_size = len(scheduler_output.num_scheduled_tokens)
         if batch_size == 0:
             return
-        obs = self.make_observation(batch_size, getattr(scheduler_output, "num_spec_tokens_to_schedule", 0), now_s)
-        if not c.observe(obs):
-            self._error("ignored_observation", obs.problem())
+        self.window.append(batch_size)
+        if len(self.window) >= c.config.observe_every_steps:
+            self._observe_window(getattr(scheduler_output, "num_spec_tokens_to_schedule", 0), time.monotonic())
+        explore = c.explore_next(batch_size)
+        self.scheduler.dynamic_sd_lookup = self.explore_lookup if explore else self.table_lookup
+
+    def _observe_window(self, k: int, now_s: float) -> None:
+        """One observation from the window's pooled drafts, then a (throttled) rebuild."""
+        c = self.controller
+        try:
+            self.windows += 1
+            obs = self.make_observation(self.window[-1], k, now_s)
+            if not c.observe(obs, self.window):
+                self._error("ignored_observation", obs.problem())
+        finally:
+            self.pairs.clear()
+            self.window.clear()
         new = c.maybe_rebuild(now_s)
         if new is not None:
             self.table_lookup = self.lookup_for(new)
             logger.warning("tabletune: installed table %s after %d steps (predicted gain %.1f%%, acceptance %s)",
                            new, c.steps, 100 * c.last_gain, [round(r, 3) for r in c.estimator.rates()])
-        explore = c.explore_next(batch_size)
-        self.scheduler.dynamic_sd_lookup = self.explore_lookup if explore else self.table_lookup
 
     def make_observation(self, batch_size: int, k: int, now_s: float) -> StepObservation:
+        """The window's drafts as one observation (batch_size, k: those of its last step)."""
         return StepObservation.from_drafts(batch_size, k, self.pairs, time_s=now_s, k_max=self.controller.k_max)
 
     def set_table(self, ranges) -> list[list[int]]:
@@ -216,6 +238,7 @@ class ControllerHook:
             "overhead_us_median": us[len(us) // 2] if us else 0.0,
             "overhead_total_s": self.overhead_total_s,
             "overhead_steps": len(us),
+            "windows": self.windows,
         }
 
 
