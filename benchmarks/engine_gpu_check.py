@@ -1,6 +1,7 @@
 """GPU correctness checks of the built-in engine (run on the GPU before timing).
 
-1. Triton kernels vs the PyTorch ops on the 8B shape, bf16, relative error.
+1. Triton kernels vs the PyTorch ops on the 8B shape, bf16, relative error; the split-K
+   GEMM (plain and gated) vs torch, bit-identical on repeat, tickets back at zero.
 2. Greedy outputs with speculation (every drafter, a random table, CUDA graphs)
    identical to the non-speculative outputs, on a small random model in float32.
 3. MoE grouped-GEMM path vs the per-expert loop.
@@ -12,7 +13,7 @@ import random
 
 import torch
 
-from tabletune.engine import kernels, ops
+from tabletune.engine import gemm, kernels, ops
 from tabletune.engine.drafters import make_drafter
 from tabletune.engine.model import Decoder, moe_mlp
 from tabletune.engine.presets import PRESETS
@@ -40,13 +41,21 @@ def check_kernels() -> None:
     qa = ops.qk_rope_cache_write(qkv, start, slots, kc, vc, qn, kn, h, hkv, d, 1e6, 1e-6)
     qb = kernels.qk_rope_cache_write(qkv, start, slots, kc2, vc2, qn, kn, h, hkv, d, 1e6, 1e-6)
     print(f"rope q {rel(qb, qa):.2e} k-cache {rel(kc2, kc):.2e} v-cache {rel(vc2, vc):.2e}")
-    for splits in (None, 1, 4):
+    for splits in (None, 1, 4, 16):
         oa = ops.attention(qa, kc, vc, start, slots, d ** -0.5)
         ob = kernels.attention(qa, kc, vc, start, slots, d ** -0.5, num_splits=splits)
         print(f"attention splits={splits}: {rel(ob, oa):.2e}")
     x = torch.randn(9, 4096, dtype=dt, device="cuda")
     w = torch.randn(4096, 4096, dtype=dt, device="cuda") * 0.02
-    print(f"skinny_mm {rel(kernels.skinny_mm(x, w), x @ w.t()):.2e}")
+    for m in (1, 9, 200):
+        xm = torch.randn(m, 4096, dtype=dt, device="cuda")
+        gm = torch.randn(m, 2 * 4096, dtype=dt, device="cuda")
+        for cfg in ((16, 64, 128, 1, 4, 4), (16, 64, 256, 8, 4, 4), (64, 128, 64, 2, 4, 4), (128, 256, 64, 4, 8, 3)):
+            a = gemm.triton_linear(xm, w, cfg)
+            g = gemm.triton_linear(gm, w, cfg, gated=True)
+            print(f"gemm M={m} cfg={cfg}: {rel(a, xm @ w.t()):.2e} gated {rel(g, ops.silu_mul(gm) @ w.t()):.2e} "
+                  f"repeat-identical {bool((gemm.triton_linear(xm, w, cfg) == a).all())}")
+    print(f"tickets all zero after the launches: {int(kernels.counters(x.device).abs().sum()) == 0}")
     dl = torch.randn_like(x)
     wn = torch.rand(4096, dtype=dt, device="cuda")
     ya, ra = ops.add_rms_norm(x, dl, wn, 1e-6)
@@ -97,8 +106,34 @@ def check_lossless() -> None:
               f"accepted={st.counts.accepted}")
 
 
+def check_graph_replay() -> None:
+    """8B-shape layers in bf16: graph replays (PDL on) give bit-identical tokens and hidden-state digests to
+    each other and to an eager run of the same step (a race between PDL-launched kernels would show here)."""
+    from tabletune.engine.drafters import ReplayDrafter
+
+    torch.manual_seed(0)
+    target = Decoder(PRESETS["qwen3-8b"], torch.bfloat16, "cuda", num_layers=4)
+    e = SpecEngine(target, ReplayDrafter(), EngineConfig(max_num_seqs=64, max_len=600, k_max=7,
+                                                          buckets=(1, 8, 64), ks=(0, 3, 7)))
+    for b, k in ((1, 0), (1, 7), (8, 3), (64, 7)):
+        e.set_context(b, 500, seed=b)
+        outs = []
+        for mode in ("graph", "graph", "eager"):
+            e.reset_rows(b, 500)
+            e.last_token[:b] = e.history[:b, 500]  # a step overwrote it (history from 501 on)
+            buf = e.launch(list(range(b)), k) if mode == "graph" else None
+            if mode == "eager":
+                buf = e.buffers[b]
+                e._step_body(buf, k)
+            torch.cuda.synchronize()
+            outs.append(buf.out[:b, : k + 2].clone())
+        print(f"graph b={b} k={k}: replay==replay {bool((outs[0] == outs[1]).all())} "
+              f"replay==eager {bool((outs[0] == outs[2]).all())}")
+
+
 if __name__ == "__main__":
     print(torch.__version__, torch.cuda.get_device_name(), flush=True)
     check_kernels()
+    check_graph_replay()
     check_lossless()
     check_moe()

@@ -20,16 +20,16 @@ import time
 import torch
 
 from tabletune import fileio
-from tabletune.engine.profiling import (build_engine, device_name, measure_ceilings, step_floor_ms, time_replays_gpu,
-                                        time_steps)
+from tabletune.engine.profiling import (build_engine, device_name, measure_ceilings, serial_floor_ms, step_floor_ms,
+                                        time_replays_gpu, time_steps)
 from tabletune.engine.presets import resolve
 from tabletune.padding import power_of_two_buckets
 
 
 def diagnose(model: str) -> list[str]:
-    """Achieved bandwidth of the layer's matmuls at a few M, and of the attention kernel."""
-    from tabletune.engine import kernels
-    from tabletune.engine.profiling import _median_ms
+    """Achieved bandwidth of the layer's GEMMs (as chosen by gemm.py) and of attention per split count,
+    each timed as 10 calls inside a CUDA graph (``gemm._time_us``: no host launch cost)."""
+    from tabletune.engine import gemm, kernels
 
     cfg = resolve(model)
     h, d = cfg.hidden_size, cfg.head_dim
@@ -38,31 +38,31 @@ def diagnose(model: str) -> list[str]:
     lines = []
     for name, (n, kk) in shapes.items():
         ws = [torch.randn(n, kk, dtype=torch.bfloat16, device="cuda") for _ in range(4)]
-        for m in (1, 16, 256, 2048):
+        for m in (1, 8, 16, 32, 64):
             x = torch.randn(m, kk, dtype=torch.bfloat16, device="cuda")
             i = [0]
 
             def f():
                 i[0] = (i[0] + 1) % 4
-                return x @ ws[i[0]].t()
-            ms = _median_ms(f, 10, inner=20)
-            line = f"mm {name:8s} M={m:5d}: {ms * 1e3:8.1f} us  {n * kk * 2 / ms / 1e6:7.0f} GB/s  " \
-                   f"{2 * m * n * kk / ms / 1e9:6.0f} TFLOP/s"
-            if m <= 16:
-                sk = _median_ms(lambda: kernels.skinny_mm(x, ws[0]), 10, inner=20)
-                line += f"  | triton skinny {sk * 1e3:8.1f} us"
-            lines.append(line)
+                return gemm.linear(x, ws[i[0]])
+            us = gemm._time_us(f)
+            lines.append(f"gemm {name:8s} M={m:3d}: {us:7.1f} us {n * kk * 2 / us / 1e3:6.0f} GB/s "
+                         f"{gemm._choice.get((m, n, kk, False))}")
     ctx = 1024
-    for b in (1, 16, 64, 256):
-        for q in (1, 8):
+    for b in (1, 8, 32, 64, 128, 256):
+        for q in (1, 3, 8):
             kc = torch.randn(b + 1, cfg.num_kv_heads, ctx + 16, d, dtype=torch.bfloat16, device="cuda")
             vc = torch.randn_like(kc)
             qq = torch.randn(b, q, cfg.num_heads, d, dtype=torch.bfloat16, device="cuda")
             start = torch.full((b,), ctx, dtype=torch.long, device="cuda")
             slots = torch.arange(b, device="cuda")
-            ms = _median_ms(lambda: kernels.attention(qq, kc, vc, start, slots, d ** -0.5), 10, inner=20)
             kv = b * (ctx + q) * cfg.num_kv_heads * d * 2 * 2
-            lines.append(f"attn b={b:3d} q={q}: {ms * 1e3:8.1f} us  {kv / ms / 1e6:7.0f} GB/s (KV of one layer)")
+            default = kernels.num_splits_for(b, cfg.num_kv_heads)
+            cells = []
+            for splits in sorted({1, 2, 3, 4, 8, 16, default}):
+                us = gemm._time_us(lambda: kernels.attention(qq, kc, vc, start, slots, d ** -0.5, splits))
+                cells.append(f"{splits}{'*' if splits == default else ''}:{us:.1f}us/{kv / us / 1e3:.0f}GB/s")
+            lines.append(f"attn b={b:3d} q={q} (KV of one layer, L2-warm when small) " + " ".join(cells))
             del kc, vc
     return lines
 
@@ -90,6 +90,65 @@ def kernel_breakdown(engine, batch_size: int, k: int, context_len: int, top: int
     return lines
 
 
+def pdl_compare(engine, points, context_len: int, reps: int = 20) -> list[str]:
+    """GPU time of one step's graph captured with and without programmatic dependent launch."""
+    import os
+
+    lines = []
+    for b, k in points:
+        ms = {}
+        for flag in ("1", "0"):
+            os.environ["TABLETUNE_PDL"] = flag
+            buf = engine.buffers[b]
+            engine.set_context(b, context_len)
+            buf.slots.copy_(torch.arange(b))
+            engine._step_body(buf, k)  # compiles the kernels of this PDL setting outside the capture
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                engine._step_body(buf, k)
+            times = []
+            for _ in range(reps):
+                engine.reset_rows(b, context_len)
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                g.replay()
+                e1.record()
+                e1.synchronize()
+                times.append(e0.elapsed_time(e1))
+            ms[flag] = statistics.median(times)
+            del g
+        lines.append(f"pdl b={b:3d} k={k}: on {ms['1']:.3f} ms, off {ms['0']:.3f} ms ({ms['0'] / ms['1'] - 1:+.1%})")
+    os.environ["TABLETUNE_PDL"] = "1"
+    return lines
+
+
+def write_results(args, ceil, rows: list[dict], device: str, buckets) -> None:
+    worst = {name: (max(r[key] for r in rows if r["batch_size"] <= 32), max(r[key] for r in rows))
+             for name, key in (("wall", "ratio"), ("gpu", "gpu_ratio"), ("serial", "serial_ratio"))}
+    result = {"device": device, "model": args.model, "context_len": args.context,
+              "bandwidth_gb_s": round(ceil.bandwidth_gb_s, 1), "matrix_tflop_s": round(ceil.matrix_tflop_s, 1),
+              "worst_ratio_b_le_32": worst["wall"][0], "worst_ratio": worst["wall"][1],
+              "worst_gpu_ratio_b_le_32": worst["gpu"][0], "worst_gpu_ratio": worst["gpu"][1],
+              "worst_serial_ratio_b_le_32": worst["serial"][0], "worst_serial_ratio": worst["serial"][1],
+              "command": " ".join(sys.argv), "rows": rows}
+    fileio.write_json(args.out + ".json", result)
+    md = [f"# step / roofline floor, {args.model}, context {args.context}, {device}", "",
+          f"copy {ceil.bandwidth_gb_s:.0f} GB/s, bf16 matmul {ceil.matrix_tflop_s:.0f} TFLOP/s; "
+          f"worst ratio b<=32: {worst['wall'][0]:.2f}x, everywhere: {worst['wall'][1]:.2f}x (wall: upload, replay, "
+          f"read-back); GPU time of the replay alone: {worst['gpu'][0]:.2f}x and {worst['gpu'][1]:.2f}x; wall over the "
+          f"serial floor (attention and GEMMs not overlapped): {worst['serial'][0]:.2f}x and {worst['serial'][1]:.2f}x",
+          "", "Cells: wall ms (wall / floor, GPU replay / floor, wall / serial floor).", "",
+          "| b | " + " | ".join(f"k={k}" for k in range(args.k_max + 1)) + " |",
+          "|---|" + "---|" * (args.k_max + 1)]
+    for b in buckets:
+        cells = [f"{r['step_ms']:.2f} ({r['ratio']:.2f}x, {r['gpu_ratio']:.2f}x, {r['serial_ratio']:.2f}x)"
+                 for r in rows if r["batch_size"] == b]
+        md.append(f"| {b} | " + " | ".join(cells) + " |")
+    fileio.write_text(args.out + ".md", "\n".join(md) + "\n")
+    print("\n".join(md))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-8b")
@@ -108,7 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"built + captured {len(engine.graphs)} graphs in {time.perf_counter() - t0:.1f} s", flush=True)
     cfg = engine.target.cfg
     if args.diagnose:
-        for b, k in ((1, 0), (32, 7), (256, 0)):
+        for line in pdl_compare(engine, [(b, k) for b, k in ((1, 0), (8, 3), (32, 7), (128, 2)) if b <= args.max_batch],
+                                args.context):
+            print(line, flush=True)
+        for b, k in ((1, 0), (8, 3), (32, 7), (128, 2), (256, 0)):
             if b <= args.max_batch:
                 for line in kernel_breakdown(engine, b, k, args.context):
                     print(line, flush=True)
@@ -120,36 +182,22 @@ def main(argv: list[str] | None = None) -> int:
             ms = statistics.median(samples)
             gpu_ms = statistics.median(time_replays_gpu(engine, b, k, args.steps, args.context))
             floor = step_floor_ms(cfg, b, k, args.context, ceil)
+            serial = serial_floor_ms(cfg, b, k, args.context, ceil)
             rows.append({"batch_size": b, "k": k, "step_ms": round(ms, 4), "gpu_ms": round(gpu_ms, 4),
                          "floor_ms": round(floor, 4), "ratio": round(ms / floor, 3),
+                         "serial_floor_ms": round(serial, 4), "serial_ratio": round(ms / serial, 3),
                          "gpu_ratio": round(gpu_ms / floor, 3), "samples_ms": [round(s, 4) for s in samples]})
         print(f"b={b:4d} " + " ".join(f"k{r['k']}:{r['step_ms']:7.2f}ms/{r['ratio']:.2f}x" for r in rows[-args.k_max - 1:]),
               flush=True)
     from tabletune.engine import gemm
 
-    picks = sorted((m, n, k, "cublas" if c is None else "triton" + str(c)) for (m, n, k), c in gemm._choice.items())
-    print("gemm choices:", "; ".join(f"M={m} N={n} K={k}: {c}" for m, n, k, c in picks if m in (1, 8, 16, 64, 256)))
-    worst_small = max(r["ratio"] for r in rows if r["batch_size"] <= 32)
-    worst = max(r["ratio"] for r in rows)
-    gpu_small = max(r["gpu_ratio"] for r in rows if r["batch_size"] <= 32)
-    gpu_worst = max(r["gpu_ratio"] for r in rows)
-    result = {"device": device_name(engine), "model": args.model, "context_len": args.context,
-              "bandwidth_gb_s": round(ceil.bandwidth_gb_s, 1), "matrix_tflop_s": round(ceil.matrix_tflop_s, 1),
-              "worst_ratio_b_le_32": worst_small, "worst_ratio": worst,
-              "worst_gpu_ratio_b_le_32": gpu_small, "worst_gpu_ratio": gpu_worst, "command": " ".join(sys.argv), "rows": rows}
-    fileio.write_json(args.out + ".json", result)
-    md = [f"# step / roofline floor, {args.model}, context {args.context}, {result['device']}", "",
-          f"copy {ceil.bandwidth_gb_s:.0f} GB/s, bf16 matmul {ceil.matrix_tflop_s:.0f} TFLOP/s; "
-          f"worst ratio b<=32: {worst_small:.2f}x, everywhere: {worst:.2f}x (wall: upload, replay, read-back); "
-          f"GPU time of the replay alone: {gpu_small:.2f}x and {gpu_worst:.2f}x", "",
-          "Cells: wall ms (wall / floor, GPU replay / floor).", "",
-          "| b | " + " | ".join(f"k={k}" for k in range(args.k_max + 1)) + " |",
-          "|---|" + "---|" * (args.k_max + 1)]
-    for b in buckets:
-        cells = [f"{r['step_ms']:.2f} ({r['ratio']:.2f}x, {r['gpu_ratio']:.2f}x)" for r in rows if r["batch_size"] == b]
-        md.append(f"| {b} | " + " | ".join(cells) + " |")
-    fileio.write_text(args.out + ".md", "\n".join(md) + "\n")
-    print("\n".join(md))
+    picks = sorted((m, n, kk, g, "cublas" if c is None else "triton" + str(c)) for (m, n, kk, g), c in gemm._choice.items())
+    print("gemm choices:", "; ".join(f"M={m} N={n} K={kk}{' gated' if g else ''}: {c}" for m, n, kk, g, c in picks
+                                     if m in (1, 8, 16, 64, 256)))
+    if args.diagnose:
+        for line in diagnose(args.model):
+            print(line, flush=True)
+    write_results(args, ceil, rows, device_name(engine), buckets)
     return 0
 
 

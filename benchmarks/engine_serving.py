@@ -4,8 +4,12 @@ Target: a random-weight shape; drafts: the target's own greedy continuation
 (recorded by a k=0 pass) replayed through the forced-rejection cap with the given
 conditional rates, so acceptance follows them and outputs stay the target's
 greedy outputs. For each load L (requests always open) and each policy (a fixed
-k, the tuned table) it records the steady-state throughput (steps that ran the
-full load, prefills included) and the realised acceptance. It also measures
+k, the tuned table) it records the steady-state throughput and the realised
+acceptance. The first wave of requests has staggered output lengths (so requests
+finish at different steps from the start, as in a steady closed loop); the
+measuring window runs from the step after the whole first wave was replaced to
+the last step that ran the full load (prefills included), so neither warm-up
+nor drain counts. It also measures
 T(b, k) of the same engine at the mean serving context and the prefill cost per
 prompt token, so ``benchmarks/engine_sim_agreement.py`` can run the simulator on
 the same profile and acceptance.
@@ -29,7 +33,7 @@ from tabletune.engine.model import Decoder
 from tabletune.engine.presets import resolve
 from tabletune.engine.profiling import ENGINE_VERSION, RUNNER, device_name, time_steps
 from tabletune.engine.runner import EngineConfig, SpecEngine
-from tabletune.engine.scheduler import Request, Scheduler
+from tabletune.engine.scheduler import Request, Scheduler, steady_throughput
 from tabletune.optimizer import OptimizeOptions, optimize_table
 from tabletune.padding import power_of_two_buckets
 from tabletune.profile import Fingerprint, StepPoint, StepProfile
@@ -67,6 +71,17 @@ def measure_profile(engine: SpecEngine, context_len: int, k_max: int, steps: int
     return StepProfile(points=tuple(points), context_len=context_len, fingerprint=fp)
 
 
+def staggered_len(i: int, load: int, output_len: int) -> int:
+    """Output length of request i: the first wave is spread over (0, output_len] so that requests finish
+    at different steps from the start, as in a steady closed loop; later requests get output_len."""
+    return max(8, round(output_len * (i + 1) / load)) if i < load else output_len
+
+
+def window_start(stats, load: int) -> int:
+    """First step after every request of the first wave was replaced (the warm-up the window leaves out)."""
+    return max([stats.replaced_at_step.get(i, 1) for i in range(load)] + [1])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-8b")
@@ -75,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--k-fixed", type=int, default=3)
     ap.add_argument("--k-max", type=int, default=7)
-    ap.add_argument("--rounds", type=int, default=3, help="requests per load = rounds * load (at least 4)")
+    ap.add_argument("--rounds", type=int, default=6, help="requests per load = rounds * load (at least 4)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", default="benchmarks/results/engine_serving_h200")
     args = ap.parse_args(argv)
@@ -121,10 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     for load in loads:
         for name, tab in ((f"fixed:{args.k_fixed}", DraftTable.fixed(args.k_fixed)), ("table", table)):
             n = max(4, args.rounds * load)
-            reqs = [Request(list(prompts[i]), args.output_len, i, oracle=oracle[i]) for i in range(n)]
+            reqs = [Request(list(prompts[i]), staggered_len(i, load, args.output_len), i, oracle=oracle[i])
+                    for i in range(n)]
             stats = Scheduler(engine, tab, max_num_seqs=load, cap_rates=RATES, seed=load).run(reqs)
-            runs.append({"load": load, "policy": name, "k": tab.k_for(load),
-                         "throughput_tok_s": round(stats.steady_throughput_tok_s(load), 2),
+            start = window_start(stats, load)
+            st = stats.step_batch_sizes, stats.step_wall_s, stats.step_tokens
+            runs.append({"load": load, "policy": name, "k": tab.k_for(load), "window_start": start,
+                         "throughput_tok_s": round(steady_throughput(*st, load, start), 2),
                          "overall_tok_s": round(stats.throughput_tok_s, 2), "num_steps": stats.num_steps,
                          "rates": [None if r is None else round(r, 4) for r in stats.counts.rates()],
                          "reached": stats.counts.reached, "accepted": stats.counts.accepted,

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         for run in serving["runs"]:
             st = run["steps"]  # recompute with the current window definition
             run["throughput_tok_s"] = round(steady_throughput(st["batch_size"], [w / 1e3 for w in st["wall_ms"]],
-                                                              st["tokens"], run["load"]), 2)
+                                                              st["tokens"], run["load"], run.get("window_start", 1)), 2)
             sims = [simulate(profile, run, serving, table_file, args.duration, s) for s in range(args.seeds)]
             sim_tok_s = sum(sims) / len(sims)
             diff = sim_tok_s / run["throughput_tok_s"] - 1

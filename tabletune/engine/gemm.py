@@ -3,13 +3,19 @@
 Decode GEMMs are skinny (M = b*(k+1) rows against a weight of N x K): at small M
 they only stream W, and cuBLAS leaves bandwidth unused on the small projections
 (few output tiles, one wave or less). The Triton kernel splits K as well as N,
-so that enough programs stream W at once, and adds the partial sums with fp32
-atomics. Its output is float32; every consumer (RoPE, silu*mul, add+norm) reads
-either dtype.
+so that enough programs stream W at once. Split-K without a zero-fill launch or
+fp32 atomics: each program writes its partial tile to a workspace, takes a ticket
+from a per-tile counter, and the program that draws the last ticket adds the
+partials in split order (deterministic), writes the output in the input dtype and
+resets the counter to zero for the next launch (stream-K style "fix-up").
 
-Set-up only: the first call of a (M, N, K) times the candidate configs and
-cuBLAS (that happens in the warm-up before CUDA graph capture) and remembers
-the winner; later calls and graph replays just launch it.
+``GATED``: x is ``[gate | up]`` of width 2K and the kernel multiplies silu(gate) * up
+on the fly (the down projection eats the MLP's element-wise op; same rounding as
+``kernels.silu_mul``: fp32 math, one rounding to the input dtype).
+
+Set-up only: the first call of a (M, N, K, gated) times the candidate configs and
+cuBLAS (that happens in the warm-up before CUDA graph capture) and remembers the
+winner; later calls and graph replays just launch it.
 """
 
 from __future__ import annotations
@@ -18,56 +24,93 @@ import torch
 import triton
 import triton.language as tl
 
+from tabletune.engine import kernels
+
 MAX_TRITON_M = 512
+SMEM_BYTES = 200 * 1024  # H100/H200: 227 KB per block; leave room for the epilogue
 
 
 @triton.jit
-def _gemm_kernel(x_ptr, w_ptr, y_ptr, M, N, K, K_PER_SPLIT,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ATOMIC: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    k_lo = tl.program_id(2) * K_PER_SPLIT
+def _gemm_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, K_PER_SPLIT, WS_STRIDE,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+                 GATED: tl.constexpr, USE_PDL: tl.constexpr):
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_lo = pid_s * K_PER_SPLIT
     k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
     kk = tl.arange(0, BLOCK_K)
+    x_stride = 2 * K if GATED else K
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         k_ok = (k0 + kk) < k_hi
-        x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + (k0 + kk)[None, :],
-                    mask=(rows[:, None] < M) & k_ok[None, :], other=0.0)
+        x_mask = (rows[:, None] < M) & k_ok[None, :]
+        x_off = rows.to(tl.int64)[:, None] * x_stride + (k0 + kk)[None, :]
+        x = tl.load(x_ptr + x_off, mask=x_mask, other=0.0)
+        if GATED:
+            g = x.to(tl.float32)
+            u = tl.load(x_ptr + x_off + K, mask=x_mask, other=0.0).to(tl.float32)
+            x = (g / (1.0 + tl.exp(-g)) * u).to(w_ptr.dtype.element_ty)
         w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * K + (k0 + kk)[None, :],
                     mask=(cols[:, None] < N) & k_ok[None, :], other=0.0)
         acc += tl.dot(x, tl.trans(w))
-    dst = y_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :]
     ok = (rows[:, None] < M) & (cols[None, :] < N)
-    if ATOMIC:
-        tl.atomic_add(dst, acc, mask=ok, sem="relaxed")
+    out_off = rows.to(tl.int64)[:, None] * N + cols[None, :]
+    if SPLIT == 1:
+        tl.store(y_ptr + out_off, acc.to(y_ptr.dtype.element_ty), mask=ok)
     else:
-        tl.store(dst, acc, mask=ok)
+        tile = pid_m * tl.num_programs(1) + pid_n
+        tl.store(ws_ptr + pid_s.to(tl.int64) * WS_STRIDE + out_off, acc, mask=ok)
+        tl.debug_barrier()  # every thread's partial is stored before the ticket (release below)
+        ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+        if ticket == SPLIT - 1:
+            total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for s in tl.static_range(SPLIT):  # unrolled: the partial loads are issued together
+                total += tl.load(ws_ptr + s * WS_STRIDE + out_off, mask=ok, other=0.0, cache_modifier=".cg")
+            tl.store(y_ptr + out_off, total.to(y_ptr.dtype.element_ty), mask=ok)
+            tl.atomic_xchg(cnt_ptr + tile, 0)
 
 
-def _configs(m: int) -> list[tuple[int, int, int, int, int, int]]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, split_k, num_warps, num_stages) candidates for M rows."""
-    if m <= 16:
-        return [(16, bn, bk, s, 4, 4) for bn in (64, 128) for bk in (128, 256) for s in (1, 2, 4, 8)]
+def _configs(m: int, gated: bool) -> list[tuple[int, int, int, int, int, int]]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, split_k, num_warps, num_stages) candidates for M rows (that fit in shared memory).
+
+    Kept small: every distinct config is a Triton compile at start-up.
+    """
     if m <= 64:
-        return [(64, bn, 64, s, 4, 4) for bn in (64, 128) for s in (1, 2, 4)]
-    return [(128, bn, 64, s, 8, 3) for bn in (128, 256) for s in (1, 2, 4)]
+        bm = max(16, triton.next_power_of_2(m))
+        if gated:
+            cands = [(bm, 64, 128, s, 4, 4) for s in (1, 2, 4, 8)]
+        else:  # BLOCK_N 32 and splits 3, 6: more ways to make the program count a multiple of the SM count
+            cands = [(bm, bn, bk, s, 4, st) for bn in (32, 64) for bk, st in ((128, 6), (256, 4))
+                     for s in (1, 2, 3, 4, 6, 8)]
+    else:
+        cands = [(128, bn, 64, s, 8, 3) for bn in (128, 256) for s in (1, 2, 4)] + \
+                [(64, bn, 64, s, 4, 4) for bn in (128, 256) for s in (1, 2)]
+    return [c for c in cands if c[5] * (c[0] + c[1]) * c[2] * 2 <= SMEM_BYTES]
 
 
-def triton_linear(x: torch.Tensor, w: torch.Tensor, cfg) -> torch.Tensor:
+def triton_linear(x: torch.Tensor, w: torch.Tensor, cfg, gated: bool = False) -> torch.Tensor:
+    """x [M, K] (gated: [M, 2K]) -> x W^T [M, N] in x's dtype, with the config (bm, bn, bk, split, warps, stages)."""
     bm, bn, bk, split, warps, stages = cfg
-    m, k = x.shape
-    n = w.shape[0]
+    m = x.shape[0]
+    n, k = w.shape
     per_split = triton.cdiv(triton.cdiv(k, split), bk) * bk
     split = triton.cdiv(k, per_split)
-    y = (torch.zeros if split > 1 else torch.empty)(m, n, dtype=torch.float32, device=x.device)
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    ws = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), split)
-    _gemm_kernel[grid](x, w, y, m, n, k, per_split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, ATOMIC=split > 1,
-                       num_warps=warps, num_stages=stages)
+    assert grid[0] * grid[1] <= kernels.MAX_TICKETS
+    pdl = kernels.pdl_enabled(x)
+    _gemm_kernel[grid](x, w, y, ws, kernels.counters(x.device), m, n, k, per_split, m * n, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                       SPLIT=split, GATED=gated, USE_PDL=pdl, num_warps=warps, num_stages=stages,
+                       **kernels.pdl_kwargs(pdl))
     return y
 
 
-_choice: dict[tuple[int, int, int], tuple | None] = {}  # (M, N, K) -> Triton config, or None for cuBLAS
+_choice: dict[tuple[int, int, int, bool], tuple | None] = {}  # (M, N, K, gated) -> Triton config, None: cuBLAS
 enabled = True
 
 
@@ -94,12 +137,25 @@ def _time_us(fn, inner: int = 10, reps: int = 5) -> float:
     return best
 
 
-def choose(m: int, w: torch.Tensor) -> tuple | None:
-    """Time cuBLAS and each Triton config on this shape once; remember the fastest."""
+def _unfused(x: torch.Tensor, w: torch.Tensor, gated: bool) -> torch.Tensor:
+    """silu_mul (if gated), then cuBLAS or the Triton config already chosen for the plain shape."""
+    if gated:
+        x = kernels.silu_mul(x, w.dtype)
+        cfg = _choice.get((x.shape[0], w.shape[0], w.shape[1], False))
+        if cfg is not None:
+            return triton_linear(x, w, cfg)
+    return torch.mm(x, w.t())
+
+
+def choose(m: int, w: torch.Tensor, gated: bool = False) -> tuple | None:
+    """Time the unfused path (cuBLAS, or silu_mul + the plain choice) and each Triton config once; keep the fastest."""
     n, k = w.shape
-    key = (m, n, k)
+    key = (m, n, k, gated)
     if key not in _choice:
-        x = torch.randn(m, k, dtype=w.dtype, device=w.device)
+        if gated:
+            choose(m, w, False)
+        kernels.counters(w.device)
+        x = torch.randn(m, 2 * k if gated else k, dtype=w.dtype, device=w.device)
         # weights bigger than L2, as in the model: rotate over copies
         ws = [w] + [torch.empty_like(w).normal_() for _ in range(max(0, min(3, (96 << 20) // w.nbytes)))]
         i = [0]
@@ -107,19 +163,20 @@ def choose(m: int, w: torch.Tensor) -> tuple | None:
         def pick():
             i[0] = (i[0] + 1) % len(ws)
             return ws[i[0]]
-        timings = {None: _time_us(lambda: torch.mm(x, pick().t()))}
-        for cfg in _configs(m):
-            timings[cfg] = _time_us(lambda: triton_linear(x, pick(), cfg))
+        timings = {None: _time_us(lambda: _unfused(x, pick(), gated))}
+        for cfg in _configs(m, gated):
+            timings[cfg] = _time_us(lambda: triton_linear(x, pick(), cfg, gated))
         _choice[key] = min(timings, key=timings.get)
     return _choice[key]
 
 
-def linear(x2d: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def linear(x2d: torch.Tensor, w: torch.Tensor, gated: bool = False) -> torch.Tensor:
+    """x2d W^T (gated: silu(gate) * up of x2d = [gate | up], then W^T), in x2d's dtype."""
     m = x2d.shape[0]
     if not (enabled and x2d.is_cuda and m <= MAX_TRITON_M):
-        return torch.mm(x2d, w.t())
+        return torch.mm(kernels.silu_mul(x2d, w.dtype) if gated else x2d, w.t())
     if torch.cuda.is_current_stream_capturing():
-        cfg = _choice.get((m, w.shape[0], w.shape[1]))
+        cfg = _choice.get((m, w.shape[0], w.shape[1], gated))
     else:
-        cfg = choose(m, w)
-    return torch.mm(x2d, w.t()) if cfg is None else triton_linear(x2d, w, cfg)
+        cfg = choose(m, w, gated)
+    return _unfused(x2d, w, gated) if cfg is None else triton_linear(x2d, w, cfg, gated)

@@ -4,7 +4,8 @@ The forward takes ``tokens [B, q]``, ``start_pos [B]`` (tokens already cached
 per sequence) and ``slots [B]`` (cache rows), writes the q new keys/values and
 returns the final-normed hidden states ``[B, q, hidden]``. Each layer is
 ``add+norm -> qkv -> (qk-norm, RoPE, cache write) -> attention -> o -> add+norm
--> gate_up -> silu*mul -> down``: ten launches on the Triton path.
+-> gate_up -> silu*mul -> down``: eight launches on the Triton path (silu*mul runs inside
+the down GEMM; attention merges its splits in the same launch).
 """
 
 from __future__ import annotations
@@ -69,20 +70,22 @@ class DecoderLayer(nn.Module):
     def mlp(self, ops, x):
         if self.cfg.is_moe:
             return moe_mlp(ops, x, self.router, self.w_gate_up, self.w_down, self.cfg.num_experts_per_tok)
+        if x.is_cuda:  # silu(gate) * up inside the down GEMM (or before cuBLAS)
+            return linear(linear(x, self.w_gate_up), self.w_down, gated=True)
         return linear(ops.silu_mul(linear(x, self.w_gate_up), self.w_down.dtype), self.w_down)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """y = x W^T over the last dim (on CUDA: ``gemm.linear``, which may return float32)."""
+def linear(x: torch.Tensor, w: torch.Tensor, gated: bool = False) -> torch.Tensor:
+    """y = x W^T over the last dim; gated (CUDA only): y = (silu(gate) * up) W^T for x = [gate | up]."""
     x2 = x.reshape(-1, x.shape[-1])
-    y = gemm_linear(x2, w) if x.is_cuda else torch.mm(x2, w.t())
+    y = gemm_linear(x2, w, gated) if x.is_cuda else torch.mm(x2, w.t())
     return y.view(*x.shape[:-1], w.shape[0])
 
 
-def gemm_linear(x2: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def gemm_linear(x2: torch.Tensor, w: torch.Tensor, gated: bool = False) -> torch.Tensor:
     from tabletune.engine import gemm
 
-    return gemm.linear(x2, w)
+    return gemm.linear(x2, w, gated)
 
 
 def moe_mlp(ops, x, router, w_gate_up, w_down, top_k):
@@ -147,7 +150,7 @@ class Decoder(nn.Module):
         """tokens [B, q] -> final-normed hidden [B, q, hidden]."""
         ops, eps = self.ops, self.cfg.rms_norm_eps
         x = self.embed[tokens] if embeds is None else embeds
-        delta = torch.zeros_like(x)
+        delta = None  # the first add+norm has nothing to add
         for i, layer in enumerate(self.layers):
             h, x = ops.add_rms_norm(x, delta, layer.in_norm, eps)
             a = layer.attn(ops, h, start_pos, slots, cache.k[i], cache.v[i], prefill_at)

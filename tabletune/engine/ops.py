@@ -77,8 +77,8 @@ def silu_mul(gate_up: torch.Tensor, out_dtype=None) -> torch.Tensor:
 
 
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float):
-    """residual = x + delta; return (rms_norm(residual), residual)."""
-    r = (x + delta).to(weight.dtype)
+    """residual = x + delta (delta None: x); return (rms_norm(residual), residual)."""
+    r = (x if delta is None else x + delta).to(weight.dtype)
     return rms_norm(r, weight, eps), r
 
 

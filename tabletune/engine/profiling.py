@@ -7,6 +7,9 @@ context c (the issue's definition):
     flops(b, k)  = 2 * P_matmul * b * q + 4 * b * q * (c + q) * H * D * layers
     floor(b, k)  = max(bytes / bandwidth, flops / matrix_rate)
 
+``serial_floor_ms`` is the floor when attention (KV-bound) and the GEMMs
+(weight- or FLOP-bound) do not overlap: the sum of the two phases' floors.
+
 W counts every weight a step reads: all layers and the LM head, not the
 embedding table (a step gathers b*q of its rows). For MoE only the routed
 experts count, at most min(E, b*q*top_k) of them per layer.
@@ -24,7 +27,7 @@ from tabletune.engine.model import Decoder
 from tabletune.engine.presets import ModelConfig, resolve
 from tabletune.engine.runner import EngineConfig, SpecEngine
 
-ENGINE_VERSION = "0.2"
+ENGINE_VERSION = "0.3"
 RUNNER = "builtin/cudagraph-per-(bucket,k)"
 
 
@@ -76,14 +79,29 @@ def weight_bytes(cfg: ModelConfig, tokens: int, dtype_bytes: int = 2) -> int:
     return (cfg.num_layers * (attn + mlp) + cfg.vocab_size * h) * dtype_bytes
 
 
-def step_floor_ms(cfg: ModelConfig, batch_size: int, k: int, context_len: int, ceil: Ceilings) -> float:
+def _parts(cfg: ModelConfig, batch_size: int, k: int, context_len: int) -> tuple[float, float, float, float]:
+    """(weight bytes, GEMM FLOPs, KV bytes, attention FLOPs) of one step."""
     q = k + 1
     tokens = batch_size * q
     kv = batch_size * (context_len + q) * cfg.kv_bytes_per_token()
-    bytes_moved = weight_bytes(cfg, tokens) + kv
     active = cfg.num_params(active_only=True) - cfg.vocab_size * cfg.hidden_size * (0 if cfg.tie_embeddings else 1)
-    flops = 2 * active * tokens + 4 * tokens * (context_len + q) * cfg.num_heads * cfg.head_dim * cfg.num_layers
-    return max(bytes_moved / ceil.bandwidth_gb_s / 1e6, flops / ceil.matrix_tflop_s / 1e9)
+    attn_flops = 4 * tokens * (context_len + q) * cfg.num_heads * cfg.head_dim * cfg.num_layers
+    return weight_bytes(cfg, tokens), 2 * active * tokens, kv, attn_flops
+
+
+def step_floor_ms(cfg: ModelConfig, batch_size: int, k: int, context_len: int, ceil: Ceilings) -> float:
+    w, f_gemm, kv, f_attn = _parts(cfg, batch_size, k, context_len)
+    return max((w + kv) / ceil.bandwidth_gb_s / 1e6, (f_gemm + f_attn) / ceil.matrix_tflop_s / 1e9)
+
+
+def serial_floor_ms(cfg: ModelConfig, batch_size: int, k: int, context_len: int, ceil: Ceilings) -> float:
+    """Floor of an engine that runs attention and the GEMMs one after the other (not overlapped):
+
+        serial = max(W / bandwidth, F_gemm / rate) + max(KV / bandwidth, F_attn / rate)  >=  floor
+    """
+    w, f_gemm, kv, f_attn = _parts(cfg, batch_size, k, context_len)
+    bw, rate = ceil.bandwidth_gb_s * 1e6, ceil.matrix_tflop_s * 1e9
+    return max(w / bw, f_gemm / rate) + max(kv / bw, f_attn / rate)
 
 
 def build_engine(model: str, drafter: str, k_max: int, max_batch: int, context_len: int, device: str = "cuda",

@@ -43,9 +43,17 @@ class EngineConfig:
 
 @dataclass
 class StepBuffers:
-    slots: torch.Tensor  # [B] int64
-    cap: torch.Tensor  # [B] int64, forced-rejection cap per row
+    inputs: torch.Tensor  # [2, B] int64 on the device: row 0 the slots, row 1 the forced-rejection caps
+    host: torch.Tensor  # [2, B] int64 on the host (pinned on CUDA): one copy per step fills ``inputs``
     out: torch.Tensor  # [B, k_max + 2]: column 0 is m, columns 1.. the emitted tokens
+
+    @property
+    def slots(self) -> torch.Tensor:  # [B]
+        return self.inputs[0]
+
+    @property
+    def cap(self) -> torch.Tensor:  # [B]
+        return self.inputs[1]
 
 
 class SpecEngine:
@@ -62,14 +70,18 @@ class SpecEngine:
         self.history = torch.zeros(s1, cfg.max_len, dtype=torch.long, device=dev)  # all tokens by position
         self.oracle = torch.zeros(s1, cfg.max_len, dtype=torch.long, device=dev)  # ReplayDrafter's tokens
         drafter.setup(self)
-        self.buffers = {b: StepBuffers(torch.full((b,), self.cache.scratch_slot, dtype=torch.long, device=dev),
-                                       torch.full((b,), cfg.k_max, dtype=torch.long, device=dev),
-                                       torch.zeros(b, cfg.k_max + 2, dtype=torch.long, device=dev))
-                        for b in self.buckets}
+        self.buffers = {b: self._buffers(b) for b in self.buckets}
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         use_graphs = self.device.type == "cuda" if cfg.use_graphs is None else cfg.use_graphs
         if use_graphs:
             self.capture()
+
+    def _buffers(self, b: int) -> StepBuffers:
+        host = torch.tensor([[self.cache.scratch_slot] * b, [self.k_max] * b], dtype=torch.long)
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        return StepBuffers(host.to(self.device), host, torch.zeros(b, self.k_max + 2, dtype=torch.long,
+                                                                   device=self.device))
 
     # ---- the step ----------------------------------------------------------
 
@@ -128,11 +140,13 @@ class SpecEngine:
             raise ValueError(f"k={k} has no graph (captured: {self.ks})")
         b = bucket_for(len(slots), self.buckets)
         buf = self.buffers[b]
-        pad = [self.cache.scratch_slot] * (b - len(slots))
-        cap = caps if caps is not None else [k] * len(slots)
-        host = torch.tensor([slots + pad, cap + [k] * len(pad)], dtype=torch.long)
-        buf.slots.copy_(host[0], non_blocking=True)
-        buf.cap.copy_(host[1], non_blocking=True)
+        n = len(slots)
+        host = buf.host.numpy()  # free to overwrite: the previous step's copy finished before its read-back
+        host[0, :n] = slots
+        host[0, n:] = self.cache.scratch_slot
+        host[1, :n] = caps if caps is not None else k
+        host[1, n:] = k
+        buf.inputs.copy_(buf.host, non_blocking=True)
         graph = self.graphs.get((b, k))
         if graph is not None:
             graph.replay()

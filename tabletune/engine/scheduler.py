@@ -45,6 +45,7 @@ class RunStats:
     step_ks: list[int]
     step_wall_s: list[float] = field(default_factory=list)  # per step, admissions/prefills before it included
     step_tokens: list[int] = field(default_factory=list)  # tokens emitted by the step
+    replaced_at_step: dict[int, int] = field(default_factory=dict)  # request id -> index of the first step without it
 
     @property
     def throughput_tok_s(self) -> float:
@@ -60,11 +61,13 @@ class RunStats:
         return steady_throughput(self.step_batch_sizes, self.step_wall_s, self.step_tokens, load)
 
 
-def steady_throughput(batch_sizes: Sequence[int], wall_s: Sequence[float], tokens: Sequence[int], load: int) -> float:
+def steady_throughput(batch_sizes: Sequence[int], wall_s: Sequence[float], tokens: Sequence[int], load: int,
+                      start: int = 1) -> float:
+    """Tokens / wall over steps ``start`` .. the last step that ran the full load (every step between counts)."""
     full = [i for i, b in enumerate(batch_sizes) if b == load]
     if not full:
         return 0.0
-    window = range(1 if full[-1] > 0 else 0, full[-1] + 1)
+    window = range(min(start, full[-1]) if full[-1] > 0 else 0, full[-1] + 1)
     wall = sum(wall_s[i] for i in window)
     return sum(tokens[i] for i in window) / wall if wall > 0 else 0.0
 
@@ -114,12 +117,17 @@ class Scheduler:
         running: list[Request] = []
         free = list(range(self.engine.cache.num_slots))[::-1]
         steps_b, steps_k, walls, toks = [], [], [], []
+        replaced: dict[int, int] = {}
         t0 = time.perf_counter()
         t_prev = t0
         while waiting or running:
             still = []
             for req in running:  # retire first, so a finished request is replaced in the same step
-                (free.append(req.slot) if self._done(req) else still.append(req))
+                if self._done(req):
+                    free.append(req.slot)
+                    replaced[req.id] = len(steps_b)
+                else:
+                    still.append(req)
             running = still
             n_first = 0  # prefills emit each request's first token
             while waiting and len(running) < self.max_num_seqs:
@@ -148,4 +156,5 @@ class Scheduler:
             t_prev = t_now
         wall = time.perf_counter() - t0
         out_tokens = sum(len(r.output) for r in requests)
-        return RunStats(len(requests), out_tokens, wall, len(steps_b), self.counts, steps_b, steps_k, walls, toks)
+        return RunStats(len(requests), out_tokens, wall, len(steps_b), self.counts, steps_b, steps_k, walls, toks,
+                        replaced)
