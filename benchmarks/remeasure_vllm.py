@@ -123,19 +123,29 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=24, help="engine steps per timed segment")
     parser.add_argument("--warmup-steps", type=int, default=8)
     parser.add_argument("--mean-tokens", type=int, default=256)
+    parser.add_argument("--replace-loads", action="store_true",
+                        help="keep the existing CSV's rows for other loads (re-run some loads of the same table)")
     args = parser.parse_args()
     from tabletune import fileio
     from tabletune.table import DraftTable
 
     t0 = time.time()
     rows = run(args)
+    csv_path = RESULTS / f"remeasure_vllm_{args.scenario}.csv"
+    if args.replace_loads and csv_path.exists():
+        with csv_path.open() as f:
+            kept = [r for r in csv.DictReader(f) if int(r["load"]) not in args.loads]
+        for r in kept:
+            r.update(load=int(r["load"]), throughput_tok_s=float(r["throughput_tok_s"]))
+        rows = sorted(kept + rows, key=lambda r: int(r["load"]))
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
     writer.writeheader()
     writer.writerows(rows)
-    fileio.write_text(RESULTS / f"remeasure_vllm_{args.scenario}.csv", buf.getvalue())
+    fileio.write_text(csv_path, buf.getvalue())
     md = summarise(rows, args.scenario, str(DraftTable.load(Path(args.tuned) / "table.json")))
-    md += f"\n{len(rows)} segments, {time.time() - t0:.0f} s wall; command: see the module docstring.\n"
+    md += (f"\n{len(rows)} segments; this run: loads {args.loads}, {time.time() - t0:.0f} s wall, "
+           f"{args.rounds} rounds of {args.steps} steps; command: see the module docstring.\n")
     fileio.write_text(RESULTS / f"remeasure_vllm_{args.scenario}.md", md)
     print(md)
 

@@ -75,19 +75,24 @@ def build_spec(model, method, draft_model, k_max, max_num_seqs, batch_sizes, syn
 @click.option("--synthetic-acceptance", default=None, help="a1,a2,...: controlled acceptance (measurement aid)")
 @click.option("--point-budget-s", type=float, default=4.0, show_default=True, help="wall time per (b, k) point")
 @click.option("--no-refine", is_flag=True, help="skip refining batch sizes where the chosen k changes")
+@click.option("--close-call-margin", type=float, default=0.05, show_default=True,
+              help="re-measure k whose predicted goodput is within this share of the best (0: off)")
 @click.option("--context-len", type=int, default=128, show_default=True, help="prompt tokens of timed requests")
 @click.option("--seed", type=int, default=0)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/tune", show_default=True)
 @input_errors_exit_2
 def tune_cmd(engine_name, model, method, draft_model, k_max, batch_sizes, max_num_seqs, prompt_set, num_prompts,
-             synthetic_acceptance, point_budget_s, no_refine, context_len, seed, out_dir):
+             synthetic_acceptance, point_budget_s, no_refine, close_call_margin, context_len, seed, out_dir):
     """Measure step times and acceptance on a real engine; write the table and speculative config."""
     spec, sizes = build_spec(model, method, draft_model, k_max, max_num_seqs, batch_sizes, synthetic_acceptance,
                              context_len, seed)
     adapter = load_adapter(engine_name)
     adapter.validate(spec)
     workload, prompts = load_prompt_texts(prompt_set, num_prompts)
-    plan = TunePlan(batch_sizes=sizes, ks=tuple(range(k_max + 1)), point_budget_s=point_budget_s, refine=not no_refine)
+    if not 0 <= close_call_margin < 1:
+        raise InputError("--close-call-margin", "close_call_margin", close_call_margin, "must lie in [0, 1)")
+    plan = TunePlan(batch_sizes=sizes, ks=tuple(range(k_max + 1)), point_budget_s=point_budget_s, refine=not no_refine,
+                    close_call_margin=close_call_margin)
     command = "tabletune " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # the progress bar, not per-step engine logs
     try:
@@ -125,6 +130,8 @@ def _report(outcome, result, files) -> None:
     console.print(f"measured acceptance a_j: {rates} ({outcome.acceptance.num_drafts} drafts)")
     if outcome.refined_batch_sizes:
         console.print(f"refined batch sizes: {list(outcome.refined_batch_sizes)}")
+    for call in outcome.close_calls:
+        console.print(f"close call at b={call.batch_size}: k {list(call.ks)} within {call.edge:.1%} (re-measured)")
     console.print(f"predicted gain vs best fixed k={gains.best_fixed_k}: {gains.vs_best_fixed[0]:+.1%} mean, "
                   f"{gains.vs_best_fixed[1]:+.1%} worst b")
     console.print(f"predicted gain vs vLLM's documented table {gains.documented}: {gains.vs_documented[0]:+.1%} mean, "

@@ -11,7 +11,10 @@ four methods, no knowledge of the plan. The tuner decides what to measure:
   spread (IQR / median) is at most ``target_spread`` or the point has used its
   time budget;
 * optional refinement: where the chosen k differs between neighbouring
-  measured batch sizes, the midpoint is measured too (every k).
+  measured batch sizes, the midpoint is measured too (every k);
+* close calls (``tabletune.close_calls``): where another k's modelled goodput is
+  within ``close_call_margin`` of the best at a measured b, those k are measured
+  in ``close_call_windows`` more windows and the pooled samples decide.
 
 Interference filter: on a shared machine other processes stretch some steps by
 several times. As ``timeit`` argues for its minimum, the fast samples are the
@@ -26,7 +29,7 @@ E[tokens | k] = 1 + sum_{i<=k} prod_{j<=i} a_j from the measured acceptance
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -34,8 +37,8 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from tabletune.acceptance import AcceptanceCounts
+from tabletune.close_calls import CloseCall, close_calls, refinement_batch_sizes, settle
 from tabletune.errors import InputError
-from tabletune.optimizer import OptimizeOptions, optimize_table
 from tabletune.profile import Fingerprint, StepPoint, StepProfile
 
 
@@ -127,6 +130,8 @@ class TunePlan:
     interference_tolerance: float | None = 0.3  # None: keep every sample
     recheck_passes: int = 2  # re-measure points slower than a point doing more work
     recheck_tolerance: float = 0.15
+    close_call_margin: float = 0.05  # re-measure k within this goodput share of the best (0: off)
+    close_call_windows: int = 2
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or min(self.batch_sizes) < 1:
@@ -137,6 +142,8 @@ class TunePlan:
             raise ValueError("steps_per_call and min_samples must be >= 1")
         if self.point_budget_s <= 0 or self.target_spread <= 0:
             raise ValueError("point_budget_s and target_spread must be > 0")
+        if self.close_call_margin < 0 or self.close_call_windows < 0:
+            raise ValueError("close_call_margin and close_call_windows must be >= 0")
 
 
 def geometric_batch_sizes(max_batch_size: int) -> tuple[int, ...]:
@@ -258,21 +265,6 @@ def recheck_points(engine: Engine, points: list[StepPoint], plan: TunePlan,
     return list(by_key.values())
 
 
-def refinement_batch_sizes(profile: StepProfile, rates: Sequence[float], k_max: int) -> list[int]:
-    """Midpoints between neighbouring measured b whose chosen k differ (not yet measured)."""
-    result = optimize_table(profile, rates, OptimizeOptions(k_max=k_max))
-    chosen = {p.batch_size: p.k for p in result.predictions}
-    bs = profile.batch_sizes
-    out = []
-    for lo, hi in zip(bs, bs[1:]):
-        if chosen[lo] != chosen[hi] and hi - lo > 1:
-            mid = round(math.sqrt(lo * hi))
-            mid = min(max(mid, lo + 1), hi - 1)
-            if mid not in bs:
-                out.append(mid)
-    return out
-
-
 @dataclass(frozen=True)
 class TuneOutcome:
     """Everything one tuning run measured and derived."""
@@ -281,6 +273,7 @@ class TuneOutcome:
     acceptance: AcceptanceCounts
     rates: tuple[float, ...]  # conditional a_j measured with the largest k (censoring-correct)
     refined_batch_sizes: tuple[int, ...] = ()
+    close_calls: tuple[CloseCall, ...] = ()  # found after the grid and refinement, then re-measured
 
 
 def _phase(progress: ProgressFn | None, lo: float, hi: float) -> ProgressFn | None:
@@ -301,8 +294,8 @@ def run_plan(engine: Engine, plan: TunePlan, prompts: Sequence[str], *, workload
     rates = tuple(counts.known_rates())
     if not rates:
         raise RuntimeError("no draft was verified while measuring acceptance: the drafter proposed nothing")
-    points = measure_points(engine, plan.batch_sizes, plan, _phase(progress, 0.05, 0.75 if plan.refine else 0.9))
-    points = recheck_points(engine, points, plan, _phase(progress, 0.75 if plan.refine else 0.9, 0.8))
+    points = measure_points(engine, plan.batch_sizes, plan, _phase(progress, 0.05, 0.7))
+    points = recheck_points(engine, points, plan, _phase(progress, 0.7, 0.75))
     fp = engine.fingerprint()
     fp = Fingerprint(**{**fp.__dict__, "command": command or fp.command})
     profile = StepProfile(points=tuple(points), context_len=engine.context_len, fingerprint=fp)
@@ -310,9 +303,29 @@ def run_plan(engine: Engine, plan: TunePlan, prompts: Sequence[str], *, workload
     if plan.refine:
         refined = refinement_batch_sizes(profile, rates, k_max)
         if refined:
-            points = recheck_points(engine, points + measure_points(engine, refined, plan, _phase(progress, 0.8, 0.95)),
-                                    plan, _phase(progress, 0.95, 1.0))
+            points = recheck_points(engine, points + measure_points(engine, refined, plan, _phase(progress, 0.75, 0.85)),
+                                    plan, _phase(progress, 0.85, 0.88))
             profile = StepProfile(points=tuple(points), context_len=engine.context_len, fingerprint=fp)
+    calls = settle_close_calls(engine, profile, rates, plan, _phase(progress, 0.88, 1.0))
+    if calls:
+        profile = StepProfile(points=tuple(calls[1]), context_len=engine.context_len, fingerprint=fp)
     if progress:
         progress("done", 1.0)
-    return TuneOutcome(profile, counts, rates, tuple(refined))
+    return TuneOutcome(profile, counts, rates, tuple(refined), tuple(calls[0]) if calls else ())
+
+
+def settle_close_calls(engine: Engine, profile: StepProfile, rates: Sequence[float], plan: TunePlan,
+                       progress: ProgressFn | None = None) -> tuple[list[CloseCall], list[StepPoint]] | None:
+    """Re-measure the close calls (``tabletune.close_calls``); None when there are none."""
+    calls = close_calls(profile, rates, max(plan.ks), plan.close_call_margin) if plan.close_call_windows else []
+    if not calls:
+        return None
+    windows = iter(range(len(calls) * plan.close_call_windows))
+
+    def measure(b: int, ks: tuple[int, ...]) -> list[StepPoint]:
+        if progress:
+            progress(f"close call b={b} k={ks}", next(windows) / (len(calls) * plan.close_call_windows))
+        return measure_points(engine, [b], dataclasses.replace(plan, ks=ks, point_budget_s=plan.point_budget_s / 2))
+
+    keep = lambda samples: interference_filter(samples, plan.interference_tolerance)  # noqa: E731
+    return calls, settle(list(profile.points), calls, plan.close_call_windows, measure, keep)
