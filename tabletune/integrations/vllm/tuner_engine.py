@@ -103,18 +103,24 @@ class VllmEngine:
         if not 1 <= batch_size <= self.max_batch_size or not 0 <= k <= self.k_max:
             raise ValueError(f"(b={batch_size}, k={k}) outside 1..{self.max_batch_size} x 0..{self.k_max}")
         self.force_k(k)
-        self._ensure_batch(batch_size, k)
-        self._steps(WARMUP_STEPS)
         full: list[tuple[float, int]] = []
         short: list[tuple[float, int]] = []
-        for _ in range(4 * num_steps):
-            for r in self._steps(1, record=True):
-                if r.has_prefill or r.num_reqs != batch_size:
-                    continue
-                (full if r.scheduled_tokens == batch_size * (k + 1) else short).append((r.step_ms, r.scheduled_tokens))
-            if len(full) >= num_steps:
+        for attempt in range(2):
+            if attempt:  # the drafter stopped proposing k tokens (the text left the pattern): a fresh batch
+                self.stop_batch()
+            self._ensure_batch(batch_size, k)
+            self._steps(WARMUP_STEPS)
+            for _ in range(4 * num_steps):
+                for r in self._steps(1, record=True):
+                    if r.has_prefill or r.num_reqs != batch_size:
+                        continue
+                    bucket = full if r.scheduled_tokens == batch_size * (k + 1) else short
+                    bucket.append((r.step_ms, r.scheduled_tokens))
+                if len(full) >= num_steps:
+                    break
+            if full:
                 break
-        kept = full or short  # short drafts only when the drafter never proposed k tokens
+        kept = full or short  # short drafts only when even a fresh batch never proposed k tokens
         self.context_len = round(self._context_sum / max(self._context_n, 1))
         return StepSamples(tuple(ms for ms, _ in kept), tuple(t for _, t in kept))
 
