@@ -91,18 +91,22 @@ def kernel_breakdown(engine, batch_size: int, k: int, context_len: int, top: int
 
 
 def pdl_compare(engine, points, context_len: int, reps: int = 20) -> list[str]:
-    """GPU time of one step's graph captured with and without programmatic dependent launch."""
+    """GPU time of one step's graph captured with PDL and the GEMM weight prefetch, with PDL alone, and with neither."""
     import os
 
+    from tabletune.engine import gemm
+
+    prefetch = gemm.PREFETCH_K
+    variants = (("pdl+prefetch", "1", prefetch), ("pdl", "1", 0), ("off", "0", 0))
     lines = []
     for b, k in points:
         ms = {}
-        for flag in ("1", "0"):
-            os.environ["TABLETUNE_PDL"] = flag
+        for name, flag, pf in variants:
+            os.environ["TABLETUNE_PDL"], gemm.PREFETCH_K = flag, pf
             buf = engine.buffers[b]
             engine.set_context(b, context_len)
             buf.slots.copy_(torch.arange(b))
-            engine._step_body(buf, k)  # compiles the kernels of this PDL setting outside the capture
+            engine._step_body(buf, k)  # compiles the kernels of this setting outside the capture
             torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
@@ -116,10 +120,10 @@ def pdl_compare(engine, points, context_len: int, reps: int = 20) -> list[str]:
                 e1.record()
                 e1.synchronize()
                 times.append(e0.elapsed_time(e1))
-            ms[flag] = statistics.median(times)
+            ms[name] = statistics.median(times)
             del g
-        lines.append(f"pdl b={b:3d} k={k}: on {ms['1']:.3f} ms, off {ms['0']:.3f} ms ({ms['0'] / ms['1'] - 1:+.1%})")
-    os.environ["TABLETUNE_PDL"] = "1"
+        lines.append(f"b={b:3d} k={k}: " + ", ".join(f"{n} {t:.3f} ms" for n, t in ms.items()))
+    os.environ["TABLETUNE_PDL"], gemm.PREFETCH_K = "1", prefetch
     return lines
 
 
@@ -167,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"built + captured {len(engine.graphs)} graphs in {time.perf_counter() - t0:.1f} s", flush=True)
     cfg = engine.target.cfg
     if args.diagnose:
-        for line in pdl_compare(engine, [(b, k) for b, k in ((1, 0), (8, 3), (32, 7), (128, 2)) if b <= args.max_batch],
+        for line in pdl_compare(engine, [(b, k) for b, k in ((1, 0), (1, 7), (8, 3), (16, 5), (32, 7), (128, 2)) if b <= args.max_batch],
                                 args.context):
             print(line, flush=True)
         for b, k in ((1, 0), (8, 3), (32, 7), (128, 2), (256, 0)):

@@ -9,7 +9,8 @@ acceptance. The first wave of requests has staggered output lengths (so requests
 finish at different steps from the start, as in a steady closed loop); the
 measuring window runs from the step after the whole first wave was replaced to
 the last step that ran the full load (prefills included), so neither warm-up
-nor drain counts. It also measures
+nor drain counts. The prefills inside that window (eager, host-bound, so their
+cost varies from run to run) give the run's own prefill cost per prompt token. It also measures
 T(b, k) of the same engine at the mean serving context and the prefill cost per
 prompt token, so ``benchmarks/engine_sim_agreement.py`` can run the simulator on
 the same profile and acceptance.
@@ -141,14 +142,19 @@ def main(argv: list[str] | None = None) -> int:
             stats = Scheduler(engine, tab, max_num_seqs=load, cap_rates=RATES, seed=load).run(reqs)
             start = window_start(stats, load)
             st = stats.step_batch_sizes, stats.step_wall_s, stats.step_tokens
+            end = max(i for i, b in enumerate(stats.step_batch_sizes) if b == load) + 1
+            n_adm = sum(stats.step_admitted[start:end])
+            pre_ms_tok = 1e3 * sum(stats.step_prefill_s[start:end]) / (n_adm * args.prompt_len) if n_adm else None
             runs.append({"load": load, "policy": name, "k": tab.k_for(load), "window_start": start,
+                         "prefill_ms_per_token": pre_ms_tok and round(pre_ms_tok, 5),
                          "throughput_tok_s": round(steady_throughput(*st, load, start), 2),
                          "overall_tok_s": round(stats.throughput_tok_s, 2), "num_steps": stats.num_steps,
                          "rates": [None if r is None else round(r, 4) for r in stats.counts.rates()],
                          "reached": stats.counts.reached, "accepted": stats.counts.accepted,
                          "steps": {"batch_size": stats.step_batch_sizes, "k": stats.step_ks,
                                    "wall_ms": [round(w * 1e3, 3) for w in stats.step_wall_s],
-                                   "tokens": stats.step_tokens}})
+                                   "tokens": stats.step_tokens, "admitted": stats.step_admitted,
+                                   "prefill_ms": [round(x * 1e3, 3) for x in stats.step_prefill_s]}})
             print(f"load {load:4d} {name:8s} k={runs[-1]['k']} {runs[-1]['throughput_tok_s']:9.1f} tok/s "
                   f"rates {runs[-1]['rates'][:4]}", flush=True)
     fileio.write_json(args.out + ".json", {

@@ -27,21 +27,32 @@ import triton.language as tl
 from tabletune.engine import kernels
 
 MAX_TRITON_M = 512
+PREFETCH_K = 512  # with PDL: K columns of its weight rows a program pulls into L2 before waiting (0: off)
 SMEM_BYTES = 200 * 1024  # H100/H200: 227 KB per block; leave room for the epilogue
+
+
+@triton.jit
+def _prefetch_l2(ptrs):
+    """PTX ``prefetch.global.L2`` for every address of ``ptrs`` (no data comes back)."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
 
 
 @triton.jit
 def _gemm_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, K_PER_SPLIT, WS_STRIDE,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-                 GATED: tl.constexpr, USE_PDL: tl.constexpr):
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+                 GATED: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_K: tl.constexpr):
     pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     k_lo = pid_s * K_PER_SPLIT
     k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+    if USE_PDL:
+        if PREFETCH_K > 0:  # weights do not depend on the previous kernel: pull the first ones into L2 while it ends
+            pk = tl.minimum(k_lo + tl.arange(0, PREFETCH_K // 64) * 64, K - 1)  # one address per 128-byte line
+            _prefetch_l2(w_ptr + tl.minimum(cols, N - 1).to(tl.int64)[:, None] * K + pk[None, :])
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     kk = tl.arange(0, BLOCK_K)
     x_stride = 2 * K if GATED else K
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -105,9 +116,31 @@ def triton_linear(x: torch.Tensor, w: torch.Tensor, cfg, gated: bool = False) ->
     assert grid[0] * grid[1] <= kernels.MAX_TICKETS
     pdl = kernels.pdl_enabled(x)
     _gemm_kernel[grid](x, w, y, ws, kernels.counters(x.device), m, n, k, per_split, m * n, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                       SPLIT=split, GATED=gated, USE_PDL=pdl, num_warps=warps, num_stages=stages,
+                       SPLIT=split, GATED=gated, USE_PDL=pdl, PREFETCH_K=_prefetch_k(x, per_split) if pdl else 0,
+                       num_warps=warps, num_stages=stages,
                        **kernels.pdl_kwargs(pdl))
     return y
+
+
+_prefetch_ok: dict[torch.device, bool] = {}
+
+
+def _prefetch_k(x: torch.Tensor, per_split: int) -> int:
+    """Columns to prefetch (a power of two >= 64, at most PREFETCH_K), or 0 when off or when a probe launch failed."""
+    n = min(PREFETCH_K, per_split)
+    if n < 64:
+        return 0
+    if x.device not in _prefetch_ok:
+        try:
+            a, w = torch.ones(1, 64, dtype=x.dtype, device=x.device), torch.ones(64, 64, dtype=x.dtype, device=x.device)
+            y = torch.empty(1, 64, dtype=x.dtype, device=x.device)
+            _gemm_kernel[(1, 1, 1)](a, w, y, y, kernels.counters(x.device), 1, 64, 64, 64, 64, BLOCK_M=16, BLOCK_N=64,
+                                    BLOCK_K=64, SPLIT=1, GATED=False, USE_PDL=True, PREFETCH_K=64, launch_pdl=True)
+            _prefetch_ok[x.device] = bool((y == 64).all())
+        except Exception as exc:  # this Triton / GPU cannot: run without the prefetch
+            print(f"tabletune: GEMM prefetch off ({type(exc).__name__}: {exc})")
+            _prefetch_ok[x.device] = False
+    return 1 << (n.bit_length() - 1) if _prefetch_ok[x.device] else 0
 
 
 _choice: dict[tuple[int, int, int, bool], tuple | None] = {}  # (M, N, K, gated) -> Triton config, None: cuBLAS

@@ -215,8 +215,12 @@ def _attn_merge(out_ptr, o_part, m_part, l_part, pair, o_off, row_ok, D: tl.cons
 
 
 def num_splits_for(batch_size: int, num_kv_heads: int, num_sms: int = 132) -> int:
-    """Splits of the keys so that batch * kv_heads * splits fills the GPU twice over (1 .. 8)."""
-    return max(1, min(8, -(-2 * num_sms // (batch_size * num_kv_heads))))
+    """Splits of the keys so that batch * kv_heads * splits covers the SMs once (1 .. 8).
+
+    Measured on the H200 (engine_roofline --diagnose): one split is fastest once batch * kv_heads >= 256
+    (the merge costs more than the extra programs bring), 8 at b = 1, 2-5 at b = 8.
+    """
+    return max(1, min(8, -(-num_sms // (batch_size * num_kv_heads))))
 
 
 def attention(q, k_cache, v_cache, start_pos, slots, scale, num_splits: int | None = None):

@@ -46,6 +46,8 @@ class RunStats:
     step_wall_s: list[float] = field(default_factory=list)  # per step, admissions/prefills before it included
     step_tokens: list[int] = field(default_factory=list)  # tokens emitted by the step
     replaced_at_step: dict[int, int] = field(default_factory=dict)  # request id -> index of the first step without it
+    step_admitted: list[int] = field(default_factory=list)  # requests admitted (prefilled) before the step
+    step_prefill_s: list[float] = field(default_factory=list)  # wall time of those prefills (inside step_wall_s)
 
     @property
     def throughput_tok_s(self) -> float:
@@ -118,6 +120,7 @@ class Scheduler:
         free = list(range(self.engine.cache.num_slots))[::-1]
         steps_b, steps_k, walls, toks = [], [], [], []
         replaced: dict[int, int] = {}
+        admitted, prefill_s = [], []
         t0 = time.perf_counter()
         t_prev = t0
         while waiting or running:
@@ -130,11 +133,13 @@ class Scheduler:
                     still.append(req)
             running = still
             n_first = 0  # prefills emit each request's first token
+            t_adm = time.perf_counter()
             while waiting and len(running) < self.max_num_seqs:
                 req = waiting.popleft()
                 self._admit(req, free)
                 running.append(req)
                 n_first += 1
+            t_adm = time.perf_counter() - t_adm
             if not running:
                 continue
             b = len(running)
@@ -143,6 +148,8 @@ class Scheduler:
             ms, emitted = self.engine.step([r.slot for r in running], k, caps)
             steps_b.append(b)
             steps_k.append(k)
+            admitted.append(n_first)
+            prefill_s.append(t_adm)
             n_tok = n_first
             for req, m, out in zip(running, ms, emitted):
                 if k > 0:
@@ -157,4 +164,4 @@ class Scheduler:
         wall = time.perf_counter() - t0
         out_tokens = sum(len(r.output) for r in requests)
         return RunStats(len(requests), out_tokens, wall, len(steps_b), self.counts, steps_b, steps_k, walls, toks,
-                        replaced)
+                        replaced, admitted, prefill_s)
