@@ -139,7 +139,7 @@ class Scheduler:
                 self._admit(req, free)
                 running.append(req)
                 n_first += 1
-            t_adm = time.perf_counter() - t_adm
+            t_adm = time.perf_counter() - t_adm if n_first else 0.0
             if not running:
                 continue
             b = len(running)

@@ -14,7 +14,7 @@ from tabletune.engine.drafters import ReplayDrafter, make_drafter  # noqa: E402
 from tabletune.engine.model import Decoder  # noqa: E402
 from tabletune.engine.presets import PRESETS, config_from_hf  # noqa: E402
 from tabletune.engine.runner import EngineConfig, SpecEngine  # noqa: E402
-from tabletune.engine.scheduler import Request, Scheduler, draw_caps  # noqa: E402
+from tabletune.engine.scheduler import Request, Scheduler, draw_caps, steady_throughput  # noqa: E402
 from tabletune.table import DraftTable  # noqa: E402
 
 DRAFTERS = ("ngram", "eagle", "draft_model", "parallel_block")
@@ -110,6 +110,33 @@ def test_replay_without_cap_accepts_all_and_is_lossless(tiny):
     stats = Scheduler(engine, DraftTable.fixed(4)).run(reqs)
     assert [r.output for r in reqs] == [b[:13] for b in base]
     assert stats.counts.rates()[0] == 1.0
+
+
+def test_scheduler_replaces_finished_requests_in_the_same_step(tiny):
+    """k = 0 (one token per step), max_num_seqs 2, outputs of 3, 5 and 4 tokens (the prefill gives the first).
+
+    step 0: r0, r1 admitted (2 tokens each after it); step 1: r0 reaches 3 -> replaced before step 2, where
+    r2 is admitted; r1 reaches 5 after step 3 -> gone from step 4; r2 reaches 4 after step 4 -> gone at 5.
+    """
+    target, prompts, _ = tiny
+    engine = _engine(target, "ngram", max_num_seqs=2)
+    reqs = [Request(list(prompts[i]), n, i) for i, n in enumerate((3, 5, 4))]
+    stats = Scheduler(engine, DraftTable.fixed(0)).run(reqs)
+    assert [len(r.output) for r in reqs] == [3, 5, 4]
+    assert stats.step_batch_sizes == [2, 2, 2, 2, 1]
+    assert stats.step_admitted == [2, 0, 1, 0, 0]
+    assert stats.replaced_at_step == {0: 2, 1: 4, 2: 5}
+    assert stats.step_tokens == [2 + 2, 2, 1 + 2, 2, 1]  # first tokens of the admitted + one per running row
+    assert len(stats.step_prefill_s) == 5 and stats.step_prefill_s[1] == 0.0 < stats.step_prefill_s[0]
+
+
+def test_steady_throughput_window_hand_worked():
+    # steps: batch [2, 2, 2, 1], tokens [4, 2, 3, 1], wall [1, 1, 2, 1] s; load 2 -> last full step is 2
+    args = ([2, 2, 2, 1], [1.0, 1.0, 2.0, 1.0], [4, 2, 3, 1], 2)
+    assert steady_throughput(*args) == pytest.approx((2 + 3) / (1 + 2))  # default: from step 1
+    assert steady_throughput(*args, start=2) == pytest.approx(3 / 2)
+    assert steady_throughput(*args, start=9) == pytest.approx(3 / 2)  # never past the last full step
+    assert steady_throughput([1, 1], [1.0, 1.0], [1, 1], 2) == 0.0  # the load never ran
 
 
 def test_draw_caps_replays_conditional_rates():
