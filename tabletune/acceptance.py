@@ -46,6 +46,7 @@ class AcceptanceCounts:
     reached: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
     drafted: list[int] = field(default_factory=list)
+    undrafted: int = 0  # decode request-steps with k >= 1 asked for in which the drafter proposed nothing
 
     def __post_init__(self) -> None:
         for name in ("reached", "accepted", "drafted"):
@@ -69,6 +70,20 @@ class AcceptanceCounts:
             self.reached[j] += 1
         for j in range(m):
             self.accepted[j] += 1
+
+    def observe_undrafted(self, count: int = 1) -> None:
+        """Count request-steps that verified no draft although k >= 1 was asked (no n-gram match)."""
+        self.undrafted += count
+
+    @property
+    def draft_rate(self) -> float:
+        """q = drafts / (drafts + undrafted request-steps): the share of request-steps that draft.
+
+        1.0 for drafters that always propose (a draft model, EAGLE) or when nothing was counted;
+        below 1 for prompt-lookup (n-gram) drafting, which proposes only on a match.
+        """
+        total = self.num_drafts + self.undrafted
+        return self.num_drafts / total if total else 1.0
 
     def rates(self) -> list[float | None]:
         """a_j = accepted_j / reached_j; None where no draft reached position j."""
@@ -145,7 +160,8 @@ class AcceptanceProfile:
             "model": self.model,
             "command": self.command,
             "entries": [
-                {**dataclasses.asdict(e), "rates": [None if r is None else round(r, 6) for r in e.rates()]}
+                {**dataclasses.asdict(e), "rates": [None if r is None else round(r, 6) for r in e.rates()],
+                 "draft_rate": round(e.draft_rate, 6)}
                 for e in self.entries
             ],
         }
@@ -183,6 +199,8 @@ class AcceptanceProfile:
                 temperature=_as_float(e.get("temperature", 0.0), source, f"entries[{i}].temperature"),
                 drafter=str(e.get("drafter", "")),
                 num_drafts=_as_int(e.get("num_drafts", 0), source, f"entries[{i}].num_drafts"),
+                undrafted=_nonnegative(_as_int(e.get("undrafted", 0), source, f"entries[{i}].undrafted"),
+                                       source, f"entries[{i}].undrafted"),
                 **lists,
             ))
         return cls(entries=entries, model=str(d.get("model", "")), command=str(d.get("command", "")), source=source)
@@ -190,6 +208,12 @@ class AcceptanceProfile:
     @classmethod
     def load(cls, path: str | Path) -> AcceptanceProfile:
         return cls.from_json(fileio.read_json(path), source=str(path))
+
+
+def _nonnegative(value: int, source: str, field: str) -> int:
+    if value < 0:
+        raise InputError(source, field, value, "must be >= 0")
+    return value
 
 
 def validate_rates(rates: Sequence[float], source: str, field: str = "acceptance") -> list[float]:
@@ -218,3 +242,10 @@ def load_rates(spec: str, workload: str | None = None, temperature: float | None
         rates = entry.known_rates()
         return validate_rates([max(r, 1e-6) for r in rates], spec, "rates")
     return parse_rates(spec)
+
+
+def load_draft_rate(spec: str, workload: str | None = None, temperature: float | None = None) -> float:
+    """The entry's draft rate when ``spec`` is an AcceptanceProfile file; 1.0 for plain rates."""
+    if Path(spec).suffix == ".json" or Path(spec).exists():
+        return AcceptanceProfile.load(spec).select(workload, temperature).draft_rate
+    return 1.0

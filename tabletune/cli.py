@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tabletune import fileio
-from tabletune.acceptance import load_rates
+from tabletune.acceptance import load_draft_rate, load_rates
 from tabletune.errors import InputError
 from tabletune.optimizer import OptimizeOptions, TableResult, optimize_table
 from tabletune.profile import StepProfile, parse_int_list
@@ -42,12 +42,14 @@ def main() -> None:
     """TableTune: measured draft-length tables for speculative decoding."""
 
 
-def _options(max_batch: int | None, k_max: int | None, lengths: str | None, min_gain: float) -> OptimizeOptions:
+def _options(max_batch: int | None, k_max: int | None, lengths: str | None, min_gain: float,
+             draft_rate: float = 1.0) -> OptimizeOptions:
     return OptimizeOptions(
         max_batch=max_batch,
         k_max=k_max,
         lengths=tuple(parse_int_list(lengths, "--lengths", "lengths")) if lengths else None,
         min_gain=min_gain,
+        draft_rate=draft_rate,
     )
 
 
@@ -106,7 +108,8 @@ def table_cmd(step_times, acceptance, workload, temperature, max_batch, k_max, l
     """Compute the goodput-optimal draft-length table."""
     profile = StepProfile.load(step_times)
     rates = load_rates(acceptance, workload, temperature)
-    result = optimize_table(profile, rates, _options(max_batch, k_max, lengths, min_gain))
+    draft_rate = load_draft_rate(acceptance, workload, temperature)  # share of request-steps that draft
+    result = optimize_table(profile, rates, _options(max_batch, k_max, lengths, min_gain, draft_rate))
     text = format_table(result, fmt)
     if output:
         fileio.write_text(output, text + "\n")
@@ -131,7 +134,9 @@ def show_cmd(step_times, acceptance, workload, temperature, max_batch, k_max, le
 
     profile = StepProfile.load(step_times)
     rates = load_rates(acceptance, workload, temperature) if acceptance else None
-    result = render_png(profile, rates, png, _options(max_batch, k_max, lengths, 0.0), title=Path(step_times).name)
+    draft_rate = load_draft_rate(acceptance, workload, temperature) if acceptance else 1.0
+    result = render_png(profile, rates, png, _options(max_batch, k_max, lengths, 0.0, draft_rate),
+                        title=Path(step_times).name)
     for line in summary_lines(profile, result):
         click.echo(line)
     click.echo(f"wrote {png}")

@@ -30,9 +30,10 @@ from tabletune.optimizer import OptimizeOptions, optimize_table
 from tabletune.profile import StepPoint, StepProfile
 
 
-def refinement_batch_sizes(profile: StepProfile, rates: Sequence[float], k_max: int) -> list[int]:
+def refinement_batch_sizes(profile: StepProfile, rates: Sequence[float], k_max: int,
+                           draft_rate: float = 1.0) -> list[int]:
     """Midpoints between neighbouring measured b whose chosen k differ (not yet measured)."""
-    result = optimize_table(profile, rates, OptimizeOptions(k_max=k_max))
+    result = optimize_table(profile, rates, OptimizeOptions(k_max=k_max, draft_rate=draft_rate))
     chosen = {p.batch_size: p.k for p in result.predictions}
     bs = profile.batch_sizes
     out = []
@@ -54,11 +55,12 @@ class CloseCall:
     edge: float  # best goodput / runner-up goodput - 1
 
 
-def close_calls(profile: StepProfile, rates: Sequence[float], k_max: int, margin: float) -> list[CloseCall]:
+def close_calls(profile: StepProfile, rates: Sequence[float], k_max: int, margin: float,
+                draft_rate: float = 1.0) -> list[CloseCall]:
     """Measured batch sizes where some other k's modelled goodput is within ``margin`` of the best."""
     if margin < 0:
         raise ValueError(f"margin must be >= 0, got {margin}")
-    result = optimize_table(profile, rates, OptimizeOptions(k_max=k_max))
+    result = optimize_table(profile, rates, OptimizeOptions(k_max=k_max, draft_rate=draft_rate))
     measured = set(profile.batch_sizes)
     out = []
     for pred in result.predictions:

@@ -11,6 +11,13 @@ tokens per request per step, and a batch of b requests decodes at
 
 T for an unmeasured b is linear in b between the measured batch sizes; below the
 smallest it is the smallest's T, above the largest it is the largest's T.
+
+Drafters that do not always propose (prompt lookup / n-gram drafts only on a
+match) draft in a share q of request-steps (``AcceptanceCounts.draft_rate``). T(b, k)
+is timed with every request drafting k; with q < 1 a step verifies b (1 + q k)
+tokens on average, so to first order (cost linear in the drafted tokens)
+
+    E_q[tokens | k] = 1 + q (E[tokens | k] - 1),   T_q(b, k) = T(b, 0) + q (T(b, k) - T(b, 0)).
 """
 
 from __future__ import annotations
@@ -44,6 +51,13 @@ def expected_tokens(rates: Sequence[float], k: int) -> float:
     if k < 0 or k > len(rates):
         raise ValueError(f"k={k} outside 0..{len(rates)} (the rates known)")
     return 1.0 + sum(survival(rates[:k]))
+
+
+def with_draft_rate(tokens: float, step_ms: float, step_ms_k0: float, draft_rate: float) -> tuple[float, float]:
+    """(E_q, T_q) for a drafter that proposes in a share q of request-steps (see the module docstring)."""
+    if not 0.0 < draft_rate <= 1.0:
+        raise ValueError(f"draft_rate must lie in (0, 1], got {draft_rate}")
+    return 1.0 + draft_rate * (tokens - 1.0), step_ms_k0 + draft_rate * (step_ms - step_ms_k0)
 
 
 def goodput(batch_size: int, step_ms: float, tokens_per_request: float) -> float:

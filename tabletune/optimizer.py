@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tabletune.goodput import expected_tokens, goodput
+from tabletune.goodput import expected_tokens, goodput, with_draft_rate
 from tabletune.profile import StepProfile
 from tabletune.table import DraftTable
 
@@ -24,6 +24,7 @@ class OptimizeOptions:
     k_max: int | None = None
     lengths: tuple[int, ...] | None = None  # allowed k, e.g. those with CUDA graphs
     min_gain: float = 0.0
+    draft_rate: float = 1.0  # share of request-steps that draft (``AcceptanceCounts.draft_rate``)
 
     def __post_init__(self) -> None:
         if self.max_batch is not None and self.max_batch < 1:
@@ -32,6 +33,8 @@ class OptimizeOptions:
             raise ValueError(f"k_max must be >= 0, got {self.k_max}")
         if self.min_gain < 0:
             raise ValueError(f"min_gain must be >= 0, got {self.min_gain}")
+        if not 0 < self.draft_rate <= 1:
+            raise ValueError(f"draft_rate must lie in (0, 1], got {self.draft_rate}")
         if self.lengths is not None and (not self.lengths or min(self.lengths) < 0):
             raise ValueError(f"lengths must be non-empty and >= 0, got {self.lengths}")
 
@@ -91,11 +94,24 @@ def allowed_lengths(profile: StepProfile, num_rates: int, options: OptimizeOptio
     return tuple(sorted(ks))
 
 
-def goodput_grid(profile: StepProfile, rates: Sequence[float], ks: Sequence[int], max_batch: int) -> list[dict[int, float]]:
-    """grid[b-1][k] = modelled goodput at batch size b with fixed k."""
+def goodput_grid(profile: StepProfile, rates: Sequence[float], ks: Sequence[int], max_batch: int,
+                 draft_rate: float = 1.0) -> list[dict[int, float]]:
+    """grid[b-1][k] = modelled goodput at batch size b with fixed k (``draft_rate``: see goodput.py)."""
     tokens = {k: expected_tokens(rates, k) for k in ks}
     step_ms = {k: profile.dense_step_ms(max_batch, k) for k in ks}
-    return [{k: goodput(b, step_ms[k][b - 1], tokens[k]) for k in ks} for b in range(1, max_batch + 1)]
+    if draft_rate == 1.0:
+        return [{k: goodput(b, step_ms[k][b - 1], tokens[k]) for k in ks} for b in range(1, max_batch + 1)]
+    if 0 not in profile.ks:
+        raise ValueError(f"a draft rate below 1 ({draft_rate:.3f}) needs T(b, 0) measured; the profile has k {profile.ks}")
+    base = profile.dense_step_ms(max_batch, 0)
+    grid = []
+    for b in range(1, max_batch + 1):
+        row = {}
+        for k in ks:
+            tokens_q, step_q = with_draft_rate(tokens[k], step_ms[k][b - 1], base[b - 1], draft_rate)
+            row[k] = goodput(b, step_q, tokens_q)
+        grid.append(row)
+    return grid
 
 
 def best_k(row: dict[int, float]) -> int:
@@ -106,7 +122,7 @@ def best_k(row: dict[int, float]) -> int:
 def optimize_table(profile: StepProfile, rates: Sequence[float], options: OptimizeOptions = OptimizeOptions()) -> TableResult:
     max_batch = options.max_batch or profile.max_batch_size
     ks = allowed_lengths(profile, len(rates), options)
-    grid = goodput_grid(profile, rates, ks, max_batch)
+    grid = goodput_grid(profile, rates, ks, max_batch, options.draft_rate)
     chosen: list[int] = []
     for row in grid:
         k = best_k(row)
@@ -132,10 +148,10 @@ def predict(table: DraftTable, grid: list[dict[int, float]]) -> tuple[BatchPredi
 
 
 def evaluate_table(profile: StepProfile, rates: Sequence[float], table: DraftTable, max_batch: int,
-                   ks: Sequence[int] | None = None) -> tuple[BatchPrediction, ...]:
+                   ks: Sequence[int] | None = None, draft_rate: float = 1.0) -> tuple[BatchPrediction, ...]:
     """Predicted goodput of any table (e.g. vLLM's documented one) under the model."""
     ks = list(ks) if ks is not None else [k for k in profile.ks if k <= len(rates)]
-    return predict(table, goodput_grid(profile, rates, ks, max_batch))
+    return predict(table, goodput_grid(profile, rates, ks, max_batch, draft_rate))
 
 
 def best_single_k(predictions: Sequence[BatchPrediction]) -> int:

@@ -301,12 +301,12 @@ def run_plan(engine: Engine, plan: TunePlan, prompts: Sequence[str], *, workload
     profile = StepProfile(points=tuple(points), context_len=engine.context_len, fingerprint=fp)
     refined: list[int] = []
     if plan.refine:
-        refined = refinement_batch_sizes(profile, rates, k_max)
+        refined = refinement_batch_sizes(profile, rates, k_max, counts.draft_rate)
         if refined:
             points = recheck_points(engine, points + measure_points(engine, refined, plan, _phase(progress, 0.75, 0.85)),
                                     plan, _phase(progress, 0.85, 0.88))
             profile = StepProfile(points=tuple(points), context_len=engine.context_len, fingerprint=fp)
-    calls = settle_close_calls(engine, profile, rates, plan, _phase(progress, 0.88, 1.0))
+    calls = settle_close_calls(engine, profile, rates, plan, _phase(progress, 0.88, 1.0), counts.draft_rate)
     if calls:
         profile = StepProfile(points=tuple(calls[1]), context_len=engine.context_len, fingerprint=fp)
     if progress:
@@ -315,9 +315,11 @@ def run_plan(engine: Engine, plan: TunePlan, prompts: Sequence[str], *, workload
 
 
 def settle_close_calls(engine: Engine, profile: StepProfile, rates: Sequence[float], plan: TunePlan,
-                       progress: ProgressFn | None = None) -> tuple[list[CloseCall], list[StepPoint]] | None:
+                       progress: ProgressFn | None = None,
+                       draft_rate: float = 1.0) -> tuple[list[CloseCall], list[StepPoint]] | None:
     """Re-measure the close calls (``tabletune.close_calls``); None when there are none."""
-    calls = close_calls(profile, rates, max(plan.ks), plan.close_call_margin) if plan.close_call_windows else []
+    calls = (close_calls(profile, rates, max(plan.ks), plan.close_call_margin, draft_rate)
+             if plan.close_call_windows else [])
     if not calls:
         return None
     windows = iter(range(len(calls) * plan.close_call_windows))

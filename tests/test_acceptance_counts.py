@@ -85,3 +85,20 @@ def test_acceptance_file_parser_never_crashes(tmp_path_factory, data):
         AcceptanceProfile.load(p)
     except InputError:
         pass
+
+
+def test_draft_rate_counts_undrafted_request_steps(tmp_path):
+    c = AcceptanceCounts(k_max=2, drafter="ngram")
+    assert c.draft_rate == 1.0  # nothing counted: drafting always
+    c.observe_draft(2, 1)
+    c.observe_undrafted(3)  # three request-steps where the n-gram drafter found no match
+    assert c.undrafted == 3 and c.draft_rate == pytest.approx(1 / 4)
+    path = tmp_path / "a.json"
+    AcceptanceProfile([c]).save(path)
+    assert json.loads(path.read_text())["entries"][0]["draft_rate"] == 0.25
+    assert AcceptanceProfile.load(path).entries[0].draft_rate == pytest.approx(0.25)
+    bad = json.loads(path.read_text())
+    bad["entries"][0]["undrafted"] = -1
+    path.write_text(json.dumps(bad))
+    with pytest.raises(InputError, match=r"field 'entries\[0\].undrafted' = -1"):
+        AcceptanceProfile.load(path)

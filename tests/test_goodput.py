@@ -39,3 +39,12 @@ def test_interpolate_linear_and_flat_outside():
 def test_survival_roundtrip(rates):
     back = conditional_from_survival(survival(rates))
     assert all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(rates, back))
+
+
+def test_with_draft_rate_hand_worked():
+    from tabletune.goodput import with_draft_rate
+
+    assert with_draft_rate(2.5, 30.0, 10.0, 1.0) == (2.5, 30.0)
+    assert with_draft_rate(2.5, 30.0, 10.0, 0.2) == pytest.approx((1.3, 14.0))
+    with pytest.raises(ValueError):
+        with_draft_rate(2.5, 30.0, 10.0, 1.5)

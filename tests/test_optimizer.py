@@ -101,3 +101,23 @@ def test_documented_table_is_worse_under_weak_acceptance(starter_8b):
     tuned = optimize_table(profile, rates)
     documented = evaluate_table(profile, rates, DraftTable(VLLM_DOCUMENTED_RANGES), 256)
     assert sum(p.goodput for p in tuned.predictions) > sum(p.goodput for p in documented)
+
+
+def test_draft_rate_hand_worked():
+    """q = 0.5: E_q = 1 + q (E - 1), T_q = T(b,0) + q (T(b,k) - T(b,0))."""
+    rates = [0.8, 0.5]
+    q = 0.5
+    r = optimize_table(HAND, rates, OptimizeOptions(draft_rate=q))
+    row = r.predictions[0].fixed_goodput  # b=1
+    assert row[0] == pytest.approx(1000 * 1 / 10.0)
+    assert row[1] == pytest.approx(1000 * (1 + q * 0.8) / (10 + q * 0.5))
+    assert row[2] == pytest.approx(1000 * (1 + q * 1.2) / (10 + q * 1.0))
+    row8 = r.predictions[7].fixed_goodput  # b=8
+    assert row8[2] == pytest.approx(8000 * (1 + q * 1.2) / (20 + q * 32))
+    assert evaluate_table(HAND, rates, r.table, 8, draft_rate=q)[7].fixed_goodput == row8
+    with pytest.raises(ValueError, match="draft_rate"):
+        OptimizeOptions(draft_rate=0.0)
+    no_k0 = profile_from([(1, 1, 10.0), (1, 2, 11.0)])
+    with pytest.raises(ValueError, match="T\\(b, 0\\)"):
+        optimize_table(no_k0, rates, OptimizeOptions(draft_rate=q))
+    assert optimize_table(no_k0, rates).table.k_for(1) == 2  # q = 1 needs no k = 0

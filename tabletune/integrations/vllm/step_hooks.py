@@ -113,14 +113,23 @@ class StepRecorder:
         )
 
     def _count(self, scheduler_output, model_runner_output) -> None:
-        """vLLM's rule: drafts = scheduled spec tokens, accepted = sampled tokens - 1."""
+        """vLLM's rule: drafts = scheduled spec tokens, accepted = sampled tokens - 1.
+
+        A request decoding one token with no draft (the n-gram drafter found no match)
+        counts as an undrafted request-step (``AcceptanceCounts.draft_rate``).
+        """
         sampled = model_runner_output.sampled_token_ids
         index = model_runner_output.req_id_to_index
+        if not sampled:
+            return
         invalid = scheduler_output.num_invalid_spec_tokens or {}
-        for req_id, draft in scheduler_output.scheduled_spec_decode_tokens.items():
-            if not draft or req_id not in index or not sampled:
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        new = {r.req_id for r in scheduler_output.scheduled_new_reqs}
+        for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
+            if req_id not in index or not sampled[index[req_id]]:
                 continue
-            generated = sampled[index[req_id]]
-            if not generated:
-                continue
-            self.counts.observe_draft(len(draft) - invalid.get(req_id, 0), len(generated) - 1)
+            draft = spec.get(req_id)
+            if draft:
+                self.counts.observe_draft(len(draft) - invalid.get(req_id, 0), len(sampled[index[req_id]]) - 1)
+            elif num_tokens == 1 and req_id not in new:
+                self.counts.observe_undrafted()
