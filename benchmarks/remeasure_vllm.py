@@ -17,10 +17,15 @@ Scenarios:
   ``tabletune tune --model tiny-llama --synthetic-acceptance ...``);
 * ``real``: SmolLM2-135M with n-gram drafting on HumanEval prompts, real
   acceptance (``--tuned DIR`` from ``tabletune tune --model smollm2-135m --prompts code``).
+  Acceptance then depends on which requests are running; ``--paired`` gives every
+  configuration of a round the same requests (a fresh batch, same prompts and lengths;
+  greedy decoding makes their text identical), so the comparison is paired.
 
 Writes ``benchmarks/results/remeasure_vllm_<scenario>.csv`` and ``.md``.
 
     .venv/bin/python benchmarks/remeasure_vllm.py --scenario controlled --tuned out/demo
+    .venv/bin/python benchmarks/remeasure_vllm.py --scenario real --tuned benchmarks/results/tune_smollm2_code \
+        --rounds 3 --steps 32 --mean-tokens 128 --warmup-steps 12 --paired
 """
 
 from __future__ import annotations
@@ -85,10 +90,20 @@ def run(args) -> list[dict]:
             loop = ClosedLoop(engine.llm, prompts, load, mean_tokens=args.mean_tokens, seed=load)
             loop.run(args.warmup_steps)  # fill the batch, compile
             for rnd in range(args.rounds):
+                if args.paired:  # every configuration serves the same requests this round
+                    loop.close()
+                    shift = (rnd * 7) % len(prompts)
+                    rotated = prompts[shift:] + prompts[:shift]
                 for name, lookup in lookups.items():
                     engine.scheduler.dynamic_sd_lookup = list(lookup)
-                    loop.run(2)  # drafts sized by the previous configuration
+                    if args.paired:
+                        loop = ClosedLoop(engine.llm, rotated, load, mean_tokens=args.mean_tokens, seed=1000 * load + rnd)
+                        loop.run(args.warmup_steps)  # the first wave's prefills
+                    else:
+                        loop.run(2)  # drafts sized by the previous configuration
                     res = loop.run(args.steps if load > 1 else args.steps * 2)
+                    if args.paired:
+                        loop.close()
                     rows.append(dict(scenario=args.scenario, load=load, config=name, round=rnd, steps=res.steps,
                                      wall_s=round(res.wall_s, 4), output_tokens=res.output_tokens,
                                      throughput_tok_s=round(res.throughput_tok_s, 2)))
@@ -123,6 +138,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=24, help="engine steps per timed segment")
     parser.add_argument("--warmup-steps", type=int, default=8)
     parser.add_argument("--mean-tokens", type=int, default=256)
+    parser.add_argument("--paired", action="store_true",
+                        help="each round, every configuration serves the same requests from a fresh batch (after "
+                             "--warmup-steps): a paired comparison for content-dependent (real) acceptance")
     parser.add_argument("--replace-loads", action="store_true",
                         help="keep the existing CSV's rows for other loads (re-run some loads of the same table)")
     args = parser.parse_args()
@@ -145,7 +163,8 @@ def main() -> None:
     fileio.write_text(csv_path, buf.getvalue())
     md = summarise(rows, args.scenario, str(DraftTable.load(Path(args.tuned) / "table.json")))
     md += (f"\n{len(rows)} segments; this run: loads {args.loads}, {time.time() - t0:.0f} s wall, "
-           f"{args.rounds} rounds of {args.steps} steps; command: see the module docstring.\n")
+           f"{args.rounds} rounds of {args.steps} steps{', paired' if args.paired else ''}; "
+           "command: see the module docstring.\n")
     fileio.write_text(RESULTS / f"remeasure_vllm_{args.scenario}.md", md)
     print(md)
 
