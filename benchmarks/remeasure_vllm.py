@@ -114,15 +114,24 @@ def run(args) -> list[dict]:
     return rows
 
 
-def summarise(rows: list[dict], scenario: str, table: str) -> str:
+def throughput(rows: list[dict], load: int, name: str, pooled: bool) -> float:
+    """Median segment throughput over rounds, or (pooled) all segments' tokens / all their wall time."""
+    mine = [r for r in rows if int(r["load"]) == load and r["config"] == name]
+    if pooled:
+        return sum(int(r["output_tokens"]) for r in mine) / sum(float(r["wall_s"]) for r in mine)
+    return statistics.median(float(r["throughput_tok_s"]) for r in mine)
+
+
+def summarise(rows: list[dict], scenario: str, table: str, pooled: bool = False) -> str:
     names = list(dict.fromkeys(r["config"] for r in rows))
+    what = ("output tokens / wall s over all rounds (paired: every configuration served the same requests)"
+            if pooled else "median output tokens/s over rounds")
     lines = [f"# vLLM re-measurement: {scenario}", "", f"tuned table: `{table}`", "",
-             "median output tokens/s over rounds (closed loop, load = open requests)", "",
+             f"{what} (closed loop, load = open requests)", "",
              "| load | " + " | ".join(names) + " | tuned / best fixed | tuned / worst fixed |",
              "|---:|" + "---:|" * (len(names) + 2)]
     for load in sorted({r["load"] for r in rows}):
-        med = {n: statistics.median(r["throughput_tok_s"] for r in rows if r["load"] == load and r["config"] == n)
-               for n in names}
+        med = {n: throughput(rows, load, n, pooled) for n in names}
         fixed = [v for n, v in med.items() if n != "tuned"]
         lines.append(f"| {load} | " + " | ".join(f"{med[n]:.1f}" for n in names) +
                      f" | {med['tuned'] / max(fixed):.1%} | {med['tuned'] / min(fixed):.1%} |")
@@ -161,7 +170,7 @@ def main() -> None:
     writer.writeheader()
     writer.writerows(rows)
     fileio.write_text(csv_path, buf.getvalue())
-    md = summarise(rows, args.scenario, str(DraftTable.load(Path(args.tuned) / "table.json")))
+    md = summarise(rows, args.scenario, str(DraftTable.load(Path(args.tuned) / "table.json")), pooled=args.paired)
     md += (f"\n{len(rows)} segments; this run: loads {args.loads}, {time.time() - t0:.0f} s wall, "
            f"{args.rounds} rounds of {args.steps} steps{', paired' if args.paired else ''}; "
            "command: see the module docstring.\n")
