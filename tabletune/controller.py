@@ -31,6 +31,13 @@ some batch size, at most once per ``min_install_interval_s``, and only after
 ``warmup_drafts`` drafts were observed. Rebuilds are evaluated at most once per
 ``rebuild_interval_s``. Every table is validated with ``DraftTable.from_ranges``.
 
+Draft rate: drafters that propose only on a match (n-gram) draft in a share q of
+request-steps. Observations carry the request-steps that could draft but did not
+(``StepObservation.undrafted``); q is estimated like the rates (decayed counts, a
+prior from the tuner's ``AcceptanceCounts.draft_rate``, ``estimator.DecayedDraftRate``)
+and every rebuild optimises with it (``OptimizeOptions.draft_rate``). Engines that
+report no undrafted steps keep the prior's q (1.0 for drafters that always propose).
+
 Safety: observations with NaN, negative or inconsistent counts are ignored and
 counted in ``state()['ignored']``. Memory is bounded: fixed-size counters, a
 batch-size histogram capped at ``max_batch``, and the last 16 installs.
@@ -47,7 +54,7 @@ from pathlib import Path
 
 from tabletune.acceptance import AcceptanceCounts, AcceptanceProfile
 from tabletune.errors import InputError
-from tabletune.estimator import DecayedAcceptance, StepObservation
+from tabletune.estimator import DecayedAcceptance, DecayedDraftRate, StepObservation
 from tabletune.optimizer import OptimizeOptions, optimize_table, predict
 from tabletune.profile import StepProfile
 from tabletune.table import DraftTable
@@ -126,6 +133,14 @@ class ControllerConfig:
         return cls(**kwargs)
 
 
+def prior_draft_rate(prior: AcceptanceProfile | AcceptanceCounts | Sequence[float], workload: str | None = None,
+                     temperature: float | None = None) -> float:
+    """The prior's draft rate q (1.0 when the prior is plain rates)."""
+    if isinstance(prior, AcceptanceProfile):
+        prior = prior.select(workload, temperature)
+    return prior.draft_rate if isinstance(prior, AcceptanceCounts) else 1.0
+
+
 def prior_rates(prior: AcceptanceProfile | AcceptanceCounts | Sequence[float], k_max: int,
                 workload: str | None = None, temperature: float | None = None) -> list[float]:
     """k_max conditional rates from a prior; positions without evidence repeat the last known rate."""
@@ -157,8 +172,11 @@ class Controller:
         self.estimator = DecayedAcceptance(
             prior_rates(prior, self.k_max, config.prior_workload, config.prior_temperature),
             config.prior_weight, config.half_life_tokens, config.half_life_s)
+        self.draft_rate = DecayedDraftRate(
+            prior_draft_rate(prior, config.prior_workload, config.prior_temperature), config.prior_weight,
+            config.half_life_tokens, config.half_life_s)
         if table is None:
-            table = optimize_table(step_profile, self.estimator.prior, self.options).table
+            table = optimize_table(step_profile, self.estimator.prior, self.current_options()).table
         self.table = DraftTable.from_ranges(table.as_lists()).clamped(self.k_max)
         self.steps = 0
         self.drafts = 0
@@ -201,7 +219,13 @@ class Controller:
         self.last_batch_size = b
         if obs.num_drafts or obs.time_s is not None:
             self.estimator.update(obs)
+        if obs.num_drafts or obs.undrafted:
+            self.draft_rate.update(obs.num_drafts, obs.undrafted, obs.time_s)
         return True
+
+    def current_options(self) -> OptimizeOptions:
+        """The optimizer's options with the current draft-rate estimate."""
+        return dataclasses.replace(self.options, draft_rate=self.draft_rate.rate)
 
     def explore_next(self, batch_size: int | None = None) -> bool:
         """Whether the next step drafts k_max; call once per step (it spends credit)."""
@@ -230,10 +254,11 @@ class Controller:
         if self.drafts < cfg.warmup_drafts:
             return None
         rates = self.estimator.rates()
-        if self._last_rates and max(abs(a - b) for a, b in zip(rates, self._last_rates)) < cfg.rebuild_min_change:
+        watched = [*rates, self.draft_rate.rate]
+        if self._last_rates and max(abs(a - b) for a, b in zip(watched, self._last_rates)) < cfg.rebuild_min_change:
             return None
-        self._last_eval_s, self._last_rates, self._eval_steps = now_s, rates, self.steps
-        result = optimize_table(self.profile, rates, self.options)
+        self._last_eval_s, self._last_rates, self._eval_steps = now_s, watched, self.steps
+        result = optimize_table(self.profile, rates, self.current_options())
         current = predict(self.table, [p.fixed_goodput for p in result.predictions])
         gain = max(new.goodput / cur.goodput - 1.0 for new, cur in zip(result.predictions, current))
         self.last_gain = gain
@@ -262,7 +287,7 @@ class Controller:
         """Modelled goodput share lost to exploration: explore share x (1 - G(b,k_max)/G(b,table)), b-weighted."""
         if not self.steps:
             return 0.0
-        result = optimize_table(self.profile, self.estimator.rates(), self.options)
+        result = optimize_table(self.profile, self.estimator.rates(), self.current_options())
         current = predict(self.table, [p.fixed_goodput for p in result.predictions])
         seen = sum(self.batch_hist)
         loss = sum(n * (1 - p.fixed_goodput[self.k_max] / p.goodput)
@@ -274,6 +299,7 @@ class Controller:
             "table": self.table.as_lists(),
             "acceptance": [round(r, 6) for r in self.estimator.rates()],
             "prior": [round(r, 6) for r in self.estimator.prior],
+            "draft_rate": round(self.draft_rate.rate, 6),
             "evidence": [round(r, 2) for r in self.estimator.evidence()],
             "installs": self.installs,
             "steps": self.steps,

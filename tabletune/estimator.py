@@ -67,10 +67,11 @@ class StepObservation:
     accepted: tuple[float, ...]
     drafted: tuple[float, ...]
     time_s: float | None = None
+    undrafted: float = 0.0  # request-steps that could draft (k >= 1 asked) but verified no draft
 
     @classmethod
     def from_drafts(cls, batch_size: int, k: int, drafts: Iterable[tuple[int, int]],
-                    time_s: float | None = None, k_max: int | None = None) -> StepObservation:
+                    time_s: float | None = None, k_max: int | None = None, undrafted: float = 0.0) -> StepObservation:
         """Exact counts from (draft length, accepted length) pairs.
 
         drafted_j = #{k_i >= j}, accepted_j = #{m_i >= j}, reached_j = #{k_i >= j and m_i >= j-1}:
@@ -93,7 +94,7 @@ class StepObservation:
             end_r[a + 1 if a < d else d] += 1
             end_a[a] += 1
         drafted, reached, accepted = (tuple(accumulate(e[:0:-1]))[::-1] for e in (end_d, end_r, end_a))
-        return cls(batch_size, k, num_drafts, reached, accepted, drafted, time_s)
+        return cls(batch_size, k, num_drafts, reached, accepted, drafted, time_s, undrafted)
 
     @classmethod
     def from_vllm_counts(cls, batch_size: int, k: int, num_drafts: int, drafted: Sequence[float],
@@ -114,7 +115,8 @@ class StepObservation:
 
     def problem(self) -> str | None:
         """Why this observation must be ignored (NaN, negative, inconsistent), or None."""
-        values = (self.batch_size, self.k, self.num_drafts, *self.reached, *self.accepted, *self.drafted)
+        values = (self.batch_size, self.k, self.num_drafts, self.undrafted, *self.reached, *self.accepted,
+                  *self.drafted)
         try:
             total = math.fsum(values) + (0.0 if self.time_s is None else self.time_s)
         except TypeError:
@@ -207,6 +209,43 @@ class DecayedAcceptance:
     def evidence(self) -> list[float]:
         """Decayed number of drafts that reached each position."""
         return list(self.reached)
+
+
+class DecayedDraftRate:
+    """Share q of request-steps that draft, for drafters that propose only on a match (n-gram).
+
+        q = (D + w q0) / (D + U + w)
+
+    D, U: drafts and undrafted request-steps, both multiplied by 0.5 ** ((d + u) / half_life)
+    before adding an observation's d and u (or by the time decay of ``DecayedAcceptance``);
+    q0: the prior (the tuner's ``AcceptanceCounts.draft_rate``), w its weight in request-steps.
+    """
+
+    def __init__(self, prior: float, prior_weight: float, half_life: float | None = None,
+                 half_life_s: float | None = None) -> None:
+        if not 0 < prior <= 1:
+            raise ValueError(f"draft-rate prior must lie in (0, 1], got {prior}")
+        self.prior, self.prior_weight = float(prior), float(prior_weight)
+        self.half_life, self.half_life_s = half_life, half_life_s
+        self.drafts = self.undrafted = 0.0
+        self.last_time_s: float | None = None
+
+    def update(self, drafts: float, undrafted: float, time_s: float | None = None) -> None:
+        if self.half_life is not None:
+            f = math.exp(-LN2 * (drafts + undrafted) / self.half_life)
+        else:
+            dt = 0.0 if self.last_time_s is None or time_s is None else max(time_s - self.last_time_s, 0.0)
+            f = math.exp(-LN2 * dt / self.half_life_s) if self.half_life_s else 1.0
+        if time_s is not None:
+            self.last_time_s = time_s
+        self.drafts = self.drafts * f + drafts
+        self.undrafted = self.undrafted * f + undrafted
+
+    @property
+    def rate(self) -> float:
+        den = self.drafts + self.undrafted + self.prior_weight
+        q = (self.drafts + self.prior_weight * self.prior) / den if den > 0 else self.prior
+        return min(max(q, 1e-3), 1.0)
 
 
 class CumulativeCounters:

@@ -217,3 +217,23 @@ def test_observe_every_steps_is_validated():
     for bad in (0, 2.5):
         with pytest.raises(InputError, match="observe_every_steps"):
             ControllerConfig(observe_every_steps=bad)
+
+
+def test_draft_rate_from_prior_and_live_observations():
+    """q starts at the prior profile's draft rate and follows observed undrafted request-steps."""
+    from tabletune.optimizer import OptimizeOptions
+
+    counts = AcceptanceCounts(k_max=4, reached=[100, 90, 77, 61], accepted=[90, 77, 61, 46], drafted=[100] * 4,
+                              num_drafts=100, undrafted=300)
+    c = Controller(PROFILE, AcceptanceProfile([counts]),
+                   ControllerConfig(prior_weight=50, rebuild_interval_s=0, min_install_interval_s=0,
+                                    rebuild_every_steps=1, explore_fraction=0, min_gain=0))
+    assert c.state()["draft_rate"] == pytest.approx(0.25)
+    q_table = optimize_table(PROFILE, c.estimator.prior, OptimizeOptions(max_batch=64, k_max=4, draft_rate=0.25))
+    assert c.table == q_table.table  # the start table is the q-aware optimum
+    for i in range(40):  # every request-step drafts now: q -> 1
+        c.observe(StepObservation.from_drafts(8, 4, [(4, 4)] * 8, k_max=4, undrafted=0))
+        c.maybe_rebuild(float(i))
+    assert c.draft_rate.rate > 0.85
+    assert c.table == optimize_table(PROFILE, c.estimator.rates(),
+                                     OptimizeOptions(max_batch=64, k_max=4, draft_rate=c.draft_rate.rate)).table

@@ -114,3 +114,24 @@ def test_cumulative_counters_reset_and_nan():
     assert c.delta([6, 3]) is None  # after NaN: baseline again
     assert c.delta([7, 3]) == (1.0, 0.0)
     assert c.ignored == 2
+
+
+def test_draft_rate_prior_counts_and_decay():
+    from tabletune.estimator import DecayedDraftRate
+
+    q = DecayedDraftRate(prior=0.5, prior_weight=10, half_life=1e12)
+    assert q.rate == 0.5
+    q.update(drafts=30, undrafted=10)
+    assert q.rate == pytest.approx((30 + 10 * 0.5) / (40 + 10))
+    fast = DecayedDraftRate(prior=1.0, prior_weight=0, half_life=100)
+    fast.update(100, 0)
+    fast.update(0, 100)  # 100 request-steps = one half-life: the first 100 drafts count 50
+    assert fast.rate == pytest.approx(50 / 150)
+    timed = DecayedDraftRate(prior=1.0, prior_weight=0, half_life_s=1.0)
+    timed.update(10, 0, time_s=0.0)
+    timed.update(0, 10, time_s=1.0)  # one half-life later
+    assert timed.rate == pytest.approx(5 / 15)
+    with pytest.raises(ValueError):
+        DecayedDraftRate(prior=0.0, prior_weight=1)
+    assert StepObservation(1, 1, 1, (1.0,), (0.0,), (1.0,), undrafted=math.nan).problem() == "nan"
+    assert StepObservation(1, 1, 1, (1.0,), (0.0,), (1.0,), undrafted=-1).problem() == "negative"

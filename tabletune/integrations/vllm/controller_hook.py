@@ -119,7 +119,9 @@ class ControllerHook:
         scheduler.dynamic_sd_lookup = self.table_lookup
         self.pairs: list[tuple[int, int]] = []  # (k_i, m_i) of the current window's verified drafts
         self.window: list[int] = []  # batch size of each step of the current window
+        self.window_undrafted = 0  # decode request-steps of the window that verified no draft although k >= 1
         self.windows = 0  # observations handed to the controller
+        self.last_k = 0  # k scheduled by the previous step: it sized this step's drafts
         self.enabled = True  # False: the installed table stays, nothing is observed (static-table baselines)
         self.errors: dict[str, int] = {}
         self.overhead_us: deque[float] = deque(maxlen=4096)
@@ -134,6 +136,7 @@ class ControllerHook:
         self.scheduler.dynamic_sd_lookup = self.table_lookup
         self.pairs.clear()
         self.window.clear()
+        self.window_undrafted = 0
         self.enabled = True
 
     def use_static(self, table: DraftTable) -> None:
@@ -169,6 +172,7 @@ class ControllerHook:
         if not self.enabled:
             self.pairs.clear()
             self.window.clear()
+            self.window_undrafted = 0
             return
         t0 = time.thread_time()  # CPU time of the engine-core thread: robust on a shared machine
         try:
@@ -177,6 +181,7 @@ class ControllerHook:
             self.scheduler.dynamic_sd_lookup = self.table_lookup
             self.pairs.clear()
             self.window.clear()
+            self.window_undrafted = 0
             self._error(type(exc).__name__, exc)
         finally:
             dt = time.thread_time() - t0
@@ -189,8 +194,11 @@ class ControllerHook:
         if batch_size == 0:
             return
         self.window.append(batch_size)
+        if self.last_k >= 1:  # a request verifying no draft decodes exactly 1 token (n-gram found no match)
+            self.window_undrafted += list(scheduler_output.num_scheduled_tokens.values()).count(1)
+        self.last_k = k = getattr(scheduler_output, "num_spec_tokens_to_schedule", 0)
         if len(self.window) >= c.config.observe_every_steps:
-            self._observe_window(getattr(scheduler_output, "num_spec_tokens_to_schedule", 0), time.monotonic())
+            self._observe_window(k, time.monotonic())
         explore = c.explore_next(batch_size)
         self.scheduler.dynamic_sd_lookup = self.explore_lookup if explore else self.table_lookup
 
@@ -205,6 +213,7 @@ class ControllerHook:
         finally:
             self.pairs.clear()
             self.window.clear()
+            self.window_undrafted = 0
         new = c.maybe_rebuild(now_s)
         if new is not None:
             self.table_lookup = self.lookup_for(new)
@@ -213,7 +222,8 @@ class ControllerHook:
 
     def make_observation(self, batch_size: int, k: int, now_s: float) -> StepObservation:
         """The window's drafts as one observation (batch_size, k: those of its last step)."""
-        return StepObservation.from_drafts(batch_size, k, self.pairs, time_s=now_s, k_max=self.controller.k_max)
+        return StepObservation.from_drafts(batch_size, k, self.pairs, time_s=now_s, k_max=self.controller.k_max,
+                                           undrafted=self.window_undrafted)
 
     def set_table(self, ranges) -> list[list[int]]:
         table = DraftTable.from_ranges(ranges, self.controller.k_max, source="tabletune_set_table")

@@ -1,0 +1,38 @@
+"""ControllerHook's per-step bookkeeping on hand-made scheduler outputs (no engine, no vLLM import)."""
+
+from types import SimpleNamespace
+
+from tabletune.controller import Controller, ControllerConfig
+from tabletune.integrations.vllm.controller_hook import ControllerHook
+from tabletune.profile import StepPoint, StepProfile
+
+PROFILE = StepProfile(tuple(StepPoint(b, k, (10 + b * (1 + k),)) for b in (1, 8) for k in range(3)), context_len=0)
+
+
+def bare_hook(controller: Controller) -> ControllerHook:
+    hook = object.__new__(ControllerHook)  # skip __init__: it wraps a real vLLM scheduler
+    hook.controller, hook.scheduler = controller, SimpleNamespace(dynamic_sd_lookup=None)
+    hook.table_lookup, hook.explore_lookup = ["table"], ["explore"]
+    hook.pairs, hook.window, hook.window_undrafted, hook.windows, hook.last_k = [], [], 0, 0, 0
+    hook.errors = {}
+    return hook
+
+
+def step(hook, tokens: dict, k: int, drafts=()) -> None:
+    hook.pairs.extend(drafts)  # what the make_spec_decoding_stats wrapper collects
+    hook._step(SimpleNamespace(num_scheduled_tokens=tokens, num_spec_tokens_to_schedule=k))
+
+
+def test_window_pools_steps_and_counts_undrafted_only_after_k_at_least_1():
+    cfg = ControllerConfig(observe_every_steps=3, half_life_tokens=1e12, explore_fraction=0, min_gain=1e9,
+                           prior_weight=0)
+    c = Controller(PROFILE, [0.5, 0.5], cfg)
+    hook = bare_hook(c)
+    step(hook, {"a": 1, "b": 1}, k=0)  # the previous step asked k = 0: nothing could draft
+    step(hook, {"a": 1, "b": 1}, k=2)  # still sized by k = 0
+    assert c.steps == 0 and hook.window_undrafted == 0
+    step(hook, {"a": 3, "b": 1, "c": 1}, k=2, drafts=[(2, 1)])  # b and c found no match
+    assert hook.windows == 1 and c.steps == 3 and c.batch_hist[2] == 2 and c.batch_hist[3] == 1
+    assert (c.draft_rate.drafts, c.draft_rate.undrafted) == (1, 2)
+    assert hook.pairs == [] and hook.window == [] and hook.window_undrafted == 0
+    assert hook.scheduler.dynamic_sd_lookup == ["table"]
