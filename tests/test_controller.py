@@ -229,6 +229,9 @@ def test_draft_rate_from_prior_and_live_observations():
                    ControllerConfig(prior_weight=50, rebuild_interval_s=0, min_install_interval_s=0,
                                     rebuild_every_steps=1, explore_fraction=0, min_gain=0))
     assert c.state()["draft_rate"] == pytest.approx(0.25)
+    assert Controller(PROFILE, TRUE, ControllerConfig(draft_rate_prior=0.4)).draft_rate.rate == pytest.approx(0.4)
+    with pytest.raises(InputError, match="draft_rate_prior"):
+        ControllerConfig(draft_rate_prior=1.5)
     q_table = optimize_table(PROFILE, c.estimator.prior, OptimizeOptions(max_batch=64, k_max=4, draft_rate=0.25))
     assert c.table == q_table.table  # the start table is the q-aware optimum
     for i in range(40):  # every request-step drafts now: q -> 1
