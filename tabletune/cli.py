@@ -103,12 +103,15 @@ def print_predictions(result: TableResult) -> None:
 @click.option("--format", "fmt", type=click.Choice(["vllm", "trtllm", "json"]), default="vllm")
 @click.option("--output", type=click.Path(dir_okay=False), default=None, help="write here (atomically)")
 @click.option("--quiet", is_flag=True, help="print only the table")
+@click.option("--model-draft-rate", is_flag=True,
+              help="with an acceptance.json: optimise with its draft rate q (linear cost model; opt-in)")
 @input_errors_exit_2
-def table_cmd(step_times, acceptance, workload, temperature, max_batch, k_max, lengths, min_gain, fmt, output, quiet):
+def table_cmd(step_times, acceptance, workload, temperature, max_batch, k_max, lengths, min_gain, fmt, output, quiet,
+              model_draft_rate):
     """Compute the goodput-optimal draft-length table."""
     profile = StepProfile.load(step_times)
     rates = load_rates(acceptance, workload, temperature)
-    draft_rate = load_draft_rate(acceptance, workload, temperature)  # share of request-steps that draft
+    draft_rate = load_draft_rate(acceptance, workload, temperature) if model_draft_rate else 1.0
     result = optimize_table(profile, rates, _options(max_batch, k_max, lengths, min_gain, draft_rate))
     text = format_table(result, fmt)
     if output:
@@ -127,14 +130,16 @@ def table_cmd(step_times, acceptance, workload, temperature, max_batch, k_max, l
 @click.option("--k-max", type=int, default=None)
 @click.option("--lengths", default=None)
 @click.option("--png", "png", type=click.Path(dir_okay=False), default="tabletune.png", show_default=True)
+@click.option("--model-draft-rate", is_flag=True,
+              help="with an acceptance.json: optimise with its draft rate q (linear cost model; opt-in)")
 @input_errors_exit_2
-def show_cmd(step_times, acceptance, workload, temperature, max_batch, k_max, lengths, png):
+def show_cmd(step_times, acceptance, workload, temperature, max_batch, k_max, lengths, png, model_draft_rate):
     """Plot T(b,k), goodput per k and the chosen table to a PNG; print a summary."""
     from tabletune.show import render_png, summary_lines
 
     profile = StepProfile.load(step_times)
     rates = load_rates(acceptance, workload, temperature) if acceptance else None
-    draft_rate = load_draft_rate(acceptance, workload, temperature) if acceptance else 1.0
+    draft_rate = load_draft_rate(acceptance, workload, temperature) if acceptance and model_draft_rate else 1.0
     result = render_png(profile, rates, png, _options(max_batch, k_max, lengths, 0.0, draft_rate),
                         title=Path(step_times).name)
     for line in summary_lines(profile, result):

@@ -35,8 +35,9 @@ Draft rate: drafters that propose only on a match (n-gram) draft in a share q of
 request-steps. Observations carry the request-steps that could draft but did not
 (``StepObservation.undrafted``); q is estimated like the rates (decayed counts, a
 prior from the tuner's ``AcceptanceCounts.draft_rate``, ``estimator.DecayedDraftRate``)
-and every rebuild optimises with it (``OptimizeOptions.draft_rate``). Engines that
-report no undrafted steps keep the prior's q (1.0 for drafters that always propose).
+and reported in ``state()``. Rebuilds optimise with it only with ``model_draft_rate``
+(opt-in): the linear cost model of ``tabletune.goodput`` mispredicts vLLM's n-gram
+path on CPU (see the README), so by default every request is modelled as drafting.
 
 Safety: observations with NaN, negative or inconsistent counts are ignored and
 counted in ``state()['ignored']``. Memory is bounded: fixed-size counters, a
@@ -156,7 +157,9 @@ class Controller:
         return True
 
     def current_options(self) -> OptimizeOptions:
-        """The optimizer's options with the current draft-rate estimate."""
+        """The optimizer's options; with ``model_draft_rate``, the current draft-rate estimate."""
+        if not self.config.model_draft_rate:
+            return self.options
         return dataclasses.replace(self.options, draft_rate=self.draft_rate.rate)
 
     def explore_next(self, batch_size: int | None = None) -> bool:

