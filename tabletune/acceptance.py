@@ -234,18 +234,16 @@ def parse_rates(text: str, source: str = "--acceptance") -> list[float]:
     return validate_rates(values, source)
 
 
+def load_acceptance(spec: str, workload: str | None = None,
+                    temperature: float | None = None) -> tuple[list[float], float]:
+    """(rates, draft rate q) from 'a1,a2,...' (q = 1) or from an AcceptanceProfile JSON file."""
+    if Path(spec).suffix == ".json" or Path(spec).exists():
+        entry = AcceptanceProfile.load(spec).select(workload, temperature)
+        rates = validate_rates([max(r, 1e-6) for r in entry.known_rates()], spec, "rates")
+        return rates, entry.draft_rate
+    return parse_rates(spec), 1.0
+
+
 def load_rates(spec: str, workload: str | None = None, temperature: float | None = None) -> list[float]:
     """Rates from 'a1,a2,...' or from an AcceptanceProfile JSON file."""
-    if Path(spec).suffix == ".json" or Path(spec).exists():
-        profile = AcceptanceProfile.load(spec)
-        entry = profile.select(workload, temperature)
-        rates = entry.known_rates()
-        return validate_rates([max(r, 1e-6) for r in rates], spec, "rates")
-    return parse_rates(spec)
-
-
-def load_draft_rate(spec: str, workload: str | None = None, temperature: float | None = None) -> float:
-    """The entry's draft rate when ``spec`` is an AcceptanceProfile file; 1.0 for plain rates."""
-    if Path(spec).suffix == ".json" or Path(spec).exists():
-        return AcceptanceProfile.load(spec).select(workload, temperature).draft_rate
-    return 1.0
+    return load_acceptance(spec, workload, temperature)[0]

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tabletune import fileio
-from tabletune.acceptance import load_draft_rate, load_rates
+from tabletune.acceptance import load_acceptance
 from tabletune.errors import InputError
 from tabletune.optimizer import OptimizeOptions, TableResult, optimize_table
 from tabletune.profile import StepProfile, parse_int_list
@@ -110,8 +110,8 @@ def table_cmd(step_times, acceptance, workload, temperature, max_batch, k_max, l
               model_draft_rate):
     """Compute the goodput-optimal draft-length table."""
     profile = StepProfile.load(step_times)
-    rates = load_rates(acceptance, workload, temperature)
-    draft_rate = load_draft_rate(acceptance, workload, temperature) if model_draft_rate else 1.0
+    rates, draft_rate = load_acceptance(acceptance, workload, temperature)
+    draft_rate = draft_rate if model_draft_rate else 1.0
     result = optimize_table(profile, rates, _options(max_batch, k_max, lengths, min_gain, draft_rate))
     text = format_table(result, fmt)
     if output:
@@ -138,8 +138,8 @@ def show_cmd(step_times, acceptance, workload, temperature, max_batch, k_max, le
     from tabletune.show import render_png, summary_lines
 
     profile = StepProfile.load(step_times)
-    rates = load_rates(acceptance, workload, temperature) if acceptance else None
-    draft_rate = load_draft_rate(acceptance, workload, temperature) if acceptance and model_draft_rate else 1.0
+    rates, draft_rate = load_acceptance(acceptance, workload, temperature) if acceptance else (None, 1.0)
+    draft_rate = draft_rate if model_draft_rate else 1.0
     result = render_png(profile, rates, png, _options(max_batch, k_max, lengths, 0.0, draft_rate),
                         title=Path(step_times).name)
     for line in summary_lines(profile, result):

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from tabletune.acceptance import AcceptanceCounts
-from tabletune.close_calls import CloseCall, close_calls, refinement_batch_sizes, settle
+from tabletune.close_calls import CloseCall, close_calls, pool, refinement_batch_sizes, settle
 from tabletune.errors import InputError
 from tabletune.profile import Fingerprint, StepPoint, StepProfile
 
@@ -255,14 +255,9 @@ def recheck_points(engine: Engine, points: list[StepPoint], plan: TunePlan,
         for i, (b, k) in enumerate(bad):
             if progress:
                 progress(f"recheck b={b} k={k}", (n + i / len(bad)) / plan.recheck_passes)
-            old = by_key[(b, k)]
             got = engine.measure_step(b, k, 2 * plan.steps_per_call)
-            samples = old.samples_ms + got.samples_ms
-            tokens = old.scheduled_tokens + got.scheduled_tokens
-            keep = interference_filter(samples, plan.interference_tolerance)
-            full = len(tokens) == len(samples)
-            by_key[(b, k)] = StepPoint(b, k, tuple(samples[i] for i in keep),
-                                       tuple(tokens[i] for i in keep) if full else ())
+            by_key[(b, k)] = pool(by_key[(b, k)], StepPoint(b, k, got.samples_ms, got.scheduled_tokens),
+                                  lambda samples: interference_filter(samples, plan.interference_tolerance))
     return list(by_key.values())
 
 
