@@ -195,9 +195,11 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
     from tabletune.engine import gemm
 
-    picks = sorted((m, n, kk, g, "cublas" if c is None else "triton" + str(c)) for (m, n, kk, g), c in gemm._choice.items())
+    def label(c) -> str:
+        return "cublas" if c is None else f"cublas on {c} rows" if isinstance(c, int) else "triton" + str(c)
+    picks = sorted((m, n, kk, g, label(c)) for (m, n, kk, g), c in gemm._choice.items())
     print("gemm choices:", "; ".join(f"M={m} N={n} K={kk}{' gated' if g else ''}: {c}" for m, n, kk, g, c in picks
-                                     if m in (1, 8, 16, 64, 256)))
+                                     if m in (1, 8, 16, 64, 192, 224, 256, 384, 768)))
     if args.diagnose:
         for line in diagnose(args.model):
             print(line, flush=True)

@@ -13,9 +13,14 @@ resets the counter to zero for the next launch (stream-K style "fix-up").
 on the fly (the down projection eats the MLP's element-wise op; same rounding as
 ``kernels.silu_mul``: fp32 math, one rounding to the input dtype).
 
-Set-up only: the first call of a (M, N, K, gated) times the candidate configs and
-cuBLAS (that happens in the warm-up before CUDA graph capture) and remembers the
-winner; later calls and graph replays just launch it.
+Padded cuBLAS: at some M cuBLAS's own kernel choice is far off its neighbours (H200,
+8B down projection: 53.8 us at M=192, 41.7 us at M=256). Inputs made by this engine's
+kernels have storage for M rounded up to 128 rows (``kernels.empty_rows``), so cuBLAS can
+run on M rounded up to 64 or 128 rows at no copy; the extra rows are discarded.
+
+Set-up only: the first call of a (M, N, K, gated) times the candidates (cuBLAS at M and
+padded, the Triton configs for M <= 512) and remembers the winner (that happens in the
+warm-up before CUDA graph capture); later calls and graph replays just launch it.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import triton.language as tl
 from tabletune.engine import kernels
 
 MAX_TRITON_M = 512
+MAX_CHOOSE_M = 4096  # above this, cuBLAS at M without timing
 PREFETCH_K = 512  # with PDL: K columns of its weight rows a program pulls into L2 before waiting (0: off)
 SMEM_BYTES = 200 * 1024  # H100/H200: 227 KB per block; leave room for the epilogue
 
@@ -143,7 +149,8 @@ def _prefetch_k(x: torch.Tensor, per_split: int) -> int:
     return 1 << (n.bit_length() - 1) if _prefetch_ok[x.device] else 0
 
 
-_choice: dict[tuple[int, int, int, bool], tuple | None] = {}  # (M, N, K, gated) -> Triton config, None: cuBLAS
+# (M, N, K, gated) -> None: cuBLAS at M; an int: cuBLAS on that many (padded) rows; a tuple: Triton config
+_choice: dict[tuple[int, int, int, bool], tuple | int | None] = {}
 enabled = True
 
 
@@ -170,25 +177,49 @@ def _time_us(fn, inner: int = 10, reps: int = 5) -> float:
     return best
 
 
+def padded_rows(x: torch.Tensor, rows: int) -> torch.Tensor | None:
+    """x [M, K] seen as its storage's first ``rows`` >= M rows (same strides), or None when the storage is shorter."""
+    m, k = x.shape
+    if rows == m:
+        return x
+    if not x.is_contiguous() or (x.storage_offset() + rows * k) * x.element_size() > x.untyped_storage().nbytes():
+        return None
+    return x.as_strided((rows, k), (k, 1))
+
+
+def _mm(x: torch.Tensor, w: torch.Tensor, rows: int | None) -> torch.Tensor:
+    """cuBLAS x W^T, on ``rows`` padded rows of x when its storage has them (first M rows returned)."""
+    xp = padded_rows(x, rows) if rows else None
+    if xp is None:
+        return torch.mm(x, w.t())
+    return torch.mm(xp, w.t())[: x.shape[0]]
+
+
+def _run(x: torch.Tensor, w: torch.Tensor, choice, gated: bool = False) -> torch.Tensor:
+    if isinstance(choice, tuple):
+        return triton_linear(x, w, choice, gated)
+    return _unfused(x, w, gated) if gated else _mm(x, w, choice)
+
+
 def _unfused(x: torch.Tensor, w: torch.Tensor, gated: bool) -> torch.Tensor:
-    """silu_mul (if gated), then cuBLAS or the Triton config already chosen for the plain shape."""
+    """silu_mul (if gated), then the choice made for the plain shape (cuBLAS, padded cuBLAS or Triton)."""
     if gated:
         x = kernels.silu_mul(x, w.dtype)
-        cfg = _choice.get((x.shape[0], w.shape[0], w.shape[1], False))
-        if cfg is not None:
-            return triton_linear(x, w, cfg)
+        return _run(x, w, _choice.get((x.shape[0], w.shape[0], w.shape[1], False)))
     return torch.mm(x, w.t())
 
 
-def choose(m: int, w: torch.Tensor, gated: bool = False) -> tuple | None:
-    """Time the unfused path (cuBLAS, or silu_mul + the plain choice) and each Triton config once; keep the fastest."""
+def choose(m: int, w: torch.Tensor, gated: bool = False) -> tuple | int | None:
+    """Time the unfused path (cuBLAS, or silu_mul + the plain choice), cuBLAS on padded rows and each Triton
+    config once; keep the fastest."""
     n, k = w.shape
     key = (m, n, k, gated)
     if key not in _choice:
         if gated:
             choose(m, w, False)
         kernels.counters(w.device)
-        x = torch.randn(m, 2 * k if gated else k, dtype=w.dtype, device=w.device)
+        x = kernels.empty_rows(m, 2 * k if gated else k, w.dtype, w.device)
+        x.as_strided((-(-m // kernels.ROW_PAD) * kernels.ROW_PAD, x.shape[1]), x.stride()).normal_()
         # weights bigger than L2, as in the model: rotate over copies
         ws = [w] + [torch.empty_like(w).normal_() for _ in range(max(0, min(3, (96 << 20) // w.nbytes)))]
         i = [0]
@@ -197,7 +228,10 @@ def choose(m: int, w: torch.Tensor, gated: bool = False) -> tuple | None:
             i[0] = (i[0] + 1) % len(ws)
             return ws[i[0]]
         timings = {None: _time_us(lambda: _unfused(x, pick(), gated))}
-        for cfg in _configs(m, gated):
+        if not gated:
+            for rows in sorted({-(-m // 64) * 64, -(-m // kernels.ROW_PAD) * kernels.ROW_PAD} - {m}):
+                timings[rows] = _time_us(lambda: _mm(x, pick(), rows))
+        for cfg in _configs(m, gated) if m <= MAX_TRITON_M else ():
             timings[cfg] = _time_us(lambda: triton_linear(x, pick(), cfg, gated))
         _choice[key] = min(timings, key=timings.get)
     return _choice[key]
@@ -206,10 +240,10 @@ def choose(m: int, w: torch.Tensor, gated: bool = False) -> tuple | None:
 def linear(x2d: torch.Tensor, w: torch.Tensor, gated: bool = False) -> torch.Tensor:
     """x2d W^T (gated: silu(gate) * up of x2d = [gate | up], then W^T), in x2d's dtype."""
     m = x2d.shape[0]
-    if not (enabled and x2d.is_cuda and m <= MAX_TRITON_M):
+    if not (enabled and x2d.is_cuda and m <= MAX_CHOOSE_M):
         return torch.mm(kernels.silu_mul(x2d, w.dtype) if gated else x2d, w.t())
     if torch.cuda.is_current_stream_capturing():
-        cfg = _choice.get((m, w.shape[0], w.shape[1], gated))
+        choice = _choice.get((m, w.shape[0], w.shape[1], gated))
     else:
-        cfg = choose(m, w, gated)
-    return _unfused(x2d, w, gated) if cfg is None else triton_linear(x2d, w, cfg, gated)
+        choice = choose(m, w, gated)
+    return _run(x2d, w, choice, gated)

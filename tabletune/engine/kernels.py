@@ -34,6 +34,20 @@ MAX_TICKETS = 1 << 16
 _counters: dict[torch.device, torch.Tensor] = {}
 
 
+ROW_PAD = 128  # row capacity of GEMM inputs made here: M rounded up to this (see ``empty_rows``)
+
+
+def empty_rows(m: int, n: int, dtype, device) -> torch.Tensor:
+    """An uninitialised [m, n] tensor whose storage holds m rounded up to ``ROW_PAD`` rows.
+
+    The kernels that produce GEMM inputs (norm, attention, silu*mul) allocate this way, so that
+    ``gemm.linear`` can run cuBLAS on the padded row count (``gemm.padded_rows``) without a copy
+    where cuBLAS is faster there than at M itself; the extra rows hold garbage, and rows of a
+    product do not mix, so the first m output rows are unaffected.
+    """
+    return torch.empty(-(-m // ROW_PAD) * ROW_PAD, n, dtype=dtype, device=device)[:m]
+
+
 def counters(device: torch.device) -> torch.Tensor:
     """Tickets for "last program merges" kernels; zero between launches (the last program resets its own)."""
     if device not in _counters:
@@ -234,7 +248,7 @@ def attention(q, k_cache, v_cache, start_pos, slots, scale, num_splits: int | No
     o_part = torch.empty(n_part, d, dtype=torch.float32, device=q.device)
     m_part = torch.empty(n_part, dtype=torch.float32, device=q.device)
     l_part = torch.empty_like(m_part)
-    out = torch.empty_like(q)
+    out = empty_rows(b * qlen, h * d, q.dtype, q.device).view(b, qlen, h, d)
     pdl = pdl_enabled(q)
     _attn_kernel[(b, hkv, splits)](
         q, k_cache, v_cache, start_pos, slots, out, o_part, m_part, l_part, counters(q.device), qlen, scale,
@@ -257,7 +271,7 @@ def _silu_mul_kernel(x_ptr, y_ptr, N, BLOCK: tl.constexpr, USE_PDL: tl.constexpr
 def silu_mul(gate_up: torch.Tensor, out_dtype=None) -> torch.Tensor:
     n = gate_up.shape[-1] // 2
     x = gate_up.reshape(-1, 2 * n)
-    y = torch.empty(x.shape[0], n, dtype=out_dtype or x.dtype, device=x.device)
+    y = empty_rows(x.shape[0], n, out_dtype or x.dtype, x.device)
     pdl = pdl_enabled(x)
     _silu_mul_kernel[(x.shape[0], triton.cdiv(n, 1024))](x, y, n, BLOCK=1024, USE_PDL=pdl, **pdl_kwargs(pdl))
     return y.view(*gate_up.shape[:-1], n)
@@ -285,7 +299,7 @@ def add_rms_norm(x, delta, weight, eps):
     """residual = x + delta (delta None: x); return (rms_norm(residual), residual)."""
     n = x.shape[-1]
     r = torch.empty(x.shape, dtype=weight.dtype, device=x.device)
-    y = torch.empty_like(r)
+    y = empty_rows(x.numel() // n, n, weight.dtype, x.device).view(x.shape)
     pdl = pdl_enabled(x)
     _add_rms_norm_kernel[(x.numel() // n,)](x, x if delta is None else delta, weight, y, r, n, eps,
                                             BLOCK=triton.next_power_of_2(n), HAS_DELTA=delta is not None,

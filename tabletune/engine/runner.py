@@ -118,7 +118,7 @@ class SpecEngine:
             gc.enable()
 
     def _capture_all(self) -> None:
-        pool = torch.cuda.graph_pool_handle()
+        pool = self.graph_pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
         for b in reversed(self.buckets):
             for k in self.ks:

@@ -222,3 +222,23 @@ def test_smollm2_real_weights_match_transformers_and_stay_lossless():
     assert spec == base
     assert base[0][0] == int(ref[-1].argmax())
     assert stats.counts.accepted[0] > 0  # code repeats itself: prompt lookup finds matches
+
+
+def test_padded_cublas_rows_return_the_first_m_rows_and_ignore_the_padding():
+    """gemm's padded choice runs the product on the storage's extra rows; their contents must not leak."""
+    pytest.importorskip("triton")
+    from tabletune.engine import gemm as G, kernels as K
+
+    x = K.empty_rows(5, 32, torch.float32, "cpu")
+    full = x.as_strided((K.ROW_PAD, 32), (32, 1))
+    full.fill_(float("nan"))  # garbage in the padding rows
+    x.copy_(torch.randn(5, 32))
+    w = torch.randn(24, 32)
+    for rows in (64, K.ROW_PAD):
+        assert G.padded_rows(x, rows).shape == (rows, 32)
+        y = G._mm(x, w, rows)
+        assert y.shape == (5, 24) and torch.allclose(y, x @ w.T, atol=1e-5)
+    assert G.padded_rows(x, K.ROW_PAD + 1) is None  # the storage is shorter: no view
+    plain = torch.randn(5, 32)
+    assert G.padded_rows(plain, 64) is None
+    assert torch.allclose(G._mm(plain, w, 64), plain @ w.T)  # falls back to M rows

@@ -1,0 +1,100 @@
+"""Why a graph captured at start-up replays slower than the same step captured later (GPU diagnostic).
+
+Engine 0.3's roofline run saw b=1, k=0 replay at 4.85 ms from the start-up graph and 4.62 ms
+from a graph of the same step captured later in the run. This times, interleaved, for a few
+(b, k): the start-up graph and re-captures of the same step body (into the engine's shared
+pool, and into a private pool), each replayed (a) straight after the host call, as the
+roofline's GPU timing does, and (b) behind a ~0.3 ms sleep kernel, so the GPU never waits for
+the host's graph launch. It also reports the host time of ``graph.replay()`` itself.
+
+    python benchmarks/engine_capture_check.py --out $OUT/capture_check
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from tabletune import fileio
+from tabletune.engine.profiling import build_engine
+from tabletune.padding import power_of_two_buckets
+
+SLEEP_CYCLES = 600_000  # ~0.3 ms at ~2 GHz
+
+
+def _capture(engine, b: int, k: int, pool) -> torch.cuda.CUDAGraph:
+    buf = engine.buffers[b]
+    engine._step_body(buf, k)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, pool=pool):
+        engine._step_body(buf, k)
+    torch.cuda.synchronize()
+    return g
+
+
+def _time(engine, g, b: int, ctx: int, busy: bool) -> tuple[float, float]:
+    """(GPU ms between events around the replay, host µs of the replay call)."""
+    engine.reset_rows(b, ctx)
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    if busy:
+        torch.cuda._sleep(SLEEP_CYCLES)
+    e0.record()
+    t0 = time.perf_counter()
+    g.replay()
+    host_us = (time.perf_counter() - t0) * 1e6
+    e1.record()
+    e1.synchronize()
+    return e0.elapsed_time(e1), host_us
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen3-8b")
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--max-batch", type=int, default=256)
+    ap.add_argument("--reps", type=int, default=25)
+    ap.add_argument("--out", default="capture_check")
+    args = ap.parse_args(argv)
+    buckets = tuple(power_of_two_buckets(args.max_batch))
+    t0 = time.perf_counter()
+    engine = build_engine(args.model, "replay", 7, args.max_batch, args.context, buckets=buckets)
+    print(f"built + {len(engine.graphs)} graphs in {time.perf_counter() - t0:.1f} s, "
+          f"reserved {torch.cuda.memory_reserved() / 2**30:.1f} GiB", flush=True)
+    lines, rows = [], []
+    for b, k in ((1, 0), (1, 7), (8, 3), (16, 5), (32, 7)):
+        if b > args.max_batch:
+            continue
+        engine.set_context(b, args.context)
+        engine.buffers[b].slots.copy_(torch.arange(b))
+        engine.buffers[b].cap.fill_(k)
+        graphs = {"startup": engine.graphs[(b, k)], "shared": _capture(engine, b, k, engine.graph_pool),
+                  "private": _capture(engine, b, k, torch.cuda.graph_pool_handle())}
+        samples = {(n, busy): [] for n in graphs for busy in (False, True)}
+        hosts = {n: [] for n in graphs}
+        for _ in range(args.reps):
+            for (name, busy), out in samples.items():
+                ms, host = _time(engine, graphs[name], b, args.context, busy)
+                out.append(ms)
+                hosts[name].append(host)
+        med = {key: statistics.median(v) for key, v in samples.items()}
+        row = {"batch_size": b, "k": k, **{f"{n}_{'busy' if busy else 'plain'}_ms": round(v, 4)
+                                           for (n, busy), v in med.items()},
+               **{f"{n}_host_us": round(statistics.median(v), 1) for n, v in hosts.items()}}
+        rows.append(row)
+        line = (f"b={b:3d} k={k}: " + ", ".join(f"{n}{'+sleep' if busy else ''} {v:.3f}" for (n, busy), v in med.items())
+                + " ms; host replay " + ", ".join(f"{n} {statistics.median(v):.0f}us" for n, v in hosts.items()))
+        print(line, flush=True)
+        lines.append(line)
+        del graphs
+    fileio.write_json(args.out + ".json", {"model": args.model, "context_len": args.context, "rows": rows})
+    fileio.write_text(args.out + ".md", "\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,68 @@
+"""Decode GEMMs of one layer at mid M (GPU diagnostic): cuBLAS, the Triton configs, and cuBLAS on padded M.
+
+For M = b*(k+1) in the range where the roofline grid is furthest from its floor (b=16..128,
+k>=2), each of the 8B layer's four projections is timed as 10 calls in a CUDA graph over
+L2-cold weights (``gemm._time_us``): cuBLAS at M, cuBLAS at M rounded up to a multiple of
+64 and 128 (the rows past M are wasted work), and the best Triton config of ``gemm._configs``.
+Achieved TFLOP/s (at M) and TB/s (weights) are printed next to each.
+
+    python benchmarks/engine_gemm_sweep.py --out $OUT/gemm_sweep
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from tabletune import fileio
+from tabletune.engine import gemm
+from tabletune.engine.presets import resolve
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen3-8b")
+    ap.add_argument("--ms", default="64,96,128,160,192,224,256,320,384,448,512")
+    ap.add_argument("--out", default="gemm_sweep")
+    args = ap.parse_args(argv)
+    cfg = resolve(args.model)
+    h, d = cfg.hidden_size, cfg.head_dim
+    shapes = {"qkv": ((cfg.num_heads + 2 * cfg.num_kv_heads) * d, h), "o": (h, cfg.num_heads * d),
+              "gate_up": (2 * cfg.intermediate_size, h), "down": (h, cfg.intermediate_size)}
+    rows, lines = [], []
+    for name, (n, kk) in shapes.items():
+        ws = [torch.randn(n, kk, dtype=torch.bfloat16, device="cuda") for _ in range(3)]
+        i = [0]
+
+        def pick():
+            i[0] = (i[0] + 1) % len(ws)
+            return ws[i[0]]
+        for m in (int(v) for v in args.ms.split(",")):
+            xs = {mm: torch.randn(mm, kk, dtype=torch.bfloat16, device="cuda")
+                  for mm in {m, -(-m // 64) * 64, -(-m // 128) * 128}}
+            t = {"cublas": gemm._time_us(lambda: torch.mm(xs[m], pick().t())),
+                 "cublas_pad64": gemm._time_us(lambda: torch.mm(xs[-(-m // 64) * 64], pick().t())),
+                 "cublas_pad128": gemm._time_us(lambda: torch.mm(xs[-(-m // 128) * 128], pick().t()))}
+            best_cfg, best = None, float("inf")
+            for c in gemm._configs(m, False):
+                us = gemm._time_us(lambda: gemm.triton_linear(xs[m], pick(), c))
+                if us < best:
+                    best_cfg, best = c, us
+            t["triton"] = best
+            flops, nbytes = 2 * m * n * kk, n * kk * 2
+            row = {"proj": name, "m": m, "n": n, "k": kk, "triton_config": best_cfg,
+                   **{f"{key}_us": round(v, 2) for key, v in t.items()}}
+            rows.append(row)
+            line = f"{name:8s} M={m:4d}: " + "  ".join(
+                f"{key} {v:7.1f}us ({flops / v / 1e6:4.0f} TF/s, {nbytes / v / 1e6:4.2f} TB/s)" for key, v in t.items())
+            print(line + f"  triton {best_cfg}", flush=True)
+            lines.append(line)
+        del ws
+    fileio.write_json(args.out + ".json", {"model": args.model, "rows": rows})
+    fileio.write_text(args.out + ".md", "\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
