@@ -5,7 +5,9 @@ from a graph of the same step captured later in the run. This times, interleaved
 (b, k): the start-up graph and re-captures of the same step body (into the engine's shared
 pool, and into a private pool), each replayed (a) straight after the host call, as the
 roofline's GPU timing does, and (b) behind a ~0.3 ms sleep kernel, so the GPU never waits for
-the host's graph launch. It also reports the host time of ``graph.replay()`` itself.
+the host's graph launch. It also reports the host time of ``graph.replay()`` itself, and
+compares the step's input upload as the graph's first node (engine 0.4) with a separate
+copy before the replay (engine 0.3) and with no upload, GPU and wall time.
 
     python benchmarks/engine_capture_check.py --out $OUT/capture_check
 """
@@ -52,6 +54,47 @@ def _time(engine, g, b: int, ctx: int, busy: bool) -> tuple[float, float]:
     return e0.elapsed_time(e1), host_us
 
 
+def _time_upload(engine, g_plain, b: int, k: int, ctx: int, variant: str) -> tuple[float, float]:
+    """(GPU ms from before the host's input write to the end of the step, wall ms to the read-back)."""
+    slots = list(range(b))
+    engine.reset_rows(b, ctx)
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
+    e0.record()
+    if variant == "in-graph upload":  # engine.launch: host write, the graph copies it in
+        buf = engine.launch(slots, k)
+    else:
+        buf = engine.buffers[b]
+        host = buf.host.numpy()
+        host[0, :b], host[1, :b] = slots, k
+        if variant == "upload + replay":  # engine 0.3: a separate copy before the replay
+            buf.inputs.copy_(buf.host, non_blocking=True)
+        g_plain.replay()
+    e1.record()
+    buf.out[:b, : k + 2].tolist()
+    wall = (time.perf_counter() - t0) * 1e3
+    return e0.elapsed_time(e1), wall
+
+
+def upload_variants(engine, points, ctx: int, reps: int) -> list[str]:
+    lines = []
+    for b, k in points:
+        engine.set_context(b, ctx)
+        g_plain = _capture(engine, b, k, torch.cuda.graph_pool_handle())
+        variants = ("in-graph upload", "upload + replay", "replay only")
+        got = {v: [] for v in variants}
+        for _ in range(reps):
+            for v in variants:
+                got[v].append(_time_upload(engine, g_plain, b, k, ctx, v))
+        lines.append(f"b={b:3d} k={k}: " + ", ".join(
+            f"{v} {statistics.median(x[0] for x in got[v]):.3f} GPU / {statistics.median(x[1] for x in got[v]):.3f} wall"
+            for v in variants) + " ms")
+        print(lines[-1], flush=True)
+        del g_plain
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-8b")
@@ -65,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     engine = build_engine(args.model, "replay", 7, args.max_batch, args.context, buckets=buckets)
     print(f"built + {len(engine.graphs)} graphs in {time.perf_counter() - t0:.1f} s, "
           f"reserved {torch.cuda.memory_reserved() / 2**30:.1f} GiB", flush=True)
-    lines, rows = [], []
+    lines = upload_variants(engine, [(b, k) for b, k in ((1, 0), (1, 7), (8, 3), (32, 7)) if b <= args.max_batch],
+                            args.context, args.reps)
+    rows = []
     for b, k in ((1, 0), (1, 7), (8, 3), (16, 5), (32, 7)):
         if b > args.max_batch:
             continue

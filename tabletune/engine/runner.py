@@ -2,8 +2,9 @@
 
 All set-up happens in the constructor: KV caches, per-slot state, and on CUDA a
 graph for every (bucket, k), captured largest first into one memory pool (as
-nano-vllm does). A step only copies the slot ids and caps into static buffers,
-replays, and reads back one small tensor (the step's single host sync):
+nano-vllm does). A step only writes the slot ids and caps into a pinned host
+buffer, replays (the graph's first node uploads that buffer), and reads back one
+small tensor (the step's single host sync):
 
     step(b rows, k):  bucket B = bucket_for(b); rows b..B-1 point at the scratch slot
       drafts [B, k]     = drafter.propose(...)
@@ -129,6 +130,7 @@ class SpecEngine:
                 torch.cuda.current_stream().wait_stream(stream)
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, pool=pool):
+                    buf.inputs.copy_(buf.host, non_blocking=True)  # the upload is the graph's first node
                     self._step_body(buf, k)
                 self.graphs[(b, k)] = g
         self.cached.zero_()
@@ -146,11 +148,11 @@ class SpecEngine:
         host[0, n:] = self.cache.scratch_slot
         host[1, :n] = caps if caps is not None else k
         host[1, n:] = k
-        buf.inputs.copy_(buf.host, non_blocking=True)
         graph = self.graphs.get((b, k))
         if graph is not None:
-            graph.replay()
+            graph.replay()  # copies buf.host in, then runs the step
         else:
+            buf.inputs.copy_(buf.host, non_blocking=True)
             self._step_body(buf, k)
         return buf
 

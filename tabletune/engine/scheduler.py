@@ -9,6 +9,12 @@ With ``cap_rates`` = (a_1, ..., a_K) the forced-rejection cap replays measured
 conditional acceptance: for each row the host draws the first j with
 Bernoulli(a_j) = 0 and caps the accepted count there (``verify`` says why this
 stays lossless).
+
+A request with an ``oracle`` (the ReplayDrafter's continuation) accepts exactly its
+cap while the oracle is the target's own greedy path. A step that accepts less
+means the target left that path (in bf16 a near-tie can round the other way when the
+same position is verified inside a different batch shape): from that step on the
+request's drafts no longer follow the caps, and they are not counted.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ class Request:
     max_new_tokens: int
     id: int = 0
     oracle: list[int] | None = None  # tokens for the ReplayDrafter (the continuation)
+    oracle_stale: bool = False  # a capped step accepted less than its cap: the oracle left the target's path
     output: list[int] = field(default_factory=list)
     slot: int = -1
 
@@ -151,8 +158,10 @@ class Scheduler:
             admitted.append(n_first)
             prefill_s.append(t_adm)
             n_tok = n_first
-            for req, m, out in zip(running, ms, emitted):
-                if k > 0:
+            for i, (req, m, out) in enumerate(zip(running, ms, emitted)):
+                if caps is not None and req.oracle is not None and m < caps[i]:
+                    req.oracle_stale = True
+                if k > 0 and not req.oracle_stale:
                     self.counts.observe_draft(k, m)
                 new = out[: req.max_new_tokens - len(req.output)]
                 n_tok += len(new)

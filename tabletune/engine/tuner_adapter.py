@@ -127,10 +127,17 @@ class BuiltinEngine:
         max_tokens = min(max_tokens, ACCEPTANCE_TOKENS - 8)
         rates = self.spec.synthetic_acceptance
         if rates:
-            base = self._decode(self.engine, ids, DraftTable.fixed(0), max_tokens)
+            # The oracle: the target's greedy path, decoded by the same graphs (same k, every draft rejected by
+            # a zero cap), so that the replay verifies each position with the same kernels as far as possible.
             replay = self._build(ReplayDrafter())
-            reqs = [Request(p, max_tokens, i, oracle=out + [0] * (k + 2)) for i, (p, out) in enumerate(zip(ids, base))]
+            base = [Request(p, max_tokens, i) for i, p in enumerate(ids)]
+            Scheduler(replay, DraftTable.fixed(k), cap_rates=[0.0] * k).run(base)
+            reqs = [Request(p, max_tokens, i, oracle=r.output + [0] * (k + 2)) for i, (p, r) in enumerate(zip(ids, base))]
             counts = Scheduler(replay, DraftTable.fixed(k), cap_rates=rates, seed=self.spec.seed).run(reqs).counts
+            stale = sum(r.oracle_stale for r in reqs)
+            if stale:
+                print(f"tabletune: synthetic acceptance: {stale}/{len(reqs)} requests left the oracle's path "
+                      "(bf16 rounding); their later steps are not counted", flush=True)
             del replay
         else:
             reqs = [Request(p, max_tokens, i) for i, p in enumerate(ids)]

@@ -242,3 +242,19 @@ def test_padded_cublas_rows_return_the_first_m_rows_and_ignore_the_padding():
     plain = torch.randn(5, 32)
     assert G.padded_rows(plain, 64) is None
     assert torch.allclose(G._mm(plain, w, 64), plain @ w.T)  # falls back to M rows
+
+
+def test_replay_stops_counting_a_request_once_its_oracle_leaves_the_target_path(tiny):
+    """A capped step that accepts less than its cap means the oracle is stale: that request's drafts stop counting."""
+    target, prompts, base = tiny
+    engine = SpecEngine(target, ReplayDrafter(), EngineConfig(max_num_seqs=4, max_len=72, k_max=2))
+    good = Request(list(prompts[0]), 24, 0, oracle=base[0] + [0] * 4)
+    wrong = list(base[1])
+    wrong[7] = (wrong[7] + 1) % 97  # the oracle goes wrong at output token 7 (a draft of the third step)
+    bad = Request(list(prompts[1]), 24, 1, oracle=wrong + [0] * 4)
+    stats = Scheduler(engine, DraftTable.fixed(2), cap_rates=[1.0, 1.0]).run([good, bad])
+    assert [good.output, bad.output] == base[:2]  # lossless whatever the oracle
+    assert (good.oracle_stale, bad.oracle_stale) == (False, True)
+    # every counted draft was accepted in full: the stale request's rejection and later steps are left out
+    assert stats.counts.rates() == [1.0, 1.0]
+    assert 0 < stats.counts.num_drafts < sum(k > 0 for k in stats.step_ks) * 2
