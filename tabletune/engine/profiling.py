@@ -27,7 +27,7 @@ from tabletune.engine.model import Decoder
 from tabletune.engine.presets import ModelConfig, resolve
 from tabletune.engine.runner import EngineConfig, SpecEngine
 
-ENGINE_VERSION = "0.3"
+ENGINE_VERSION = "0.4"
 RUNNER = "builtin/cudagraph-per-(bucket,k)"
 
 
