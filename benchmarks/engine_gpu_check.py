@@ -91,9 +91,9 @@ def check_lossless() -> None:
     rng = random.Random(0)
     prompts = [[rng.randrange(cfg.vocab_size) for _ in range(rng.randrange(3, 30))] for _ in range(12)]
 
-    def run(drafter, table):
+    def run(drafter, table, overlap=0):
         d = make_drafter(drafter, target, 5, draft_cfg=PRESETS["tiny"])
-        e = SpecEngine(target, d, EngineConfig(max_num_seqs=8, max_len=96, k_max=5))
+        e = SpecEngine(target, d, EngineConfig(max_num_seqs=8, max_len=96, k_max=5, overlap_min_tokens=overlap))
         reqs = [Request(list(p), 40, i) for i, p in enumerate(prompts)]
         st = Scheduler(e, table).run(reqs)
         return [r.output for r in reqs], st, len(e.graphs)
@@ -104,6 +104,8 @@ def check_lossless() -> None:
         out, st, ng = run(dr, table)
         print(f"lossless {dr:15s} identical={out == base} graphs={ng} steps={st.num_steps} "
               f"accepted={st.counts.accepted}")
+    out, st, ng = run("eagle", table, overlap=1)  # every step of >= 2 rows as two half-batches on two streams
+    print(f"lossless eagle two-stream identical={out == base} graphs={ng} steps={st.num_steps}")
 
 
 def check_graph_replay() -> None:
@@ -115,6 +117,18 @@ def check_graph_replay() -> None:
     target = Decoder(PRESETS["qwen3-8b"], torch.bfloat16, "cuda", num_layers=4)
     e = SpecEngine(target, ReplayDrafter(), EngineConfig(max_num_seqs=64, max_len=600, k_max=7,
                                                           buckets=(1, 8, 64), ks=(0, 3, 7)))
+    e2 = SpecEngine(target, ReplayDrafter(), EngineConfig(max_num_seqs=64, max_len=600, k_max=7, buckets=(1, 8, 64),
+                                                           ks=(0, 3, 7), overlap_min_tokens=1))
+    for b, k in ((8, 3), (64, 7)):  # two-stream halves: replay == replay, and the same tokens as one stream
+        outs = []
+        for eng in (e2, e2, e):
+            eng.set_context(b, 500, seed=b)
+            buf = eng.launch(list(range(b)), k)
+            torch.cuda.synchronize()
+            outs.append(buf.out[:b, : k + 2].clone())
+        print(f"graph two-stream b={b} k={k}: replay==replay {bool((outs[0] == outs[1]).all())} "
+              f"same tokens as one stream in {float((outs[0][:, 1] == outs[2][:, 1]).float().mean()):.0%} of rows")
+    del e2
     for b, k in ((1, 0), (1, 7), (8, 3), (64, 7)):
         e.set_context(b, 500, seed=b)
         outs = []

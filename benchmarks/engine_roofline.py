@@ -127,15 +127,60 @@ def pdl_compare(engine, points, context_len: int, reps: int = 20) -> list[str]:
     return lines
 
 
-def write_results(args, ceil, rows: list[dict], device: str, buckets) -> None:
-    worst = {name: (max(r[key] for r in rows if r["batch_size"] <= 32), max(r[key] for r in rows))
+def overlap_compare(engine, points, context_len: int, reps: int = 12) -> tuple[list[str], list[dict]]:
+    """The step as captured at start-up vs the two-stream half-batch forward (``EngineConfig.overlap_min_tokens``),
+    each captured with its upload, interleaved, timed by wall clock to the read-back; plus whether both emit the
+    same tokens from the same state (bf16: a near-tie may round the other way in a different batch shape)."""
+    lines, rows = [], []
+    for b, k in points:
+        buf = engine.buffers[b]
+        engine.set_context(b, context_len)
+        host = buf.host.numpy()
+        host[0, :b], host[1, :b] = list(range(b)), k
+        saved = engine.overlap_min_tokens
+        engine.overlap_min_tokens = 1
+        try:
+            engine.reset_rows(b, context_len)
+            buf.inputs.copy_(buf.host)
+            engine._step_body(buf, k)  # warm-up: GEMM choices for the half-batch shapes, lane-1 tickets
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                buf.inputs.copy_(buf.host, non_blocking=True)
+                engine._step_body(buf, k)
+        finally:
+            engine.overlap_min_tokens = saved
+        graphs = {"single": engine.graphs[(b, k)], "overlap": g}
+        times = {name: [] for name in graphs}
+        outs = {}
+        for _ in range(reps):
+            for name, graph in graphs.items():
+                engine.reset_rows(b, context_len)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                graph.replay()
+                outs[name] = buf.out[:b, : k + 2].tolist()
+                times[name].append((time.perf_counter() - t0) * 1e3)
+        single, overlap = (statistics.median(times[n]) for n in ("single", "overlap"))
+        same = sum(a[1] == c[1] for a, c in zip(outs["single"], outs["overlap"])) / b
+        lines.append(f"b={b:3d} k={k}: single {single:.2f} ms, two-stream halves {overlap:.2f} ms "
+                     f"({(overlap / single - 1) * 100:+.1f}%), same first token in {same:.0%} of rows")
+        rows.append({"batch_size": b, "k": k, "single_ms": round(single, 4), "overlap_ms": round(overlap, 4),
+                     "same_first_token": round(same, 4)})
+        print(lines[-1], flush=True)
+        del g
+    return lines, rows
+
+
+def write_results(args, ceil, rows: list[dict], device: str, buckets, overlap_rows: list[dict] = ()) -> None:
+    worst = {name: (max((r[key] for r in rows if r["batch_size"] <= 32), default=0.0), max(r[key] for r in rows))
              for name, key in (("wall", "ratio"), ("gpu", "gpu_ratio"), ("serial", "serial_ratio"))}
     result = {"device": device, "model": args.model, "context_len": args.context,
               "bandwidth_gb_s": round(ceil.bandwidth_gb_s, 1), "matrix_tflop_s": round(ceil.matrix_tflop_s, 1),
               "worst_ratio_b_le_32": worst["wall"][0], "worst_ratio": worst["wall"][1],
               "worst_gpu_ratio_b_le_32": worst["gpu"][0], "worst_gpu_ratio": worst["gpu"][1],
               "worst_serial_ratio_b_le_32": worst["serial"][0], "worst_serial_ratio": worst["serial"][1],
-              "command": " ".join(sys.argv), "rows": rows}
+              "command": " ".join(sys.argv), "rows": rows, "overlap_rows": list(overlap_rows)}
     fileio.write_json(args.out + ".json", result)
     md = [f"# step / roofline floor, {args.model}, context {args.context}, {device}", "",
           f"copy {ceil.bandwidth_gb_s:.0f} GB/s, bf16 matmul {ceil.matrix_tflop_s:.0f} TFLOP/s; "
@@ -161,11 +206,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k-max", type=int, default=7)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--diagnose", action="store_true")
+    ap.add_argument("--buckets", default="", help="batch sizes to capture and time (default: 1, 2, 4, ..., max-batch)")
+    ap.add_argument("--overlap-compare", default="", help="b:k,... cells to time with the two-stream forward too")
     ap.add_argument("--out", default="benchmarks/results/engine_roofline_h200")
     args = ap.parse_args(argv)
     ceil = measure_ceilings()
     print(f"ceilings: copy {ceil.bandwidth_gb_s:.0f} GB/s, bf16 matmul {ceil.matrix_tflop_s:.0f} TFLOP/s", flush=True)
-    buckets = tuple(power_of_two_buckets(args.max_batch))
+    buckets = tuple(int(v) for v in args.buckets.split(",")) if args.buckets else \
+        tuple(power_of_two_buckets(args.max_batch))
+    args.max_batch = max(buckets)
     t0 = time.perf_counter()
     engine = build_engine(args.model, "replay", args.k_max, args.max_batch, args.context, buckets=buckets)
     print(f"built + captured {len(engine.graphs)} graphs in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -192,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     picks = sorted((m, n, kk, g, label(c)) for (m, n, kk, g), c in gemm._choice.items())
     print("gemm choices:", "; ".join(f"M={m} N={n} K={kk}{' gated' if g else ''}: {c}" for m, n, kk, g, c in picks
                                      if m in (1, 8, 16, 64, 192, 224, 256, 384, 768)))
+    overlap_rows = []
+    if args.overlap_compare:
+        points = [tuple(int(v) for v in cell.split(":")) for cell in args.overlap_compare.split(",")]
+        _, overlap_rows = overlap_compare(engine, points, args.context)
     if args.diagnose:  # after the grid: a CUPTI session leaves ~0.7 us per kernel behind (engine 0.4 notes)
         for line in pdl_compare(engine, [(b, k) for b, k in ((1, 0), (1, 7), (8, 3), (16, 5), (32, 7), (128, 2))
                                          if b <= args.max_batch], args.context):
@@ -202,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(line, flush=True)
         for line in diagnose(args.model):
             print(line, flush=True)
-    write_results(args, ceil, rows, device_name(engine), buckets)
+    write_results(args, ceil, rows, device_name(engine), buckets, overlap_rows)
     return 0
 
 

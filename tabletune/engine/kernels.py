@@ -31,7 +31,8 @@ import triton
 import triton.language as tl
 
 MAX_TICKETS = 1 << 16
-_counters: dict[torch.device, torch.Tensor] = {}
+_counters: dict[tuple[torch.device, int], torch.Tensor] = {}
+lane = 0  # which ticket buffer launches use: the runner sets 1 around work on its second stream
 
 
 ROW_PAD = 128  # row capacity of GEMM inputs made here: M rounded up to this (see ``empty_rows``)
@@ -49,10 +50,14 @@ def empty_rows(m: int, n: int, dtype, device) -> torch.Tensor:
 
 
 def counters(device: torch.device) -> torch.Tensor:
-    """Tickets for "last program merges" kernels; zero between launches (the last program resets its own)."""
-    if device not in _counters:
-        _counters[device] = torch.zeros(MAX_TICKETS, dtype=torch.int32, device=device)
-    return _counters[device]
+    """Tickets for "last program merges" kernels; zero between launches (the last program resets its own).
+
+    One buffer per ``lane``: kernels that may run at the same time on two streams must not share tickets.
+    """
+    key = (device, lane)
+    if key not in _counters:
+        _counters[key] = torch.zeros(MAX_TICKETS, dtype=torch.int32, device=device)
+    return _counters[key]
 
 
 _pdl_ok: dict[torch.device, bool] = {}

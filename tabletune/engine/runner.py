@@ -34,6 +34,9 @@ class EngineConfig:
     buckets: tuple[int, ...] = ()  # default: padding.default_buckets(max_num_seqs)
     ks: tuple[int, ...] = ()  # k values with a graph; default 0..k_max
     use_graphs: bool | None = None  # default: on CUDA
+    # Two-stream overlap: a step of B rows with B*(k+1) >= this runs the target forward as two half-batches on two
+    # streams, so that one half's attention (KV-bound) can run beside the other half's GEMMs. 0: off.
+    overlap_min_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.k_max < 0 or self.temperature < 0:
@@ -62,6 +65,7 @@ class SpecEngine:
         self.target, self.drafter, self.cfg = target, drafter, cfg
         self.device = target.device
         self.k_max, self.temperature = cfg.k_max, cfg.temperature
+        self.overlap_min_tokens = cfg.overlap_min_tokens  # a benchmark may change it before capturing a variant
         self.buckets = list(cfg.buckets or default_buckets(cfg.max_num_seqs))
         self.ks = list(cfg.ks or range(cfg.k_max + 1))
         self.cache = target.new_cache(self.buckets[-1], cfg.max_len)
@@ -97,7 +101,7 @@ class SpecEngine:
             drafts, probs = torch.zeros(slots.shape[0], 0, dtype=torch.long, device=self.device), None
         # [B, k+1]
         inputs = torch.cat([last[:, None], drafts], dim=1)
-        hidden = self.target(inputs, start, slots, self.cache)
+        hidden = self._forward(inputs, start, slots, self.overlaps(slots.shape[0], k))
         m, tokens = verify(self.target.logits(hidden), drafts, probs, self.temperature, cap=buf.cap)
         self.cached[slots] = start + m + 1
         self.last_token[slots] = tokens.gather(1, m[:, None])[:, 0]
@@ -106,6 +110,43 @@ class SpecEngine:
         self.cached[self.cache.scratch_slot:].zero_()
         buf.out[:, 0] = m
         buf.out[:, 1: k + 2] = tokens
+
+    def overlaps(self, rows: int, k: int) -> bool:
+        """Whether a step of ``rows`` (bucket) rows with k drafts runs the two-stream half-batch forward."""
+        t = self.overlap_min_tokens
+        return bool(t) and rows >= 2 and rows * (k + 1) >= t
+
+    def _forward(self, inputs, start, slots, split: bool):
+        """The target's verify forward; split: rows [:B/2] on this stream, [B/2:] on a second one, joined after.
+
+        Rows are independent through every layer (each has its own cache slot), so the halves only meet at
+        the join; on the CPU they simply run one after the other.
+        """
+        if not split:
+            return self.target(inputs, start, slots, self.cache)
+        half = inputs.shape[0] // 2
+        if self.device.type != "cuda":
+            return torch.cat([self.target(inputs[:half], start[:half], slots[:half], self.cache),
+                              self.target(inputs[half:], start[half:], slots[half:], self.cache)])
+        from tabletune.engine import kernels
+
+        main = torch.cuda.current_stream()
+        side = self._side_stream()
+        side.wait_stream(main)
+        first = self.target(inputs[:half], start[:half], slots[:half], self.cache)
+        with torch.cuda.stream(side):
+            kernels.lane = 1
+            try:
+                second = self.target(inputs[half:], start[half:], slots[half:], self.cache)
+            finally:
+                kernels.lane = 0
+        main.wait_stream(side)
+        return torch.cat([first, second])
+
+    def _side_stream(self) -> torch.cuda.Stream:
+        if getattr(self, "_side", None) is None:
+            self._side = torch.cuda.Stream(self.device)
+        return self._side
 
     def capture(self) -> None:
         """A CUDA graph per (bucket, k), largest bucket first, sharing one memory pool."""

@@ -258,3 +258,14 @@ def test_replay_stops_counting_a_request_once_its_oracle_leaves_the_target_path(
     # every counted draft was accepted in full: the stale request's rejection and later steps are left out
     assert stats.counts.rates() == [1.0, 1.0]
     assert 0 < stats.counts.num_drafts < sum(k > 0 for k in stats.step_ks) * 2
+
+
+def test_two_stream_half_batch_forward_is_lossless(tiny):
+    """overlap_min_tokens: the verify forward as two half-batches (one after the other on the CPU) emits the same tokens."""
+    target, prompts, base = tiny
+    d = make_drafter("eagle", target, 3, draft_cfg=PRESETS["tiny"])
+    engine = SpecEngine(target, d, EngineConfig(max_num_seqs=4, max_len=72, k_max=3, overlap_min_tokens=1))
+    assert engine.overlaps(4, 1) and not engine.overlaps(1, 3)
+    out, stats = _serve(engine, prompts, DraftTable.from_ranges([[1, 1, 3], [2, 4, 2]]))
+    assert out == base
+    assert any(b >= 2 for b in stats.step_batch_sizes)  # the split path ran
