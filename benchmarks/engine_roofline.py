@@ -156,6 +156,7 @@ def overlap_compare(engine, points, context_len: int, reps: int = 12) -> tuple[l
         for _ in range(reps):
             for name, graph in graphs.items():
                 engine.reset_rows(b, context_len)
+                engine.last_token[:b] = engine.history[:b, context_len]  # the other graph's step overwrote it
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 graph.replay()
