@@ -118,7 +118,7 @@ def check_graph_replay() -> None:
     e = SpecEngine(target, ReplayDrafter(), EngineConfig(max_num_seqs=64, max_len=600, k_max=7,
                                                           buckets=(1, 8, 64), ks=(0, 3, 7)))
     e2 = SpecEngine(target, ReplayDrafter(), EngineConfig(max_num_seqs=64, max_len=600, k_max=7, buckets=(1, 8, 64),
-                                                           ks=(0, 3, 7), overlap_min_tokens=1))
+                                                           ks=(0, 3, 7), overlap_min_tokens=1, overlap_sm_carveout=24))
     for b, k in ((8, 3), (64, 7)):  # two-stream halves: replay == replay, and the same tokens as one stream
         outs = []
         for eng in (e2, e2, e):
@@ -128,6 +128,7 @@ def check_graph_replay() -> None:
             outs.append(buf.out[:b, : k + 2].clone())
         print(f"graph two-stream b={b} k={k}: replay==replay {bool((outs[0] == outs[1]).all())} "
               f"same tokens as one stream in {float((outs[0][:, 1] == outs[2][:, 1]).float().mean()):.0%} of rows")
+    print(f"SM carveout restored after capture: {torch._C._get_sm_carveout_experimental() is None}")
     del e2
     for b, k in ((1, 0), (1, 7), (8, 3), (64, 7)):
         e.set_context(b, 500, seed=b)

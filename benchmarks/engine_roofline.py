@@ -127,30 +127,35 @@ def pdl_compare(engine, points, context_len: int, reps: int = 20) -> list[str]:
     return lines
 
 
-def overlap_compare(engine, points, context_len: int, reps: int = 12) -> tuple[list[str], list[dict]]:
-    """The step as captured at start-up vs the two-stream half-batch forward (``EngineConfig.overlap_min_tokens``),
-    each captured with its upload, interleaved, timed by wall clock to the read-back; plus whether both emit the
-    same tokens from the same state (bf16: a near-tie may round the other way in a different batch shape)."""
+def overlap_compare(engine, points, context_len: int, carveouts=(0,), reps: int = 12) -> tuple[list[str], list[dict]]:
+    """The step as captured at start-up vs the two-stream half-batch forward (``EngineConfig.overlap_min_tokens``)
+    with each SM carveout for the cuBLAS GEMMs, each captured with its upload, interleaved, timed by wall clock to
+    the read-back; plus the share of rows whose first emitted token matches the single-stream step (from the same
+    state; bf16: a near-tie may round the other way in a different batch shape)."""
     lines, rows = [], []
     for b, k in points:
         buf = engine.buffers[b]
         engine.set_context(b, context_len)
         host = buf.host.numpy()
         host[0, :b], host[1, :b] = list(range(b)), k
-        saved = engine.overlap_min_tokens
-        engine.overlap_min_tokens = 1
-        try:
-            engine.reset_rows(b, context_len)
-            buf.inputs.copy_(buf.host)
-            engine._step_body(buf, k)  # warm-up: GEMM choices for the half-batch shapes, lane-1 tickets
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                buf.inputs.copy_(buf.host, non_blocking=True)
-                engine._step_body(buf, k)
-        finally:
-            engine.overlap_min_tokens = saved
-        graphs = {"single": engine.graphs[(b, k)], "overlap": g}
+        graphs = {"single": engine.graphs[(b, k)]}
+        saved = engine.overlap_min_tokens, engine.overlap_sm_carveout
+        for carve in carveouts:
+            engine.overlap_min_tokens, engine.overlap_sm_carveout = 1, carve
+            try:
+                engine.reset_rows(b, context_len)
+                buf.inputs.copy_(buf.host)
+                engine._step_body(buf, k)  # warm-up: GEMM choices for the half-batch shapes, lane-1 tickets
+                torch.cuda.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    buf.inputs.copy_(buf.host, non_blocking=True)
+                    engine._step_body(buf, k)
+                graphs[f"two-stream carveout {carve}"] = g
+            except Exception as exc:  # report and go on with the other variants
+                print(f"b={b} k={k} carveout {carve}: {type(exc).__name__}: {exc}", flush=True)
+            finally:
+                engine.overlap_min_tokens, engine.overlap_sm_carveout = saved
         times = {name: [] for name in graphs}
         outs = {}
         for _ in range(reps):
@@ -162,14 +167,18 @@ def overlap_compare(engine, points, context_len: int, reps: int = 12) -> tuple[l
                 graph.replay()
                 outs[name] = buf.out[:b, : k + 2].tolist()
                 times[name].append((time.perf_counter() - t0) * 1e3)
-        single, overlap = (statistics.median(times[n]) for n in ("single", "overlap"))
-        same = sum(a[1] == c[1] for a, c in zip(outs["single"], outs["overlap"])) / b
-        lines.append(f"b={b:3d} k={k}: single {single:.2f} ms, two-stream halves {overlap:.2f} ms "
-                     f"({(overlap / single - 1) * 100:+.1f}%), same first token in {same:.0%} of rows")
-        rows.append({"batch_size": b, "k": k, "single_ms": round(single, 4), "overlap_ms": round(overlap, 4),
-                     "same_first_token": round(same, 4)})
+        single = statistics.median(times["single"])
+        row = {"batch_size": b, "k": k, "single_ms": round(single, 4)}
+        cells = []
+        for name in list(graphs)[1:]:
+            ms = statistics.median(times[name])
+            same = sum(a[1] == c[1] for a, c in zip(outs["single"], outs[name])) / b
+            row[name] = {"ms": round(ms, 4), "same_first_token": round(same, 4)}
+            cells.append(f"{name} {ms:.2f} ms ({(ms / single - 1) * 100:+.1f}%, same token {same:.0%})")
+        lines.append(f"b={b:3d} k={k}: single {single:.2f} ms; " + "; ".join(cells))
+        rows.append(row)
         print(lines[-1], flush=True)
-        del g
+        del graphs
     return lines, rows
 
 
@@ -209,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--diagnose", action="store_true")
     ap.add_argument("--buckets", default="", help="batch sizes to capture and time (default: 1, 2, 4, ..., max-batch)")
     ap.add_argument("--overlap-compare", default="", help="b:k,... cells to time with the two-stream forward too")
+    ap.add_argument("--overlap-carveouts", default="0", help="SM carveouts for cuBLAS in the two-stream variants")
     ap.add_argument("--out", default="benchmarks/results/engine_roofline_h200")
     args = ap.parse_args(argv)
     ceil = measure_ceilings()
@@ -245,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     overlap_rows = []
     if args.overlap_compare:
         points = [tuple(int(v) for v in cell.split(":")) for cell in args.overlap_compare.split(",")]
-        _, overlap_rows = overlap_compare(engine, points, args.context)
+        carveouts = tuple(int(v) for v in args.overlap_carveouts.split(","))
+        _, overlap_rows = overlap_compare(engine, points, args.context, carveouts)
     if args.diagnose:  # after the grid: a CUPTI session leaves ~0.7 us per kernel behind (engine 0.4 notes)
         for line in pdl_compare(engine, [(b, k) for b, k in ((1, 0), (1, 7), (8, 3), (16, 5), (32, 7), (128, 2))
                                          if b <= args.max_batch], args.context):

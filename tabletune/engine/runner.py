@@ -37,6 +37,9 @@ class EngineConfig:
     # Two-stream overlap: a step of B rows with B*(k+1) >= this runs the target forward as two half-batches on two
     # streams, so that one half's attention (KV-bound) can run beside the other half's GEMMs. 0: off.
     overlap_min_tokens: int = 0
+    # With the overlap: SMs that cuBLAS GEMMs leave free (torch's experimental SM carveout, baked into the captured
+    # launches), so that the other half's attention finds SMs to run on. 0: none.
+    overlap_sm_carveout: int = 0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.k_max < 0 or self.temperature < 0:
@@ -65,7 +68,8 @@ class SpecEngine:
         self.target, self.drafter, self.cfg = target, drafter, cfg
         self.device = target.device
         self.k_max, self.temperature = cfg.k_max, cfg.temperature
-        self.overlap_min_tokens = cfg.overlap_min_tokens  # a benchmark may change it before capturing a variant
+        # a benchmark may change these two before capturing a variant
+        self.overlap_min_tokens, self.overlap_sm_carveout = cfg.overlap_min_tokens, cfg.overlap_sm_carveout
         self.buckets = list(cfg.buckets or default_buckets(cfg.max_num_seqs))
         self.ks = list(cfg.ks or range(cfg.k_max + 1))
         self.cache = target.new_cache(self.buckets[-1], cfg.max_len)
@@ -130,17 +134,25 @@ class SpecEngine:
                               self.target(inputs[half:], start[half:], slots[half:], self.cache)])
         from tabletune.engine import kernels
 
-        main = torch.cuda.current_stream()
-        side = self._side_stream()
-        side.wait_stream(main)
-        first = self.target(inputs[:half], start[:half], slots[:half], self.cache)
-        with torch.cuda.stream(side):
-            kernels.lane = 1
-            try:
-                second = self.target(inputs[half:], start[half:], slots[half:], self.cache)
-            finally:
-                kernels.lane = 0
-        main.wait_stream(side)
+        carve = self.overlap_sm_carveout and hasattr(torch._C, "_set_sm_carveout_experimental")
+        if carve:
+            previous = torch._C._get_sm_carveout_experimental()
+            torch._C._set_sm_carveout_experimental(self.overlap_sm_carveout)
+        try:
+            main = torch.cuda.current_stream()
+            side = self._side_stream()
+            side.wait_stream(main)
+            first = self.target(inputs[:half], start[:half], slots[:half], self.cache)
+            with torch.cuda.stream(side):
+                kernels.lane = 1
+                try:
+                    second = self.target(inputs[half:], start[half:], slots[half:], self.cache)
+                finally:
+                    kernels.lane = 0
+            main.wait_stream(side)
+        finally:
+            if carve:
+                torch._C._set_sm_carveout_experimental(previous)
         return torch.cat([first, second])
 
     def _side_stream(self) -> torch.cuda.Stream:
