@@ -70,6 +70,7 @@ class SpecEngine:
         self.k_max, self.temperature = cfg.k_max, cfg.temperature
         # a benchmark may change these two before capturing a variant
         self.overlap_min_tokens, self.overlap_sm_carveout = cfg.overlap_min_tokens, cfg.overlap_sm_carveout
+        self._side: torch.cuda.Stream | None = None  # the two-stream forward's second stream, made on first use
         self.buckets = list(cfg.buckets or default_buckets(cfg.max_num_seqs))
         self.ks = list(cfg.ks or range(cfg.k_max + 1))
         self.cache = target.new_cache(self.buckets[-1], cfg.max_len)
@@ -156,7 +157,7 @@ class SpecEngine:
         return torch.cat([first, second])
 
     def _side_stream(self) -> torch.cuda.Stream:
-        if getattr(self, "_side", None) is None:
+        if self._side is None:
             self._side = torch.cuda.Stream(self.device)
         return self._side
 
