@@ -1,6 +1,7 @@
 """Step time over the roofline floor for the built-in engine (run on the GPU, one invocation).
 
-Measures the copy bandwidth and the bf16 matrix rate, then times the verify step
+Measures the copy bandwidth and the bf16 matrix rate before and after the grid (the floor
+uses the higher reading of each), and times the verify step
 (target forward over q = k+1 tokens, LM head, greedy verification, state update;
 the replay drafter costs a gather) of a random-weight model for every
 b in 1, 2, 4, ..., max_batch and k in 0..k_max, and reports step / floor with
@@ -20,8 +21,8 @@ import time
 import torch
 
 from tabletune import fileio
-from tabletune.engine.profiling import (build_engine, device_name, measure_ceilings, serial_floor_ms, step_floor_ms,
-                                        time_replays_gpu, time_steps)
+from tabletune.engine.profiling import (Ceilings, build_engine, device_name, measure_ceilings, serial_floor_ms,
+                                        step_floor_ms, time_replays_gpu, time_steps)
 from tabletune.engine.presets import resolve
 from tabletune.padding import power_of_two_buckets
 
@@ -182,7 +183,8 @@ def overlap_compare(engine, points, context_len: int, carveouts=(0,), reps: int 
     return lines, rows
 
 
-def write_results(args, ceil, rows: list[dict], device: str, buckets, overlap_rows: list[dict] = ()) -> None:
+def write_results(args, ceil, rows: list[dict], device: str, buckets, overlap_rows: list[dict] = (),
+                  readings=()) -> None:
     worst = {name: (max((r[key] for r in rows if r["batch_size"] <= 32), default=0.0), max(r[key] for r in rows))
              for name, key in (("wall", "ratio"), ("gpu", "gpu_ratio"), ("serial", "serial_ratio"))}
     result = {"device": device, "model": args.model, "context_len": args.context,
@@ -190,6 +192,8 @@ def write_results(args, ceil, rows: list[dict], device: str, buckets, overlap_ro
               "worst_ratio_b_le_32": worst["wall"][0], "worst_ratio": worst["wall"][1],
               "worst_gpu_ratio_b_le_32": worst["gpu"][0], "worst_gpu_ratio": worst["gpu"][1],
               "worst_serial_ratio_b_le_32": worst["serial"][0], "worst_serial_ratio": worst["serial"][1],
+              "ceiling_readings": [{"bandwidth_gb_s": round(c.bandwidth_gb_s, 1), "matrix_tflop_s": round(c.matrix_tflop_s, 1)}
+                                   for c in readings],
               "command": " ".join(sys.argv), "rows": rows, "overlap_rows": list(overlap_rows)}
     fileio.write_json(args.out + ".json", result)
     md = [f"# step / roofline floor, {args.model}, context {args.context}, {device}", "",
@@ -230,21 +234,31 @@ def main(argv: list[str] | None = None) -> int:
     engine = build_engine(args.model, "replay", args.k_max, args.max_batch, args.context, buckets=buckets)
     print(f"built + captured {len(engine.graphs)} graphs in {time.perf_counter() - t0:.1f} s", flush=True)
     cfg = engine.target.cfg
-    rows = []
+    timed = []
     for b in buckets:
         engine.set_context(b, args.context)
         for k in range(args.k_max + 1):
             samples = time_steps(engine, b, k, args.steps, args.context)
-            ms = statistics.median(samples)
             gpu_ms = statistics.median(time_replays_gpu(engine, b, k, args.steps, args.context))
-            floor = step_floor_ms(cfg, b, k, args.context, ceil)
-            serial = serial_floor_ms(cfg, b, k, args.context, ceil)
-            rows.append({"batch_size": b, "k": k, "step_ms": round(ms, 4), "gpu_ms": round(gpu_ms, 4),
-                         "floor_ms": round(floor, 4), "ratio": round(ms / floor, 3),
-                         "serial_floor_ms": round(serial, 4), "serial_ratio": round(ms / serial, 3),
-                         "gpu_ratio": round(gpu_ms / floor, 3), "samples_ms": [round(s, 4) for s in samples]})
-        print(f"b={b:4d} " + " ".join(f"k{r['k']}:{r['step_ms']:7.2f}ms/{r['ratio']:.2f}x" for r in rows[-args.k_max - 1:]),
-              flush=True)
+            timed.append((b, k, samples, gpu_ms))
+        print(f"b={b:4d} " + " ".join(
+            f"k{k}:{statistics.median(smp):7.2f}ms/{statistics.median(smp) / step_floor_ms(cfg, b, k, args.context, ceil):.2f}x"
+            for _, k, smp, _ in timed[-args.k_max - 1:]), flush=True)
+    # The ceilings again after the grid; the floor uses the higher of the two readings (the lower floor).
+    after = measure_ceilings()
+    print(f"ceilings after the grid: copy {after.bandwidth_gb_s:.0f} GB/s, bf16 matmul {after.matrix_tflop_s:.0f} "
+          "TFLOP/s", flush=True)
+    readings = [ceil, after]
+    ceil = Ceilings(max(c.bandwidth_gb_s for c in readings), max(c.matrix_tflop_s for c in readings))
+    rows = []
+    for b, k, samples, gpu_ms in timed:
+        ms = statistics.median(samples)
+        floor = step_floor_ms(cfg, b, k, args.context, ceil)
+        serial = serial_floor_ms(cfg, b, k, args.context, ceil)
+        rows.append({"batch_size": b, "k": k, "step_ms": round(ms, 4), "gpu_ms": round(gpu_ms, 4),
+                     "floor_ms": round(floor, 4), "ratio": round(ms / floor, 3),
+                     "serial_floor_ms": round(serial, 4), "serial_ratio": round(ms / serial, 3),
+                     "gpu_ratio": round(gpu_ms / floor, 3), "samples_ms": [round(s, 4) for s in samples]})
     from tabletune.engine import gemm
 
     def label(c) -> str:
@@ -267,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(line, flush=True)
         for line in diagnose(args.model):
             print(line, flush=True)
-    write_results(args, ceil, rows, device_name(engine), buckets, overlap_rows)
+    write_results(args, ceil, rows, device_name(engine), buckets, overlap_rows, readings)
     return 0
 
 
