@@ -190,11 +190,11 @@ class SpecEngine:
         self.cached.zero_()
         torch.cuda.synchronize()
 
-    def launch(self, slots: list[int], k: int, caps: list[int] | None = None) -> StepBuffers:
+    def launch(self, slots: list[int], k: int, caps: list[int] | None = None, min_rows: int = 0) -> StepBuffers:
         """Fill the static inputs and run the step (replay on CUDA); no sync."""
         if k not in self.ks:
             raise ValueError(f"k={k} has no graph (captured: {self.ks})")
-        b = bucket_for(len(slots), self.buckets)
+        b = bucket_for(max(len(slots), min_rows), self.buckets)
         buf = self.buffers[b]
         n = len(slots)
         host = buf.host.numpy()  # free to overwrite: the previous step's copy finished before its read-back
@@ -210,9 +210,14 @@ class SpecEngine:
             self._step_body(buf, k)
         return buf
 
-    def step(self, slots: list[int], k: int, caps: list[int] | None = None) -> tuple[list[int], list[list[int]]]:
-        """One speculative step for the sequences in ``slots``: (m per row, emitted tokens per row)."""
-        buf = self.launch(slots, k, caps)
+    def step(self, slots: list[int], k: int, caps: list[int] | None = None,
+             min_rows: int = 0) -> tuple[list[int], list[list[int]]]:
+        """One speculative step for the sequences in ``slots``: (m per row, emitted tokens per row).
+
+        ``min_rows``: run at least this bucket (rows past ``slots`` point at the scratch slot), so that a
+        shrinking batch keeps one batch shape.
+        """
+        buf = self.launch(slots, k, caps, min_rows)
         out = buf.out[: len(slots), : k + 2].tolist()  # the step's one host sync
         return [row[0] for row in out], [row[1: row[0] + 2] for row in out]
 

@@ -14,7 +14,9 @@ A request with an ``oracle`` (the ReplayDrafter's continuation) accepts exactly 
 cap while the oracle is the target's own greedy path. A step that accepts less
 means the target left that path (in bf16 a near-tie can round the other way when the
 same position is verified inside a different batch shape): from that step on the
-request's drafts no longer follow the caps, and they are not counted.
+request's drafts no longer follow the caps, and they are not counted. ``fixed_shape``
+keeps every step at one bucket, so that a shrinking batch does not change the shapes
+(and the kernels) that verify each position.
 """
 
 from __future__ import annotations
@@ -94,12 +96,15 @@ def draw_caps(rates: Sequence[float], k: int, n: int, rng: random.Random) -> lis
 
 class Scheduler:
     def __init__(self, engine: SpecEngine, table: DraftTable, max_num_seqs: int | None = None,
-                 cap_rates: Sequence[float] | None = None, seed: int = 0) -> None:
+                 cap_rates: Sequence[float] | None = None, seed: int = 0, fixed_shape: bool = False) -> None:
         self.engine = engine
         self.table = table.clamped(engine.k_max)
         self.max_num_seqs = min(max_num_seqs or engine.cfg.max_num_seqs, engine.buckets[-1])
         self.cap_rates = list(cap_rates) if cap_rates else None
         self.rng = random.Random(seed)
+        # fixed_shape: every step of a run runs the bucket of its first full batch, however many rows are still
+        # running (a batch shape that never changes; see the module docstring on oracles)
+        self.fixed_shape = fixed_shape
         self.counts = AcceptanceCounts(k_max=max(engine.k_max, 1), drafter=engine.drafter.name)
 
     def _admit(self, req: Request, free: list[int]) -> None:
@@ -123,6 +128,7 @@ class Scheduler:
     def run(self, requests: Sequence[Request]) -> RunStats:
         """Serve all requests, at most max_num_seqs at a time (a closed loop of that load)."""
         waiting = deque(requests)
+        min_rows = min(self.max_num_seqs, len(requests)) if self.fixed_shape else 0
         running: list[Request] = []
         free = list(range(self.engine.cache.num_slots))[::-1]
         steps_b, steps_k, walls, toks = [], [], [], []
@@ -152,7 +158,7 @@ class Scheduler:
             b = len(running)
             k = min(self.table.k_for(b), self.engine.k_max)
             caps = draw_caps(self.cap_rates, k, b, self.rng) if self.cap_rates and k > 0 else None
-            ms, emitted = self.engine.step([r.slot for r in running], k, caps)
+            ms, emitted = self.engine.step([r.slot for r in running], k, caps, min_rows)
             steps_b.append(b)
             steps_k.append(k)
             admitted.append(n_first)

@@ -128,12 +128,15 @@ class BuiltinEngine:
         rates = self.spec.synthetic_acceptance
         if rates:
             # The oracle: the target's greedy path, decoded by the same graphs (same k, every draft rejected by
-            # a zero cap), so that the replay verifies each position with the same kernels as far as possible.
+            # a zero cap).
+            # One batch shape for both runs (fixed_shape), so that the replay verifies each position with the
+            # same kernels as the oracle's decode as far as possible.
             replay = self._build(ReplayDrafter())
             base = [Request(p, max_tokens, i) for i, p in enumerate(ids)]
-            Scheduler(replay, DraftTable.fixed(k), cap_rates=[0.0] * k).run(base)
+            Scheduler(replay, DraftTable.fixed(k), cap_rates=[0.0] * k, fixed_shape=True).run(base)
             reqs = [Request(p, max_tokens, i, oracle=r.output + [0] * (k + 2)) for i, (p, r) in enumerate(zip(ids, base))]
-            counts = Scheduler(replay, DraftTable.fixed(k), cap_rates=rates, seed=self.spec.seed).run(reqs).counts
+            counts = Scheduler(replay, DraftTable.fixed(k), cap_rates=rates, seed=self.spec.seed,
+                               fixed_shape=True).run(reqs).counts
             stale = sum(r.oracle_stale for r in reqs)
             if stale:
                 print(f"tabletune: synthetic acceptance: {stale}/{len(reqs)} requests left the oracle's path "

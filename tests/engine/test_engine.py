@@ -269,3 +269,23 @@ def test_two_stream_half_batch_forward_is_lossless(tiny):
     out, stats = _serve(engine, prompts, DraftTable.from_ranges([[1, 1, 3], [2, 4, 2]]))
     assert out == base
     assert any(b >= 2 for b in stats.step_batch_sizes)  # the split path ran
+
+
+def test_fixed_shape_keeps_one_bucket_while_the_batch_drains(tiny):
+    target, prompts, base = tiny
+    engine = _engine(target, "eagle", k_max=2, max_num_seqs=8)
+    rows = []
+    launch = engine.launch
+
+    def spy(slots, k, caps=None, min_rows=0):
+        buf = launch(slots, k, caps, min_rows)
+        rows.append(buf.slots.shape[0])  # the bucket the step ran
+        return buf
+    engine.launch = spy
+    reqs = [Request(list(p), 6 + 3 * i, i) for i, p in enumerate(prompts)]  # staggered lengths: the batch drains
+    Scheduler(engine, DraftTable.fixed(2), fixed_shape=True).run(reqs)
+    assert set(rows) == {8}  # 6 requests -> the 8-row bucket, also once only one is left
+    assert [r.output for r in reqs] == [b[: 6 + 3 * i] for i, b in enumerate(base)]
+    rows.clear()
+    Scheduler(engine, DraftTable.fixed(2)).run([Request(list(p), 6 + 3 * i, i) for i, p in enumerate(prompts)])
+    assert len(set(rows)) > 1  # without it the bucket follows the batch
