@@ -96,16 +96,22 @@ def _configs(m: int, gated: bool) -> list[tuple[int, int, int, int, int, int]]:
 
     Kept small: every distinct config is a Triton compile at start-up.
     """
-    if m <= 64:
-        bm = max(16, triton.next_power_of_2(m))
+    def skinny(bm: int) -> list[tuple[int, int, int, int, int, int]]:
         if gated:
-            cands = [(bm, 64, 128, s, 4, 4) for s in (1, 2, 4, 8)]
-        else:  # BLOCK_N 32 and splits 3, 6: more ways to make the program count a multiple of the SM count
-            cands = [(bm, bn, bk, s, 4, st) for bn in (32, 64) for bk, st in ((128, 6), (256, 4))
-                     for s in (1, 2, 3, 4, 6, 8)]
-    else:
-        cands = [(128, bn, 64, s, 8, 3) for bn in (128, 256) for s in (1, 2, 4)] + \
-                [(64, bn, 64, s, 4, 4) for bn in (128, 256) for s in (1, 2)]
+            return [(bm, 64, 128, s, 4, 4) for s in (1, 2, 4, 8)]
+        # BLOCK_N 32 and splits 3, 6: more ways to make the program count a multiple of the SM count
+        return [(bm, bn, bk, s, 4, st) for bn in (32, 64) for bk, st in ((128, 6), (256, 4)) for s in (1, 2, 3, 4, 6, 8)]
+
+    mid = [(128, bn, 64, s, 8, 3) for bn in (128, 256) for s in (1, 2, 4)] + \
+        [(64, bn, 64, s, 4, 4) for bn in (128, 256) for s in (1, 2)]
+    cands = []
+    if m <= 128:
+        # one row block of next_pow2(M) rows (M <= 64), or several smaller ones: the programs of one weight tile
+        # are adjacent in launch order, so the row blocks after the first mostly read the tile from L2
+        row_blocks = {bm for bm in (16, 32, 64) if bm < m} | ({max(16, triton.next_power_of_2(m))} if m <= 64 else set())
+        cands = [c for bm in sorted(row_blocks) for c in skinny(bm)]
+    if m > 64:
+        cands += mid
     return [c for c in cands if c[5] * (c[0] + c[1]) * c[2] * 2 <= SMEM_BYTES]
 
 

@@ -289,3 +289,17 @@ def test_fixed_shape_keeps_one_bucket_while_the_batch_drains(tiny):
     rows.clear()
     Scheduler(engine, DraftTable.fixed(2)).run([Request(list(p), 6 + 3 * i, i) for i, p in enumerate(prompts)])
     assert len(set(rows)) > 1  # without it the bucket follows the batch
+
+
+def test_gemm_candidates_include_row_blocks_smaller_than_m():
+    """For 16 < M <= 128 the chooser also times skinny configs that cover M with several row blocks."""
+    pytest.importorskip("triton")
+    from tabletune.engine import gemm as G
+
+    def row_blocks(m, gated=False):
+        return sorted({c[0] for c in G._configs(m, gated)})
+    assert row_blocks(1) == row_blocks(16) == [16]
+    assert row_blocks(20) == [16, 32] and row_blocks(48, gated=True) == [16, 32, 64]
+    assert row_blocks(100) == [16, 32, 64, 128]  # skinny row blocks and the mid-M tiles
+    assert row_blocks(256) == [64, 128]
+    assert all(c[5] * (c[0] + c[1]) * c[2] * 2 <= G.SMEM_BYTES for m in (20, 100) for c in G._configs(m, False))
