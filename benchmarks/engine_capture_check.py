@@ -27,17 +27,6 @@ from tabletune.padding import power_of_two_buckets
 SLEEP_CYCLES = 600_000  # ~0.3 ms at ~2 GHz
 
 
-def _capture(engine, b: int, k: int, pool) -> torch.cuda.CUDAGraph:
-    buf = engine.buffers[b]
-    engine._step_body(buf, k)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, pool=pool):
-        engine._step_body(buf, k)
-    torch.cuda.synchronize()
-    return g
-
-
 def _time(engine, g, b: int, ctx: int, busy: bool) -> tuple[float, float]:
     """(GPU ms between events around the replay, host µs of the replay call)."""
     engine.reset_rows(b, ctx)
@@ -81,7 +70,7 @@ def upload_variants(engine, points, ctx: int, reps: int) -> list[str]:
     lines = []
     for b, k in points:
         engine.set_context(b, ctx)
-        g_plain = _capture(engine, b, k, torch.cuda.graph_pool_handle())
+        g_plain = engine.capture_step(b, k, torch.cuda.graph_pool_handle(), upload=False)
         variants = ("in-graph upload", "upload + replay", "replay only")
         got = {v: [] for v in variants}
         for _ in range(reps):
@@ -117,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         engine.set_context(b, args.context)
         engine.buffers[b].slots.copy_(torch.arange(b))
         engine.buffers[b].cap.fill_(k)
-        graphs = {"startup": engine.graphs[(b, k)], "shared": _capture(engine, b, k, engine.graph_pool),
-                  "private": _capture(engine, b, k, torch.cuda.graph_pool_handle())}
+        graphs = {"startup": engine.graphs[(b, k)], "shared": engine.capture_step(b, k, engine.graph_pool, upload=False),
+                  "private": engine.capture_step(b, k, torch.cuda.graph_pool_handle(), upload=False)}
         samples = {(n, busy): [] for n in graphs for busy in (False, True)}
         hosts = {n: [] for n in graphs}
         for _ in range(args.reps):

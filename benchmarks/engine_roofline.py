@@ -13,7 +13,6 @@ floor = max(bytes / bandwidth, FLOPs / matrix rate) (``tabletune.engine.profilin
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -107,11 +106,7 @@ def pdl_compare(engine, points, context_len: int, reps: int = 20) -> list[str]:
             buf = engine.buffers[b]
             engine.set_context(b, context_len)
             buf.slots.copy_(torch.arange(b))
-            engine._step_body(buf, k)  # compiles the kernels of this setting outside the capture
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                engine._step_body(buf, k)
+            g = engine.capture_step(b, k, upload=False)  # compiles the kernels of this setting outside the capture
             times = []
             for _ in range(reps):
                 engine.reset_rows(b, context_len)
@@ -144,15 +139,8 @@ def overlap_compare(engine, points, context_len: int, carveouts=(0,), reps: int 
         for carve in carveouts:
             engine.overlap_min_tokens, engine.overlap_sm_carveout = 1, carve
             try:
-                engine.reset_rows(b, context_len)
-                buf.inputs.copy_(buf.host)
-                engine._step_body(buf, k)  # warm-up: GEMM choices for the half-batch shapes, lane-1 tickets
-                torch.cuda.synchronize()
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    buf.inputs.copy_(buf.host, non_blocking=True)
-                    engine._step_body(buf, k)
-                graphs[f"two-stream carveout {carve}"] = g
+                # its warm-up makes the GEMM choices for the half-batch shapes and the lane-1 tickets
+                graphs[f"two-stream carveout {carve}"] = engine.capture_step(b, k)
             except Exception as exc:  # report and go on with the other variants
                 print(f"b={b} k={k} carveout {carve}: {type(exc).__name__}: {exc}", flush=True)
             finally:

@@ -225,7 +225,7 @@ def choose(m: int, w: torch.Tensor, gated: bool = False) -> tuple | int | None:
             choose(m, w, False)
         kernels.counters(w.device)
         x = kernels.empty_rows(m, 2 * k if gated else k, w.dtype, w.device)
-        x.as_strided((-(-m // kernels.ROW_PAD) * kernels.ROW_PAD, x.shape[1]), x.stride()).normal_()
+        padded_rows(x, kernels.round_up(m, kernels.ROW_PAD)).normal_()  # the padding rows too: never time on garbage
         # weights bigger than L2, as in the model: rotate over copies
         ws = [w] + [torch.empty_like(w).normal_() for _ in range(max(0, min(3, (96 << 20) // w.nbytes)))]
         i = [0]
@@ -235,7 +235,7 @@ def choose(m: int, w: torch.Tensor, gated: bool = False) -> tuple | int | None:
             return ws[i[0]]
         timings = {None: _time_us(lambda: _unfused(x, pick(), gated))}
         if not gated:
-            for rows in sorted({-(-m // 64) * 64, -(-m // kernels.ROW_PAD) * kernels.ROW_PAD} - {m}):
+            for rows in sorted({kernels.round_up(m, 64), kernels.round_up(m, kernels.ROW_PAD)} - {m}):
                 timings[rows] = _time_us(lambda: _mm(x, pick(), rows))
         for cfg in _configs(m, gated) if m <= MAX_TRITON_M else ():
             timings[cfg] = _time_us(lambda: triton_linear(x, pick(), cfg, gated))

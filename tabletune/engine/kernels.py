@@ -46,7 +46,11 @@ def empty_rows(m: int, n: int, dtype, device) -> torch.Tensor:
     where cuBLAS is faster there than at M itself; the extra rows hold garbage, and rows of a
     product do not mix, so the first m output rows are unaffected.
     """
-    return torch.empty(-(-m // ROW_PAD) * ROW_PAD, n, dtype=dtype, device=device)[:m]
+    return torch.empty(round_up(m, ROW_PAD), n, dtype=dtype, device=device)[:m]
+
+
+def round_up(m: int, multiple: int) -> int:
+    return -(-m // multiple) * multiple
 
 
 def counters(device: torch.device) -> torch.Tensor:

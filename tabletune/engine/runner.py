@@ -177,18 +177,29 @@ class SpecEngine:
         stream = torch.cuda.Stream()
         for b in reversed(self.buckets):
             for k in self.ks:
-                buf = self.buffers[b]
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):
-                    self._step_body(buf, k)
-                torch.cuda.current_stream().wait_stream(stream)
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool):
-                    buf.inputs.copy_(buf.host, non_blocking=True)  # the upload is the graph's first node
-                    self._step_body(buf, k)
-                self.graphs[(b, k)] = g
+                self.graphs[(b, k)] = self.capture_step(b, k, pool, stream=stream)
         self.cached.zero_()
         torch.cuda.synchronize()
+
+    def capture_step(self, b: int, k: int, pool=None, upload: bool = True,
+                     stream: torch.cuda.Stream | None = None) -> torch.cuda.CUDAGraph:
+        """The step of bucket b with k drafts as a CUDA graph, as the engine runs it now.
+
+        It is first run once on a side stream, so that kernel compiles and GEMM choices happen outside
+        the capture; ``upload``: the copy of the host inputs is the graph's first node.
+        """
+        buf = self.buffers[b]
+        stream = stream or torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self._step_body(buf, k)
+        torch.cuda.current_stream().wait_stream(stream)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            if upload:
+                buf.inputs.copy_(buf.host, non_blocking=True)
+            self._step_body(buf, k)
+        return g
 
     def launch(self, slots: list[int], k: int, caps: list[int] | None = None, min_rows: int = 0) -> StepBuffers:
         """Fill the static inputs and run the step (replay on CUDA); no sync."""

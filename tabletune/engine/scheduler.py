@@ -113,12 +113,9 @@ class Scheduler:
         if req.oracle is not None:
             import torch
 
-            n = len(req.prompt)
-            tail = req.prompt + req.oracle
-            tail = tail[: e.cfg.max_len]
+            tail = (req.prompt + req.oracle)[: e.cfg.max_len]
             e.oracle[req.slot, : len(tail)] = torch.tensor(tail, device=e.device)
             e.oracle[req.slot, len(tail):] = 0
-            del n
         req.output = [e.prefill(req.slot, req.prompt)]
 
     def _done(self, req: Request) -> bool:
