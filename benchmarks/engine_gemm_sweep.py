@@ -23,7 +23,7 @@ from tabletune.engine.presets import resolve
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-8b")
-    ap.add_argument("--ms", default="64,96,128,160,192,224,256,320,384,448,512")
+    ap.add_argument("--ms", default="32,64,96,128,160,192,224,256,320,384,448,512")
     ap.add_argument("--out", default="gemm_sweep")
     args = ap.parse_args(argv)
     cfg = resolve(args.model)
@@ -44,19 +44,21 @@ def main(argv: list[str] | None = None) -> int:
             t = {"cublas": gemm._time_us(lambda: torch.mm(xs[m], pick().t())),
                  "cublas_pad64": gemm._time_us(lambda: torch.mm(xs[-(-m // 64) * 64], pick().t())),
                  "cublas_pad128": gemm._time_us(lambda: torch.mm(xs[-(-m // 128) * 128], pick().t()))}
-            best_cfg, best = None, float("inf")
-            for c in gemm._configs(m, False):
+            t["cublaslt"] = gemm._time_us(lambda: gemm._mm_lt(xs[m], pick()))
+            best_cfg, best = {}, {}
+            for c in gemm._configs(m, False, gemm.tma_available()):
+                name = "triton_tma" if c.tma else "triton"
                 us = gemm._time_us(lambda: gemm.triton_linear(xs[m], pick(), c))
-                if us < best:
-                    best_cfg, best = c, us
-            t["triton"] = best
+                if us < best.get(name, float("inf")):
+                    best_cfg[name], best[name] = tuple(c), us
+            t.update(best)
             flops, nbytes = 2 * m * n * kk, n * kk * 2
             row = {"proj": name, "m": m, "n": n, "k": kk, "triton_config": best_cfg,
                    **{f"{key}_us": round(v, 2) for key, v in t.items()}}
             rows.append(row)
             line = f"{name:8s} M={m:4d}: " + "  ".join(
                 f"{key} {v:7.1f}us ({flops / v / 1e6:4.0f} TF/s, {nbytes / v / 1e6:4.2f} TB/s)" for key, v in t.items())
-            print(line + f"  triton {best_cfg}", flush=True)
+            print(line + f"  {best_cfg}", flush=True)
             lines.append(line)
         del ws
     fileio.write_json(args.out + ".json", {"model": args.model, "rows": rows})

@@ -55,6 +55,15 @@ def check_kernels() -> None:
             g = gemm.triton_linear(gm, w, cfg, gated=True)
             print(f"gemm M={m} cfg={cfg}: {rel(a, xm @ w.t()):.2e} gated {rel(g, ops.silu_mul(gm) @ w.t()):.2e} "
                   f"repeat-identical {bool((gemm.triton_linear(xm, w, cfg) == a).all())}")
+        for cfg in ((64, 128, 64, 1, 4, 6, True), (64, 256, 64, 2, 4, 4, True), (128, 128, 64, 3, 8, 5, True),
+                    (128, 256, 64, 2, 8, 4, True)):
+            try:
+                a = gemm.triton_linear(xm, w, cfg)
+                print(f"gemm TMA M={m} cfg={cfg}: {rel(a, xm @ w.t()):.2e} "
+                      f"repeat-identical {bool((gemm.triton_linear(xm, w, cfg) == a).all())}")
+            except Exception as exc:
+                print(f"gemm TMA M={m} cfg={cfg} FAILED: {type(exc).__name__}: {str(exc)[:300]}")
+        print(f"gemm cuBLASLt M={m}: {rel(gemm._mm_lt(xm, w), xm @ w.t()):.2e}")
     print(f"tickets all zero after the launches: {int(kernels.counters(x.device).abs().sum()) == 0}")
     dl = torch.randn_like(x)
     wn = torch.rand(4096, dtype=dt, device="cuda")
@@ -130,6 +139,18 @@ def check_graph_replay() -> None:
               f"same tokens as one stream in {float((outs[0][:, 1] == outs[2][:, 1]).float().mean()):.0%} of rows")
     print(f"SM carveout restored after capture: {torch._C._get_sm_carveout_experimental() is None}")
     del e2
+    e3 = SpecEngine(target, ReplayDrafter(), EngineConfig(max_num_seqs=64, max_len=600, k_max=7, buckets=(1, 8, 64),
+                                                           ks=(0, 3, 7), prefetch_max_batch=0))
+    for b, k in ((1, 0), (1, 7), (8, 3)):  # the L2 prefetch is a hint: the same tokens as without it
+        outs = []
+        for eng in (e, e, e3):
+            eng.set_context(b, 500, seed=b)
+            buf = eng.launch(list(range(b)), k)
+            torch.cuda.synchronize()
+            outs.append(buf.out[:b, : k + 2].clone())
+        print(f"graph L2 prefetch ({e.prefetch_mode}) b={b} k={k}: replay==replay {bool((outs[0] == outs[1]).all())} "
+              f"same tokens as without {bool((outs[0] == outs[2]).all())}")
+    del e3
     for b, k in ((1, 0), (1, 7), (8, 3), (64, 7)):
         e.set_context(b, 500, seed=b)
         outs = []

@@ -123,6 +123,53 @@ def pdl_compare(engine, points, context_len: int, reps: int = 20) -> list[str]:
     return lines
 
 
+def prefetch_compare(engine, points, context_len: int, modes, reps: int = 15) -> tuple[list[str], list[dict]]:
+    """GPU time of one step's graph with each layer's o weight hinted into L2 during RoPE + attention
+    (``EngineConfig.prefetch_max_batch``), per hint mode, against no prefetch; graphs captured here, replays
+    interleaved, median of ``reps``; and whether every variant emits the same tokens as no prefetch."""
+    lines, rows = [], []
+    saved = engine.prefetch_max_batch, engine.prefetch_mode
+    for b, k in points:
+        buf = engine.buffers[b]
+        engine.set_context(b, context_len)
+        buf.host[0, :b], buf.host[1, :b] = torch.arange(b), k
+        buf.inputs.copy_(buf.host)
+        graphs = {}
+        for mode in ("off",) + tuple(modes):
+            engine.prefetch_max_batch, engine.prefetch_mode = (0, saved[1]) if mode == "off" else (b, mode)
+            try:
+                graphs[mode] = engine.capture_step(b, k, upload=False)
+            except Exception as exc:  # report and go on with the other variants
+                print(f"b={b} k={k} prefetch {mode}: {type(exc).__name__}: {exc}", flush=True)
+        engine.prefetch_max_batch, engine.prefetch_mode = saved
+        times = {name: [] for name in graphs}
+        outs = {}
+        for _ in range(reps):
+            for name, graph in graphs.items():
+                engine.reset_rows(b, context_len)
+                engine.last_token[:b] = engine.history[:b, context_len]
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                graph.replay()
+                e1.record()
+                e1.synchronize()
+                times[name].append(e0.elapsed_time(e1))
+                outs[name] = buf.out[:b, : k + 2].clone()
+        off = statistics.median(times["off"])
+        row = {"batch_size": b, "k": k, "off_ms": round(off, 4)}
+        cells = []
+        for name in list(graphs)[1:]:
+            ms = statistics.median(times[name])
+            same = bool((outs[name] == outs["off"]).all())
+            row[name] = {"ms": round(ms, 4), "same_tokens": same}
+            cells.append(f"{name} {ms:.3f} ms ({(ms / off - 1) * 100:+.1f}%{'' if same else ', TOKENS DIFFER'})")
+        lines.append(f"b={b:3d} k={k}: off {off:.3f} ms; " + "; ".join(cells))
+        rows.append(row)
+        print(lines[-1], flush=True)
+        del graphs
+    return lines, rows
+
+
 def overlap_compare(engine, points, context_len: int, carveouts=(0,), reps: int = 12) -> tuple[list[str], list[dict]]:
     """The step as captured at start-up vs the two-stream half-batch forward (``EngineConfig.overlap_min_tokens``)
     with each SM carveout for the cuBLAS GEMMs, each captured with its upload, interleaved, timed by wall clock to
@@ -172,23 +219,28 @@ def overlap_compare(engine, points, context_len: int, carveouts=(0,), reps: int 
 
 
 def write_results(args, ceil, rows: list[dict], device: str, buckets, overlap_rows: list[dict] = (),
-                  readings=()) -> None:
+                  readings=(), prefetch_rows: list[dict] = ()) -> None:
     worst = {name: (max((r[key] for r in rows if r["batch_size"] <= 32), default=0.0), max(r[key] for r in rows))
              for name, key in (("wall", "ratio"), ("gpu", "gpu_ratio"), ("serial", "serial_ratio"))}
-    result = {"device": device, "model": args.model, "context_len": args.context,
+    n32 = sum(r["ratio"] <= 1.3 for r in rows if r["batch_size"] <= 32)
+    t32 = sum(r["batch_size"] <= 32 for r in rows)
+    n15 = sum(r["ratio"] <= 1.5 for r in rows)
+    result = {"device": device, "cells_le_1_3_b_le_32": f"{n32}/{t32}", "cells_le_1_5": f"{n15}/{len(rows)}", "model": args.model, "context_len": args.context,
               "bandwidth_gb_s": round(ceil.bandwidth_gb_s, 1), "matrix_tflop_s": round(ceil.matrix_tflop_s, 1),
               "worst_ratio_b_le_32": worst["wall"][0], "worst_ratio": worst["wall"][1],
               "worst_gpu_ratio_b_le_32": worst["gpu"][0], "worst_gpu_ratio": worst["gpu"][1],
               "worst_serial_ratio_b_le_32": worst["serial"][0], "worst_serial_ratio": worst["serial"][1],
               "ceiling_readings": [{"bandwidth_gb_s": round(c.bandwidth_gb_s, 1), "matrix_tflop_s": round(c.matrix_tflop_s, 1)}
                                    for c in readings],
-              "command": " ".join(sys.argv), "rows": rows, "overlap_rows": list(overlap_rows)}
+              "command": " ".join(sys.argv), "rows": rows, "overlap_rows": list(overlap_rows),
+              "prefetch_rows": list(prefetch_rows)}
     fileio.write_json(args.out + ".json", result)
     md = [f"# step / roofline floor, {args.model}, context {args.context}, {device}", "",
           f"copy {ceil.bandwidth_gb_s:.0f} GB/s, bf16 matmul {ceil.matrix_tflop_s:.0f} TFLOP/s; "
           f"worst ratio b<=32: {worst['wall'][0]:.2f}x, everywhere: {worst['wall'][1]:.2f}x (wall: upload, replay, "
           f"read-back); GPU time of the replay alone: {worst['gpu'][0]:.2f}x and {worst['gpu'][1]:.2f}x; wall over the "
-          f"serial floor (attention and GEMMs not overlapped): {worst['serial'][0]:.2f}x and {worst['serial'][1]:.2f}x",
+          f"serial floor (attention and GEMMs not overlapped): {worst['serial'][0]:.2f}x and {worst['serial'][1]:.2f}x; "
+          f"cells <= 1.3x at b <= 32: {n32}/{t32}, cells <= 1.5x: {n15}/{len(rows)}",
           "", "Cells: wall ms (wall / floor, GPU replay / floor, wall / serial floor).", "",
           "| b | " + " | ".join(f"k={k}" for k in range(args.k_max + 1)) + " |",
           "|---|" + "---|" * (args.k_max + 1)]
@@ -211,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--buckets", default="", help="batch sizes to capture and time (default: 1, 2, 4, ..., max-batch)")
     ap.add_argument("--overlap-compare", default="", help="b:k,... cells to time with the two-stream forward too")
     ap.add_argument("--overlap-carveouts", default="0", help="SM carveouts for cuBLAS in the two-stream variants")
+    ap.add_argument("--prefetch-compare", default="", help="b:k,... cells to time with each L2 prefetch mode and without")
+    ap.add_argument("--prefetch-modes", default="lines,lines_evict_last,bulk")
+    ap.add_argument("--no-grid", action="store_true", help="only the comparisons (capture b, k, time nothing else)")
     ap.add_argument("--out", default="benchmarks/results/engine_roofline_h200")
     args = ap.parse_args(argv)
     ceil = measure_ceilings()
@@ -223,7 +278,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"built + captured {len(engine.graphs)} graphs in {time.perf_counter() - t0:.1f} s", flush=True)
     cfg = engine.target.cfg
     timed = []
-    for b in buckets:
+    prefetch_rows = []
+    if args.prefetch_compare:
+        points = [tuple(int(v) for v in cell.split(":")) for cell in args.prefetch_compare.split(",")]
+        _, prefetch_rows = prefetch_compare(engine, points, args.context, args.prefetch_modes.split(","))
+    for b in () if args.no_grid else buckets:
         engine.set_context(b, args.context)
         for k in range(args.k_max + 1):
             samples = time_steps(engine, b, k, args.steps, args.context)
@@ -269,7 +328,11 @@ def main(argv: list[str] | None = None) -> int:
                     print(line, flush=True)
         for line in diagnose(args.model):
             print(line, flush=True)
-    write_results(args, ceil, rows, device_name(engine), buckets, overlap_rows, readings)
+    if rows:
+        write_results(args, ceil, rows, device_name(engine), buckets, overlap_rows, readings, prefetch_rows)
+    else:
+        fileio.write_json(args.out + ".json", {"device": device_name(engine), "command": " ".join(sys.argv),
+                                               "prefetch_rows": prefetch_rows, "overlap_rows": overlap_rows})
     return 0
 
 

@@ -18,12 +18,21 @@ Padded cuBLAS: at some M cuBLAS's own kernel choice is far off its neighbours (H
 kernels have storage for M rounded up to 128 rows (``kernels.empty_rows``), so cuBLAS can
 run on M rounded up to 64 or 128 rows at no copy; the extra rows are discarded.
 
-Set-up only: the first call of a (M, N, K, gated) times the candidates (cuBLAS at M and
-padded, the Triton configs for M <= 512) and remembers the winner (that happens in the
+TMA configs (``Config.tma``, 16 < M <= 512, plain shapes): the same split-K scheme with the
+x and W tiles fetched by Hopper's tensor-memory accelerator through host tensor descriptors
+(zero-filled past M and K, so the K loop carries no masks), for the mid-M shapes where the
+pointer kernel ran at half of cuBLAS. cuBLASLt (torch's preferred-BLAS switch) is one more
+candidate: its heuristics pick other kernels than cuBLAS's at some shapes.
+
+Set-up only: the first call of a (M, N, K, gated) checks every candidate (cuBLAS at M and
+padded, cuBLASLt, the Triton configs for M <= 512) against torch on fresh inputs, times those
+that agree, and remembers the winner (that happens in the
 warm-up before CUDA graph capture); later calls and graph replays just launch it.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -74,6 +83,14 @@ def _gemm_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, K_PER_SPLIT, WS_
         w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * K + (k0 + kk)[None, :],
                     mask=(cols[:, None] < N) & k_ok[None, :], other=0.0)
         acc += tl.dot(x, tl.trans(w))
+    _store_or_fix_up(acc, y_ptr, ws_ptr, cnt_ptr, rows, cols, M, N, WS_STRIDE, BLOCK_M, BLOCK_N, SPLIT)
+
+
+@triton.jit
+def _store_or_fix_up(acc, y_ptr, ws_ptr, cnt_ptr, rows, cols, M, N, WS_STRIDE, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
+    """Write the tile (one split), or store this split's partial and let the last split add them in order."""
+    pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ok = (rows[:, None] < M) & (cols[None, :] < N)
     out_off = rows.to(tl.int64)[:, None] * N + cols[None, :]
     if SPLIT == 1:
@@ -91,8 +108,43 @@ def _gemm_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, K_PER_SPLIT, WS_
             tl.atomic_xchg(cnt_ptr + tile, 0)
 
 
-def _configs(m: int, gated: bool) -> list[tuple[int, int, int, int, int, int]]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, split_k, num_warps, num_stages) candidates for M rows (that fit in shared memory).
+@triton.jit
+def _gemm_tma_kernel(x_desc, w_desc, y_ptr, ws_ptr, cnt_ptr, M, N, K, K_PER_SPLIT, WS_STRIDE,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+                     USE_PDL: tl.constexpr):
+    """The split-K GEMM with x and W tiles fetched by the tensor-memory accelerator (Hopper TMA, through host
+    tensor descriptors): rows past M and columns past K come back as zeros, so the K loop has no masks and
+    the software pipeline keeps ``num_stages`` bulk copies in flight."""
+    pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    k_lo = pid_s * K_PER_SPLIT
+    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        x = x_desc.load([pid_m * BLOCK_M, k0])
+        w = w_desc.load([pid_n * BLOCK_N, k0])
+        acc = tl.dot(x, w.T, acc)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    _store_or_fix_up(acc, y_ptr, ws_ptr, cnt_ptr, rows, cols, M, N, WS_STRIDE, BLOCK_M, BLOCK_N, SPLIT)
+
+
+class Config(NamedTuple):
+    """A Triton GEMM config; ``tma``: the TMA kernel (plain, not gated) instead of pointer loads."""
+    block_m: int
+    block_n: int
+    block_k: int
+    split: int
+    warps: int
+    stages: int
+    tma: bool = False
+
+
+def _configs(m: int, gated: bool, tma: bool = True) -> list[Config]:
+    """Triton candidates for M rows that fit in shared memory: the pointer kernel's, and for 16 < M <= 512
+    (plain shapes, where wgmma tiles of 64 / 128 rows apply) the TMA kernel's.
 
     Kept small: every distinct config is a Triton compile at start-up.
     """
@@ -112,12 +164,29 @@ def _configs(m: int, gated: bool) -> list[tuple[int, int, int, int, int, int]]:
         cands = [c for bm in sorted(row_blocks) for c in skinny(bm)]
     if m > 64:
         cands += mid
-    return [c for c in cands if c[5] * (c[0] + c[1]) * c[2] * 2 <= SMEM_BYTES]
+    cands = [Config(*c) for c in cands]
+    if tma and not gated and 16 < m <= MAX_TRITON_M:
+        cands += [Config(64, bn, 64, s, 4, st, True) for bn, st in ((128, 6), (256, 4)) for s in (1, 2, 4)]
+        if m > 64:
+            cands += [Config(128, 128, 64, s, 8, 5, True) for s in (1, 2, 3, 4)]
+            cands += [Config(128, 256, 64, s, 8, 4, True) for s in (1, 2)]
+    return [c for c in cands if c.stages * (c.block_m + c.block_n) * c.block_k * 2 <= SMEM_BYTES]
+
+
+def tma_available() -> bool:
+    """Host tensor descriptors in this Triton (TMA tiles need Hopper or later; elsewhere the launch fails
+    and the chooser drops the config)."""
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def triton_linear(x: torch.Tensor, w: torch.Tensor, cfg, gated: bool = False) -> torch.Tensor:
     """x [M, K] (gated: [M, 2K]) -> x W^T [M, N] in x's dtype, with the config (bm, bn, bk, split, warps, stages)."""
-    bm, bn, bk, split, warps, stages = cfg
+    cfg = Config(*cfg)
+    bm, bn, bk, split, warps, stages = cfg[:6]
     m = x.shape[0]
     n, k = w.shape
     per_split = triton.cdiv(triton.cdiv(k, split), bk) * bk
@@ -127,6 +196,16 @@ def triton_linear(x: torch.Tensor, w: torch.Tensor, cfg, gated: bool = False) ->
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), split)
     assert grid[0] * grid[1] <= kernels.MAX_TICKETS
     pdl = kernels.pdl_enabled(x)
+    if cfg.tma:
+        if gated:
+            raise ValueError("the TMA GEMM has no gated variant")
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        _gemm_tma_kernel[grid](TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]),
+                               y, ws, kernels.counters(x.device), m, n, k, per_split, m * n, BLOCK_M=bm, BLOCK_N=bn,
+                               BLOCK_K=bk, SPLIT=split, USE_PDL=pdl, num_warps=warps, num_stages=stages,
+                               **kernels.pdl_kwargs(pdl))
+        return y
     _gemm_kernel[grid](x, w, y, ws, kernels.counters(x.device), m, n, k, per_split, m * n, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                        SPLIT=split, GATED=gated, USE_PDL=pdl, PREFETCH_K=_prefetch_k(x, per_split) if pdl else 0,
                        num_warps=warps, num_stages=stages,
@@ -155,9 +234,12 @@ def _prefetch_k(x: torch.Tensor, per_split: int) -> int:
     return 1 << (n.bit_length() - 1) if _prefetch_ok[x.device] else 0
 
 
-# (M, N, K, gated) -> None: cuBLAS at M; an int: cuBLAS on that many (padded) rows; a tuple: Triton config
-_choice: dict[tuple[int, int, int, bool], tuple | int | None] = {}
+# (M, N, K, gated) -> None: cuBLAS at M; an int: cuBLAS on that many (padded) rows; CUBLASLT: cuBLASLt at M;
+# a Config: Triton
+_choice: dict[tuple[int, int, int, bool], Config | int | str | None] = {}
 enabled = True
+CUBLASLT = "cublaslt"
+MAX_REL_ERR = 2e-2  # bf16 operands with fp32 accumulation land near 4e-3; a wrong kernel lands near 1
 
 
 def _time_us(fn, inner: int = 10, reps: int = 5) -> float:
@@ -201,23 +283,54 @@ def _mm(x: torch.Tensor, w: torch.Tensor, rows: int | None) -> torch.Tensor:
     return torch.mm(xp, w.t())[: x.shape[0]]
 
 
+def _mm_lt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x W^T through cuBLASLt (torch's preferred-BLAS switch, set around this one call: the kernel it picks is
+    what a CUDA graph captures)."""
+    previous = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library(CUBLASLT)
+    try:
+        return torch.mm(x, w.t())
+    finally:
+        torch.backends.cuda.preferred_blas_library(previous)
+
+
 def _run(x: torch.Tensor, w: torch.Tensor, choice, gated: bool = False) -> torch.Tensor:
     if isinstance(choice, tuple):
         return triton_linear(x, w, choice, gated)
-    return _unfused(x, w, gated) if gated else _mm(x, w, choice)
+    if gated:
+        return _unfused(x, w, gated)
+    return _mm_lt(x, w) if choice == CUBLASLT else _mm(x, w, choice)
 
 
 def _unfused(x: torch.Tensor, w: torch.Tensor, gated: bool) -> torch.Tensor:
-    """silu_mul (if gated), then the choice made for the plain shape (cuBLAS, padded cuBLAS or Triton)."""
+    """silu_mul (if gated), then the choice made for the plain shape (cuBLAS, padded cuBLAS, cuBLASLt or Triton)."""
     if gated:
         x = kernels.silu_mul(x, w.dtype)
         return _run(x, w, _choice.get((x.shape[0], w.shape[0], w.shape[1], False)))
     return torch.mm(x, w.t())
 
 
-def choose(m: int, w: torch.Tensor, gated: bool = False) -> tuple | int | None:
-    """Time the unfused path (cuBLAS, or silu_mul + the plain choice), cuBLAS on padded rows and each Triton
-    config once; keep the fastest."""
+def _rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((a.float() - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def candidates(m: int, w: torch.Tensor, gated: bool = False) -> dict:
+    """choice -> callable(x, w) for every way this engine can run (M, N, K, gated): the unfused path, cuBLAS
+    on padded rows, cuBLASLt, and the Triton configs for M <= MAX_TRITON_M."""
+    cands = {None: lambda x, w_: _unfused(x, w_, gated)}
+    if not gated:
+        for rows in sorted({kernels.round_up(m, 64), kernels.round_up(m, kernels.ROW_PAD)} - {m}):
+            cands[rows] = lambda x, w_, rows=rows: _mm(x, w_, rows)
+        if hasattr(torch.backends.cuda, "preferred_blas_library"):
+            cands[CUBLASLT] = _mm_lt
+    for cfg in _configs(m, gated, tma_available()) if m <= MAX_TRITON_M else ():
+        cands[cfg] = lambda x, w_, cfg=cfg: triton_linear(x, w_, cfg, gated)
+    return cands
+
+
+def choose(m: int, w: torch.Tensor, gated: bool = False) -> Config | int | str | None:
+    """Time every candidate once and keep the fastest of those whose result matches torch's
+    (relative error under MAX_REL_ERR, checked on fresh inputs: a config that miscompiles is never chosen)."""
     n, k = w.shape
     key = (m, n, k, gated)
     if key not in _choice:
@@ -228,17 +341,24 @@ def choose(m: int, w: torch.Tensor, gated: bool = False) -> tuple | int | None:
         padded_rows(x, kernels.round_up(m, kernels.ROW_PAD)).normal_()  # the padding rows too: never time on garbage
         # weights bigger than L2, as in the model: rotate over copies
         ws = [w] + [torch.empty_like(w).normal_() for _ in range(max(0, min(3, (96 << 20) // w.nbytes)))]
+        ref = torch.mm(kernels.silu_mul(x, w.dtype) if gated else x, ws[-1].t()).float()
         i = [0]
 
         def pick():
             i[0] = (i[0] + 1) % len(ws)
             return ws[i[0]]
-        timings = {None: _time_us(lambda: _unfused(x, pick(), gated))}
-        if not gated:
-            for rows in sorted({kernels.round_up(m, 64), kernels.round_up(m, kernels.ROW_PAD)} - {m}):
-                timings[rows] = _time_us(lambda: _mm(x, pick(), rows))
-        for cfg in _configs(m, gated) if m <= MAX_TRITON_M else ():
-            timings[cfg] = _time_us(lambda: triton_linear(x, pick(), cfg, gated))
+        timings = {}
+        for choice, fn in candidates(m, w, gated).items():
+            try:
+                err = _rel_err(fn(x, ws[-1]), ref)
+            except Exception:  # does not compile or launch here (shared memory, no TMA): not a candidate
+                torch.cuda.synchronize()
+                continue
+            if not err < MAX_REL_ERR:
+                print(f"tabletune: GEMM candidate {choice} for M={m} N={n} K={k} gated={gated} dropped: "
+                      f"relative error {err:.2e}")
+                continue
+            timings[choice] = _time_us(lambda: fn(x, pick()))
         _choice[key] = min(timings, key=timings.get)
     return _choice[key]
 

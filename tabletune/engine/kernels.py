@@ -15,6 +15,11 @@
 counter (atomic, acquire-release); the one that draws ticket S-1 reads all S
 partials and resets the counter to 0, so counters are zero between launches.
 
+``prefetch_l2``: a side-stream kernel that pulls a weight matrix into L2 while the
+latency-bound kernels of small batches (RoPE, attention) leave the memory bus idle,
+so that the GEMM after them reads it from L2. Attention loads K/V with
+``evict_first`` so that the prefetched lines survive its reads.
+
 Programmatic dependent launch (PDL, Hopper): with ``TABLETUNE_PDL=1`` on CUDA every
 kernel here is launched so that it may start while its predecessor drains; its
 first statement waits for the predecessor's results (``gdc_wait``), then lets its
@@ -29,6 +34,8 @@ import os
 import torch
 import triton
 import triton.language as tl
+
+from tabletune.engine.model import PREFETCH_MODES
 
 MAX_TICKETS = 1 << 16
 _counters: dict[tuple[torch.device, int], torch.Tensor] = {}
@@ -184,8 +191,8 @@ def _attn_kernel(q_ptr, k_cache_ptr, v_cache_ptr, start_ptr, slots_ptr, out_ptr,
         cols = n0 + tl.arange(0, BLOCK_N)
         col_ok = cols < hi
         kv_off = cols.to(tl.int64)[:, None] * D + d[None, :]
-        k = tl.load(kbase + kv_off, mask=col_ok[:, None], other=0.0)
-        v = tl.load(vbase + kv_off, mask=col_ok[:, None], other=0.0)
+        k = tl.load(kbase + kv_off, mask=col_ok[:, None], other=0.0, eviction_policy="evict_first")
+        v = tl.load(vbase + kv_off, mask=col_ok[:, None], other=0.0, eviction_policy="evict_first")
         s = tl.dot(q, tl.trans(k)) * qk_scale
         s = tl.where((cols[None, :] <= limit[:, None]) & col_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -319,3 +326,49 @@ def add_rms_norm(x, delta, weight, eps):
 def rms_norm(x, weight, eps):
     return add_rms_norm(x, None, weight, eps)[0]
 
+
+
+PREFETCH_LINE_BYTES = 128
+PREFETCH_BULK_BYTES = 16384  # one cp.async.bulk.prefetch per 16 KB
+
+
+@triton.jit
+def _prefetch_kernel(ptr, NUM_CHUNKS, CHUNKS_PER_PROG, CHUNK_ELEMS: tl.constexpr, BLOCK: tl.constexpr,
+                     MODE: tl.constexpr):
+    """One hint per chunk of ``ptr``: ``prefetch.global.L2`` per 128-byte line (MODE 0; MODE 1 with the
+    evict_last policy) or one ``cp.async.bulk.prefetch.L2`` per 16 KB (MODE 2). No data comes back."""
+    lo = tl.program_id(0) * CHUNKS_PER_PROG
+    for i in range(lo, lo + CHUNKS_PER_PROG, BLOCK):
+        idx = tl.minimum(i + tl.arange(0, BLOCK), NUM_CHUNKS - 1)
+        p = ptr + idx.to(tl.int64) * CHUNK_ELEMS
+        if MODE == 0:
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [p], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+        elif MODE == 1:
+            tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;", "=r,l", [p],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            size = tl.full([BLOCK], CHUNK_ELEMS * 2, tl.int32)
+            tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
+                                      [p, size], dtype=tl.int32, is_pure=False, pack=1)
+
+
+def prefetch_plan(nbytes: int, mode: str, programs: int = 16, block: int = 256) -> tuple[int, int, int]:
+    """(chunk elements of 2 bytes, number of chunks, chunks per program) to cover ``nbytes`` with ``programs``
+    programs of ``block`` lanes."""
+    if mode not in PREFETCH_MODES:
+        raise ValueError(f"prefetch mode {mode!r} not in {PREFETCH_MODES}")
+    chunk = PREFETCH_BULK_BYTES if mode == "bulk" else PREFETCH_LINE_BYTES
+    num_chunks = max(1, nbytes // chunk)
+    per_prog = round_up(-(-num_chunks // programs), block)
+    return chunk // 2, num_chunks, per_prog
+
+
+def prefetch_l2(w: torch.Tensor, mode: str = "lines", programs: int = 16) -> None:
+    """Hint the GPU to pull the contiguous tensor ``w`` (2-byte elements) into L2; CUDA only, no sync, no result."""
+    if not w.is_contiguous() or w.element_size() != 2:
+        raise ValueError("prefetch_l2 takes a contiguous 2-byte tensor")
+    chunk_elems, num_chunks, per_prog = prefetch_plan(w.nbytes, mode, programs)
+    grid = (-(-num_chunks // per_prog),)
+    _prefetch_kernel[grid](w, num_chunks, per_prog, CHUNK_ELEMS=chunk_elems, BLOCK=256,
+                           MODE=PREFETCH_MODES.index(mode), num_warps=8)

@@ -6,6 +6,10 @@ returns the final-normed hidden states ``[B, q, hidden]``. Each layer is
 ``add+norm -> qkv -> (qk-norm, RoPE, cache write) -> attention -> o -> add+norm
 -> gate_up -> silu*mul -> down``: eight launches on the Triton path (silu*mul runs inside
 the down GEMM; attention merges its splits in the same launch).
+
+With an ``L2Prefetch`` (small batches on CUDA), each layer also hints its o-projection
+weight into L2 from a side stream right after the qkv GEMM, while RoPE and attention,
+which at small batch leave the memory bus mostly idle, run on the main stream.
 """
 
 from __future__ import annotations
@@ -51,7 +55,8 @@ class DecoderLayer(nn.Module):
             self.w_gate_up = _param(2 * cfg.intermediate_size, h, dtype=dtype, device=device)
             self.w_down = _param(h, cfg.intermediate_size, dtype=dtype, device=device)
 
-    def attn(self, ops, x, start_pos, slots, k_cache, v_cache, prefill_at: tuple[int, int] | None = None):
+    def attn(self, ops, x, start_pos, slots, k_cache, v_cache, prefill_at: tuple[int, int] | None = None,
+             prefetch: L2Prefetch | None = None):
         """x [B, q, hidden] (normed) -> attention output [B, q, hidden].
 
         ``prefill_at = (start, slot)`` marks a one-sequence prompt (eager, masked SDPA).
@@ -59,6 +64,8 @@ class DecoderLayer(nn.Module):
         cfg = self.cfg
         b, qlen, _ = x.shape
         qkv = linear(x, self.wqkv)
+        if prefetch is not None:
+            prefetch.issue(self.wo)
         q = ops.qk_rope_cache_write(qkv, start_pos, slots, k_cache, v_cache, self.q_norm, self.k_norm,
                                     cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rope_theta, cfg.rms_norm_eps)
         if prefill_at is None:
@@ -121,6 +128,33 @@ def moe_mlp(ops, x, router, w_gate_up, w_down, top_k):
     return out.view(shape)
 
 
+PREFETCH_MODES = ("lines", "lines_evict_last", "bulk")  # kernels.prefetch_l2's hint instructions
+
+
+class L2Prefetch:
+    """Weight prefetches into L2 on a side stream, forked from the main stream where ``issue`` is called.
+
+    A prefetch is only a hint (no result, nothing waits for it); ``join`` makes the main stream wait for the
+    side stream once at the end of the forward, as CUDA-graph capture requires of every forked stream.
+    """
+
+    def __init__(self, mode: str, stream: torch.cuda.Stream) -> None:
+        self.mode, self.stream, self.issued = mode, stream, 0
+
+    def issue(self, w: torch.Tensor) -> None:
+        from tabletune.engine import kernels
+
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            kernels.prefetch_l2(w, self.mode)
+        self.issued += 1
+
+    def join(self) -> None:
+        if self.issued:
+            torch.cuda.current_stream().wait_stream(self.stream)
+            self.issued = 0
+
+
 class Decoder(nn.Module):
     """A stack of decoder layers with embeddings, final norm and LM head."""
 
@@ -146,16 +180,18 @@ class Decoder(nn.Module):
         return KVCache(len(self.layers), num_slots, c.num_kv_heads, max_len, c.head_dim, self.dtype, self.device)
 
     def forward(self, tokens, start_pos, slots, cache: KVCache, embeds: torch.Tensor | None = None,
-                prefill_at: tuple[int, int] | None = None):
-        """tokens [B, q] -> final-normed hidden [B, q, hidden]."""
+                prefill_at: tuple[int, int] | None = None, prefetch: L2Prefetch | None = None):
+        """tokens [B, q] -> final-normed hidden [B, q, hidden]; ``prefetch``: hint each o weight into L2."""
         ops, eps = self.ops, self.cfg.rms_norm_eps
         x = self.embed[tokens] if embeds is None else embeds
         delta = None  # the first add+norm has nothing to add
         for i, layer in enumerate(self.layers):
             h, x = ops.add_rms_norm(x, delta, layer.in_norm, eps)
-            a = layer.attn(ops, h, start_pos, slots, cache.k[i], cache.v[i], prefill_at)
+            a = layer.attn(ops, h, start_pos, slots, cache.k[i], cache.v[i], prefill_at, prefetch)
             h, x = ops.add_rms_norm(x, a, layer.post_norm, eps)
             delta = layer.mlp(ops, h)
+        if prefetch is not None:
+            prefetch.join()
         return ops.add_rms_norm(x, delta, self.final_norm, eps)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

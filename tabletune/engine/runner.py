@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from tabletune.engine.drafters import Drafter
-from tabletune.engine.model import Decoder
+from tabletune.engine.model import PREFETCH_MODES, Decoder, L2Prefetch
 from tabletune.engine.verify import verify
 from tabletune.padding import bucket_for, default_buckets
 
@@ -40,10 +40,16 @@ class EngineConfig:
     # With the overlap: SMs that cuBLAS GEMMs leave free (torch's experimental SM carveout, baked into the captured
     # launches), so that the other half's attention finds SMs to run on. 0: none.
     overlap_sm_carveout: int = 0
+    # L2 prefetch of each layer's o weight during RoPE + attention (CUDA, one-stream steps of at most this many
+    # rows, where attention is latency-bound and the memory bus idles); 0: off. Mode: model.PREFETCH_MODES.
+    prefetch_max_batch: int = 8
+    prefetch_mode: str = "lines"
 
     def __post_init__(self) -> None:
-        if self.max_num_seqs < 1 or self.k_max < 0 or self.temperature < 0:
+        if self.max_num_seqs < 1 or self.k_max < 0 or self.temperature < 0 or self.prefetch_max_batch < 0:
             raise ValueError(f"bad engine config {self}")
+        if self.prefetch_mode not in PREFETCH_MODES:
+            raise ValueError(f"prefetch_mode {self.prefetch_mode!r} not in {PREFETCH_MODES}")
         if self.max_len < self.k_max + 3:
             raise ValueError(f"max_len {self.max_len} too small for k_max {self.k_max}")
 
@@ -70,7 +76,8 @@ class SpecEngine:
         self.k_max, self.temperature = cfg.k_max, cfg.temperature
         # a benchmark may change these two before capturing a variant
         self.overlap_min_tokens, self.overlap_sm_carveout = cfg.overlap_min_tokens, cfg.overlap_sm_carveout
-        self._side: torch.cuda.Stream | None = None  # the two-stream forward's second stream, made on first use
+        self.prefetch_max_batch, self.prefetch_mode = cfg.prefetch_max_batch, cfg.prefetch_mode
+        self._side: torch.cuda.Stream | None = None  # second stream (two-stream forward, L2 prefetch), made on first use
         self.buckets = list(cfg.buckets or default_buckets(cfg.max_num_seqs))
         self.ks = list(cfg.ks or range(cfg.k_max + 1))
         self.cache = target.new_cache(self.buckets[-1], cfg.max_len)
@@ -121,6 +128,10 @@ class SpecEngine:
         t = self.overlap_min_tokens
         return bool(t) and rows >= 2 and rows * (k + 1) >= t
 
+    def prefetches(self, rows: int) -> bool:
+        """Whether a one-stream step of ``rows`` (bucket) rows hints each layer's o weight into L2 (CUDA only)."""
+        return self.device.type == "cuda" and 0 < rows <= self.prefetch_max_batch
+
     def _forward(self, inputs, start, slots, split: bool):
         """The target's verify forward; split: rows [:B/2] on this stream, [B/2:] on a second one, joined after.
 
@@ -128,7 +139,9 @@ class SpecEngine:
         the join; on the CPU they simply run one after the other.
         """
         if not split:
-            return self.target(inputs, start, slots, self.cache)
+            prefetch = L2Prefetch(self.prefetch_mode, self._side_stream()) if self.prefetches(inputs.shape[0]) \
+                else None
+            return self.target(inputs, start, slots, self.cache, prefetch=prefetch)
         half = inputs.shape[0] // 2
         if self.device.type != "cuda":
             return torch.cat([self.target(inputs[:half], start[:half], slots[:half], self.cache),

@@ -185,6 +185,9 @@ x, w, gu = torch.randn(20, 300), torch.randn(70, 300), torch.randn(20, 600)
 for cfg in ((64, 64, 64, 1, 4, 4), (16, 32, 64, 3, 4, 4), (16, 32, 32, 8, 4, 4)):  # split-K 1, 3 and 8
     err.append((G.triton_linear(x, w, cfg) - x @ w.T).abs().max())
     err.append((G.triton_linear(gu, w, cfg, gated=True) - O.silu_mul(gu) @ w.T).abs().max())
+x, w = torch.randn(130, 256), torch.randn(200, 256)  # the TMA kernel: rows past M and columns past N zero-filled
+for cfg in ((64, 128, 64, 1, 4, 6, True), (128, 128, 64, 3, 8, 5, True)):  # split-K 1 and 3 (of 4 K tiles)
+    err.append((G.triton_linear(x, w, cfg) - x @ w.T).abs().max())
 assert max(float(e) for e in err) < 1e-3, err
 assert int(K.counters(x.device).abs().sum()) == 0  # the last program of each tile reset its ticket
 print("ok")
@@ -297,9 +300,20 @@ def test_gemm_candidates_include_row_blocks_smaller_than_m():
     from tabletune.engine import gemm as G
 
     def row_blocks(m, gated=False):
-        return sorted({c[0] for c in G._configs(m, gated)})
+        return sorted({c[0] for c in G._configs(m, gated, tma=False)})
     assert row_blocks(1) == row_blocks(16) == [16]
     assert row_blocks(20) == [16, 32] and row_blocks(48, gated=True) == [16, 32, 64]
     assert row_blocks(100) == [16, 32, 64, 128]  # skinny row blocks and the mid-M tiles
     assert row_blocks(256) == [64, 128]
     assert all(c[5] * (c[0] + c[1]) * c[2] * 2 <= G.SMEM_BYTES for m in (20, 100) for c in G._configs(m, False))
+
+
+def test_tma_gemm_configs_cover_mid_m_plain_shapes_only():
+    pytest.importorskip("triton")
+    from tabletune.engine import gemm as G
+
+    def tma(m, gated=False):
+        return [c for c in G._configs(m, gated) if c.tma]
+    assert tma(16) == [] and tma(100, gated=True) == [] and tma(600) == []
+    assert {c.block_m for c in tma(40)} == {64} and {c.block_m for c in tma(200)} == {64, 128}
+    assert all(c.stages * (c.block_m + c.block_n) * c.block_k * 2 <= G.SMEM_BYTES for c in tma(512))
