@@ -140,15 +140,15 @@ def check_graph_replay() -> None:
     print(f"SM carveout restored after capture: {torch._C._get_sm_carveout_experimental() is None}")
     del e2
     e3 = SpecEngine(target, ReplayDrafter(), EngineConfig(max_num_seqs=64, max_len=600, k_max=7, buckets=(1, 8, 64),
-                                                           ks=(0, 3, 7), prefetch_max_batch=0))
+                                                           ks=(0, 3, 7), prefetch_max_batch=8))
     for b, k in ((1, 0), (1, 7), (8, 3)):  # the L2 prefetch is a hint: the same tokens as without it
         outs = []
-        for eng in (e, e, e3):
+        for eng in (e3, e3, e):
             eng.set_context(b, 500, seed=b)
             buf = eng.launch(list(range(b)), k)
             torch.cuda.synchronize()
             outs.append(buf.out[:b, : k + 2].clone())
-        print(f"graph L2 prefetch ({e.prefetch_mode}) b={b} k={k}: replay==replay {bool((outs[0] == outs[1]).all())} "
+        print(f"graph L2 prefetch ({e3.prefetch_mode}) b={b} k={k}: replay==replay {bool((outs[0] == outs[1]).all())} "
               f"same tokens as without {bool((outs[0] == outs[2]).all())}")
     del e3
     for b, k in ((1, 0), (1, 7), (8, 3), (64, 7)):

@@ -42,7 +42,8 @@ class EngineConfig:
     overlap_sm_carveout: int = 0
     # L2 prefetch of each layer's o weight during RoPE + attention (CUDA, one-stream steps of at most this many
     # rows, where attention is latency-bound and the memory bus idles); 0: off. Mode: model.PREFETCH_MODES.
-    prefetch_max_batch: int = 8
+    # Off by default: measured on the H200 at -0.6% .. +6.5% step time (docs/engine_notes.md, v0.5).
+    prefetch_max_batch: int = 0
     prefetch_mode: str = "lines"
 
     def __post_init__(self) -> None:
