@@ -195,8 +195,9 @@ class Decoder(nn.Module):
         return ops.add_rms_norm(x, delta, self.final_norm, eps)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., hidden] -> logits [..., vocab] in the model's dtype (cuBLAS: N is large)."""
-        return torch.mm(hidden.reshape(-1, hidden.shape[-1]), self.lm_head.t()).view(*hidden.shape[:-1], -1)
+        """[..., hidden] -> logits [..., vocab] in the model's dtype (on CUDA the GEMM chooser's pick per M, as
+        for the layers' projections)."""
+        return linear(hidden, self.lm_head)
 
     def load_safetensors(self, folder: str | Path) -> None:
         from tabletune.engine.weights import load_hf_weights

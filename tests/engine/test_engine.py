@@ -317,3 +317,25 @@ def test_tma_gemm_configs_cover_mid_m_plain_shapes_only():
     assert tma(16) == [] and tma(100, gated=True) == [] and tma(600) == []
     assert {c.block_m for c in tma(40)} == {64} and {c.block_m for c in tma(200)} == {64, 128}
     assert all(c.stages * (c.block_m + c.block_n) * c.block_k * 2 <= G.SMEM_BYTES for c in tma(512))
+
+
+def test_l2_prefetch_plan_covers_the_tensor_and_config_is_checked(tiny):
+    pytest.importorskip("triton")
+    from tabletune.engine import kernels as K
+
+    for nbytes, mode in ((32 << 20, "lines"), (48 << 20, "bulk"), (1000, "lines_evict_last")):
+        chunk_elems, num_chunks, per_prog = K.prefetch_plan(nbytes, mode, programs=16, block=256)
+        chunk = 2 * chunk_elems
+        assert chunk == (K.PREFETCH_BULK_BYTES if mode == "bulk" else K.PREFETCH_LINE_BYTES)
+        assert num_chunks * chunk <= max(nbytes, chunk) and (num_chunks + 1) * chunk > nbytes  # never past the end
+        assert per_prog % 256 == 0 and -(-num_chunks // per_prog) * per_prog >= num_chunks  # every chunk hinted
+    with pytest.raises(ValueError):
+        K.prefetch_plan(1 << 20, "everything")
+    with pytest.raises(ValueError):
+        EngineConfig(prefetch_mode="everything")
+    with pytest.raises(ValueError):
+        EngineConfig(prefetch_max_batch=-1)
+    target, _, _ = tiny
+    engine = SpecEngine(target, make_drafter("ngram", target, 2), EngineConfig(max_num_seqs=4, max_len=40, k_max=2,
+                                                                             prefetch_max_batch=4))
+    assert not engine.prefetches(1)  # a hint for the GPU's L2: never on the CPU
