@@ -64,6 +64,11 @@ def check_kernels() -> None:
             except Exception as exc:
                 print(f"gemm TMA M={m} cfg={cfg} FAILED: {type(exc).__name__}: {str(exc)[:300]}")
         print(f"gemm cuBLASLt M={m}: {rel(gemm._mm_lt(xm, w), xm @ w.t()):.2e}")
+        bm = max(16, 1 << (m - 1).bit_length())
+        for cfg in ((bm, 32, 128, 1, 4, 6, False, 132), (bm, 64, 256, 1, 4, 4, False, 264)) if m <= 64 else ():
+            a = gemm.triton_linear(xm, w, cfg)
+            print(f"gemm stream-K M={m} cfg={cfg}: {rel(a, xm @ w.t()):.2e} "
+                  f"repeat-identical {bool((gemm.triton_linear(xm, w, cfg) == a).all())}")
     print(f"tickets all zero after the launches: {int(kernels.counters(x.device).abs().sum()) == 0}")
     dl = torch.randn_like(x)
     wn = torch.rand(4096, dtype=dt, device="cuda")

@@ -24,6 +24,13 @@ x and W tiles fetched by Hopper's tensor-memory accelerator through host tensor 
 pointer kernel ran at half of cuBLAS. cuBLASLt (torch's preferred-BLAS switch) is one more
 candidate: its heuristics pick other kernels than cuBLAS's at some shapes.
 
+Stream-K configs (``Config.stream_k`` = P, M <= 64, plain shapes): split-K launches tiles x splits
+programs, rarely a multiple of the SM count, so the last wave runs part-empty (the small projections
+streamed W at 2.4-3.2 TB/s of a 4.2 TB/s copy rate on the H200). The stream-K kernel launches exactly P
+persistent programs (one or two per SM) and deals out the K iterations of all output tiles evenly:
+program p runs a contiguous range of them, tile by tile, and writes a tile it covered whole; tiles shared
+by several programs get the same deterministic ticket fix-up as split-K (partials added in program order).
+
 Set-up only: the first call of a (M, N, K, gated) checks every candidate (cuBLAS at M and
 padded, cuBLASLt, the Triton configs for M <= 512) against torch on fresh inputs, times those
 that agree, and remembers the winner (that happens in the
@@ -43,6 +50,7 @@ from tabletune.engine import kernels
 MAX_TRITON_M = 512
 MAX_CHOOSE_M = 4096  # above this, cuBLAS at M without timing
 PREFETCH_K = 512  # with PDL: K columns of its weight rows a program pulls into L2 before waiting (0: off)
+STREAM_K_PROGRAMS = (132, 264)  # stream-K persistent programs: one or two per H200 SM (a kernel argument: no compile)
 SMEM_BYTES = 200 * 1024  # H100/H200: 227 KB per block; leave room for the epilogue
 
 
@@ -131,8 +139,73 @@ def _gemm_tma_kernel(x_desc, w_desc, y_ptr, ws_ptr, cnt_ptr, M, N, K, K_PER_SPLI
     _store_or_fix_up(acc, y_ptr, ws_ptr, cnt_ptr, rows, cols, M, N, WS_STRIDE, BLOCK_M, BLOCK_N, SPLIT)
 
 
+@triton.jit
+def _gemm_stream_k_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, PROGRAMS,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
+    """Stream-K GEMM: ``PROGRAMS`` (P) persistent programs share the I = tiles * KB iterations (KB = cdiv(K, BLOCK_K)
+    k-blocks per output tile, tile t = pid_n * tiles_m + pid_m, iteration i = t * KB + k-block).
+
+    Program p runs iterations [p*I//P, (p+1)*I//P). Iteration i belongs to the last p with p*I//P <= i, i.e.
+    p*I < (i+1)*P: p = ((i+1)*P - 1) // I. So tile t's contributors are the programs from
+    first = ((t*KB + 1)*P - 1) // I to last = (((t+1)*KB)*P - 1) // I. With I >= P every range is non-empty and all
+    of them contribute (at most KB); with I < P a range holds at most one iteration, some are empty, and exactly KB
+    contribute: either way ``min(last - first + 1, KB)`` tickets complete the tile.
+
+    Workspace ``ws_ptr`` [P, 2, BLOCK_M, BLOCK_N] fp32: a program's partial tiles are at most its first segment
+    (slot 0) and its last (slot 1); the segments between cover whole tiles and are written directly.
+    """
+    pid = tl.program_id(0).to(tl.int64)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    k_blocks = tl.cdiv(K, BLOCK_K)
+    iters = (tiles_m * tl.cdiv(N, BLOCK_N)).to(tl.int64) * k_blocks
+    it_lo = pid * iters // PROGRAMS
+    it_hi = (pid + 1) * iters // PROGRAMS
+    tile_lo = it_lo // k_blocks
+    tile_hi = tl.where(it_hi > it_lo, tl.cdiv(it_hi, k_blocks), tile_lo)  # an empty range touches no tile
+    kk = tl.arange(0, BLOCK_K)
+    tile_off = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # within a workspace slot
+    for tile in range(tile_lo, tile_hi):
+        rows = (tile % tiles_m).to(tl.int32) * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = (tile // tiles_m).to(tl.int32) * BLOCK_N + tl.arange(0, BLOCK_N)
+        kb_lo = tl.maximum(it_lo - tile * k_blocks, 0).to(tl.int32)  # this segment's k-blocks of the tile
+        kb_hi = tl.minimum(it_hi - tile * k_blocks, k_blocks).to(tl.int32)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for kb in range(kb_lo, kb_hi):
+            k_ok = (kb * BLOCK_K + kk) < K
+            x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + (kb * BLOCK_K + kk)[None, :],
+                        mask=(rows[:, None] < M) & k_ok[None, :], other=0.0)
+            w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * K + (kb * BLOCK_K + kk)[None, :],
+                        mask=(cols[:, None] < N) & k_ok[None, :], other=0.0)
+            acc += tl.dot(x, tl.trans(w))
+        ok = (rows[:, None] < M) & (cols[None, :] < N)
+        out_off = rows.to(tl.int64)[:, None] * N + cols[None, :]
+        if (kb_lo == 0) & (kb_hi == k_blocks):
+            tl.store(y_ptr + out_off, acc.to(y_ptr.dtype.element_ty), mask=ok)
+        else:
+            slot = (tile != tile_lo).to(tl.int64)
+            tl.store(ws_ptr + (pid * 2 + slot) * (BLOCK_M * BLOCK_N) + tile_off, acc)
+            tl.debug_barrier()  # every thread's partial is stored before the ticket (release below)
+            ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+            first = ((tile * k_blocks + 1) * PROGRAMS - 1) // iters
+            last = ((tile + 1) * k_blocks * PROGRAMS - 1) // iters
+            if ticket == tl.minimum(last - first + 1, k_blocks) - 1:
+                total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                for q in range(first, last + 1):  # program order: the sum does not depend on who finishes last
+                    q_lo = q * iters // PROGRAMS
+                    if (q + 1) * iters // PROGRAMS > q_lo:
+                        q_slot = (q_lo < tile * k_blocks).to(tl.int64)  # the tile is q's last segment
+                        total += tl.load(ws_ptr + (q * 2 + q_slot) * (BLOCK_M * BLOCK_N) + tile_off,
+                                         cache_modifier=".cg")
+                tl.store(y_ptr + out_off, total.to(y_ptr.dtype.element_ty), mask=ok)
+                tl.atomic_xchg(cnt_ptr + tile, 0)
+
+
 class Config(NamedTuple):
-    """A Triton GEMM config; ``tma``: the TMA kernel (plain, not gated) instead of pointer loads."""
+    """A Triton GEMM config; ``tma``: the TMA kernel (plain, not gated) instead of pointer loads; ``stream_k``:
+    if not 0, the stream-K kernel (plain) with that many persistent programs (``split`` unused)."""
     block_m: int
     block_n: int
     block_k: int
@@ -140,11 +213,13 @@ class Config(NamedTuple):
     warps: int
     stages: int
     tma: bool = False
+    stream_k: int = 0
 
 
 def _configs(m: int, gated: bool, tma: bool = True) -> list[Config]:
-    """Triton candidates for M rows that fit in shared memory: the pointer kernel's, and for 16 < M <= 512
-    (plain shapes, where wgmma tiles of 64 / 128 rows apply) the TMA kernel's.
+    """Triton candidates for M rows that fit in shared memory: the pointer kernel's, for 16 < M <= 512
+    (plain shapes, where wgmma tiles of 64 / 128 rows apply) the TMA kernel's, and for M <= 64 (plain) the
+    stream-K kernel's with one row block.
 
     Kept small: every distinct config is a Triton compile at start-up.
     """
@@ -170,6 +245,10 @@ def _configs(m: int, gated: bool, tma: bool = True) -> list[Config]:
         if m > 64:
             cands += [Config(128, 128, 64, s, 8, 5, True) for s in (1, 2, 3, 4)]
             cands += [Config(128, 256, 64, s, 8, 4, True) for s in (1, 2)]
+    if not gated and m <= 64:
+        bm = max(16, triton.next_power_of_2(m))
+        cands += [Config(bm, bn, bk, 1, 4, st, False, p)
+                  for bn in (32, 64) for bk, st in ((128, 6), (256, 4)) for p in STREAM_K_PROGRAMS]
     return [c for c in cands if c.stages * (c.block_m + c.block_n) * c.block_k * 2 <= SMEM_BYTES]
 
 
@@ -184,18 +263,29 @@ def tma_available() -> bool:
 
 
 def triton_linear(x: torch.Tensor, w: torch.Tensor, cfg, gated: bool = False) -> torch.Tensor:
-    """x [M, K] (gated: [M, 2K]) -> x W^T [M, N] in x's dtype, with the config (bm, bn, bk, split, warps, stages)."""
+    """x [M, K] (gated: [M, 2K]) -> x W^T [M, N] in x's dtype, with the config (bm, bn, bk, split, warps, stages,
+    tma, stream_k)."""
     cfg = Config(*cfg)
     bm, bn, bk, split, warps, stages = cfg[:6]
     m = x.shape[0]
     n, k = w.shape
+    pdl = kernels.pdl_enabled(x)
+    if cfg.stream_k:
+        if gated:
+            raise ValueError("the stream-K GEMM has no gated variant")
+        assert triton.cdiv(m, bm) * triton.cdiv(n, bn) <= kernels.MAX_TICKETS
+        y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+        ws = torch.empty(cfg.stream_k, 2, bm, bn, dtype=torch.float32, device=x.device)
+        _gemm_stream_k_kernel[(cfg.stream_k,)](x, w, y, ws, kernels.counters(x.device), m, n, k, cfg.stream_k,
+                                               BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, USE_PDL=pdl, num_warps=warps,
+                                               num_stages=stages, **kernels.pdl_kwargs(pdl))
+        return y
     per_split = triton.cdiv(triton.cdiv(k, split), bk) * bk
     split = triton.cdiv(k, per_split)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     ws = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), split)
     assert grid[0] * grid[1] <= kernels.MAX_TICKETS
-    pdl = kernels.pdl_enabled(x)
     if cfg.tma:
         if gated:
             raise ValueError("the TMA GEMM has no gated variant")

@@ -27,7 +27,7 @@ from tabletune.engine.model import Decoder
 from tabletune.engine.presets import ModelConfig, resolve
 from tabletune.engine.runner import EngineConfig, SpecEngine
 
-ENGINE_VERSION = "0.5.dev0"  # 0.4 + changes not yet measured on the GPU (docs/engine_notes.md)
+ENGINE_VERSION = "0.5"  # docs/engine_notes.md: each version's H200 numbers
 RUNNER = "builtin/cudagraph-per-(bucket,k)"
 
 

@@ -158,7 +158,8 @@ def test_sampling_engine_runs_every_drafter(tiny):
 
 @pytest.mark.slow
 def test_triton_kernels_match_torch_ops_in_interpreter():
-    """The Triton kernels (RoPE/cache write, split-KV attention, norms, split-K and gated GEMM) under TRITON_INTERPRET=1."""
+    """The Triton kernels (RoPE/cache write, split-KV attention, norms, split-K, gated and stream-K GEMM) under
+    TRITON_INTERPRET=1."""
     pytest.importorskip("triton")
     code = """
 import torch
@@ -188,6 +189,13 @@ for cfg in ((64, 64, 64, 1, 4, 4), (16, 32, 64, 3, 4, 4), (16, 32, 32, 8, 4, 4))
 x, w = torch.randn(130, 256), torch.randn(200, 256)  # the TMA kernel: rows past M and columns past N zero-filled
 for cfg in ((64, 128, 64, 1, 4, 6, True), (128, 128, 64, 3, 8, 5, True)):  # split-K 1 and 3 (of 4 K tiles)
     err.append((G.triton_linear(x, w, cfg) - x @ w.T).abs().max())
+# stream-K, 5 k-blocks per tile: 5 tiles of 16 columns over 3 or 7 programs (tiles split, programs spanning
+# tiles), over 64 programs (more than the 25 iterations: empty ranges); 2 row blocks x 3 column blocks over 4
+x, w = torch.randn(5, 300), torch.randn(70, 300)
+for programs in (3, 7, 64):
+    err.append((G.triton_linear(x, w, (16, 16, 64, 1, 4, 4, False, programs)) - x @ w.T).abs().max())
+x = torch.randn(20, 300)
+err.append((G.triton_linear(x, w, (16, 32, 64, 1, 4, 4, False, 4)) - x @ w.T).abs().max())
 assert max(float(e) for e in err) < 1e-3, err
 assert int(K.counters(x.device).abs().sum()) == 0  # the last program of each tile reset its ticket
 print("ok")
@@ -339,3 +347,18 @@ def test_l2_prefetch_plan_covers_the_tensor_and_config_is_checked(tiny):
     engine = SpecEngine(target, make_drafter("ngram", target, 2), EngineConfig(max_num_seqs=4, max_len=40, k_max=2,
                                                                              prefetch_max_batch=4))
     assert not engine.prefetches(1)  # a hint for the GPU's L2: never on the CPU
+
+
+def test_stream_k_gemm_configs_cover_small_m_plain_shapes_only():
+    pytest.importorskip("triton")
+    from tabletune.engine import gemm as G
+
+    def stream_k(m, gated=False):
+        return [c for c in G._configs(m, gated, tma=False) if c.stream_k]
+    assert stream_k(65) == [] and stream_k(8, gated=True) == []
+    for m in (1, 16, 20, 40, 64):
+        cfgs = stream_k(m)
+        assert 0 < len(cfgs) <= 16 and {c.block_m for c in cfgs} == {max(16, 1 << (m - 1).bit_length())}
+        assert {c.stream_k for c in cfgs} == set(G.STREAM_K_PROGRAMS) and not any(c.tma for c in cfgs)
+        assert all(c.stages * (c.block_m + c.block_n) * c.block_k * 2 <= G.SMEM_BYTES for c in cfgs)
+    assert G.Config(16, 64, 128, 1, 4, 6) == G.Config(16, 64, 128, 1, 4, 6, False, 0)  # old tuples still work
