@@ -122,6 +122,17 @@ def check_lossless() -> None:
     print(f"lossless eagle two-stream identical={out == base} graphs={ng} steps={st.num_steps}")
 
 
+def _replay_outputs(engines, b: int, k: int) -> list[torch.Tensor]:
+    """The emitted tokens of one graph-replayed step of each engine, every one from the same context."""
+    outs = []
+    for eng in engines:
+        eng.set_context(b, 500, seed=b)
+        buf = eng.launch(list(range(b)), k)
+        torch.cuda.synchronize()
+        outs.append(buf.out[:b, : k + 2].clone())
+    return outs
+
+
 def check_graph_replay() -> None:
     """8B-shape layers in bf16: graph replays (PDL on) give bit-identical tokens and hidden-state digests to
     each other and to an eager run of the same step (a race between PDL-launched kernels would show here)."""
@@ -134,12 +145,7 @@ def check_graph_replay() -> None:
     e2 = SpecEngine(target, ReplayDrafter(), EngineConfig(max_num_seqs=64, max_len=600, k_max=7, buckets=(1, 8, 64),
                                                            ks=(0, 3, 7), overlap_min_tokens=1, overlap_sm_carveout=24))
     for b, k in ((8, 3), (64, 7)):  # two-stream halves: replay == replay, and the same tokens as one stream
-        outs = []
-        for eng in (e2, e2, e):
-            eng.set_context(b, 500, seed=b)
-            buf = eng.launch(list(range(b)), k)
-            torch.cuda.synchronize()
-            outs.append(buf.out[:b, : k + 2].clone())
+        outs = _replay_outputs((e2, e2, e), b, k)
         print(f"graph two-stream b={b} k={k}: replay==replay {bool((outs[0] == outs[1]).all())} "
               f"same tokens as one stream in {float((outs[0][:, 1] == outs[2][:, 1]).float().mean()):.0%} of rows")
     print(f"SM carveout restored after capture: {torch._C._get_sm_carveout_experimental() is None}")
@@ -147,12 +153,7 @@ def check_graph_replay() -> None:
     e3 = SpecEngine(target, ReplayDrafter(), EngineConfig(max_num_seqs=64, max_len=600, k_max=7, buckets=(1, 8, 64),
                                                            ks=(0, 3, 7), prefetch_max_batch=8))
     for b, k in ((1, 0), (1, 7), (8, 3)):  # the L2 prefetch is a hint: the same tokens as without it
-        outs = []
-        for eng in (e3, e3, e):
-            eng.set_context(b, 500, seed=b)
-            buf = eng.launch(list(range(b)), k)
-            torch.cuda.synchronize()
-            outs.append(buf.out[:b, : k + 2].clone())
+        outs = _replay_outputs((e3, e3, e), b, k)
         print(f"graph L2 prefetch ({e3.prefetch_mode}) b={b} k={k}: replay==replay {bool((outs[0] == outs[1]).all())} "
               f"same tokens as without {bool((outs[0] == outs[2]).all())}")
     del e3

@@ -123,6 +123,29 @@ def pdl_compare(engine, points, context_len: int, reps: int = 20) -> list[str]:
     return lines
 
 
+def interleaved_replays(engine, graphs: dict, b: int, k: int, context_len: int, reps: int,
+                        gpu_clock: bool) -> tuple[dict[str, list[float]], dict[str, torch.Tensor]]:
+    """Replay each graph of bucket b in turn, ``reps`` rounds, each from the same state: ms per replay (CUDA
+    events around the replay with ``gpu_clock``, else the host clock to the read-back) and each graph's last
+    emitted tokens [b, k+2] on the host."""
+    buf = engine.buffers[b]
+    times = {name: [] for name in graphs}
+    outs = {}
+    for _ in range(reps):
+        for name, graph in graphs.items():
+            engine.reset_rows(b, context_len)
+            engine.last_token[:b] = engine.history[:b, context_len]  # the other graph's step overwrote it
+            torch.cuda.synchronize()
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0 = time.perf_counter()
+            e0.record()
+            graph.replay()
+            e1.record()
+            outs[name] = buf.out[:b, : k + 2].cpu()  # the read-back (a sync)
+            times[name].append(e0.elapsed_time(e1) if gpu_clock else (time.perf_counter() - t0) * 1e3)
+    return times, outs
+
+
 def prefetch_compare(engine, points, context_len: int, modes, reps: int = 15) -> tuple[list[str], list[dict]]:
     """GPU time of one step's graph with each layer's o weight hinted into L2 during RoPE + attention
     (``EngineConfig.prefetch_max_batch``), per hint mode, against no prefetch; graphs captured here, replays
@@ -142,19 +165,7 @@ def prefetch_compare(engine, points, context_len: int, modes, reps: int = 15) ->
             except Exception as exc:  # report and go on with the other variants
                 print(f"b={b} k={k} prefetch {mode}: {type(exc).__name__}: {exc}", flush=True)
         engine.prefetch_max_batch, engine.prefetch_mode = saved
-        times = {name: [] for name in graphs}
-        outs = {}
-        for _ in range(reps):
-            for name, graph in graphs.items():
-                engine.reset_rows(b, context_len)
-                engine.last_token[:b] = engine.history[:b, context_len]
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                graph.replay()
-                e1.record()
-                e1.synchronize()
-                times[name].append(e0.elapsed_time(e1))
-                outs[name] = buf.out[:b, : k + 2].clone()
+        times, outs = interleaved_replays(engine, graphs, b, k, context_len, reps, gpu_clock=True)
         off = statistics.median(times["off"])
         row = {"batch_size": b, "k": k, "off_ms": round(off, 4)}
         cells = []
@@ -192,23 +203,13 @@ def overlap_compare(engine, points, context_len: int, carveouts=(0,), reps: int 
                 print(f"b={b} k={k} carveout {carve}: {type(exc).__name__}: {exc}", flush=True)
             finally:
                 engine.overlap_min_tokens, engine.overlap_sm_carveout = saved
-        times = {name: [] for name in graphs}
-        outs = {}
-        for _ in range(reps):
-            for name, graph in graphs.items():
-                engine.reset_rows(b, context_len)
-                engine.last_token[:b] = engine.history[:b, context_len]  # the other graph's step overwrote it
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                graph.replay()
-                outs[name] = buf.out[:b, : k + 2].tolist()
-                times[name].append((time.perf_counter() - t0) * 1e3)
+        times, outs = interleaved_replays(engine, graphs, b, k, context_len, reps, gpu_clock=False)
         single = statistics.median(times["single"])
         row = {"batch_size": b, "k": k, "single_ms": round(single, 4)}
         cells = []
         for name in list(graphs)[1:]:
             ms = statistics.median(times[name])
-            same = sum(a[1] == c[1] for a, c in zip(outs["single"], outs[name])) / b
+            same = float((outs["single"][:, 1] == outs[name][:, 1]).float().mean())
             row[name] = {"ms": round(ms, 4), "same_first_token": round(same, 4)}
             cells.append(f"{name} {ms:.2f} ms ({(ms / single - 1) * 100:+.1f}%, same token {same:.0%})")
         lines.append(f"b={b:3d} k={k}: single {single:.2f} ms; " + "; ".join(cells))
