@@ -128,6 +128,7 @@ def moe_mlp(ops, x, router, w_gate_up, w_down, top_k):
     return out.view(shape)
 
 
+LM_HEAD_CHOOSE_ROWS = 64
 PREFETCH_MODES = ("lines", "lines_evict_last", "bulk")  # kernels.prefetch_l2's hint instructions
 
 
@@ -195,9 +196,13 @@ class Decoder(nn.Module):
         return ops.add_rms_norm(x, delta, self.final_norm, eps)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., hidden] -> logits [..., vocab] in the model's dtype (on CUDA the GEMM chooser's pick per M, as
-        for the layers' projections)."""
-        return linear(hidden, self.lm_head)
+        """[..., hidden] -> logits [..., vocab] in the model's dtype: on CUDA the GEMM chooser's pick per M up to
+        LM_HEAD_CHOOSE_ROWS rows (where a Triton kernel can win), cuBLAS above (timing the vocabulary-wide
+        candidates at large M cost minutes of start-up and cuBLAS won there: docs/engine_notes.md, v0.5)."""
+        h2 = hidden.reshape(-1, hidden.shape[-1])
+        if h2.shape[0] <= LM_HEAD_CHOOSE_ROWS:
+            return linear(hidden, self.lm_head)
+        return torch.mm(h2, self.lm_head.t()).view(*hidden.shape[:-1], -1)
 
     def load_safetensors(self, folder: str | Path) -> None:
         from tabletune.engine.weights import load_hf_weights
