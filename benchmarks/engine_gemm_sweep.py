@@ -47,10 +47,10 @@ def main(argv: list[str] | None = None) -> int:
             t["cublaslt"] = gemm._time_us(lambda: gemm._mm_lt(xs[m], pick()))
             best_cfg, best = {}, {}
             for c in gemm._configs(m, False, gemm.tma_available()):
-                name = "triton_tma" if c.tma else "triton"
+                kind = "triton_tma" if c.tma else "triton_stream_k" if c.stream_k else "triton"
                 us = gemm._time_us(lambda: gemm.triton_linear(xs[m], pick(), c))
-                if us < best.get(name, float("inf")):
-                    best_cfg[name], best[name] = tuple(c), us
+                if us < best.get(kind, float("inf")):
+                    best_cfg[kind], best[kind] = tuple(c), us
             t.update(best)
             flops, nbytes = 2 * m * n * kk, n * kk * 2
             row = {"proj": name, "m": m, "n": n, "k": kk, "triton_config": best_cfg,

@@ -26,6 +26,13 @@ def rel(a, b) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
+def _check_gemm(kind: str, x, w, cfg, extra: str = "") -> None:
+    """One Triton GEMM config against torch, and bit-identical on a repeat."""
+    a = gemm.triton_linear(x, w, cfg)
+    print(f"gemm {kind}M={x.shape[0]} cfg={cfg}: {rel(a, x @ w.t()):.2e} {extra}"
+          f"repeat-identical {bool((gemm.triton_linear(x, w, cfg) == a).all())}")
+
+
 def check_kernels() -> None:
     cfg = PRESETS["qwen3-8b"]
     h, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -51,24 +58,18 @@ def check_kernels() -> None:
         xm = torch.randn(m, 4096, dtype=dt, device="cuda")
         gm = torch.randn(m, 2 * 4096, dtype=dt, device="cuda")
         for cfg in ((16, 64, 128, 1, 4, 4), (16, 64, 256, 8, 4, 4), (64, 128, 64, 2, 4, 4), (128, 256, 64, 4, 8, 3)):
-            a = gemm.triton_linear(xm, w, cfg)
             g = gemm.triton_linear(gm, w, cfg, gated=True)
-            print(f"gemm M={m} cfg={cfg}: {rel(a, xm @ w.t()):.2e} gated {rel(g, ops.silu_mul(gm) @ w.t()):.2e} "
-                  f"repeat-identical {bool((gemm.triton_linear(xm, w, cfg) == a).all())}")
+            _check_gemm("", xm, w, cfg, f"gated {rel(g, ops.silu_mul(gm) @ w.t()):.2e} ")
         for cfg in ((64, 128, 64, 1, 4, 6, True), (64, 256, 64, 2, 4, 4, True), (128, 128, 64, 3, 8, 5, True),
                     (128, 256, 64, 2, 8, 4, True)):
             try:
-                a = gemm.triton_linear(xm, w, cfg)
-                print(f"gemm TMA M={m} cfg={cfg}: {rel(a, xm @ w.t()):.2e} "
-                      f"repeat-identical {bool((gemm.triton_linear(xm, w, cfg) == a).all())}")
+                _check_gemm("TMA ", xm, w, cfg)
             except Exception as exc:
                 print(f"gemm TMA M={m} cfg={cfg} FAILED: {type(exc).__name__}: {str(exc)[:300]}")
-        print(f"gemm cuBLASLt M={m}: {rel(gemm._mm_lt(xm, w), xm @ w.t()):.2e}")
         bm = max(16, 1 << (m - 1).bit_length())
         for cfg in ((bm, 32, 128, 1, 4, 6, False, 132), (bm, 64, 256, 1, 4, 4, False, 264)) if m <= 64 else ():
-            a = gemm.triton_linear(xm, w, cfg)
-            print(f"gemm stream-K M={m} cfg={cfg}: {rel(a, xm @ w.t()):.2e} "
-                  f"repeat-identical {bool((gemm.triton_linear(xm, w, cfg) == a).all())}")
+            _check_gemm("stream-K ", xm, w, cfg)
+        print(f"gemm cuBLASLt M={m}: {rel(gemm._mm_lt(xm, w), xm @ w.t()):.2e}")
     print(f"tickets all zero after the launches: {int(kernels.counters(x.device).abs().sum()) == 0}")
     dl = torch.randn_like(x)
     wn = torch.rand(4096, dtype=dt, device="cuda")

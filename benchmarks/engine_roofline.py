@@ -123,6 +123,24 @@ def pdl_compare(engine, points, context_len: int, reps: int = 20) -> list[str]:
     return lines
 
 
+def capture_variants(engine, b: int, k: int, variants: dict[str, dict], upload: bool) -> dict:
+    """name -> the step of bucket b with k drafts captured with the engine attributes ``variants[name]`` set
+    (restored after each capture); a variant that fails to capture is reported and left out."""
+    graphs = {}
+    for name, settings in variants.items():
+        saved = {attr: getattr(engine, attr) for attr in settings}
+        for attr, value in settings.items():
+            setattr(engine, attr, value)
+        try:
+            graphs[name] = engine.capture_step(b, k, upload=upload)
+        except Exception as exc:  # report and go on with the other variants
+            print(f"b={b} k={k} {name}: {type(exc).__name__}: {exc}", flush=True)
+        finally:
+            for attr, value in saved.items():
+                setattr(engine, attr, value)
+    return graphs
+
+
 def interleaved_replays(engine, graphs: dict, b: int, k: int, context_len: int, reps: int,
                         gpu_clock: bool) -> tuple[dict[str, list[float]], dict[str, torch.Tensor]]:
     """Replay each graph of bucket b in turn, ``reps`` rounds, each from the same state: ms per replay (CUDA
@@ -151,20 +169,14 @@ def prefetch_compare(engine, points, context_len: int, modes, reps: int = 15) ->
     (``EngineConfig.prefetch_max_batch``), per hint mode, against no prefetch; graphs captured here, replays
     interleaved, median of ``reps``; and whether every variant emits the same tokens as no prefetch."""
     lines, rows = [], []
-    saved = engine.prefetch_max_batch, engine.prefetch_mode
     for b, k in points:
         buf = engine.buffers[b]
         engine.set_context(b, context_len)
         buf.host[0, :b], buf.host[1, :b] = torch.arange(b), k
         buf.inputs.copy_(buf.host)
-        graphs = {}
-        for mode in ("off",) + tuple(modes):
-            engine.prefetch_max_batch, engine.prefetch_mode = (0, saved[1]) if mode == "off" else (b, mode)
-            try:
-                graphs[mode] = engine.capture_step(b, k, upload=False)
-            except Exception as exc:  # report and go on with the other variants
-                print(f"b={b} k={k} prefetch {mode}: {type(exc).__name__}: {exc}", flush=True)
-        engine.prefetch_max_batch, engine.prefetch_mode = saved
+        variants = {"off": {"prefetch_max_batch": 0}}
+        variants.update({mode: {"prefetch_max_batch": b, "prefetch_mode": mode} for mode in modes})
+        graphs = capture_variants(engine, b, k, variants, upload=False)
         times, outs = interleaved_replays(engine, graphs, b, k, context_len, reps, gpu_clock=True)
         off = statistics.median(times["off"])
         row = {"batch_size": b, "k": k, "off_ms": round(off, 4)}
@@ -192,17 +204,11 @@ def overlap_compare(engine, points, context_len: int, carveouts=(0,), reps: int 
         engine.set_context(b, context_len)
         host = buf.host.numpy()
         host[0, :b], host[1, :b] = list(range(b)), k
+        # each variant's warm-up makes the GEMM choices for the half-batch shapes and the lane-1 tickets
         graphs = {"single": engine.graphs[(b, k)]}
-        saved = engine.overlap_min_tokens, engine.overlap_sm_carveout
-        for carve in carveouts:
-            engine.overlap_min_tokens, engine.overlap_sm_carveout = 1, carve
-            try:
-                # its warm-up makes the GEMM choices for the half-batch shapes and the lane-1 tickets
-                graphs[f"two-stream carveout {carve}"] = engine.capture_step(b, k)
-            except Exception as exc:  # report and go on with the other variants
-                print(f"b={b} k={k} carveout {carve}: {type(exc).__name__}: {exc}", flush=True)
-            finally:
-                engine.overlap_min_tokens, engine.overlap_sm_carveout = saved
+        graphs.update(capture_variants(engine, b, k, {
+            f"two-stream carveout {carve}": {"overlap_min_tokens": 1, "overlap_sm_carveout": carve}
+            for carve in carveouts}, upload=True))
         times, outs = interleaved_replays(engine, graphs, b, k, context_len, reps, gpu_clock=False)
         single = statistics.median(times["single"])
         row = {"batch_size": b, "k": k, "single_ms": round(single, 4)}
@@ -226,7 +232,8 @@ def write_results(args, ceil, rows: list[dict], device: str, buckets, overlap_ro
     n32 = sum(r["ratio"] <= 1.3 for r in rows if r["batch_size"] <= 32)
     t32 = sum(r["batch_size"] <= 32 for r in rows)
     n15 = sum(r["ratio"] <= 1.5 for r in rows)
-    result = {"device": device, "cells_le_1_3_b_le_32": f"{n32}/{t32}", "cells_le_1_5": f"{n15}/{len(rows)}", "model": args.model, "context_len": args.context,
+    result = {"device": device, "cells_le_1_3_b_le_32": f"{n32}/{t32}", "cells_le_1_5": f"{n15}/{len(rows)}",
+              "model": args.model, "context_len": args.context,
               "bandwidth_gb_s": round(ceil.bandwidth_gb_s, 1), "matrix_tflop_s": round(ceil.matrix_tflop_s, 1),
               "worst_ratio_b_le_32": worst["wall"][0], "worst_ratio": worst["wall"][1],
               "worst_gpu_ratio_b_le_32": worst["gpu"][0], "worst_gpu_ratio": worst["gpu"][1],

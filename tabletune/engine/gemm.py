@@ -269,12 +269,12 @@ def triton_linear(x: torch.Tensor, w: torch.Tensor, cfg, gated: bool = False) ->
     bm, bn, bk, split, warps, stages = cfg[:6]
     m = x.shape[0]
     n, k = w.shape
+    if gated and (cfg.tma or cfg.stream_k):
+        raise ValueError("the TMA and stream-K GEMMs have no gated variant")
     pdl = kernels.pdl_enabled(x)
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if cfg.stream_k:
-        if gated:
-            raise ValueError("the stream-K GEMM has no gated variant")
         assert triton.cdiv(m, bm) * triton.cdiv(n, bn) <= kernels.MAX_TICKETS
-        y = torch.empty(m, n, dtype=x.dtype, device=x.device)
         ws = torch.empty(cfg.stream_k, 2, bm, bn, dtype=torch.float32, device=x.device)
         _gemm_stream_k_kernel[(cfg.stream_k,)](x, w, y, ws, kernels.counters(x.device), m, n, k, cfg.stream_k,
                                                BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, USE_PDL=pdl, num_warps=warps,
@@ -282,13 +282,10 @@ def triton_linear(x: torch.Tensor, w: torch.Tensor, cfg, gated: bool = False) ->
         return y
     per_split = triton.cdiv(triton.cdiv(k, split), bk) * bk
     split = triton.cdiv(k, per_split)
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     ws = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), split)
     assert grid[0] * grid[1] <= kernels.MAX_TICKETS
     if cfg.tma:
-        if gated:
-            raise ValueError("the TMA GEMM has no gated variant")
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         _gemm_tma_kernel[grid](TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]),
@@ -404,7 +401,7 @@ def _rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
     return float((a.float() - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
-def candidates(m: int, w: torch.Tensor, gated: bool = False) -> dict:
+def candidates(m: int, gated: bool = False) -> dict:
     """choice -> callable(x, w) for every way this engine can run (M, N, K, gated): the unfused path, cuBLAS
     on padded rows, cuBLASLt, and the Triton configs for M <= MAX_TRITON_M."""
     cands = {None: lambda x, w_: _unfused(x, w_, gated)}
@@ -438,7 +435,7 @@ def choose(m: int, w: torch.Tensor, gated: bool = False) -> Config | int | str |
             i[0] = (i[0] + 1) % len(ws)
             return ws[i[0]]
         timings = {}
-        for choice, fn in candidates(m, w, gated).items():
+        for choice, fn in candidates(m, gated).items():
             try:
                 err = _rel_err(fn(x, ws[-1]), ref)
             except Exception:  # does not compile or launch here (shared memory, no TMA): not a candidate

@@ -327,7 +327,6 @@ def rms_norm(x, weight, eps):
     return add_rms_norm(x, None, weight, eps)[0]
 
 
-
 PREFETCH_LINE_BYTES = 128
 PREFETCH_BULK_BYTES = 16384  # one cp.async.bulk.prefetch per 16 KB
 
