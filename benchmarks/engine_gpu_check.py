@@ -52,6 +52,14 @@ def check_kernels() -> None:
         oa = ops.attention(qa, kc, vc, start, slots, d ** -0.5)
         ob = kernels.attention(qa, kc, vc, start, slots, d ** -0.5, num_splits=splits)
         print(f"attention splits={splits}: {rel(ob, oa):.2e}")
+    for splits in (None, 1, 4, 16):  # RoPE + cache write inside attention, from the same cache as above
+        kf, vf, ku, vu = kc.clone(), vc.clone(), kc.clone(), vc.clone()
+        start_f = start + q  # new positions after the ones written above
+        of = kernels.rope_attention(qkv, start_f, slots, kf, vf, qn, kn, h, hkv, d, 1e6, 1e-6, d ** -0.5,
+                                    num_splits=splits)
+        ou = ops.rope_attention(qkv, start_f, slots, ku, vu, qn, kn, h, hkv, d, 1e6, 1e-6, d ** -0.5)
+        print(f"rope+attention fused splits={splits}: out {rel(of, ou):.2e} k-cache {rel(kf, ku):.2e} "
+              f"v-cache {rel(vf, vu):.2e}")
     x = torch.randn(9, 4096, dtype=dt, device="cuda")
     w = torch.randn(4096, 4096, dtype=dt, device="cuda") * 0.02
     for m in (1, 9, 200):
@@ -158,6 +166,14 @@ def check_graph_replay() -> None:
         print(f"graph L2 prefetch ({e3.prefetch_mode}) b={b} k={k}: replay==replay {bool((outs[0] == outs[1]).all())} "
               f"same tokens as without {bool((outs[0] == outs[2]).all())}")
     del e3
+    target.fuse_rope = False  # RoPE + cache write as their own launch: the same tokens as fused
+    e4 = SpecEngine(target, ReplayDrafter(), EngineConfig(max_num_seqs=64, max_len=600, k_max=7, buckets=(1, 8, 64),
+                                                           ks=(0, 3, 7)))
+    target.fuse_rope = True
+    for b, k in ((1, 0), (8, 3), (64, 7)):
+        outs = _replay_outputs((e4, e), b, k)
+        print(f"graph RoPE unfused b={b} k={k}: same tokens as fused {bool((outs[0] == outs[1]).all())}")
+    del e4
     for b, k in ((1, 0), (1, 7), (8, 3), (64, 7)):
         e.set_context(b, 500, seed=b)
         outs = []

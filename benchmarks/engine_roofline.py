@@ -123,21 +123,31 @@ def pdl_compare(engine, points, context_len: int, reps: int = 20) -> list[str]:
     return lines
 
 
+def _resolve(engine, attr: str):
+    """(object, name) for an engine attribute, or a dotted one such as ``target.fuse_rope``."""
+    obj, *path = [engine] + attr.split(".")
+    for part in path[:-1]:
+        obj = getattr(obj, part)
+    return obj, path[-1]
+
+
 def capture_variants(engine, b: int, k: int, variants: dict[str, dict], upload: bool) -> dict:
     """name -> the step of bucket b with k drafts captured with the engine attributes ``variants[name]`` set
-    (restored after each capture); a variant that fails to capture is reported and left out."""
+    (dotted names reach into the engine's parts; restored after each capture); a variant that fails to capture
+    is reported and left out."""
     graphs = {}
     for name, settings in variants.items():
-        saved = {attr: getattr(engine, attr) for attr in settings}
+        targets = {attr: _resolve(engine, attr) for attr in settings}
+        saved = {attr: getattr(*targets[attr]) for attr in settings}
         for attr, value in settings.items():
-            setattr(engine, attr, value)
+            setattr(*targets[attr], value)
         try:
             graphs[name] = engine.capture_step(b, k, upload=upload)
         except Exception as exc:  # report and go on with the other variants
             print(f"b={b} k={k} {name}: {type(exc).__name__}: {exc}", flush=True)
         finally:
             for attr, value in saved.items():
-                setattr(engine, attr, value)
+                setattr(*targets[attr], value)
     return graphs
 
 
@@ -164,33 +174,49 @@ def interleaved_replays(engine, graphs: dict, b: int, k: int, context_len: int, 
     return times, outs
 
 
-def prefetch_compare(engine, points, context_len: int, modes, reps: int = 15) -> tuple[list[str], list[dict]]:
-    """GPU time of one step's graph with each layer's o weight hinted into L2 during RoPE + attention
-    (``EngineConfig.prefetch_max_batch``), per hint mode, against no prefetch; graphs captured here, replays
-    interleaved, median of ``reps``; and whether every variant emits the same tokens as no prefetch."""
+def variant_compare(engine, points, context_len: int, make_variants, reps: int = 15) -> tuple[list[str], list[dict]]:
+    """GPU time of one step's graph per variant (``make_variants(b)`` -> name -> engine attributes; the first is
+    the baseline), graphs captured here, replays interleaved, median of ``reps``; and whether every variant
+    emits the same tokens as the baseline."""
     lines, rows = [], []
     for b, k in points:
         buf = engine.buffers[b]
         engine.set_context(b, context_len)
         buf.host[0, :b], buf.host[1, :b] = torch.arange(b), k
         buf.inputs.copy_(buf.host)
-        variants = {"off": {"prefetch_max_batch": 0}}
-        variants.update({mode: {"prefetch_max_batch": b, "prefetch_mode": mode} for mode in modes})
+        variants = make_variants(b)
+        base = next(iter(variants))
         graphs = capture_variants(engine, b, k, variants, upload=False)
         times, outs = interleaved_replays(engine, graphs, b, k, context_len, reps, gpu_clock=True)
-        off = statistics.median(times["off"])
-        row = {"batch_size": b, "k": k, "off_ms": round(off, 4)}
+        ref = statistics.median(times[base])
+        row = {"batch_size": b, "k": k, f"{base}_ms": round(ref, 4)}
         cells = []
         for name in list(graphs)[1:]:
             ms = statistics.median(times[name])
-            same = bool((outs[name] == outs["off"]).all())
+            same = bool((outs[name] == outs[base]).all())
             row[name] = {"ms": round(ms, 4), "same_tokens": same}
-            cells.append(f"{name} {ms:.3f} ms ({(ms / off - 1) * 100:+.1f}%{'' if same else ', TOKENS DIFFER'})")
-        lines.append(f"b={b:3d} k={k}: off {off:.3f} ms; " + "; ".join(cells))
+            cells.append(f"{name} {ms:.3f} ms ({(ms / ref - 1) * 100:+.1f}%{'' if same else ', TOKENS DIFFER'})")
+        lines.append(f"b={b:3d} k={k}: {base} {ref:.3f} ms; " + "; ".join(cells))
         rows.append(row)
         print(lines[-1], flush=True)
         del graphs
     return lines, rows
+
+
+def prefetch_compare(engine, points, context_len: int, modes, reps: int = 15) -> tuple[list[str], list[dict]]:
+    """Each layer's o weight hinted into L2 during RoPE + attention (``EngineConfig.prefetch_max_batch``), per hint
+    mode, against no prefetch."""
+    def variants(b):
+        return {"off": {"prefetch_max_batch": 0},
+                **{mode: {"prefetch_max_batch": b, "prefetch_mode": mode} for mode in modes}}
+    return variant_compare(engine, points, context_len, variants, reps)
+
+
+def fusion_compare(engine, points, context_len: int, reps: int = 15) -> tuple[list[str], list[dict]]:
+    """RoPE + cache write as their own launch (engine 0.5) against inside the attention launch."""
+    return variant_compare(engine, points, context_len,
+                           lambda b: {"unfused": {"target.fuse_rope": False}, "fused": {"target.fuse_rope": True}},
+                           reps)
 
 
 def overlap_compare(engine, points, context_len: int, carveouts=(0,), reps: int = 12) -> tuple[list[str], list[dict]]:
@@ -226,7 +252,7 @@ def overlap_compare(engine, points, context_len: int, carveouts=(0,), reps: int 
 
 
 def write_results(args, ceil, rows: list[dict], device: str, buckets, overlap_rows: list[dict] = (),
-                  readings=(), prefetch_rows: list[dict] = ()) -> None:
+                  readings=(), variant_rows: list[dict] = ()) -> None:
     worst = {name: (max((r[key] for r in rows if r["batch_size"] <= 32), default=0.0), max(r[key] for r in rows))
              for name, key in (("wall", "ratio"), ("gpu", "gpu_ratio"), ("serial", "serial_ratio"))}
     n32 = sum(r["ratio"] <= 1.3 for r in rows if r["batch_size"] <= 32)
@@ -241,7 +267,7 @@ def write_results(args, ceil, rows: list[dict], device: str, buckets, overlap_ro
               "ceiling_readings": [{"bandwidth_gb_s": round(c.bandwidth_gb_s, 1), "matrix_tflop_s": round(c.matrix_tflop_s, 1)}
                                    for c in readings],
               "command": " ".join(sys.argv), "rows": rows, "overlap_rows": list(overlap_rows),
-              "prefetch_rows": list(prefetch_rows)}
+              "variant_rows": list(variant_rows)}
     fileio.write_json(args.out + ".json", result)
     md = [f"# step / roofline floor, {args.model}, context {args.context}, {device}", "",
           f"copy {ceil.bandwidth_gb_s:.0f} GB/s, bf16 matmul {ceil.matrix_tflop_s:.0f} TFLOP/s; "
@@ -273,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overlap-carveouts", default="0", help="SM carveouts for cuBLAS in the two-stream variants")
     ap.add_argument("--prefetch-compare", default="", help="b:k,... cells to time with each L2 prefetch mode and without")
     ap.add_argument("--prefetch-modes", default="lines,lines_evict_last,bulk")
+    ap.add_argument("--fusion-compare", default="", help="b:k,... cells to time with RoPE fused into attention "
+                    "and without")
     ap.add_argument("--no-grid", action="store_true", help="only the comparisons (capture b, k, time nothing else)")
     ap.add_argument("--out", default="benchmarks/results/engine_roofline_h200")
     args = ap.parse_args(argv)
@@ -286,10 +314,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"built + captured {len(engine.graphs)} graphs in {time.perf_counter() - t0:.1f} s", flush=True)
     cfg = engine.target.cfg
     timed = []
-    prefetch_rows = []
+    variant_rows = []  # the same-card A/B comparisons, each row tagged with its comparison
     if args.prefetch_compare:
         points = [tuple(int(v) for v in cell.split(":")) for cell in args.prefetch_compare.split(",")]
-        _, prefetch_rows = prefetch_compare(engine, points, args.context, args.prefetch_modes.split(","))
+        _, compared = prefetch_compare(engine, points, args.context, args.prefetch_modes.split(","))
+        variant_rows += [dict(r, compare="prefetch") for r in compared]
+    if args.fusion_compare:
+        points = [tuple(int(v) for v in cell.split(":")) for cell in args.fusion_compare.split(",")]
+        _, compared = fusion_compare(engine, points, args.context)
+        variant_rows += [dict(r, compare="fusion") for r in compared]
     for b in () if args.no_grid else buckets:
         engine.set_context(b, args.context)
         for k in range(args.k_max + 1):
@@ -339,10 +372,10 @@ def main(argv: list[str] | None = None) -> int:
         for line in diagnose(args.model):
             print(line, flush=True)
     if rows:
-        write_results(args, ceil, rows, device_name(engine), buckets, overlap_rows, readings, prefetch_rows)
+        write_results(args, ceil, rows, device_name(engine), buckets, overlap_rows, readings, variant_rows)
     else:
         fileio.write_json(args.out + ".json", {"device": device_name(engine), "command": " ".join(sys.argv),
-                                               "prefetch_rows": prefetch_rows, "overlap_rows": overlap_rows})
+                                               "variant_rows": variant_rows, "overlap_rows": overlap_rows})
     return 0
 
 

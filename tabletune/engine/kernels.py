@@ -220,6 +220,104 @@ def _attn_kernel(q_ptr, k_cache_ptr, v_cache_ptr, start_ptr, slots_ptr, out_ptr,
 
 
 @triton.jit
+def _rope_rows(qkv_ptr, tok_row, head, pos, norm_ptr, ok, eps, log2_theta, H: tl.constexpr, HKV: tl.constexpr,
+               D: tl.constexpr, HAS_NORM: tl.constexpr):
+    """Rows of the qkv buffer (token row ``tok_row``, head ``head`` counted over q, k, v heads) with the head's
+    RMSNorm (if any) and RoPE at ``pos`` applied, fp32 [rows, D]; the same math as ``_qk_rope_cache_kernel``."""
+    offs = tl.arange(0, D)[None, :]
+    rot = (offs + D // 2) % D
+    base = qkv_ptr + tok_row.to(tl.int64)[:, None] * (H + 2 * HKV) * D + head[:, None] * D
+    x = tl.load(base + offs, mask=ok[:, None], other=0.0).to(tl.float32)
+    xr = tl.load(base + rot, mask=ok[:, None], other=0.0).to(tl.float32)
+    if HAS_NORM:
+        inv = 1.0 / tl.sqrt(tl.sum(x * x, 1)[:, None] / D + eps)
+        x = x * inv * tl.load(norm_ptr + offs).to(tl.float32)
+        xr = xr * inv * tl.load(norm_ptr + rot).to(tl.float32)
+    inv_freq = tl.exp2(-((offs % (D // 2)).to(tl.float32) * 2.0 / D) * log2_theta)
+    ang = pos.to(tl.float32)[:, None] * inv_freq
+    sign = tl.where(offs < D // 2, -1.0, 1.0)
+    return x * tl.cos(ang) + sign * xr * tl.sin(ang)
+
+
+@triton.jit
+def _rope_attn_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, start_ptr, slots_ptr, qn_ptr, kn_ptr, out_ptr, o_part,
+                      m_part, l_part, cnt_ptr, QLEN, scale, stride_slot, stride_head, log2_theta, eps,
+                      H: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+                      NUM_SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QP: tl.constexpr,
+                      HAS_NORM: tl.constexpr, USE_PDL: tl.constexpr):
+    """``_qk_rope_cache_kernel`` and ``_attn_kernel`` in one launch. A program of (sequence, KV head, split)
+    applies qk-norm and RoPE to its G * q query rows itself; a program whose key range reaches the new
+    positions (start .. start + q - 1) first writes the q new keys (normed, rotated) and values of its KV head
+    into the cache, then waits at a barrier so that its own loads see them. Two programs may write the same new
+    key (a split boundary inside the new positions): with the same value."""
+    _pdl_wait(USE_PDL)
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    sp = tl.program_id(2)
+    start = tl.load(start_ptr + b)
+    slot = tl.load(slots_ptr + b).to(tl.int64)
+    kv_len = start + QLEN
+    chunk = tl.cdiv(tl.cdiv(kv_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = sp * chunk
+    hi = tl.minimum(lo + chunk, kv_len)
+    d = tl.arange(0, D)
+    kbase = k_cache_ptr + slot * stride_slot + kvh * stride_head
+    vbase = v_cache_ptr + slot * stride_slot + kvh * stride_head
+    if hi > start:
+        t = tl.arange(0, QP)
+        t_ok = t < QLEN
+        tok_row = b * QLEN + t
+        k_new = _rope_rows(qkv_ptr, tok_row, H + kvh + t * 0, start + t, kn_ptr, t_ok, eps, log2_theta, H, HKV, D,
+                           HAS_NORM)
+        v_src = qkv_ptr + tok_row.to(tl.int64)[:, None] * (H + 2 * HKV) * D + (H + HKV + kvh) * D + d[None, :]
+        v_new = tl.load(v_src, mask=t_ok[:, None], other=0.0)
+        new_off = (start + t).to(tl.int64)[:, None] * D + d[None, :]
+        tl.store(kbase + new_off, k_new.to(k_cache_ptr.dtype.element_ty), mask=t_ok[:, None])
+        tl.store(vbase + new_off, v_new.to(v_cache_ptr.dtype.element_ty), mask=t_ok[:, None])
+        tl.debug_barrier()  # the new keys are stored before any thread of this program loads them
+    rows = tl.arange(0, BLOCK_M)
+    row_ok = rows < G * QLEN
+    tok = tl.where(row_ok, rows // G, 0)
+    q = _rope_rows(qkv_ptr, b * QLEN + tok, kvh * G + rows % G, start + tok, qn_ptr, row_ok, eps, log2_theta,
+                   H, HKV, D, HAS_NORM).to(k_cache_ptr.dtype.element_ty)
+    limit = start + tok
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    qk_scale = scale * 1.4426950408889634
+    for n0 in range(lo, hi, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        col_ok = cols < hi
+        kv_off = cols.to(tl.int64)[:, None] * D + d[None, :]
+        k = tl.load(kbase + kv_off, mask=col_ok[:, None], other=0.0, eviction_policy="evict_first")
+        v = tl.load(vbase + kv_off, mask=col_ok[:, None], other=0.0, eviction_policy="evict_first")
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+        s = tl.where((cols[None, :] <= limit[:, None]) & col_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    o_off = ((b * QLEN + tok).to(tl.int64) * H + kvh * G + rows % G) * D
+    if NUM_SPLITS == 1:
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(out_ptr + o_off[:, None] + d[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        pair = b * tl.num_programs(1) + kvh
+        part = (pair * NUM_SPLITS + sp).to(tl.int64) * BLOCK_M
+        tl.store(o_part + (part + rows)[:, None] * D + d[None, :], acc)
+        tl.store(m_part + part + rows, m_i)
+        tl.store(l_part + part + rows, l_i)
+        tl.debug_barrier()  # every thread's partial is stored before the ticket (release below)
+        ticket = tl.atomic_add(cnt_ptr + pair, 1, sem="acq_rel")
+        if ticket == NUM_SPLITS - 1:
+            _attn_merge(out_ptr, o_part, m_part, l_part, pair, o_off, row_ok, D, NUM_SPLITS, BLOCK_M)
+            tl.atomic_xchg(cnt_ptr + pair, 0)
+
+
+@triton.jit
 def _attn_merge(out_ptr, o_part, m_part, l_part, pair, o_off, row_ok, D: tl.constexpr, NUM_SPLITS: tl.constexpr,
                 BLOCK_M: tl.constexpr):
     """o = sum_s e^(m_s - m) o_s / sum_s e^(m_s - m) l_s over the splits of one (sequence, KV head), in split order."""
@@ -270,6 +368,32 @@ def attention(q, k_cache, v_cache, start_pos, slots, scale, num_splits: int | No
         q, k_cache, v_cache, start_pos, slots, out, o_part, m_part, l_part, counters(q.device), qlen, scale,
         k_cache.stride(0), k_cache.stride(1), H=h, G=g, D=d, NUM_SPLITS=splits, BLOCK_M=block_m, BLOCK_N=64,
         USE_PDL=pdl, num_warps=4, num_stages=3, **pdl_kwargs(pdl))
+    return out
+
+
+def rope_attention(qkv, start_pos, slots, k_cache, v_cache, q_norm_w, k_norm_w, num_heads, num_kv_heads,
+                   head_dim, theta, eps, scale, num_splits: int | None = None):
+    """``qk_rope_cache_write`` then ``attention`` in one launch (``_rope_attn_kernel``): qkv [B, q, (H+2Hkv)*D]
+    -> attention output [B, q, H, D], the q new keys and values written into the cache."""
+    b, qlen, _ = qkv.shape
+    hkv, d = num_kv_heads, head_dim
+    g = num_heads // hkv
+    block_m = max(16, triton.next_power_of_2(g * qlen))
+    splits = num_splits or num_splits_for(b, hkv)
+    assert b * hkv <= MAX_TICKETS
+    n_part = b * hkv * splits * block_m if splits > 1 else 1
+    o_part = torch.empty(n_part, d, dtype=torch.float32, device=qkv.device)
+    m_part = torch.empty(n_part, dtype=torch.float32, device=qkv.device)
+    l_part = torch.empty_like(m_part)
+    out = empty_rows(b * qlen, num_heads * d, k_cache.dtype, qkv.device).view(b, qlen, num_heads, d)
+    has_norm = q_norm_w is not None
+    pdl = pdl_enabled(qkv)
+    _rope_attn_kernel[(b, hkv, splits)](
+        qkv, k_cache, v_cache, start_pos, slots, q_norm_w if has_norm else qkv, k_norm_w if has_norm else qkv, out,
+        o_part, m_part, l_part, counters(qkv.device), qlen, scale, k_cache.stride(0), k_cache.stride(1),
+        math.log2(theta), eps, H=num_heads, HKV=hkv, G=g, D=d, NUM_SPLITS=splits, BLOCK_M=block_m, BLOCK_N=64,
+        QP=max(2, triton.next_power_of_2(qlen)), HAS_NORM=has_norm, USE_PDL=pdl, num_warps=4, num_stages=3,
+        **pdl_kwargs(pdl))
     return out
 
 

@@ -4,8 +4,8 @@ The forward takes ``tokens [B, q]``, ``start_pos [B]`` (tokens already cached
 per sequence) and ``slots [B]`` (cache rows), writes the q new keys/values and
 returns the final-normed hidden states ``[B, q, hidden]``. Each layer is
 ``add+norm -> qkv -> (qk-norm, RoPE, cache write) -> attention -> o -> add+norm
--> gate_up -> silu*mul -> down``: eight launches on the Triton path (silu*mul runs inside
-the down GEMM; attention merges its splits in the same launch).
+-> gate_up -> silu*mul -> down``: seven launches on the Triton path in a decode step (qk-norm,
+RoPE and the cache write run inside the attention launch, which also merges its splits).
 
 With an ``L2Prefetch`` (small batches on CUDA), each layer also hints its o-projection
 weight into L2 from a side stream right after the qkv GEMM, while RoPE and attention,
@@ -56,22 +56,28 @@ class DecoderLayer(nn.Module):
             self.w_down = _param(h, cfg.intermediate_size, dtype=dtype, device=device)
 
     def attn(self, ops, x, start_pos, slots, k_cache, v_cache, prefill_at: tuple[int, int] | None = None,
-             prefetch: L2Prefetch | None = None):
+             prefetch: L2Prefetch | None = None, fuse_rope: bool = True):
         """x [B, q, hidden] (normed) -> attention output [B, q, hidden].
 
-        ``prefill_at = (start, slot)`` marks a one-sequence prompt (eager, masked SDPA).
+        ``prefill_at = (start, slot)`` marks a one-sequence prompt (eager, masked SDPA). ``fuse_rope``: a decode
+        step runs qk-norm, RoPE and the cache write inside the attention launch (``ops.rope_attention``).
         """
         cfg = self.cfg
         b, qlen, _ = x.shape
         qkv = linear(x, self.wqkv)
         if prefetch is not None:
             prefetch.issue(self.wo)
-        q = ops.qk_rope_cache_write(qkv, start_pos, slots, k_cache, v_cache, self.q_norm, self.k_norm,
-                                    cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rope_theta, cfg.rms_norm_eps)
-        if prefill_at is None:
-            o = ops.attention(q, k_cache, v_cache, start_pos, slots, cfg.head_dim ** -0.5)
+        rope = (self.q_norm, self.k_norm, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rope_theta,
+                cfg.rms_norm_eps)
+        scale = cfg.head_dim ** -0.5
+        if prefill_at is None and fuse_rope:
+            o = ops.rope_attention(qkv, start_pos, slots, k_cache, v_cache, *rope, scale)
         else:
-            o = torch_ops.prefill_attention(q, k_cache, v_cache, *prefill_at, cfg.head_dim ** -0.5)
+            q = ops.qk_rope_cache_write(qkv, start_pos, slots, k_cache, v_cache, *rope)
+            if prefill_at is None:
+                o = ops.attention(q, k_cache, v_cache, start_pos, slots, scale)
+            else:
+                o = torch_ops.prefill_attention(q, k_cache, v_cache, *prefill_at, scale)
         return linear(o.reshape(b, qlen, -1), self.wo)
 
     def mlp(self, ops, x):
@@ -171,6 +177,7 @@ class Decoder(nn.Module):
         self.lm_head = self.embed if cfg.tie_embeddings else _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype,
                                                                      device=device)
         self.ops = select_ops(torch.device(device) if isinstance(device, str) else device, use_triton)
+        self.fuse_rope = True  # decode: RoPE + cache write inside the attention launch (a benchmark may turn it off)
 
     @property
     def device(self) -> torch.device:
@@ -188,7 +195,7 @@ class Decoder(nn.Module):
         delta = None  # the first add+norm has nothing to add
         for i, layer in enumerate(self.layers):
             h, x = ops.add_rms_norm(x, delta, layer.in_norm, eps)
-            a = layer.attn(ops, h, start_pos, slots, cache.k[i], cache.v[i], prefill_at, prefetch)
+            a = layer.attn(ops, h, start_pos, slots, cache.k[i], cache.v[i], prefill_at, prefetch, self.fuse_rope)
             h, x = ops.add_rms_norm(x, a, layer.post_norm, eps)
             delta = layer.mlp(ops, h)
         if prefetch is not None:

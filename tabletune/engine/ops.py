@@ -70,6 +70,14 @@ def attention(q, k_cache, v_cache, start_pos, slots, scale):
     return out.transpose(1, 2)
 
 
+def rope_attention(qkv, start_pos, slots, k_cache, v_cache, q_norm_w, k_norm_w, num_heads, num_kv_heads, head_dim,
+                   theta, eps, scale):
+    """``qk_rope_cache_write`` then ``attention`` (one launch in the Triton ops)."""
+    q = qk_rope_cache_write(qkv, start_pos, slots, k_cache, v_cache, q_norm_w, k_norm_w, num_heads, num_kv_heads,
+                            head_dim, theta, eps)
+    return attention(q, k_cache, v_cache, start_pos, slots, scale)
+
+
 def silu_mul(gate_up: torch.Tensor, out_dtype=None) -> torch.Tensor:
     """silu(gate) * up for gate_up = [gate | up] on the last dim."""
     g, u = gate_up.chunk(2, dim=-1)

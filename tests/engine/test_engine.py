@@ -158,8 +158,8 @@ def test_sampling_engine_runs_every_drafter(tiny):
 
 @pytest.mark.slow
 def test_triton_kernels_match_torch_ops_in_interpreter():
-    """The Triton kernels (RoPE/cache write, split-KV attention, norms, split-K, gated and stream-K GEMM) under
-    TRITON_INTERPRET=1."""
+    """The Triton kernels (RoPE/cache write, split-KV attention, the two fused, norms, split-K, gated and stream-K
+    GEMM) under TRITON_INTERPRET=1."""
     pytest.importorskip("triton")
     code = """
 import torch
@@ -177,6 +177,15 @@ err = [(qa - qb).abs().max(), (kc1 - kc2).abs().max(), (vc1 - vc2).abs().max()]
 for splits in (1, 3, 16):  # 16 splits: some splits see no keys at all
     err.append((O.attention(qa, kc1, vc1, start, slots, D ** -0.5)
                 - K.attention(qa, kc1, vc1, start, slots, D ** -0.5, num_splits=splits)).abs().max())
+# RoPE + cache write inside attention: sequence 2's new keys 126..128 straddle the 2-split boundary at 128
+start2 = torch.tensor([5, 0, 126]); L2 = 140
+kc0, vc0 = torch.randn(S, Hkv, L2, D), torch.randn(S, Hkv, L2, D)
+for norm in ((qn, kn), (None, None)):
+    for splits in (1, 2, 3, 16):
+        kca, vca, kcb, vcb = kc0.clone(), vc0.clone(), kc0.clone(), vc0.clone()
+        oa = O.rope_attention(qkv, start2, slots, kca, vca, *norm, H, Hkv, D, 1e4, 1e-6, D ** -0.5)
+        ob = K.rope_attention(qkv, start2, slots, kcb, vcb, *norm, H, Hkv, D, 1e4, 1e-6, D ** -0.5, num_splits=splits)
+        err += [(oa - ob).abs().max(), (kca - kcb).abs().max(), (vca - vcb).abs().max()]
 x, d, w = torch.randn(5, 48), torch.randn(5, 48), torch.rand(48)
 err += [(a - b).abs().max() for a, b in zip(O.add_rms_norm(x, d, w, 1e-6), K.add_rms_norm(x, d, w, 1e-6))]
 err += [(a - b).abs().max() for a, b in zip(O.add_rms_norm(x, None, w, 1e-6), K.add_rms_norm(x, None, w, 1e-6))]
