@@ -1,7 +1,10 @@
 """Triton kernels for the decode hot path (GPU; also run by Triton's interpreter in tests).
 
 * ``qk_rope_cache``: one program per token splits its qkv row, applies Qwen3's
-  per-head RMSNorm to q and k, RoPE, and writes K and V into the slot cache.
+  per-head RMSNorm to q and k, RoPE, and writes K and V into the slot cache. RoPE
+  reads cos / sin from a table made once per cache length (``rope_table``) instead of
+  evaluating them per element, which every attention program would repeat once fused.
+* ``rope_attention``: the same inside the attention launch (decode steps).
 * ``attention``: split-KV decoding attention (flash-decoding style). One program
   per (sequence, KV head, split) loads each K/V tile once for all the query heads
   that share it: the G = H/Hkv heads times the q query tokens are the rows of one
@@ -28,13 +31,13 @@ own successor launch. This hides the launch gap and tail of ~300 small kernels.
 
 from __future__ import annotations
 
-import math
 import os
 
 import torch
 import triton
 import triton.language as tl
 
+from tabletune.engine import ops as torch_ops
 from tabletune.engine.model import PREFETCH_MODES
 
 MAX_TICKETS = 1 << 16
@@ -106,7 +109,7 @@ def _pdl_wait(USE_PDL: tl.constexpr):
 
 @triton.jit
 def _qk_rope_cache_kernel(qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, start_ptr, slots_ptr, qn_ptr, kn_ptr,
-                          QLEN, stride_slot, stride_head, log2_theta, eps,
+                          cos_ptr, sin_ptr, QLEN, stride_slot, stride_head, eps,
                           H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HP: tl.constexpr,
                           HAS_NORM: tl.constexpr, USE_PDL: tl.constexpr):
     _pdl_wait(USE_PDL)
@@ -131,10 +134,8 @@ def _qk_rope_cache_kernel(qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, start_pt
         xr = xr * inv * wr
     else:
         xn = x
-    inv_freq = tl.exp2(-((offs % (D // 2)).to(tl.float32) * 2.0 / D) * log2_theta)
-    ang = pos.to(tl.float32) * inv_freq
     sign = tl.where(offs < D // 2, -1.0, 1.0)
-    y = xn * tl.cos(ang) + sign * xr * tl.sin(ang)
+    y = xn * tl.load(cos_ptr + pos * D + offs) + sign * xr * tl.load(sin_ptr + pos * D + offs)
     tl.store(q_out_ptr + (tok.to(tl.int64) * H + heads) * D + offs, y.to(q_out_ptr.dtype.element_ty),
              mask=is_q)
     cache_off = slot * stride_slot + pos.to(tl.int64) * D + offs
@@ -145,15 +146,31 @@ def _qk_rope_cache_kernel(qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, start_pt
     tl.store(v_cache_ptr + cache_off + vh * stride_head, x.to(v_cache_ptr.dtype.element_ty), mask=is_v)
 
 
+_rope_tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def rope_table(device: torch.device, head_dim: int, theta: float, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [length, head_dim] fp32 for positions 0 .. length-1 (``ops.rope_cos_sin``), made once per key and
+    kept: graphs captured with a table read it at replay. Made outside graph capture (the warm-up step does)."""
+    key = (device, head_dim, float(theta), length)
+    if key not in _rope_tables:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("the RoPE table would be made inside CUDA graph capture: run one step eagerly first")
+        cos, sin = torch_ops.rope_cos_sin(torch.arange(length, device=device), head_dim, theta)
+        _rope_tables[key] = (cos.contiguous(), sin.contiguous())
+    return _rope_tables[key]
+
+
 def qk_rope_cache_write(qkv, start_pos, slots, k_cache, v_cache, q_norm_w, k_norm_w, num_heads, num_kv_heads,
                         head_dim, theta, eps):
     b, qlen, _ = qkv.shape
     q = torch.empty(b, qlen, num_heads, head_dim, dtype=k_cache.dtype, device=qkv.device)
     has_norm = q_norm_w is not None
+    cos, sin = rope_table(qkv.device, head_dim, theta, k_cache.shape[2])
     pdl = pdl_enabled(qkv)
     _qk_rope_cache_kernel[(b * qlen,)](
         qkv, q, k_cache, v_cache, start_pos, slots, q_norm_w if has_norm else qkv, k_norm_w if has_norm else qkv,
-        qlen, k_cache.stride(0), k_cache.stride(1), math.log2(theta), eps,
+        cos, sin, qlen, k_cache.stride(0), k_cache.stride(1), eps,
         H=num_heads, HKV=num_kv_heads, D=head_dim, HP=triton.next_power_of_2(num_heads + 2 * num_kv_heads),
         HAS_NORM=has_norm, USE_PDL=pdl, num_warps=4, **pdl_kwargs(pdl))
     return q
@@ -220,10 +237,11 @@ def _attn_kernel(q_ptr, k_cache_ptr, v_cache_ptr, start_ptr, slots_ptr, out_ptr,
 
 
 @triton.jit
-def _rope_rows(qkv_ptr, tok_row, head, pos, norm_ptr, ok, eps, log2_theta, H: tl.constexpr, HKV: tl.constexpr,
-               D: tl.constexpr, HAS_NORM: tl.constexpr):
+def _rope_rows(qkv_ptr, tok_row, head, pos, norm_ptr, cos_ptr, sin_ptr, ok, eps, H: tl.constexpr,
+               HKV: tl.constexpr, D: tl.constexpr, HAS_NORM: tl.constexpr):
     """Rows of the qkv buffer (token row ``tok_row``, head ``head`` counted over q, k, v heads) with the head's
-    RMSNorm (if any) and RoPE at ``pos`` applied, fp32 [rows, D]; the same math as ``_qk_rope_cache_kernel``."""
+    RMSNorm (if any) and RoPE at ``pos`` (from the cos / sin table) applied, fp32 [rows, D]; the same math as
+    ``_qk_rope_cache_kernel``."""
     offs = tl.arange(0, D)[None, :]
     rot = (offs + D // 2) % D
     base = qkv_ptr + tok_row.to(tl.int64)[:, None] * (H + 2 * HKV) * D + head[:, None] * D
@@ -233,15 +251,16 @@ def _rope_rows(qkv_ptr, tok_row, head, pos, norm_ptr, ok, eps, log2_theta, H: tl
         inv = 1.0 / tl.sqrt(tl.sum(x * x, 1)[:, None] / D + eps)
         x = x * inv * tl.load(norm_ptr + offs).to(tl.float32)
         xr = xr * inv * tl.load(norm_ptr + rot).to(tl.float32)
-    inv_freq = tl.exp2(-((offs % (D // 2)).to(tl.float32) * 2.0 / D) * log2_theta)
-    ang = pos.to(tl.float32)[:, None] * inv_freq
     sign = tl.where(offs < D // 2, -1.0, 1.0)
-    return x * tl.cos(ang) + sign * xr * tl.sin(ang)
+    tab = pos.to(tl.int64)[:, None] * D + offs
+    cos = tl.load(cos_ptr + tab, mask=ok[:, None], other=0.0)
+    sin = tl.load(sin_ptr + tab, mask=ok[:, None], other=0.0)
+    return x * cos + sign * xr * sin
 
 
 @triton.jit
-def _rope_attn_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, start_ptr, slots_ptr, qn_ptr, kn_ptr, out_ptr, o_part,
-                      m_part, l_part, cnt_ptr, QLEN, scale, stride_slot, stride_head, log2_theta, eps,
+def _rope_attn_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, start_ptr, slots_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr,
+                      out_ptr, o_part, m_part, l_part, cnt_ptr, QLEN, scale, stride_slot, stride_head, eps,
                       H: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                       NUM_SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QP: tl.constexpr,
                       HAS_NORM: tl.constexpr, USE_PDL: tl.constexpr):
@@ -267,8 +286,8 @@ def _rope_attn_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, start_ptr, slots_ptr, q
         t = tl.arange(0, QP)
         t_ok = t < QLEN
         tok_row = b * QLEN + t
-        k_new = _rope_rows(qkv_ptr, tok_row, H + kvh + t * 0, start + t, kn_ptr, t_ok, eps, log2_theta, H, HKV, D,
-                           HAS_NORM)
+        k_new = _rope_rows(qkv_ptr, tok_row, H + kvh + t * 0, start + t, kn_ptr, cos_ptr, sin_ptr, t_ok, eps, H,
+                           HKV, D, HAS_NORM)
         v_src = qkv_ptr + tok_row.to(tl.int64)[:, None] * (H + 2 * HKV) * D + (H + HKV + kvh) * D + d[None, :]
         v_new = tl.load(v_src, mask=t_ok[:, None], other=0.0)
         new_off = (start + t).to(tl.int64)[:, None] * D + d[None, :]
@@ -278,7 +297,7 @@ def _rope_attn_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, start_ptr, slots_ptr, q
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < G * QLEN
     tok = tl.where(row_ok, rows // G, 0)
-    q = _rope_rows(qkv_ptr, b * QLEN + tok, kvh * G + rows % G, start + tok, qn_ptr, row_ok, eps, log2_theta,
+    q = _rope_rows(qkv_ptr, b * QLEN + tok, kvh * G + rows % G, start + tok, qn_ptr, cos_ptr, sin_ptr, row_ok, eps,
                    H, HKV, D, HAS_NORM).to(k_cache_ptr.dtype.element_ty)
     limit = start + tok
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -387,11 +406,12 @@ def rope_attention(qkv, start_pos, slots, k_cache, v_cache, q_norm_w, k_norm_w, 
     l_part = torch.empty_like(m_part)
     out = empty_rows(b * qlen, num_heads * d, k_cache.dtype, qkv.device).view(b, qlen, num_heads, d)
     has_norm = q_norm_w is not None
+    cos, sin = rope_table(qkv.device, d, theta, k_cache.shape[2])
     pdl = pdl_enabled(qkv)
     _rope_attn_kernel[(b, hkv, splits)](
-        qkv, k_cache, v_cache, start_pos, slots, q_norm_w if has_norm else qkv, k_norm_w if has_norm else qkv, out,
-        o_part, m_part, l_part, counters(qkv.device), qlen, scale, k_cache.stride(0), k_cache.stride(1),
-        math.log2(theta), eps, H=num_heads, HKV=hkv, G=g, D=d, NUM_SPLITS=splits, BLOCK_M=block_m, BLOCK_N=64,
+        qkv, k_cache, v_cache, start_pos, slots, q_norm_w if has_norm else qkv, k_norm_w if has_norm else qkv, cos,
+        sin, out, o_part, m_part, l_part, counters(qkv.device), qlen, scale, k_cache.stride(0), k_cache.stride(1),
+        eps, H=num_heads, HKV=hkv, G=g, D=d, NUM_SPLITS=splits, BLOCK_M=block_m, BLOCK_N=64,
         QP=max(2, triton.next_power_of_2(qlen)), HAS_NORM=has_norm, USE_PDL=pdl, num_warps=4, num_stages=3,
         **pdl_kwargs(pdl))
     return out
