@@ -203,12 +203,14 @@ def variant_compare(engine, points, context_len: int, make_variants, reps: int =
     return lines, rows
 
 
-def prefetch_compare(engine, points, context_len: int, modes, reps: int = 15) -> tuple[list[str], list[dict]]:
+def prefetch_compare(engine, points, context_len: int, modes, programs=(16,), reps: int = 15
+                     ) -> tuple[list[str], list[dict]]:
     """Each layer's o weight hinted into L2 during RoPE + attention (``EngineConfig.prefetch_max_batch``), per hint
-    mode, against no prefetch."""
+    mode and prefetch-kernel program count, against no prefetch."""
     def variants(b):
         return {"off": {"prefetch_max_batch": 0},
-                **{mode: {"prefetch_max_batch": b, "prefetch_mode": mode} for mode in modes}}
+                **{f"{mode}/{p}": {"prefetch_max_batch": b, "prefetch_mode": mode, "prefetch_programs": p}
+                   for mode in modes for p in programs}}
     return variant_compare(engine, points, context_len, variants, reps)
 
 
@@ -299,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overlap-carveouts", default="0", help="SM carveouts for cuBLAS in the two-stream variants")
     ap.add_argument("--prefetch-compare", default="", help="b:k,... cells to time with each L2 prefetch mode and without")
     ap.add_argument("--prefetch-modes", default="lines,lines_evict_last,bulk")
+    ap.add_argument("--prefetch-programs", default="16", help="program counts of the prefetch kernel to compare")
     ap.add_argument("--fusion-compare", default="", help="b:k,... cells to time with RoPE fused into attention "
                     "and without")
     ap.add_argument("--no-grid", action="store_true", help="only the comparisons (capture b, k, time nothing else)")
@@ -317,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     variant_rows = []  # the same-card A/B comparisons, each row tagged with its comparison
     if args.prefetch_compare:
         points = [tuple(int(v) for v in cell.split(":")) for cell in args.prefetch_compare.split(",")]
-        _, compared = prefetch_compare(engine, points, args.context, args.prefetch_modes.split(","))
+        _, compared = prefetch_compare(engine, points, args.context, args.prefetch_modes.split(","),
+                                       tuple(int(v) for v in args.prefetch_programs.split(",")))
         variant_rows += [dict(r, compare="prefetch") for r in compared]
     if args.fusion_compare:
         points = [tuple(int(v) for v in cell.split(":")) for cell in args.fusion_compare.split(",")]

@@ -45,9 +45,13 @@ class EngineConfig:
     # Off by default: measured on the H200 at -0.6% .. +6.5% step time (docs/engine_notes.md, v0.5).
     prefetch_max_batch: int = 0
     prefetch_mode: str = "lines"
+    # programs of the prefetch kernel: 16 (engine 0.5) pull ~33 MB through 16 SMs, slower than the attention it
+    # hides behind; at b <= 8 attention leaves ~70 of the 132 SMs idle
+    prefetch_programs: int = 16
 
     def __post_init__(self) -> None:
-        if self.max_num_seqs < 1 or self.k_max < 0 or self.temperature < 0 or self.prefetch_max_batch < 0:
+        if self.max_num_seqs < 1 or self.k_max < 0 or self.temperature < 0 or self.prefetch_max_batch < 0 \
+                or self.prefetch_programs < 1:
             raise ValueError(f"bad engine config {self}")
         if self.prefetch_mode not in PREFETCH_MODES:
             raise ValueError(f"prefetch_mode {self.prefetch_mode!r} not in {PREFETCH_MODES}")
@@ -78,6 +82,7 @@ class SpecEngine:
         # a benchmark may change these two before capturing a variant
         self.overlap_min_tokens, self.overlap_sm_carveout = cfg.overlap_min_tokens, cfg.overlap_sm_carveout
         self.prefetch_max_batch, self.prefetch_mode = cfg.prefetch_max_batch, cfg.prefetch_mode
+        self.prefetch_programs = cfg.prefetch_programs
         self._side: torch.cuda.Stream | None = None  # second stream (two-stream forward, L2 prefetch), made on first use
         self.buckets = list(cfg.buckets or default_buckets(cfg.max_num_seqs))
         self.ks = list(cfg.ks or range(cfg.k_max + 1))
@@ -140,8 +145,8 @@ class SpecEngine:
         the join; on the CPU they simply run one after the other.
         """
         if not split:
-            prefetch = L2Prefetch(self.prefetch_mode, self._side_stream()) if self.prefetches(inputs.shape[0]) \
-                else None
+            prefetch = L2Prefetch(self.prefetch_mode, self._side_stream(), self.prefetch_programs) \
+                if self.prefetches(inputs.shape[0]) else None
             return self.target(inputs, start, slots, self.cache, prefetch=prefetch)
         half = inputs.shape[0] // 2
         if self.device.type != "cuda":

@@ -352,6 +352,8 @@ def test_l2_prefetch_plan_covers_the_tensor_and_config_is_checked(tiny):
         EngineConfig(prefetch_mode="everything")
     with pytest.raises(ValueError):
         EngineConfig(prefetch_max_batch=-1)
+    with pytest.raises(ValueError):
+        EngineConfig(prefetch_programs=0)
     target, _, _ = tiny
     engine = SpecEngine(target, make_drafter("ngram", target, 2), EngineConfig(max_num_seqs=4, max_len=40, k_max=2,
                                                                              prefetch_max_batch=4))
