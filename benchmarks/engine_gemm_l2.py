@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="qwen3-8b")
     ap.add_argument("--ms", default="1,8,16")
     ap.add_argument("--out", default="gemm_l2")
+    ap.add_argument("--sweep", action="store_true", help="also time configs outside the chooser's set (o, qkv, M=1)")
     args = ap.parse_args(argv)
     cfg = resolve(args.model)
     h, d = cfg.hidden_size, cfg.head_dim
@@ -56,8 +57,38 @@ def main(argv: list[str] | None = None) -> int:
                          f"({row['cold_tb_s']:.2f} TB/s), hot {hot_us:6.1f} us ({row['hot_tb_s']:.2f} TB/s), "
                          f"hot/cold {hot_us / cold_us:.2f}")
             print(lines[-1], flush=True)
+    sweep = []
+    if args.sweep:  # configs outside the chooser's set, for the small projections at M = 1 (weights cold)
+        for name in ("o", "qkv"):
+            n, kk = shapes[name]
+            copies = [torch.randn(n, kk, dtype=torch.bfloat16, device="cuda") * 0.02 for _ in range(4)]
+            x = torch.randn(1, kk, dtype=torch.bfloat16, device="cuda")
+            i = [0]
+
+            def nxt():
+                i[0] = (i[0] + 1) % len(copies)
+                return copies[i[0]]
+            results = []
+            for bn in (16, 32, 64):
+                for bk in (128, 256):
+                    for warps in (4, 8):
+                        for stages in (4, 8):
+                            if stages * (16 + bn) * bk * 2 > gemm.SMEM_BYTES:
+                                continue
+                            for split in (1, 2, 4):
+                                c = gemm.Config(16, bn, bk, split, warps, stages)
+                                us = gemm._time_us(lambda: gemm.triton_linear(x, nxt(), c))
+                                results.append((us, tuple(c)))
+            results.sort()
+            nbytes = n * kk * 2
+            for us, c in results[:8]:
+                sweep.append({"proj": name, "m": 1, "config": c, "us": round(us, 2),
+                              "tb_s": round(nbytes / us / 1e6, 3)})
+                lines.append(f"sweep {name} M=1 {c}: {us:.1f} us ({nbytes / us / 1e6:.2f} TB/s)")
+                print(lines[-1], flush=True)
     fileio.write_json(args.out + ".json", {"device": torch.cuda.get_device_name(), "l2_bytes": l2_bytes,
-                                           "command": "python benchmarks/engine_gemm_l2.py", "rows": rows})
+                                           "command": "python benchmarks/engine_gemm_l2.py", "rows": rows,
+                                           "sweep": sweep})
     fileio.write_text(args.out + ".md", "\n".join(lines) + "\n")
     return 0
 
