@@ -253,6 +253,13 @@ def overlap_compare(engine, points, context_len: int, carveouts=(0,), reps: int 
     return lines, rows
 
 
+def command_line() -> str:
+    """This run's command, with the device's output folder written as $OUT."""
+    cmd = " ".join(["python"] + sys.argv)
+    out = os.environ.get("OUT")
+    return cmd.replace(out, "$OUT") if out else cmd
+
+
 def write_results(args, ceil, rows: list[dict], device: str, buckets, overlap_rows: list[dict] = (),
                   readings=(), variant_rows: list[dict] = ()) -> None:
     worst = {name: (max((r[key] for r in rows if r["batch_size"] <= 32), default=0.0), max(r[key] for r in rows))
@@ -268,7 +275,7 @@ def write_results(args, ceil, rows: list[dict], device: str, buckets, overlap_ro
               "worst_serial_ratio_b_le_32": worst["serial"][0], "worst_serial_ratio": worst["serial"][1],
               "ceiling_readings": [{"bandwidth_gb_s": round(c.bandwidth_gb_s, 1), "matrix_tflop_s": round(c.matrix_tflop_s, 1)}
                                    for c in readings],
-              "command": " ".join(sys.argv), "rows": rows, "overlap_rows": list(overlap_rows),
+              "command": command_line(), "rows": rows, "overlap_rows": list(overlap_rows),
               "variant_rows": list(variant_rows)}
     fileio.write_json(args.out + ".json", result)
     md = [f"# step / roofline floor, {args.model}, context {args.context}, {device}", "",
@@ -378,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     if rows:
         write_results(args, ceil, rows, device_name(engine), buckets, overlap_rows, readings, variant_rows)
     else:
-        fileio.write_json(args.out + ".json", {"device": device_name(engine), "command": " ".join(sys.argv),
+        fileio.write_json(args.out + ".json", {"device": device_name(engine), "command": command_line(),
                                                "variant_rows": variant_rows, "overlap_rows": overlap_rows})
     return 0
 
