@@ -13,6 +13,7 @@ floor = max(bytes / bandwidth, FLOPs / matrix rate) (``tabletune.engine.profilin
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
