@@ -14,12 +14,21 @@ If hot is not much faster than cold, the kernel is bound by latency or issue rat
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 import torch
 
 from tabletune import fileio
 from tabletune.engine import gemm
 from tabletune.engine.presets import resolve
+
+
+def command_line() -> str:
+    """This run's command, with the device's output folder written as $OUT."""
+    cmd = " ".join(["python"] + sys.argv)
+    out = os.environ.get("OUT")
+    return cmd.replace(out, "$OUT") if out else cmd
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                 lines.append(f"sweep {name} M=1 {c}: {us:.1f} us ({nbytes / us / 1e6:.2f} TB/s)")
                 print(lines[-1], flush=True)
     fileio.write_json(args.out + ".json", {"device": torch.cuda.get_device_name(), "l2_bytes": l2_bytes,
-                                           "command": "python benchmarks/engine_gemm_l2.py", "rows": rows,
+                                           "command": command_line(), "rows": rows,
                                            "sweep": sweep})
     fileio.write_text(args.out + ".md", "\n".join(lines) + "\n")
     return 0

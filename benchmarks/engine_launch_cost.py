@@ -1,0 +1,130 @@
+"""Where the fixed ~4 us of a skinny decode GEMM goes (GPU diagnostic, one call, about a minute).
+
+At M = 1 the 8B o projection (32 MB) takes 11.6 us in the engine's chosen split-K config and
+9.3 us with its weight already in L2 (``engine_gemm_l2.py``), against 7.5 us for 32 MB at the
+copy rate. Each line below is one kernel sequence captured 10 times back to back in a CUDA graph
+(``gemm._time_us``, weights rotated over copies larger than L2), in us per call:
+
+* the chosen config with PDL on (the engine) and off (``TABLETUNE_PDL=0``);
+* the same config on half and on twice the columns (N = 2048, 8192): if time = fixed + bytes / rate,
+  two points give the fixed part;
+* a kernel that does nothing but the PDL wait (the launch + dependency cost alone);
+* a prototype "preload" kernel: each program loads its whole weight slice (BLOCK_N x K / SPLIT) into
+  registers *before* the PDL wait, so that a launched-early program streams its weights while the
+  previous kernel drains; only the programs resident early gain.
+
+    python benchmarks/engine_launch_cost.py --out $OUT/launch_cost
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+from tabletune import fileio
+from tabletune.engine import gemm, kernels
+
+
+@triton.jit
+def _wait_only_kernel(x_ptr, USE_PDL: tl.constexpr):
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    tl.store(x_ptr + tl.program_id(0), 1.0)
+
+
+@triton.jit
+def _gemm_preload_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, WS_STRIDE, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, USE_PDL: tl.constexpr):
+    """Grid (1, N / BLOCK_N, SPLIT); BLOCK_K * SPLIT = K: one weight tile per program, loaded before the wait."""
+    pid_n, pid_s = tl.program_id(1), tl.program_id(2)
+    rows = tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    kk = pid_s * BLOCK_K + tl.arange(0, BLOCK_K)
+    w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * K + kk[None, :], mask=(cols[:, None] < N) & (kk[None, :] < K),
+                other=0.0)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + kk[None, :], mask=(rows[:, None] < M) & (kk[None, :] < K),
+                other=0.0)
+    acc = tl.dot(x, tl.trans(w))
+    gemm._store_or_fix_up(acc, y_ptr, ws_ptr, cnt_ptr, rows, cols, M, N, WS_STRIDE, BLOCK_M, BLOCK_N, SPLIT)
+
+
+def preload_linear(x, w, bn: int, split: int, warps: int) -> torch.Tensor:
+    m, k = x.shape
+    n = w.shape[0]
+    bk = k // split
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    ws = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
+    pdl = kernels.pdl_enabled(x)
+    _gemm_preload_kernel[(1, triton.cdiv(n, bn), split)](
+        x, w, y, ws, kernels.counters(x.device), m, n, k, m * n, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split,
+        USE_PDL=pdl, num_warps=warps, **kernels.pdl_kwargs(pdl))
+    return y
+
+
+def command_line() -> str:
+    cmd = " ".join(["python"] + sys.argv)
+    out = os.environ.get("OUT")
+    return cmd.replace(out, "$OUT") if out else cmd
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="launch_cost")
+    args = ap.parse_args(argv)
+    dt, dev = torch.bfloat16, "cuda"
+    k = 4096
+    x = torch.randn(1, k, dtype=dt, device=dev)
+    weights = {n: [torch.randn(n, k, dtype=dt, device=dev) * 0.02 for _ in range(max(2, (200 << 20) // (n * k * 2)))]
+               for n in (2048, 4096, 8192)}
+    i = [0]
+
+    def nxt(n):
+        i[0] = (i[0] + 1) % len(weights[n])
+        return weights[n][i[0]]
+    choice = gemm.choose(1, weights[4096][0])
+    rows, lines = [], []
+
+    def record(name, us, nbytes=0):
+        row = {"name": name, "us": round(us, 2)}
+        if nbytes:
+            row["tb_s"] = round(nbytes / us / 1e6, 3)
+        rows.append(row)
+        lines.append(f"{name:60s} {us:7.2f} us" + (f"  ({row['tb_s']:.2f} TB/s)" if nbytes else ""))
+        print(lines[-1], flush=True)
+
+    for pdl in ("1", "0"):
+        os.environ["TABLETUNE_PDL"] = pdl
+        for n in (2048, 4096, 8192):
+            record(f"chosen {tuple(choice)[:6]} N={n} PDL={pdl}", gemm._time_us(lambda: gemm._run(x, nxt(n), choice)),
+                   n * k * 2)
+        flag = torch.zeros(132, device=dev)
+        record(f"wait-only kernel (132 programs) PDL={pdl}",
+               gemm._time_us(lambda: _wait_only_kernel[(132,)](flag, USE_PDL=pdl == "1",
+                                                              **kernels.pdl_kwargs(pdl == "1"))))
+        ref = x.float() @ weights[4096][0].float().t()
+        for bn, split, warps in ((32, 8, 4), (16, 4, 4), (32, 4, 8), (64, 8, 8), (16, 8, 4), (32, 16, 4)):
+            try:
+                y = preload_linear(x, weights[4096][0], bn, split, warps)
+                err = float((y.float() - ref).norm() / ref.norm())
+                us = gemm._time_us(lambda: preload_linear(x, nxt(4096), bn, split, warps))
+                record(f"preload bn={bn} split={split} warps={warps} (rel err {err:.1e}) PDL={pdl}", us, 4096 * k * 2)
+            except Exception as exc:  # a config that does not compile here: report and go on
+                print(f"preload bn={bn} split={split} warps={warps}: {type(exc).__name__}: {str(exc)[:200]}")
+    os.environ["TABLETUNE_PDL"] = "1"
+    fileio.write_json(args.out + ".json", {"device": torch.cuda.get_device_name(), "command": command_line(),
+                                           "rows": rows})
+    fileio.write_text(args.out + ".md", "\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
