@@ -1,7 +1,7 @@
 """Where the fixed ~4 us of a skinny decode GEMM goes (GPU diagnostic, one call, about a minute).
 
 At M = 1 the 8B o projection (32 MB) takes 11.6 us in the engine's chosen split-K config and
-9.3 us with its weight already in L2 (``engine_gemm_l2.py``), against 7.5 us for 32 MB at the
+9.5 us with its weight already in L2 (``engine_gemm_l2.py``), against 7.9 us for its 33.5 MB at the
 copy rate. Each line below is one kernel sequence captured 10 times back to back in a CUDA graph
 (``gemm._time_us``, weights rotated over copies larger than L2), in us per call:
 
