@@ -1,6 +1,6 @@
 """GPU correctness checks of the built-in engine (run on the GPU before timing).
 
-1. Triton kernels vs the PyTorch ops on the 8B shape, bf16, relative error; the split-K
+1. Triton kernels vs the PyTorch ops on the 8B shape, bf16, relative error; the split-K, TMA, stream-K, preload
    GEMM (plain and gated) vs torch, bit-identical on repeat, tickets back at zero.
 2. Greedy outputs with speculation (every drafter, a random table, CUDA graphs)
    identical to the non-speculative outputs, on a small random model in float32.
@@ -77,6 +77,8 @@ def check_kernels() -> None:
         bm = max(16, 1 << (m - 1).bit_length())
         for cfg in ((bm, 32, 128, 1, 4, 6, False, 132), (bm, 64, 256, 1, 4, 4, False, 264)) if m <= 64 else ():
             _check_gemm("stream-K ", xm, w, cfg)
+        for bn, bk, warps in gemm.PRELOAD_TILES if m <= 16 else ():
+            _check_gemm("preload ", xm, w, gemm.Config(16, bn, bk, 1, warps, 1, preload=True))
         print(f"gemm cuBLASLt M={m}: {rel(gemm._mm_lt(xm, w), xm @ w.t()):.2e}")
     print(f"tickets all zero after the launches: {int(kernels.counters(x.device).abs().sum()) == 0}")
     dl = torch.randn_like(x)

@@ -9,9 +9,10 @@ copy rate. Each line below is one kernel sequence captured 10 times back to back
 * the same config on half and on twice the columns (N = 2048, 8192): if time = fixed + bytes / rate,
   two points give the fixed part;
 * a kernel that does nothing but the PDL wait (the launch + dependency cost alone);
-* a prototype "preload" kernel: each program loads its whole weight slice (BLOCK_N x K / SPLIT) into
-  registers *before* the PDL wait, so that a launched-early program streams its weights while the
-  previous kernel drains; only the programs resident early gain.
+* the preload kernel (``gemm._gemm_preload_kernel``, a chooser candidate for M <= 16 since engine 0.6):
+  each program loads its whole weight tile (BLOCK_N x BLOCK_K) into registers *before* the PDL wait, so
+  that a launched-early program streams its weights while the previous kernel drains; only the programs
+  resident early gain.
 
     python benchmarks/engine_launch_cost.py --out $OUT/launch_cost
 """
@@ -38,36 +39,8 @@ def _wait_only_kernel(x_ptr, USE_PDL: tl.constexpr):
     tl.store(x_ptr + tl.program_id(0), 1.0)
 
 
-@triton.jit
-def _gemm_preload_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, WS_STRIDE, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, USE_PDL: tl.constexpr):
-    """Grid (1, N / BLOCK_N, SPLIT); BLOCK_K * SPLIT = K: one weight tile per program, loaded before the wait."""
-    pid_n, pid_s = tl.program_id(1), tl.program_id(2)
-    rows = tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    kk = pid_s * BLOCK_K + tl.arange(0, BLOCK_K)
-    w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * K + kk[None, :], mask=(cols[:, None] < N) & (kk[None, :] < K),
-                other=0.0)
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + kk[None, :], mask=(rows[:, None] < M) & (kk[None, :] < K),
-                other=0.0)
-    acc = tl.dot(x, tl.trans(w))
-    gemm._store_or_fix_up(acc, y_ptr, ws_ptr, cnt_ptr, rows, cols, M, N, WS_STRIDE, BLOCK_M, BLOCK_N, SPLIT)
-
-
-def preload_linear(x, w, bn: int, split: int, warps: int) -> torch.Tensor:
-    m, k = x.shape
-    n = w.shape[0]
-    bk = k // split
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    ws = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
-    pdl = kernels.pdl_enabled(x)
-    _gemm_preload_kernel[(1, triton.cdiv(n, bn), split)](
-        x, w, y, ws, kernels.counters(x.device), m, n, k, m * n, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split,
-        USE_PDL=pdl, num_warps=warps, **kernels.pdl_kwargs(pdl))
-    return y
+def preload_linear(x, w, bn: int, bk: int, warps: int) -> torch.Tensor:
+    return gemm.triton_linear(x, w, gemm.Config(16, bn, bk, 1, warps, 1, preload=True))
 
 
 def command_line() -> str:
@@ -111,14 +84,14 @@ def main(argv: list[str] | None = None) -> int:
                gemm._time_us(lambda: _wait_only_kernel[(132,)](flag, USE_PDL=pdl == "1",
                                                               **kernels.pdl_kwargs(pdl == "1"))))
         ref = x.float() @ weights[4096][0].float().t()
-        for bn, split, warps in ((32, 8, 4), (16, 4, 4), (32, 4, 8), (64, 8, 8), (16, 8, 4), (32, 16, 4)):
+        for bn, bk, warps in gemm.PRELOAD_TILES + ((16, 512, 4), (32, 1024, 8)):
             try:
-                y = preload_linear(x, weights[4096][0], bn, split, warps)
+                y = preload_linear(x, weights[4096][0], bn, bk, warps)
                 err = float((y.float() - ref).norm() / ref.norm())
-                us = gemm._time_us(lambda: preload_linear(x, nxt(4096), bn, split, warps))
-                record(f"preload bn={bn} split={split} warps={warps} (rel err {err:.1e}) PDL={pdl}", us, 4096 * k * 2)
+                us = gemm._time_us(lambda: preload_linear(x, nxt(4096), bn, bk, warps))
+                record(f"preload bn={bn} bk={bk} warps={warps} (rel err {err:.1e}) PDL={pdl}", us, 4096 * k * 2)
             except Exception as exc:  # a config that does not compile here: report and go on
-                print(f"preload bn={bn} split={split} warps={warps}: {type(exc).__name__}: {str(exc)[:200]}")
+                print(f"preload bn={bn} bk={bk} warps={warps}: {type(exc).__name__}: {str(exc)[:200]}")
     os.environ["TABLETUNE_PDL"] = "1"
     fileio.write_json(args.out + ".json", {"device": torch.cuda.get_device_name(), "command": command_line(),
                                            "rows": rows})

@@ -24,6 +24,11 @@ x and W tiles fetched by Hopper's tensor-memory accelerator through host tensor 
 pointer kernel ran at half of cuBLAS. cuBLASLt (torch's preferred-BLAS switch) is one more
 candidate: its heuristics pick other kernels than cuBLAS's at some shapes.
 
+Preload configs (``Config.preload``, M <= 16, plain shapes): at small M every small-N GEMM pays a fixed
+3.5-4 us a launch on the H200, even with its weight in L2 (docs/engine_notes.md, v0.6). In this kernel each
+program owns one whole weight tile and loads it before the programmatic-dependent-launch wait, so the
+programs that launch early stream weights while the previous kernel (attention, a norm) still runs.
+
 Stream-K configs (``Config.stream_k`` = P, M <= 64, plain shapes): split-K launches tiles x splits
 programs, rarely a multiple of the SM count, so the last wave runs part-empty (the small projections
 streamed W at 2.4-3.2 TB/s of a 4.2 TB/s copy rate on the H200). The stream-K kernel launches exactly P
@@ -117,6 +122,28 @@ def _store_or_fix_up(acc, y_ptr, ws_ptr, cnt_ptr, rows, cols, M, N, WS_STRIDE, B
 
 
 @triton.jit
+def _gemm_preload_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, WS_STRIDE, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, USE_PDL: tl.constexpr):
+    """Skinny split-K GEMM (M <= BLOCK_M) in which each program owns one [BLOCK_N, BLOCK_K] weight tile
+    (grid (1, cdiv(N, BLOCK_N), SPLIT), SPLIT = cdiv(K, BLOCK_K)) and loads it into registers *before* the PDL
+    wait: weights do not depend on the previous kernel, so a program launched early streams its tile while the
+    previous kernel drains, and after the wait only x (a few rows) is left to load."""
+    pid_n, pid_s = tl.program_id(1), tl.program_id(2)
+    rows = tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    kk = pid_s * BLOCK_K + tl.arange(0, BLOCK_K)
+    w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * K + kk[None, :], mask=(cols[:, None] < N) & (kk[None, :] < K),
+                other=0.0)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + kk[None, :], mask=(rows[:, None] < M) & (kk[None, :] < K),
+                other=0.0)
+    acc = tl.dot(x, tl.trans(w))
+    _store_or_fix_up(acc, y_ptr, ws_ptr, cnt_ptr, rows, cols, M, N, WS_STRIDE, BLOCK_M, BLOCK_N, SPLIT)
+
+
+@triton.jit
 def _gemm_tma_kernel(x_desc, w_desc, y_ptr, ws_ptr, cnt_ptr, M, N, K, K_PER_SPLIT, WS_STRIDE,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
                      USE_PDL: tl.constexpr):
@@ -205,7 +232,9 @@ def _gemm_stream_k_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, PROGRAM
 
 class Config(NamedTuple):
     """A Triton GEMM config; ``tma``: the TMA kernel (plain, not gated) instead of pointer loads; ``stream_k``:
-    if not 0, the stream-K kernel (plain) with that many persistent programs (``split`` unused)."""
+    if not 0, the stream-K kernel (plain) with that many persistent programs (``split`` unused); ``preload``: the
+    preload kernel (plain, M <= block_m; one weight tile of block_k columns a program, so the split is
+    cdiv(K, block_k); ``split`` and ``stages`` unused)."""
     block_m: int
     block_n: int
     block_k: int
@@ -214,6 +243,10 @@ class Config(NamedTuple):
     stages: int
     tma: bool = False
     stream_k: int = 0
+    preload: bool = False
+
+
+PRELOAD_TILES = ((32, 512, 4), (16, 1024, 4), (32, 256, 4), (64, 256, 4), (64, 512, 8))  # (block_n, block_k, warps)
 
 
 def _configs(m: int, gated: bool, tma: bool = True) -> list[Config]:
@@ -249,6 +282,8 @@ def _configs(m: int, gated: bool, tma: bool = True) -> list[Config]:
         bm = max(16, triton.next_power_of_2(m))
         cands += [Config(bm, bn, bk, 1, 4, st, False, p)
                   for bn in (32, 64) for bk, st in ((128, 6), (256, 4)) for p in STREAM_K_PROGRAMS]
+    if not gated and m <= 16:
+        cands += [Config(16, bn, bk, 1, warps, 1, preload=True) for bn, bk, warps in PRELOAD_TILES]
     return [c for c in cands if c.stages * (c.block_m + c.block_n) * c.block_k * 2 <= SMEM_BYTES]
 
 
@@ -269,8 +304,10 @@ def triton_linear(x: torch.Tensor, w: torch.Tensor, cfg, gated: bool = False) ->
     bm, bn, bk, split, warps, stages = cfg[:6]
     m = x.shape[0]
     n, k = w.shape
-    if gated and (cfg.tma or cfg.stream_k):
-        raise ValueError("the TMA and stream-K GEMMs have no gated variant")
+    if gated and (cfg.tma or cfg.stream_k or cfg.preload):
+        raise ValueError("the TMA, stream-K and preload GEMMs have no gated variant")
+    if cfg.preload and m > bm:
+        raise ValueError(f"the preload GEMM covers at most {bm} rows, not {m}")
     pdl = kernels.pdl_enabled(x)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if cfg.stream_k:
@@ -279,6 +316,14 @@ def triton_linear(x: torch.Tensor, w: torch.Tensor, cfg, gated: bool = False) ->
         _gemm_stream_k_kernel[(cfg.stream_k,)](x, w, y, ws, kernels.counters(x.device), m, n, k, cfg.stream_k,
                                                BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, USE_PDL=pdl, num_warps=warps,
                                                num_stages=stages, **kernels.pdl_kwargs(pdl))
+        return y
+    if cfg.preload:
+        split = triton.cdiv(k, bk)
+        ws = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
+        assert triton.cdiv(n, bn) <= kernels.MAX_TICKETS
+        _gemm_preload_kernel[(1, triton.cdiv(n, bn), split)](
+            x, w, y, ws, kernels.counters(x.device), m, n, k, m * n, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split,
+            USE_PDL=pdl, num_warps=warps, **kernels.pdl_kwargs(pdl))
         return y
     per_split = triton.cdiv(triton.cdiv(k, split), bk) * bk
     split = triton.cdiv(k, per_split)

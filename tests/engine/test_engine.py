@@ -158,8 +158,8 @@ def test_sampling_engine_runs_every_drafter(tiny):
 
 @pytest.mark.slow
 def test_triton_kernels_match_torch_ops_in_interpreter():
-    """The Triton kernels (RoPE/cache write, split-KV attention, the two fused, norms, split-K, gated and stream-K
-    GEMM) under TRITON_INTERPRET=1."""
+    """The Triton kernels (RoPE/cache write, split-KV attention, the two fused, norms, split-K, gated, stream-K and
+    preload GEMM) under TRITON_INTERPRET=1."""
     pytest.importorskip("triton")
     code = """
 import torch
@@ -205,6 +205,12 @@ for programs in (3, 7, 64):
     err.append((G.triton_linear(x, w, (16, 16, 64, 1, 4, 4, False, programs)) - x @ w.T).abs().max())
 x = torch.randn(20, 300)
 err.append((G.triton_linear(x, w, (16, 32, 64, 1, 4, 4, False, 4)) - x @ w.T).abs().max())
+# preload: one weight tile a program; K = 300 over tiles of 128 (3 splits, the last one masked) or 512 (1 split);
+# 70 columns over tiles of 32 or 16 (the last one masked); 5 and 16 rows
+for rows in (5, 16):
+    x = torch.randn(rows, 300)
+    for bn, bk in ((32, 128), (16, 512), (64, 64)):
+        err.append((G.triton_linear(x, w, G.Config(16, bn, bk, 1, 4, 1, preload=True)) - x @ w.T).abs().max())
 assert max(float(e) for e in err) < 1e-3, err
 assert int(K.counters(x.device).abs().sum()) == 0  # the last program of each tile reset its ticket
 print("ok")
@@ -373,3 +379,20 @@ def test_stream_k_gemm_configs_cover_small_m_plain_shapes_only():
         assert {c.stream_k for c in cfgs} == set(G.STREAM_K_PROGRAMS) and not any(c.tma for c in cfgs)
         assert all(c.stages * (c.block_m + c.block_n) * c.block_k * 2 <= G.SMEM_BYTES for c in cfgs)
     assert G.Config(16, 64, 128, 1, 4, 6) == G.Config(16, 64, 128, 1, 4, 6, False, 0)  # old tuples still work
+
+
+def test_preload_gemm_configs_cover_m_up_to_16_plain_shapes_only():
+    pytest.importorskip("triton")
+    from tabletune.engine import gemm as G
+
+    def preload(m, gated=False):
+        return [c for c in G._configs(m, gated, tma=False) if c.preload]
+    assert preload(17) == [] and preload(8, gated=True) == []
+    for m in (1, 9, 16):
+        cfgs = preload(m)
+        assert len(cfgs) == len(G.PRELOAD_TILES) and all(c.block_m == 16 and not (c.tma or c.stream_k) for c in cfgs)
+    x, w = torch.randn(17, 64), torch.randn(32, 64)
+    with pytest.raises(ValueError):  # one row block only
+        G.triton_linear(x, w, G.Config(16, 32, 64, 1, 4, 1, preload=True))
+    with pytest.raises(ValueError):
+        G.triton_linear(torch.randn(4, 128), w, G.Config(16, 32, 64, 1, 4, 1, preload=True), gated=True)
