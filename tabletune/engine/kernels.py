@@ -177,6 +177,55 @@ def qk_rope_cache_write(qkv, start_pos, slots, k_cache, v_cache, q_norm_w, k_nor
 
 
 @triton.jit
+def _attn_tiles(q, kbase, vbase, lo, hi, limit, scale, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr):
+    """Online softmax of the rows of ``q`` over keys lo .. hi-1 (row r sees keys <= limit[r]): (m, l, acc)."""
+    d = tl.arange(0, D)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    qk_scale = scale * 1.4426950408889634
+    for n0 in range(lo, hi, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        col_ok = cols < hi
+        kv_off = cols.to(tl.int64)[:, None] * D + d[None, :]
+        k = tl.load(kbase + kv_off, mask=col_ok[:, None], other=0.0, eviction_policy="evict_first")
+        v = tl.load(vbase + kv_off, mask=col_ok[:, None], other=0.0, eviction_policy="evict_first")
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+        s = tl.where((cols[None, :] <= limit[:, None]) & col_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _attn_store(out_ptr, o_part, m_part, l_part, cnt_ptr, m_i, l_i, acc, b, kvh, sp, tok, rows, row_ok, QLEN,
+                H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Write the output rows (one split), or store this split's partial and let the last split merge them."""
+    d = tl.arange(0, D)
+    o_off = ((b * QLEN + tok).to(tl.int64) * H + kvh * G + rows % G) * D
+    if NUM_SPLITS == 1:
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(out_ptr + o_off[:, None] + d[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        pair = b * tl.num_programs(1) + kvh
+        part = (pair * NUM_SPLITS + sp).to(tl.int64) * BLOCK_M
+        tl.store(o_part + (part + rows)[:, None] * D + d[None, :], acc)
+        tl.store(m_part + part + rows, m_i)
+        tl.store(l_part + part + rows, l_i)
+        tl.debug_barrier()  # every thread's partial is stored before the ticket (release below)
+        ticket = tl.atomic_add(cnt_ptr + pair, 1, sem="acq_rel")
+        if ticket == NUM_SPLITS - 1:
+            _attn_merge(out_ptr, o_part, m_part, l_part, pair, o_off, row_ok, D, NUM_SPLITS, BLOCK_M)
+            tl.atomic_xchg(cnt_ptr + pair, 0)
+
+
+@triton.jit
 def _attn_kernel(q_ptr, k_cache_ptr, v_cache_ptr, start_ptr, slots_ptr, out_ptr, o_part, m_part, l_part, cnt_ptr,
                  QLEN, scale, stride_slot, stride_head,
                  H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, NUM_SPLITS: tl.constexpr,
@@ -198,42 +247,11 @@ def _attn_kernel(q_ptr, k_cache_ptr, v_cache_ptr, start_ptr, slots_ptr, out_ptr,
     q_off = ((b * QLEN + tok).to(tl.int64) * H + kvh * G + rows % G) * D
     q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
     limit = start + tok
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
     kbase = k_cache_ptr + slot * stride_slot + kvh * stride_head
     vbase = v_cache_ptr + slot * stride_slot + kvh * stride_head
-    qk_scale = scale * 1.4426950408889634
-    for n0 in range(lo, hi, BLOCK_N):
-        cols = n0 + tl.arange(0, BLOCK_N)
-        col_ok = cols < hi
-        kv_off = cols.to(tl.int64)[:, None] * D + d[None, :]
-        k = tl.load(kbase + kv_off, mask=col_ok[:, None], other=0.0, eviction_policy="evict_first")
-        v = tl.load(vbase + kv_off, mask=col_ok[:, None], other=0.0, eviction_policy="evict_first")
-        s = tl.dot(q, tl.trans(k)) * qk_scale
-        s = tl.where((cols[None, :] <= limit[:, None]) & col_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
-    o_off = ((b * QLEN + tok).to(tl.int64) * H + kvh * G + rows % G) * D
-    if NUM_SPLITS == 1:
-        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        tl.store(out_ptr + o_off[:, None] + d[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
-    else:
-        pair = b * tl.num_programs(1) + kvh
-        part = (pair * NUM_SPLITS + sp).to(tl.int64) * BLOCK_M
-        tl.store(o_part + (part + rows)[:, None] * D + d[None, :], acc)
-        tl.store(m_part + part + rows, m_i)
-        tl.store(l_part + part + rows, l_i)
-        tl.debug_barrier()  # every thread's partial is stored before the ticket (release below)
-        ticket = tl.atomic_add(cnt_ptr + pair, 1, sem="acq_rel")
-        if ticket == NUM_SPLITS - 1:
-            _attn_merge(out_ptr, o_part, m_part, l_part, pair, o_off, row_ok, D, NUM_SPLITS, BLOCK_M)
-            tl.atomic_xchg(cnt_ptr + pair, 0)
+    m_i, l_i, acc = _attn_tiles(q, kbase, vbase, lo, hi, limit, scale, D, BLOCK_M, BLOCK_N)
+    _attn_store(out_ptr, o_part, m_part, l_part, cnt_ptr, m_i, l_i, acc, b, kvh, sp, tok, rows, row_ok, QLEN, H, G, D,
+                NUM_SPLITS, BLOCK_M)
 
 
 @triton.jit
@@ -300,40 +318,9 @@ def _rope_attn_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, start_ptr, slots_ptr, q
     q = _rope_rows(qkv_ptr, b * QLEN + tok, kvh * G + rows % G, start + tok, qn_ptr, cos_ptr, sin_ptr, row_ok, eps,
                    H, HKV, D, HAS_NORM).to(k_cache_ptr.dtype.element_ty)
     limit = start + tok
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
-    qk_scale = scale * 1.4426950408889634
-    for n0 in range(lo, hi, BLOCK_N):
-        cols = n0 + tl.arange(0, BLOCK_N)
-        col_ok = cols < hi
-        kv_off = cols.to(tl.int64)[:, None] * D + d[None, :]
-        k = tl.load(kbase + kv_off, mask=col_ok[:, None], other=0.0, eviction_policy="evict_first")
-        v = tl.load(vbase + kv_off, mask=col_ok[:, None], other=0.0, eviction_policy="evict_first")
-        s = tl.dot(q, tl.trans(k)) * qk_scale
-        s = tl.where((cols[None, :] <= limit[:, None]) & col_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
-    o_off = ((b * QLEN + tok).to(tl.int64) * H + kvh * G + rows % G) * D
-    if NUM_SPLITS == 1:
-        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        tl.store(out_ptr + o_off[:, None] + d[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
-    else:
-        pair = b * tl.num_programs(1) + kvh
-        part = (pair * NUM_SPLITS + sp).to(tl.int64) * BLOCK_M
-        tl.store(o_part + (part + rows)[:, None] * D + d[None, :], acc)
-        tl.store(m_part + part + rows, m_i)
-        tl.store(l_part + part + rows, l_i)
-        tl.debug_barrier()  # every thread's partial is stored before the ticket (release below)
-        ticket = tl.atomic_add(cnt_ptr + pair, 1, sem="acq_rel")
-        if ticket == NUM_SPLITS - 1:
-            _attn_merge(out_ptr, o_part, m_part, l_part, pair, o_off, row_ok, D, NUM_SPLITS, BLOCK_M)
-            tl.atomic_xchg(cnt_ptr + pair, 0)
+    m_i, l_i, acc = _attn_tiles(q, kbase, vbase, lo, hi, limit, scale, D, BLOCK_M, BLOCK_N)
+    _attn_store(out_ptr, o_part, m_part, l_part, cnt_ptr, m_i, l_i, acc, b, kvh, sp, tok, rows, row_ok, QLEN, H, G, D,
+                NUM_SPLITS, BLOCK_M)
 
 
 @triton.jit
