@@ -1,7 +1,7 @@
 """GPU correctness checks of the built-in engine (run on the GPU before timing).
 
 1. Triton kernels vs the PyTorch ops on the 8B shape, bf16, relative error; the split-K, TMA, stream-K, preload
-   GEMM (plain and gated) vs torch, bit-identical on repeat, tickets back at zero.
+   GEMM (plain and gated) and the fused gate_up + silu GEMM vs torch, bit-identical on repeat, tickets back at zero.
 2. Greedy outputs with speculation (every drafter, a random table, CUDA graphs)
    identical to the non-speculative outputs, on a small random model in float32.
 3. MoE grouped-GEMM path vs the per-expert loop.
@@ -62,6 +62,7 @@ def check_kernels() -> None:
               f"v-cache {rel(vf, vu):.2e}")
     x = torch.randn(9, 4096, dtype=dt, device="cuda")
     w = torch.randn(4096, 4096, dtype=dt, device="cuda") * 0.02
+    wgu = torch.randn(2000, 4096, dtype=dt, device="cuda") * 0.02
     for m in (1, 9, 200):
         xm = torch.randn(m, 4096, dtype=dt, device="cuda")
         gm = torch.randn(m, 2 * 4096, dtype=dt, device="cuda")
@@ -80,6 +81,11 @@ def check_kernels() -> None:
         for bn, bk, warps in gemm.PRELOAD_TILES if m <= 16 else ():
             _check_gemm("preload ", xm, w, gemm.Config(16, bn, bk, 1, warps, 1, preload=True))
         print(f"gemm cuBLASLt M={m}: {rel(gemm._mm_lt(xm, w), xm @ w.t()):.2e}")
+        for bn, bk, warps in gemm.SILU_TILES if m <= 16 else ():  # gate_up + silu*mul, 2 x 1000 gate_up rows
+            cfg = gemm.Config(16, bn, bk, 1, warps, 1, preload=True)
+            a = gemm.silu_triton(xm, wgu, cfg)
+            print(f"gemm silu M={m} cfg={cfg}: {rel(a, ops.silu_mul(xm @ wgu.t())):.2e} "
+                  f"repeat-identical {bool((gemm.silu_triton(xm, wgu, cfg) == a).all())}")
     print(f"tickets all zero after the launches: {int(kernels.counters(x.device).abs().sum()) == 0}")
     dl = torch.randn_like(x)
     wn = torch.rand(4096, dtype=dt, device="cuda")

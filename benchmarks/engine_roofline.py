@@ -366,8 +366,10 @@ def main(argv: list[str] | None = None) -> int:
             return "cublas" if c is None else f"cublas on {c} rows" if isinstance(c, int) else c
         return ("triton-tma" if c.tma else "triton-preload" if c.preload else "triton-stream-k" if c.stream_k
                 else "triton") + str(tuple(c[:6]))
-    picks = sorted((m, n, kk, g, label(c)) for (m, n, kk, g), c in gemm._choice.items())
-    print("gemm choices:", "; ".join(f"M={m} N={n} K={kk}{' gated' if g else ''}: {c}" for m, n, kk, g, c in picks
+    picks = sorted(((m, n, kk, g, label(c)) for (m, n, kk, g), c in gemm._choice.items()),
+                   key=lambda p: (p[0], p[1], p[2], str(p[3])))  # g: gated (bool) or gemm.SILU
+    print("gemm choices:", "; ".join(f"M={m} N={n} K={kk}{' ' + g if isinstance(g, str) else ' gated' if g else ''}: {c}"
+                                     for m, n, kk, g, c in picks
                                      if m in (1, 8, 16, 64, 192, 224, 256, 384, 768)))
     overlap_rows = []
     if args.overlap_compare:

@@ -29,6 +29,10 @@ Preload configs (``Config.preload``, M <= 16, plain shapes): at small M every sm
 program owns one whole weight tile and loads it before the programmatic-dependent-launch wait, so the
 programs that launch early stream weights while the previous kernel (attention, a norm) still runs.
 
+``linear_silu`` (the MLP's gate_up weight, M <= ``model.SILU_MAX_M``): the gate_up GEMM and silu(gate) * up
+in one preload-style launch (each program owns a gate tile and the matching up tile), against the gate_up
+GEMM's own choice followed by ``kernels.silu_mul``.
+
 Stream-K configs (``Config.stream_k`` = P, M <= 64, plain shapes): split-K launches tiles x splits
 programs, rarely a multiple of the SM count, so the last wave runs part-empty (the small projections
 streamed W at 2.4-3.2 TB/s of a 4.2 TB/s copy rate on the H200). The stream-K kernel launches exactly P
@@ -50,7 +54,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tabletune.engine import kernels
+from tabletune.engine import kernels, ops as torch_ops
+from tabletune.engine.model import SILU_MAX_M
 
 MAX_TRITON_M = 512
 MAX_CHOOSE_M = 4096  # above this, cuBLAS at M without timing
@@ -141,6 +146,57 @@ def _gemm_preload_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, WS_STRID
                 other=0.0)
     acc = tl.dot(x, tl.trans(w))
     _store_or_fix_up(acc, y_ptr, ws_ptr, cnt_ptr, rows, cols, M, N, WS_STRIDE, BLOCK_M, BLOCK_N, SPLIT)
+
+
+@triton.jit
+def _silu_mul_f32(g, u, dtype: tl.constexpr):
+    """silu(g) * u with both rounded to ``dtype`` first, as ``kernels.silu_mul`` sees a bf16 gate_up output."""
+    g = g.to(dtype).to(tl.float32)
+    u = u.to(dtype).to(tl.float32)
+    return (g / (1.0 + tl.exp(-g)) * u).to(dtype)
+
+
+@triton.jit
+def _gemm_silu_preload_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, I, K, WS_STRIDE, BLOCK_M: tl.constexpr,
+                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+                              USE_PDL: tl.constexpr):
+    """The MLP's gate_up GEMM and silu(gate) * up in one launch, for M <= BLOCK_M: w = [Wg; Wu] is [2I, K]; a
+    program owns the gate tile (rows j .. j+BLOCK_N of Wg) and the matching up tile (the same rows of Wu) of one
+    K slice, loads both before the PDL wait (as ``_gemm_preload_kernel``), and the last split of a column tile
+    adds the partials in split order and writes silu(g) * u [M, BLOCK_N] (one launch a layer fewer)."""
+    pid_n, pid_s = tl.program_id(1), tl.program_id(2)
+    rows = tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    kk = pid_s * BLOCK_K + tl.arange(0, BLOCK_K)
+    w_mask = (cols[:, None] < I) & (kk[None, :] < K)
+    wg = tl.load(w_ptr + cols.to(tl.int64)[:, None] * K + kk[None, :], mask=w_mask, other=0.0)
+    wu = tl.load(w_ptr + (cols + I).to(tl.int64)[:, None] * K + kk[None, :], mask=w_mask, other=0.0)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + kk[None, :], mask=(rows[:, None] < M) & (kk[None, :] < K),
+                other=0.0)
+    g = tl.dot(x, tl.trans(wg))
+    u = tl.dot(x, tl.trans(wu))
+    ok = (rows[:, None] < M) & (cols[None, :] < I)
+    out_off = rows.to(tl.int64)[:, None] * I + cols[None, :]
+    if SPLIT == 1:
+        tl.store(y_ptr + out_off, _silu_mul_f32(g, u, y_ptr.dtype.element_ty), mask=ok)
+    else:
+        part = pid_s.to(tl.int64) * 2 * WS_STRIDE + out_off
+        tl.store(ws_ptr + part, g, mask=ok)
+        tl.store(ws_ptr + part + WS_STRIDE, u, mask=ok)
+        tl.debug_barrier()  # every thread's partial is stored before the ticket (release below)
+        ticket = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
+        if ticket == SPLIT - 1:
+            g_tot = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            u_tot = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for sp in tl.static_range(SPLIT):  # unrolled: the partial loads are issued together
+                g_tot += tl.load(ws_ptr + sp * 2 * WS_STRIDE + out_off, mask=ok, other=0.0, cache_modifier=".cg")
+                u_tot += tl.load(ws_ptr + (sp * 2 + 1) * WS_STRIDE + out_off, mask=ok, other=0.0,
+                                 cache_modifier=".cg")
+            tl.store(y_ptr + out_off, _silu_mul_f32(g_tot, u_tot, y_ptr.dtype.element_ty), mask=ok)
+            tl.atomic_xchg(cnt_ptr + pid_n, 0)
 
 
 @triton.jit
@@ -247,6 +303,7 @@ class Config(NamedTuple):
 
 
 PRELOAD_TILES = ((32, 512, 4), (16, 1024, 4), (32, 256, 4), (64, 256, 4), (64, 512, 8))  # (block_n, block_k, warps)
+SILU_TILES = ((32, 256, 4), (16, 256, 4), (32, 512, 8), (64, 256, 8))  # two weight tiles (gate, up) a program
 
 
 def _configs(m: int, gated: bool, tma: bool = True) -> list[Config]:
@@ -367,8 +424,8 @@ def _prefetch_k(x: torch.Tensor, per_split: int) -> int:
 
 
 # (M, N, K, gated) -> None: cuBLAS at M; an int: cuBLAS on that many (padded) rows; CUBLASLT: cuBLASLt at M;
-# a Config: Triton
-_choice: dict[tuple[int, int, int, bool], Config | int | str | None] = {}
+# a Config: Triton. (M, N, K, SILU) -> None: the plain choice then silu_mul; a Config: the fused kernel.
+_choice: dict[tuple[int, int, int, bool | str], Config | int | str | None] = {}
 enabled = True
 CUBLASLT = "cublaslt"
 MAX_REL_ERR = 2e-2  # bf16 operands with fp32 accumulation land near 4e-3; a wrong kernel lands near 1
@@ -468,31 +525,98 @@ def choose(m: int, w: torch.Tensor, gated: bool = False) -> Config | int | str |
     if key not in _choice:
         if gated:
             choose(m, w, False)
-        kernels.counters(w.device)
-        x = kernels.empty_rows(m, 2 * k if gated else k, w.dtype, w.device)
-        padded_rows(x, kernels.round_up(m, kernels.ROW_PAD)).normal_()  # the padding rows too: never time on garbage
-        # weights bigger than L2, as in the model: rotate over copies
-        ws = [w] + [torch.empty_like(w).normal_() for _ in range(max(0, min(3, (96 << 20) // w.nbytes)))]
-        ref = torch.mm(kernels.silu_mul(x, w.dtype) if gated else x, ws[-1].t()).float()
-        i = [0]
-
-        def pick():
-            i[0] = (i[0] + 1) % len(ws)
-            return ws[i[0]]
-        timings = {}
-        for choice, fn in candidates(m, gated).items():
-            try:
-                err = _rel_err(fn(x, ws[-1]), ref)
-            except Exception:  # does not compile or launch here (shared memory, no TMA): not a candidate
-                torch.cuda.synchronize()
-                continue
-            if not err < MAX_REL_ERR:
-                print(f"tabletune: GEMM candidate {choice} for M={m} N={n} K={k} gated={gated} dropped: "
-                      f"relative error {err:.2e}")
-                continue
-            timings[choice] = _time_us(lambda: fn(x, pick()))
-        _choice[key] = min(timings, key=timings.get)
+        _choice[key] = _fastest(key, w, 2 * k if gated else k, candidates(m, gated),
+                                lambda x, w_: torch.mm(kernels.silu_mul(x, w.dtype) if gated else x, w_.t()))
     return _choice[key]
+
+
+def _fastest(key, w: torch.Tensor, width: int, cands: dict, reference):
+    """The fastest of ``cands`` (choice -> fn(x, w)) on x [M, width] whose result is within MAX_REL_ERR of
+    ``reference(x, w)``, timed over weights rotated through copies bigger than L2, as in the model."""
+    m, n, k = key[:3]
+    kernels.counters(w.device)
+    x = kernels.empty_rows(m, width, w.dtype, w.device)
+    padded_rows(x, kernels.round_up(m, kernels.ROW_PAD)).normal_()  # the padding rows too: never time on garbage
+    ws = [w] + [torch.empty_like(w).normal_() for _ in range(max(0, min(3, (96 << 20) // w.nbytes)))]
+    ref = reference(x, ws[-1]).float()
+    i = [0]
+
+    def pick():
+        i[0] = (i[0] + 1) % len(ws)
+        return ws[i[0]]
+    timings = {}
+    for choice, fn in cands.items():
+        try:
+            err = _rel_err(fn(x, ws[-1]), ref)
+        except Exception:  # does not compile or launch here (shared memory, no TMA): not a candidate
+            torch.cuda.synchronize()
+            continue
+        if not err < MAX_REL_ERR:
+            print(f"tabletune: GEMM candidate {choice} for M={m} N={n} K={k} ({key[3]}) dropped: "
+                  f"relative error {err:.2e}")
+            continue
+        timings[choice] = _time_us(lambda: fn(x, pick()))
+    return min(timings, key=timings.get)
+
+
+SILU = "silu"  # the chooser key's last field for linear_silu
+
+
+def silu_candidates(m: int) -> dict:
+    """choice -> callable(x, w) for silu(x Wg^T) * (x Wu^T): the plain GEMM's choice then ``kernels.silu_mul``
+    (None), and for M <= SILU_MAX_M the fused preload configs."""
+    cands = {None: _silu_unfused}
+    for bn, bk, warps in SILU_TILES if m <= SILU_MAX_M else ():
+        cfg = Config(16, bn, bk, 1, warps, 1, preload=True)
+        cands[cfg] = lambda x, w_, cfg=cfg: silu_triton(x, w_, cfg)
+    return cands
+
+
+def _silu_unfused(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return kernels.silu_mul(_run(x, w, _choice.get((x.shape[0], w.shape[0], w.shape[1], False))), w.dtype)
+
+
+def choose_silu(m: int, w: torch.Tensor):
+    n, k = w.shape
+    key = (m, n, k, SILU)
+    if key not in _choice:
+        choose(m, w, False)
+        _choice[key] = _fastest(key, w, k, silu_candidates(m),
+                                lambda x, w_: kernels.silu_mul(torch.mm(x, w_.t()), w.dtype))
+    return _choice[key]
+
+
+def silu_triton(x: torch.Tensor, w: torch.Tensor, cfg) -> torch.Tensor:
+    """silu(x Wg^T) * (x Wu^T) [M, I] for w = [Wg; Wu] [2I, K] with ``_gemm_silu_preload_kernel``."""
+    cfg = Config(*cfg)
+    m, k = x.shape
+    i = w.shape[0] // 2
+    if not cfg.preload or m > cfg.block_m:
+        raise ValueError(f"the fused gate_up + silu GEMM takes a preload config of at least {m} rows, not {cfg}")
+    split = triton.cdiv(k, cfg.block_k)
+    y = kernels.empty_rows(m, i, x.dtype, x.device)
+    ws = torch.empty(split, 2, m, i, dtype=torch.float32, device=x.device) if split > 1 else y
+    assert triton.cdiv(i, cfg.block_n) <= kernels.MAX_TICKETS
+    pdl = kernels.pdl_enabled(x)
+    _gemm_silu_preload_kernel[(1, triton.cdiv(i, cfg.block_n), split)](
+        x, w, y, ws, kernels.counters(x.device), m, i, k, m * i, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, SPLIT=split, USE_PDL=pdl, num_warps=cfg.warps, **kernels.pdl_kwargs(pdl))
+    return y
+
+
+def linear_silu(x2d: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """silu(x2d Wg^T) * (x2d Wu^T) for w = [Wg; Wu] (the MLP's gate_up weight), in x2d's dtype: the fused kernel
+    where the chooser picked it, else the gate_up GEMM's choice followed by ``kernels.silu_mul``."""
+    m = x2d.shape[0]
+    if not x2d.is_cuda:
+        return torch_ops.silu_mul(torch.mm(x2d, w.t()), w.dtype)
+    if not (enabled and m <= MAX_CHOOSE_M):
+        return kernels.silu_mul(torch.mm(x2d, w.t()), w.dtype)
+    if torch.cuda.is_current_stream_capturing():
+        choice = _choice.get((m, w.shape[0], w.shape[1], SILU))
+    else:
+        choice = choose_silu(m, w)
+    return _silu_unfused(x2d, w) if choice is None else silu_triton(x2d, w, choice)
 
 
 def linear(x2d: torch.Tensor, w: torch.Tensor, gated: bool = False) -> torch.Tensor:

@@ -6,7 +6,8 @@ returns the final-normed hidden states ``[B, q, hidden]``. Each layer is
 ``add+norm -> qkv -> (qk-norm, RoPE, cache write) -> attention -> o -> add+norm
 -> gate_up -> silu*mul -> down``: eight launches on the Triton path, seven in a verify step of
 k >= 1 (qk-norm, RoPE and the cache write run inside the attention launch, which also merges
-its splits).
+its splits), and one fewer again where the GEMM chooser runs gate_up and silu*mul as one kernel
+(at most SILU_MAX_M rows).
 
 With an ``L2Prefetch`` (small batches on CUDA), each layer also hints its o-projection
 weight into L2 from a side stream right after the qkv GEMM, while RoPE and attention,
@@ -85,6 +86,9 @@ class DecoderLayer(nn.Module):
     def mlp(self, ops, x):
         if self.cfg.is_moe:
             return moe_mlp(ops, x, self.router, self.w_gate_up, self.w_down, self.cfg.num_experts_per_tok)
+        if x.is_cuda and x.numel() // x.shape[-1] <= SILU_MAX_M:  # gate_up + silu(gate) * up: one launch or two
+            x2 = x.reshape(-1, x.shape[-1])
+            return linear(gemm_linear_silu(x2, self.w_gate_up).view(*x.shape[:-1], -1), self.w_down)
         if x.is_cuda:  # silu(gate) * up inside the down GEMM (or before cuBLAS)
             return linear(linear(x, self.w_gate_up), self.w_down, gated=True)
         return linear(ops.silu_mul(linear(x, self.w_gate_up), self.w_down.dtype), self.w_down)
@@ -101,6 +105,12 @@ def gemm_linear(x2: torch.Tensor, w: torch.Tensor, gated: bool = False) -> torch
     from tabletune.engine import gemm
 
     return gemm.linear(x2, w, gated)
+
+
+def gemm_linear_silu(x2: torch.Tensor, w_gate_up: torch.Tensor) -> torch.Tensor:
+    from tabletune.engine import gemm
+
+    return gemm.linear_silu(x2, w_gate_up)
 
 
 def moe_mlp(ops, x, router, w_gate_up, w_down, top_k):
@@ -137,6 +147,7 @@ def moe_mlp(ops, x, router, w_gate_up, w_down, top_k):
 
 
 LM_HEAD_CHOOSE_ROWS = 64
+SILU_MAX_M = 16  # rows up to which the gate_up GEMM and silu(gate) * up may run as one launch (gemm.linear_silu)
 PREFETCH_MODES = ("lines", "lines_evict_last", "bulk")  # kernels.prefetch_l2's hint instructions
 
 

@@ -159,7 +159,7 @@ def test_sampling_engine_runs_every_drafter(tiny):
 @pytest.mark.slow
 def test_triton_kernels_match_torch_ops_in_interpreter():
     """The Triton kernels (RoPE/cache write, split-KV attention, the two fused, norms, split-K, gated, stream-K and
-    preload GEMM) under TRITON_INTERPRET=1."""
+    preload GEMM, gate_up fused with silu*mul) under TRITON_INTERPRET=1."""
     pytest.importorskip("triton")
     code = """
 import torch
@@ -211,6 +211,14 @@ for rows in (5, 16):
     x = torch.randn(rows, 300)
     for bn, bk in ((32, 128), (16, 512), (64, 64)):
         err.append((G.triton_linear(x, w, G.Config(16, bn, bk, 1, 4, 1, preload=True)) - x @ w.T).abs().max())
+# gate_up + silu(gate) * up in one launch: w = [Wg; Wu] of 2 x 70 rows (relative: the products reach ~1e3)
+wgu = torch.randn(140, 300)
+for rows in (1, 5, 16):
+    x = torch.randn(rows, 300)
+    ref = O.silu_mul(x @ wgu.T)
+    for bn, bk in ((32, 128), (16, 512), (64, 64)):
+        h = G.silu_triton(x, wgu, G.Config(16, bn, bk, 1, 4, 1, preload=True))
+        err.append((h - ref).abs().max() / ref.abs().max())
 assert max(float(e) for e in err) < 1e-3, err
 assert int(K.counters(x.device).abs().sum()) == 0  # the last program of each tile reset its ticket
 print("ok")
@@ -379,6 +387,20 @@ def test_stream_k_gemm_configs_cover_small_m_plain_shapes_only():
         assert {c.stream_k for c in cfgs} == set(G.STREAM_K_PROGRAMS) and not any(c.tma for c in cfgs)
         assert all(c.stages * (c.block_m + c.block_n) * c.block_k * 2 <= G.SMEM_BYTES for c in cfgs)
     assert G.Config(16, 64, 128, 1, 4, 6) == G.Config(16, 64, 128, 1, 4, 6, False, 0)  # old tuples still work
+
+
+def test_fused_silu_candidates_only_up_to_silu_max_m():
+    pytest.importorskip("triton")
+    from tabletune.engine import gemm as G, ops as O
+    from tabletune.engine.model import SILU_MAX_M
+
+    assert list(G.silu_candidates(SILU_MAX_M + 1)) == [None]  # only the gate_up GEMM then silu_mul
+    cands = G.silu_candidates(SILU_MAX_M)
+    assert cands.keys() - {None} == {G.Config(16, bn, bk, 1, w, 1, preload=True) for bn, bk, w in G.SILU_TILES}
+    with pytest.raises(ValueError):  # one row block only
+        G.silu_triton(torch.randn(17, 64), torch.randn(64, 64), G.Config(16, 32, 64, 1, 4, 1, preload=True))
+    x, w = torch.randn(3, 64), torch.randn(64, 64)  # on the CPU linear_silu is the torch reference
+    assert torch.equal(G.linear_silu(x, w), O.silu_mul(x @ w.T))
 
 
 def test_preload_gemm_configs_cover_m_up_to_16_plain_shapes_only():
