@@ -127,12 +127,50 @@ def _store_or_fix_up(acc, y_ptr, ws_ptr, cnt_ptr, rows, cols, M, N, WS_STRIDE, B
 
 
 @triton.jit
-def _gemm_preload_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, WS_STRIDE, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, USE_PDL: tl.constexpr):
+def _inv_rms(ss_ptr, NT, K, eps, BLOCK_M: tl.constexpr, NT_P: tl.constexpr):
+    """1 / rms of each row from the NT per-tile partial sums of squares ss[t, row] that the previous GEMM's
+    residual epilogue wrote (``_resid_out``), summed as one [NT_P, BLOCK_M] tile (a fixed order)."""
+    t = tl.arange(0, NT_P)
+    ss = tl.load(ss_ptr + t[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :], mask=t[:, None] < NT, other=0.0)
+    return 1.0 / tl.sqrt(tl.sum(ss, 0) / K + eps)
+
+
+@triton.jit
+def _load_rows(x_ptr, nw_ptr, inv, rows, kk, M, K, NORM: tl.constexpr):
+    """x[rows, kk]; with NORM, the RMSNorm of it (x is then the residual stream): bf16(x * inv * w), as
+    ``kernels.add_rms_norm`` computes it."""
+    ok = (rows[:, None] < M) & (kk[None, :] < K)
+    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + kk[None, :], mask=ok, other=0.0)
+    if NORM:
+        w = tl.load(nw_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+        x = (x.to(tl.float32) * inv[:, None] * w[None, :]).to(x.dtype)
+    return x
+
+
+@triton.jit
+def _resid_out(total, r_ptr, ss_ptr, rows, cols, ok, out_off, BLOCK_M: tl.constexpr):
+    """The residual epilogue: r = bf16(r + bf16(x W^T)) in place, and this column tile's sum of r^2 per row into
+    ss[pid_n, row] for the next GEMM's norm (``_inv_rms``); the same roundings as ``kernels.add_rms_norm``."""
+    y = total.to(r_ptr.dtype.element_ty).to(tl.float32)
+    r = (tl.load(r_ptr + out_off, mask=ok, other=0.0).to(tl.float32) + y).to(r_ptr.dtype.element_ty)
+    tl.store(r_ptr + out_off, r, mask=ok)
+    rf = tl.where(ok, r.to(tl.float32), 0.0)
+    tl.store(ss_ptr + tl.program_id(1) * BLOCK_M + rows, tl.sum(rf * rf, 1))
+
+
+@triton.jit
+def _gemm_preload_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, WS_STRIDE, nw_ptr, ss_in_ptr, ss_out_ptr,
+                         NT_IN, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         SPLIT: tl.constexpr, USE_PDL: tl.constexpr, NORM: tl.constexpr = False,
+                         RESID: tl.constexpr = False, NT_P: tl.constexpr = 1):
     """Skinny split-K GEMM (M <= BLOCK_M) in which each program owns one [BLOCK_N, BLOCK_K] weight tile
     (grid (1, cdiv(N, BLOCK_N), SPLIT), SPLIT = cdiv(K, BLOCK_K)) and loads it into registers *before* the PDL
     wait: weights do not depend on the previous kernel, so a program launched early streams its tile while the
-    previous kernel drains, and after the wait only x (a few rows) is left to load."""
+    previous kernel drains, and after the wait only x (a few rows) is left to load.
+
+    ``NORM``: x is the residual stream and the GEMM's input is its RMSNorm (weight ``nw_ptr``, 1 / rms from the
+    NT_IN partial sums at ``ss_in_ptr``). ``RESID``: y is the residual stream, updated in place to
+    y + x W^T, with the per-tile sums of squares written to ``ss_out_ptr`` (the fused-norm layer: no norm launch)."""
     pid_n, pid_s = tl.program_id(1), tl.program_id(2)
     rows = tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -142,10 +180,29 @@ def _gemm_preload_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, WS_STRID
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + kk[None, :], mask=(rows[:, None] < M) & (kk[None, :] < K),
-                other=0.0)
+    if NORM:
+        inv = _inv_rms(ss_in_ptr, NT_IN, K, eps, BLOCK_M, NT_P)
+    else:
+        inv = tl.zeros([BLOCK_M], tl.float32)
+    x = _load_rows(x_ptr, nw_ptr, inv, rows, kk, M, K, NORM)
     acc = tl.dot(x, tl.trans(w))
-    _store_or_fix_up(acc, y_ptr, ws_ptr, cnt_ptr, rows, cols, M, N, WS_STRIDE, BLOCK_M, BLOCK_N, SPLIT)
+    if RESID:
+        ok = (rows[:, None] < M) & (cols[None, :] < N)
+        out_off = rows.to(tl.int64)[:, None] * N + cols[None, :]
+        if SPLIT == 1:
+            _resid_out(acc, y_ptr, ss_out_ptr, rows, cols, ok, out_off, BLOCK_M)
+        else:
+            tl.store(ws_ptr + pid_s.to(tl.int64) * WS_STRIDE + out_off, acc, mask=ok)
+            tl.debug_barrier()  # every thread's partial is stored before the ticket (release below)
+            ticket = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
+            if ticket == SPLIT - 1:
+                total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                for sp in tl.static_range(SPLIT):  # unrolled: the partial loads are issued together
+                    total += tl.load(ws_ptr + sp * WS_STRIDE + out_off, mask=ok, other=0.0, cache_modifier=".cg")
+                _resid_out(total, y_ptr, ss_out_ptr, rows, cols, ok, out_off, BLOCK_M)
+                tl.atomic_xchg(cnt_ptr + pid_n, 0)
+    else:
+        _store_or_fix_up(acc, y_ptr, ws_ptr, cnt_ptr, rows, cols, M, N, WS_STRIDE, BLOCK_M, BLOCK_N, SPLIT)
 
 
 @triton.jit
@@ -157,13 +214,15 @@ def _silu_mul_f32(g, u, dtype: tl.constexpr):
 
 
 @triton.jit
-def _gemm_silu_preload_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, I, K, WS_STRIDE, BLOCK_M: tl.constexpr,
-                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-                              USE_PDL: tl.constexpr):
+def _gemm_silu_preload_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, I, K, WS_STRIDE, nw_ptr, ss_in_ptr, NT_IN, eps,
+                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                              SPLIT: tl.constexpr, USE_PDL: tl.constexpr, NORM: tl.constexpr = False,
+                              NT_P: tl.constexpr = 1):
     """The MLP's gate_up GEMM and silu(gate) * up in one launch, for M <= BLOCK_M: w = [Wg; Wu] is [2I, K]; a
     program owns the gate tile (rows j .. j+BLOCK_N of Wg) and the matching up tile (the same rows of Wu) of one
     K slice, loads both before the PDL wait (as ``_gemm_preload_kernel``), and the last split of a column tile
-    adds the partials in split order and writes silu(g) * u [M, BLOCK_N] (one launch a layer fewer)."""
+    adds the partials in split order and writes silu(g) * u [M, BLOCK_N] (one launch a layer fewer). ``NORM``: the
+    input is the RMSNorm of the residual stream x, as in ``_gemm_preload_kernel``."""
     pid_n, pid_s = tl.program_id(1), tl.program_id(2)
     rows = tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -174,8 +233,11 @@ def _gemm_silu_preload_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, I, K, WS_
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + kk[None, :], mask=(rows[:, None] < M) & (kk[None, :] < K),
-                other=0.0)
+    if NORM:
+        inv = _inv_rms(ss_in_ptr, NT_IN, K, eps, BLOCK_M, NT_P)
+    else:
+        inv = tl.zeros([BLOCK_M], tl.float32)
+    x = _load_rows(x_ptr, nw_ptr, inv, rows, kk, M, K, NORM)
     g = tl.dot(x, tl.trans(wg))
     u = tl.dot(x, tl.trans(wu))
     ok = (rows[:, None] < M) & (cols[None, :] < I)
@@ -375,13 +437,7 @@ def triton_linear(x: torch.Tensor, w: torch.Tensor, cfg, gated: bool = False) ->
                                                num_stages=stages, **kernels.pdl_kwargs(pdl))
         return y
     if cfg.preload:
-        split = triton.cdiv(k, bk)
-        ws = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
-        assert triton.cdiv(n, bn) <= kernels.MAX_TICKETS
-        _gemm_preload_kernel[(1, triton.cdiv(n, bn), split)](
-            x, w, y, ws, kernels.counters(x.device), m, n, k, m * n, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split,
-            USE_PDL=pdl, num_warps=warps, **kernels.pdl_kwargs(pdl))
-        return y
+        return _preload(x, w, cfg, y)
     per_split = triton.cdiv(triton.cdiv(k, split), bk) * bk
     split = triton.cdiv(k, per_split)
     ws = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
@@ -400,6 +456,64 @@ def triton_linear(x: torch.Tensor, w: torch.Tensor, cfg, gated: bool = False) ->
                        num_warps=warps, num_stages=stages,
                        **kernels.pdl_kwargs(pdl))
     return y
+
+
+class RowSquares(NamedTuple):
+    """Per-row sums of squares of the residual stream, as ``tiles`` column-tile partials ss[tile, row] of 16 rows
+    (written by a residual-epilogue GEMM, ``preload_residual``)."""
+    ss: torch.Tensor
+    tiles: int
+
+
+class RowNorm(NamedTuple):
+    """An RMSNorm to apply to a GEMM's input rows (the residual stream) from their ``RowSquares``."""
+    weight: torch.Tensor
+    squares: RowSquares
+    eps: float
+
+
+def _tiles_p2(norm: RowNorm | None) -> int:
+    return 1 if norm is None else triton.next_power_of_2(norm.squares.tiles)
+
+
+def _preload(x: torch.Tensor, w: torch.Tensor, cfg: Config, y: torch.Tensor, norm: RowNorm | None = None,
+             squares_out: torch.Tensor | None = None) -> torch.Tensor:
+    m, k = x.shape
+    n = w.shape[0]
+    split = triton.cdiv(k, cfg.block_k)
+    ws = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
+    assert triton.cdiv(n, cfg.block_n) <= kernels.MAX_TICKETS
+    nw, ss_in, tiles, eps = (x, ws, 1, 0.0) if norm is None else (norm.weight, norm.squares.ss, norm.squares.tiles,
+                                                                   norm.eps)
+    pdl = kernels.pdl_enabled(x)
+    _gemm_preload_kernel[(1, triton.cdiv(n, cfg.block_n), split)](
+        x, w, y, ws, kernels.counters(x.device), m, n, k, m * n, nw, ss_in, ws if squares_out is None else squares_out,
+        tiles, eps, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=split, USE_PDL=pdl,
+        NORM=norm is not None, RESID=squares_out is not None, NT_P=_tiles_p2(norm), num_warps=cfg.warps,
+        **kernels.pdl_kwargs(pdl))
+    return y
+
+
+def preload_linear(x: torch.Tensor, w: torch.Tensor, cfg, norm: RowNorm | None = None) -> torch.Tensor:
+    """x W^T [M, N] with the preload kernel (M <= cfg.block_m); with ``norm``, x is the residual stream and the
+    GEMM's input its RMSNorm."""
+    cfg = Config(*cfg)
+    if not cfg.preload or x.shape[0] > cfg.block_m:
+        raise ValueError(f"a preload config of at least {x.shape[0]} rows is needed, not {cfg}")
+    return _preload(x, w, cfg, kernels.empty_rows(x.shape[0], w.shape[0], x.dtype, x.device), norm)
+
+
+def preload_residual(x: torch.Tensor, w: torch.Tensor, cfg, residual: torch.Tensor) -> RowSquares:
+    """residual += x W^T in place (the residual add of a layer, rounded as ``kernels.add_rms_norm`` rounds it) with
+    the preload kernel, and the rows' sums of squares for the next GEMM's norm."""
+    cfg = Config(*cfg)
+    m, n = x.shape[0], w.shape[0]
+    if not cfg.preload or m > cfg.block_m or residual.shape != (m, n) or not residual.is_contiguous():
+        raise ValueError(f"preload_residual: {cfg} for M={m}, residual {tuple(residual.shape)} (contiguous [M, N])")
+    tiles = triton.cdiv(n, cfg.block_n)
+    ss = torch.empty(tiles * cfg.block_m, dtype=torch.float32, device=x.device)
+    _preload(x, w, cfg, residual, squares_out=ss)
+    return RowSquares(ss, tiles)
 
 
 _prefetch_ok: dict[torch.device, bool] = {}
@@ -586,8 +700,40 @@ def choose_silu(m: int, w: torch.Tensor):
     return _choice[key]
 
 
-def silu_triton(x: torch.Tensor, w: torch.Tensor, cfg) -> torch.Tensor:
-    """silu(x Wg^T) * (x Wu^T) [M, I] for w = [Wg; Wu] [2I, K] with ``_gemm_silu_preload_kernel``."""
+PRELOAD = "preload"  # chooser keys of the fused-norm layers' GEMMs: the best preload tile
+SILU_PRELOAD = "silu-preload"
+
+
+def choose_preload(m: int, w: torch.Tensor) -> Config:
+    """The fastest preload tile for x [M, K] W^T (M <= 16), timed as the plain preload kernel (the fused-norm
+    layers' GEMMs add a prologue or an epilogue to it)."""
+    n, k = w.shape
+    key = (m, n, k, PRELOAD)
+    if key not in _choice:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"no preload tile chosen for M={m} N={n} K={k}: run one step before capture")
+        cands = {c: (lambda x, w_, c=c: preload_linear(x, w_, c))
+                 for c in (Config(16, bn, bk, 1, warps, 1, preload=True) for bn, bk, warps in PRELOAD_TILES)}
+        _choice[key] = _fastest(key, w, k, cands, lambda x, w_: torch.mm(x, w_.t()))
+    return _choice[key]
+
+
+def choose_silu_preload(m: int, w: torch.Tensor) -> Config:
+    """The fastest tile of the fused gate_up + silu kernel for M rows (as ``choose_preload``)."""
+    n, k = w.shape
+    key = (m, n, k, SILU_PRELOAD)
+    if key not in _choice:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"no fused-silu tile chosen for M={m} N={n} K={k}: run one step before capture")
+        cands = {c: (lambda x, w_, c=c: silu_triton(x, w_, c))
+                 for c in (Config(16, bn, bk, 1, warps, 1, preload=True) for bn, bk, warps in SILU_TILES)}
+        _choice[key] = _fastest(key, w, k, cands, lambda x, w_: kernels.silu_mul(torch.mm(x, w_.t()), w.dtype))
+    return _choice[key]
+
+
+def silu_triton(x: torch.Tensor, w: torch.Tensor, cfg, norm: RowNorm | None = None) -> torch.Tensor:
+    """silu(x Wg^T) * (x Wu^T) [M, I] for w = [Wg; Wu] [2I, K] with ``_gemm_silu_preload_kernel``; with ``norm``,
+    x is the residual stream and the input its RMSNorm (``RowNorm``)."""
     cfg = Config(*cfg)
     m, k = x.shape
     i = w.shape[0] // 2
@@ -598,9 +744,11 @@ def silu_triton(x: torch.Tensor, w: torch.Tensor, cfg) -> torch.Tensor:
     ws = torch.empty(split, 2, m, i, dtype=torch.float32, device=x.device) if split > 1 else y
     assert triton.cdiv(i, cfg.block_n) <= kernels.MAX_TICKETS
     pdl = kernels.pdl_enabled(x)
+    norm_args = (x, ws, 1, 0.0) if norm is None else (norm.weight, norm.squares.ss, norm.squares.tiles, norm.eps)
     _gemm_silu_preload_kernel[(1, triton.cdiv(i, cfg.block_n), split)](
-        x, w, y, ws, kernels.counters(x.device), m, i, k, m * i, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, SPLIT=split, USE_PDL=pdl, num_warps=cfg.warps, **kernels.pdl_kwargs(pdl))
+        x, w, y, ws, kernels.counters(x.device), m, i, k, m * i, *norm_args, BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=split, USE_PDL=pdl, NORM=norm is not None,
+        NT_P=_tiles_p2(norm), num_warps=cfg.warps, **kernels.pdl_kwargs(pdl))
     return y
 
 

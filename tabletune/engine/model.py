@@ -65,23 +65,27 @@ class DecoderLayer(nn.Module):
         step (q >= 2 tokens a sequence) runs qk-norm, RoPE and the cache write inside the attention launch
         (``ops.rope_attention``); on the H200 that measured -2.2% to +0.1% at k >= 1, +0.9% and +1.4% at k = 0.
         """
-        cfg = self.cfg
         b, qlen, _ = x.shape
-        qkv = linear(x, self.wqkv)
+        o = self.attend(ops, linear(x, self.wqkv), start_pos, slots, k_cache, v_cache, prefill_at, prefetch,
+                        fuse_rope)
+        return linear(o.reshape(b, qlen, -1), self.wo)
+
+    def attend(self, ops, qkv, start_pos, slots, k_cache, v_cache, prefill_at: tuple[int, int] | None = None,
+               prefetch: L2Prefetch | None = None, fuse_rope: bool = True):
+        """qkv [B, q, (H+2Hkv)*D] -> attention output [B, q, H, D] before the o projection (see ``attn``)."""
+        cfg = self.cfg
+        qlen = qkv.shape[1]
         if prefetch is not None:
             prefetch.issue(self.wo)
         rope = (self.q_norm, self.k_norm, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rope_theta,
                 cfg.rms_norm_eps)
         scale = cfg.head_dim ** -0.5
         if prefill_at is None and fuse_rope and qlen > 1:  # k = 0: the separate launch measured faster
-            o = ops.rope_attention(qkv, start_pos, slots, k_cache, v_cache, *rope, scale)
-        else:
-            q = ops.qk_rope_cache_write(qkv, start_pos, slots, k_cache, v_cache, *rope)
-            if prefill_at is None:
-                o = ops.attention(q, k_cache, v_cache, start_pos, slots, scale)
-            else:
-                o = torch_ops.prefill_attention(q, k_cache, v_cache, *prefill_at, scale)
-        return linear(o.reshape(b, qlen, -1), self.wo)
+            return ops.rope_attention(qkv, start_pos, slots, k_cache, v_cache, *rope, scale)
+        q = ops.qk_rope_cache_write(qkv, start_pos, slots, k_cache, v_cache, *rope)
+        if prefill_at is None:
+            return ops.attention(q, k_cache, v_cache, start_pos, slots, scale)
+        return torch_ops.prefill_attention(q, k_cache, v_cache, *prefill_at, scale)
 
     def mlp(self, ops, x):
         if self.cfg.is_moe:
@@ -201,10 +205,14 @@ class Decoder(nn.Module):
         return KVCache(len(self.layers), num_slots, c.num_kv_heads, max_len, c.head_dim, self.dtype, self.device)
 
     def forward(self, tokens, start_pos, slots, cache: KVCache, embeds: torch.Tensor | None = None,
-                prefill_at: tuple[int, int] | None = None, prefetch: L2Prefetch | None = None):
-        """tokens [B, q] -> final-normed hidden [B, q, hidden]; ``prefetch``: hint each o weight into L2."""
+                prefill_at: tuple[int, int] | None = None, prefetch: L2Prefetch | None = None,
+                fuse_norm_rows: int = 0):
+        """tokens [B, q] -> final-normed hidden [B, q, hidden]; ``prefetch``: hint each o weight into L2;
+        ``fuse_norm_rows``: a decode step of at most this many rows runs ``_forward_fused_norm``."""
         ops, eps = self.ops, self.cfg.rms_norm_eps
         x = self.embed[tokens] if embeds is None else embeds
+        if self.fuses_norm(x, prefill_at, fuse_norm_rows):
+            return self._forward_fused_norm(x, start_pos, slots, cache, prefetch)
         delta = None  # the first add+norm has nothing to add
         for i, layer in enumerate(self.layers):
             h, x = ops.add_rms_norm(x, delta, layer.in_norm, eps)
@@ -214,6 +222,41 @@ class Decoder(nn.Module):
         if prefetch is not None:
             prefetch.join()
         return ops.add_rms_norm(x, delta, self.final_norm, eps)[0]
+
+    def fuses_norm(self, x: torch.Tensor, prefill_at, max_rows: int) -> bool:
+        """Whether a forward of ``x`` runs the fused-norm layers: CUDA, Triton ops, dense, decode, at most
+        ``max_rows`` (and SILU_MAX_M) rows."""
+        rows = x.numel() // x.shape[-1]
+        return (x.is_cuda and prefill_at is None and not self.cfg.is_moe and self.ops is not torch_ops
+                and rows <= min(max_rows, SILU_MAX_M))
+
+    def _forward_fused_norm(self, x, start_pos, slots, cache: KVCache, prefetch: L2Prefetch | None):
+        """The forward with no norm launch inside the stack (rows <= 16): the o and down GEMMs add into the residual
+        stream in their epilogue and leave the rows' sums of squares, from which the qkv and the fused gate_up +
+        silu GEMMs normalise their input in their prologue (``gemm.preload_residual`` / ``RowNorm``). The same
+        math as ``forward``; the sums of squares are added in another order."""
+        from tabletune.engine import gemm
+
+        eps = self.cfg.rms_norm_eps
+        b, qlen, hidden = x.shape
+        m = b * qlen
+        h, r = self.ops.add_rms_norm(x, None, self.layers[0].in_norm, eps)
+        r2 = r.view(m, hidden)  # the residual stream, updated in place by the o and down GEMMs
+        squares = None
+        for i, layer in enumerate(self.layers):
+            if squares is None:
+                qkv = linear(h, layer.wqkv)
+            else:
+                qkv = gemm.preload_linear(r2, layer.wqkv, gemm.choose_preload(m, layer.wqkv),
+                                          gemm.RowNorm(layer.in_norm, squares, eps)).view(b, qlen, -1)
+            o = layer.attend(self.ops, qkv, start_pos, slots, cache.k[i], cache.v[i], None, prefetch, self.fuse_rope)
+            squares = gemm.preload_residual(o.reshape(m, -1), layer.wo, gemm.choose_preload(m, layer.wo), r2)
+            mid = gemm.silu_triton(r2, layer.w_gate_up, gemm.choose_silu_preload(m, layer.w_gate_up),
+                                   gemm.RowNorm(layer.post_norm, squares, eps))
+            squares = gemm.preload_residual(mid, layer.w_down, gemm.choose_preload(m, layer.w_down), r2)
+        if prefetch is not None:
+            prefetch.join()
+        return self.ops.add_rms_norm(r, None, self.final_norm, eps)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., hidden] -> logits [..., vocab] in the model's dtype: on CUDA the GEMM chooser's pick per M up to

@@ -48,10 +48,13 @@ class EngineConfig:
     # programs of the prefetch kernel: 16 (engine 0.5) pull ~33 MB through 16 SMs, slower than the attention it
     # hides behind; at b <= 8 attention leaves ~70 of the 132 SMs idle
     prefetch_programs: int = 16
+    # Steps of at most this many rows (<= model.SILU_MAX_M) run the fused-norm layers (model._forward_fused_norm:
+    # no norm launch inside the stack). 0: off (not measured on a GPU yet, docs/engine_notes.md v0.7.dev0).
+    fuse_norm_max_rows: int = 0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.k_max < 0 or self.temperature < 0 or self.prefetch_max_batch < 0 \
-                or self.prefetch_programs < 1:
+                or self.prefetch_programs < 1 or self.fuse_norm_max_rows < 0:
             raise ValueError(f"bad engine config {self}")
         if self.prefetch_mode not in PREFETCH_MODES:
             raise ValueError(f"prefetch_mode {self.prefetch_mode!r} not in {PREFETCH_MODES}")
@@ -83,6 +86,7 @@ class SpecEngine:
         self.overlap_min_tokens, self.overlap_sm_carveout = cfg.overlap_min_tokens, cfg.overlap_sm_carveout
         self.prefetch_max_batch, self.prefetch_mode = cfg.prefetch_max_batch, cfg.prefetch_mode
         self.prefetch_programs = cfg.prefetch_programs
+        self.fuse_norm_max_rows = cfg.fuse_norm_max_rows
         self._side: torch.cuda.Stream | None = None  # second stream (two-stream forward, L2 prefetch), made on first use
         self.buckets = list(cfg.buckets or default_buckets(cfg.max_num_seqs))
         self.ks = list(cfg.ks or range(cfg.k_max + 1))
@@ -147,7 +151,8 @@ class SpecEngine:
         if not split:
             prefetch = L2Prefetch(self.prefetch_mode, self._side_stream(), self.prefetch_programs) \
                 if self.prefetches(inputs.shape[0]) else None
-            return self.target(inputs, start, slots, self.cache, prefetch=prefetch)
+            return self.target(inputs, start, slots, self.cache, prefetch=prefetch,
+                               fuse_norm_rows=self.fuse_norm_max_rows)
         half = inputs.shape[0] // 2
         if self.device.type != "cuda":
             return torch.cat([self.target(inputs[:half], start[:half], slots[:half], self.cache),

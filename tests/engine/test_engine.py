@@ -229,6 +229,49 @@ print("ok")
 
 
 @pytest.mark.slow
+def test_fused_norm_forward_matches_the_standard_forward_in_interpreter():
+    """The fused-norm layers (residual add + sums of squares in the o / down GEMM epilogues, the norm in the qkv and
+    gate_up + silu prologues) against the standard forward, fp32, both on the Triton kernels under
+    TRITON_INTERPRET=1 (tile choices set by hand: the chooser times on a GPU)."""
+    pytest.importorskip("triton")
+    code = """
+import torch
+from tabletune.engine import gemm as G, kernels as K
+from tabletune.engine.model import Decoder
+from tabletune.engine.presets import PRESETS
+torch.manual_seed(0)
+cfg = PRESETS["tiny"]
+model = Decoder(cfg, torch.float32, "cpu", use_triton=True)
+B, q = 2, 3
+m = B * q
+for layer in model.layers:  # 2 and 4 splits of K, 2-8 column tiles
+    for w in (layer.wqkv, layer.wo, layer.w_down):
+        G._choice[(m, w.shape[0], w.shape[1], G.PRELOAD)] = G.Config(16, 32, 32, 1, 4, 1, preload=True)
+    w = layer.w_gate_up
+    G._choice[(m, w.shape[0], w.shape[1], G.SILU_PRELOAD)] = G.Config(16, 16, 32, 1, 4, 1, preload=True)
+    layer.in_norm.data.uniform_(0.5, 1.5)
+    layer.post_norm.data.uniform_(0.5, 1.5)
+c1 = model.new_cache(3, 40)
+c1.k.normal_()
+c1.v.normal_()
+c2 = model.new_cache(3, 40)
+c2.k.copy_(c1.k)
+c2.v.copy_(c1.v)
+tokens = torch.randint(0, cfg.vocab_size, (B, q))
+start, slots = torch.tensor([5, 17]), torch.tensor([0, 2])
+ref = model(tokens, start, slots, c1)
+got = model._forward_fused_norm(model.embed[tokens], start, slots, c2, None)
+err = float((got - ref).abs().max() / ref.abs().max())
+assert err < 1e-5 and torch.allclose(c1.k, c2.k, atol=1e-5) and torch.allclose(c1.v, c2.v, atol=1e-5), err
+assert int(K.counters(got.device).abs().sum()) == 0
+print("ok")
+"""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
+
+
+@pytest.mark.slow
 def test_smollm2_real_weights_match_transformers_and_stay_lossless():
     transformers = pytest.importorskip("transformers")
     from tabletune import assets
