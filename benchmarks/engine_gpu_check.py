@@ -94,6 +94,23 @@ def check_kernels() -> None:
     print(f"add_rms_norm {rel(yb, ya):.2e} {rel(rb, ra):.2e}")
     gu = torch.randn(9, 2 * 1000, dtype=dt, device="cuda")
     print(f"silu_mul {rel(kernels.silu_mul(gu), ops.silu_mul(gu)):.2e}")
+    for m in (1, 9):  # the fused-norm layer's GEMMs: residual epilogue, then the norm prologue from its squares
+        xm, r0 = torch.randn(m, 4096, dtype=dt, device="cuda"), torch.randn(m, 4096, dtype=dt, device="cuda")
+        hn, r_ref = ops.add_rms_norm(r0, xm @ w.t(), wn, 1e-6)
+        for bn, bk, warps in gemm.PRELOAD_TILES:
+            r = r0.clone()
+            squares = gemm.preload_residual(xm, w, gemm.Config(16, bn, bk, 1, warps, 1, preload=True), r)
+            line = f"fused-norm M={m} residual tile {bn}x{bk}/{warps}: {rel(r, r_ref):.2e}"
+            for nbn, nbk, nwarps in gemm.NORM_TILES:
+                y = gemm.preload_linear(r, w, gemm.Config(16, nbn, nbk, 1, nwarps, 1, preload=True),
+                                        gemm.RowNorm(wn, squares, 1e-6))
+                line += f"; norm tile {nbn}x{nbk}/{nwarps}: {rel(y, hn @ w.t()):.2e}"
+            for sbn, sbk, swarps in gemm.SILU_NORM_TILES:
+                h = gemm.silu_triton(r, wgu, gemm.Config(16, sbn, sbk, 1, swarps, 1, preload=True),
+                                     gemm.RowNorm(wn, squares, 1e-6))
+                line += f"; silu tile {sbn}x{sbk}/{swarps}: {rel(h, ops.silu_mul(hn @ wgu.t())):.2e}"
+            print(line)
+    print(f"tickets all zero after the fused-norm launches: {int(kernels.counters(x.device).abs().sum()) == 0}")
 
 
 def check_moe() -> None:
@@ -122,9 +139,10 @@ def check_lossless() -> None:
     rng = random.Random(0)
     prompts = [[rng.randrange(cfg.vocab_size) for _ in range(rng.randrange(3, 30))] for _ in range(12)]
 
-    def run(drafter, table, overlap=0):
+    def run(drafter, table, overlap=0, fuse_norm=0):
         d = make_drafter(drafter, target, 5, draft_cfg=PRESETS["tiny"])
-        e = SpecEngine(target, d, EngineConfig(max_num_seqs=8, max_len=96, k_max=5, overlap_min_tokens=overlap))
+        e = SpecEngine(target, d, EngineConfig(max_num_seqs=8, max_len=96, k_max=5, overlap_min_tokens=overlap,
+                                               fuse_norm_max_rows=fuse_norm))
         reqs = [Request(list(p), 40, i) for i, p in enumerate(prompts)]
         st = Scheduler(e, table).run(reqs)
         return [r.output for r in reqs], st, len(e.graphs)
@@ -137,6 +155,9 @@ def check_lossless() -> None:
               f"accepted={st.counts.accepted}")
     out, st, ng = run("eagle", table, overlap=1)  # every step of >= 2 rows as two half-batches on two streams
     print(f"lossless eagle two-stream identical={out == base} graphs={ng} steps={st.num_steps}")
+    for dr in ("ngram", "eagle"):  # the fused-norm layers on every step of <= 16 rows
+        out, st, ng = run(dr, table, fuse_norm=16)
+        print(f"lossless {dr} fused-norm identical={out == base} graphs={ng} steps={st.num_steps}")
 
 
 def _replay_outputs(engines, b: int, k: int) -> list[torch.Tensor]:
@@ -174,6 +195,14 @@ def check_graph_replay() -> None:
         print(f"graph L2 prefetch ({e3.prefetch_mode}) b={b} k={k}: replay==replay {bool((outs[0] == outs[1]).all())} "
               f"same tokens as without {bool((outs[0] == outs[2]).all())}")
     del e3
+    e5 = SpecEngine(target, ReplayDrafter(), EngineConfig(max_num_seqs=64, max_len=600, k_max=7, buckets=(1, 8, 64),
+                                                           ks=(0, 3, 7), fuse_norm_max_rows=16))
+    for b, k in ((1, 0), (1, 7), (8, 0)):  # <= 16 rows: the fused-norm layers (bf16: a near-tie may round otherwise)
+        outs = _replay_outputs((e5, e5, e), b, k)
+        print(f"graph fused-norm b={b} k={k}: replay==replay {bool((outs[0] == outs[1]).all())} "
+              f"same tokens as the standard layers in {float((outs[0][:, 1] == outs[2][:, 1]).float().mean()):.0%} "
+              "of rows")
+    del e5
     target.fuse_rope = False  # RoPE + cache write as their own launch: the same tokens as fused
     e4 = SpecEngine(target, ReplayDrafter(), EngineConfig(max_num_seqs=64, max_len=600, k_max=7, buckets=(1, 8, 64),
                                                            ks=(0, 3, 7)))

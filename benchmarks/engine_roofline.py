@@ -216,9 +216,12 @@ def prefetch_compare(engine, points, context_len: int, modes, programs=(16,), re
 
 
 def fusion_compare(engine, points, context_len: int, reps: int = 15) -> tuple[list[str], list[dict]]:
-    """RoPE + cache write as their own launch (engine 0.5) against inside the attention launch."""
+    """RoPE + cache write as their own launch (engine 0.5) against inside the attention launch (0.6), and with the
+    fused-norm layers too (``EngineConfig.fuse_norm_max_rows``, steps of <= 16 rows)."""
     return variant_compare(engine, points, context_len,
-                           lambda b: {"unfused": {"target.fuse_rope": False}, "fused": {"target.fuse_rope": True}},
+                           lambda b: {"unfused": {"target.fuse_rope": False, "fuse_norm_max_rows": 0},
+                                      "fused": {"target.fuse_rope": True, "fuse_norm_max_rows": 0},
+                                      "fused+norm": {"target.fuse_rope": True, "fuse_norm_max_rows": 16}},
                            reps)
 
 

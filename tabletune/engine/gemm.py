@@ -129,10 +129,15 @@ def _store_or_fix_up(acc, y_ptr, ws_ptr, cnt_ptr, rows, cols, M, N, WS_STRIDE, B
 @triton.jit
 def _inv_rms(ss_ptr, NT, K, eps, BLOCK_M: tl.constexpr, NT_P: tl.constexpr):
     """1 / rms of each row from the NT per-tile partial sums of squares ss[t, row] that the previous GEMM's
-    residual epilogue wrote (``_resid_out``), summed as one [NT_P, BLOCK_M] tile (a fixed order)."""
-    t = tl.arange(0, NT_P)
-    ss = tl.load(ss_ptr + t[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :], mask=t[:, None] < NT, other=0.0)
-    return 1.0 / tl.sqrt(tl.sum(ss, 0) / K + eps)
+    residual epilogue wrote (``_resid_out``), summed in chunks of 32 tiles (a fixed order; small chunks keep the
+    registers free for the weight tile loaded before the wait)."""
+    CHUNK: tl.constexpr = 32 if NT_P > 32 else NT_P
+    ss = tl.zeros([BLOCK_M], tl.float32)
+    for t0 in tl.static_range(0, NT_P, CHUNK):
+        t = t0 + tl.arange(0, CHUNK)
+        ss += tl.sum(tl.load(ss_ptr + t[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :], mask=t[:, None] < NT,
+                             other=0.0), 0)
+    return 1.0 / tl.sqrt(ss / K + eps)
 
 
 @triton.jit
@@ -700,34 +705,34 @@ def choose_silu(m: int, w: torch.Tensor):
     return _choice[key]
 
 
-PRELOAD = "preload"  # chooser keys of the fused-norm layers' GEMMs: the best preload tile
+PRELOAD = "preload"  # chooser keys of the fused-norm layers' GEMMs: the best tile of a set
+PRELOAD_NORM = "preload-norm"
 SILU_PRELOAD = "silu-preload"
+# Tiles that compile without register spills (sm_90, Triton 3.9) once the norm prologue is added: the x tile is
+# normalised in fp32 while the weight tile loaded before the wait still holds its registers.
+NORM_TILES = ((32, 256, 4), (64, 256, 4), (64, 512, 8))
+SILU_NORM_TILES = ((32, 256, 4), (16, 256, 4), (64, 256, 8))
 
 
-def choose_preload(m: int, w: torch.Tensor) -> Config:
-    """The fastest preload tile for x [M, K] W^T (M <= 16), timed as the plain preload kernel (the fused-norm
-    layers' GEMMs add a prologue or an epilogue to it)."""
+def choose_preload(m: int, w: torch.Tensor, tag: str = PRELOAD) -> Config:
+    """The fastest tile for the fused-norm layers' GEMM x [M, K] W^T (M <= 16): ``PRELOAD``: of PRELOAD_TILES
+    (the residual-epilogue GEMMs), ``PRELOAD_NORM``: of NORM_TILES (the norm-prologue qkv GEMM), ``SILU_PRELOAD``:
+    the fused gate_up + silu kernel, of SILU_NORM_TILES. Timed as the plain kernels (the prologue and epilogue
+    add a few loads of rows)."""
     n, k = w.shape
-    key = (m, n, k, PRELOAD)
+    key = (m, n, k, tag)
     if key not in _choice:
         if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"no preload tile chosen for M={m} N={n} K={k}: run one step before capture")
-        cands = {c: (lambda x, w_, c=c: preload_linear(x, w_, c))
-                 for c in (Config(16, bn, bk, 1, warps, 1, preload=True) for bn, bk, warps in PRELOAD_TILES)}
-        _choice[key] = _fastest(key, w, k, cands, lambda x, w_: torch.mm(x, w_.t()))
-    return _choice[key]
-
-
-def choose_silu_preload(m: int, w: torch.Tensor) -> Config:
-    """The fastest tile of the fused gate_up + silu kernel for M rows (as ``choose_preload``)."""
-    n, k = w.shape
-    key = (m, n, k, SILU_PRELOAD)
-    if key not in _choice:
-        if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"no fused-silu tile chosen for M={m} N={n} K={k}: run one step before capture")
-        cands = {c: (lambda x, w_, c=c: silu_triton(x, w_, c))
-                 for c in (Config(16, bn, bk, 1, warps, 1, preload=True) for bn, bk, warps in SILU_TILES)}
-        _choice[key] = _fastest(key, w, k, cands, lambda x, w_: kernels.silu_mul(torch.mm(x, w_.t()), w.dtype))
+            raise RuntimeError(f"no {tag} tile chosen for M={m} N={n} K={k}: run one step before capture")
+        tiles = {PRELOAD: PRELOAD_TILES, PRELOAD_NORM: NORM_TILES, SILU_PRELOAD: SILU_NORM_TILES}[tag]
+        run = silu_triton if tag == SILU_PRELOAD else preload_linear
+        cands = {c: (lambda x, w_, c=c: run(x, w_, c))
+                 for c in (Config(16, bn, bk, 1, warps, 1, preload=True) for bn, bk, warps in tiles)}
+        if tag == SILU_PRELOAD:
+            ref = lambda x, w_: kernels.silu_mul(torch.mm(x, w_.t()), w.dtype)  # noqa: E731
+        else:
+            ref = lambda x, w_: torch.mm(x, w_.t())  # noqa: E731
+        _choice[key] = _fastest(key, w, k, cands, ref)
     return _choice[key]
 
 

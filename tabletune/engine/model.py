@@ -247,11 +247,11 @@ class Decoder(nn.Module):
             if squares is None:
                 qkv = linear(h, layer.wqkv)
             else:
-                qkv = gemm.preload_linear(r2, layer.wqkv, gemm.choose_preload(m, layer.wqkv),
+                qkv = gemm.preload_linear(r2, layer.wqkv, gemm.choose_preload(m, layer.wqkv, gemm.PRELOAD_NORM),
                                           gemm.RowNorm(layer.in_norm, squares, eps)).view(b, qlen, -1)
             o = layer.attend(self.ops, qkv, start_pos, slots, cache.k[i], cache.v[i], None, prefetch, self.fuse_rope)
             squares = gemm.preload_residual(o.reshape(m, -1), layer.wo, gemm.choose_preload(m, layer.wo), r2)
-            mid = gemm.silu_triton(r2, layer.w_gate_up, gemm.choose_silu_preload(m, layer.w_gate_up),
+            mid = gemm.silu_triton(r2, layer.w_gate_up, gemm.choose_preload(m, layer.w_gate_up, gemm.SILU_PRELOAD),
                                    gemm.RowNorm(layer.post_norm, squares, eps))
             squares = gemm.preload_residual(mid, layer.w_down, gemm.choose_preload(m, layer.w_down), r2)
         if prefetch is not None:

@@ -245,8 +245,10 @@ model = Decoder(cfg, torch.float32, "cpu", use_triton=True)
 B, q = 2, 3
 m = B * q
 for layer in model.layers:  # 2 and 4 splits of K, 2-8 column tiles
-    for w in (layer.wqkv, layer.wo, layer.w_down):
+    for w in (layer.wo, layer.w_down):
         G._choice[(m, w.shape[0], w.shape[1], G.PRELOAD)] = G.Config(16, 32, 32, 1, 4, 1, preload=True)
+    w = layer.wqkv
+    G._choice[(m, w.shape[0], w.shape[1], G.PRELOAD_NORM)] = G.Config(16, 32, 32, 1, 4, 1, preload=True)
     w = layer.w_gate_up
     G._choice[(m, w.shape[0], w.shape[1], G.SILU_PRELOAD)] = G.Config(16, 16, 32, 1, 4, 1, preload=True)
     layer.in_norm.data.uniform_(0.5, 1.5)
