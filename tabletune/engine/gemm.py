@@ -398,10 +398,11 @@ def _configs(m: int, gated: bool, tma: bool = True) -> list[Config]:
         cands += mid
     cands = [Config(*c) for c in cands]
     if tma and not gated and 16 < m <= MAX_TRITON_M:
-        cands += [Config(64, bn, 64, s, 4, st, True) for bn, st in ((128, 6), (256, 4)) for s in (1, 2, 4)]
+        # splits up to 8: the N = 4096 projections have only 16-32 wide tiles, too few programs without split-K
+        cands += [Config(64, bn, 64, s, 4, st, True) for bn, st in ((128, 6), (256, 4)) for s in (1, 2, 4, 8)]
         if m > 64:
-            cands += [Config(128, 128, 64, s, 8, 5, True) for s in (1, 2, 3, 4)]
-            cands += [Config(128, 256, 64, s, 8, 4, True) for s in (1, 2)]
+            cands += [Config(128, 128, 64, s, 8, 5, True) for s in (1, 2, 3, 4, 8)]
+            cands += [Config(128, 256, 64, s, 8, 4, True) for s in (1, 2, 4, 8)]
     if not gated and m <= 64:
         bm = max(16, triton.next_power_of_2(m))
         cands += [Config(bm, bn, bk, 1, 4, st, False, p)
