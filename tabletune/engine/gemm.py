@@ -163,7 +163,7 @@ def _resid_out(total, r_ptr, ss_ptr, rows, cols, ok, out_off, BLOCK_M: tl.conste
     tl.store(ss_ptr + tl.program_id(1) * BLOCK_M + rows, tl.sum(rf * rf, 1))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one compile for every M <= 16 (M only masks)
 def _gemm_preload_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, WS_STRIDE, nw_ptr, ss_in_ptr, ss_out_ptr,
                          NT_IN, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                          SPLIT: tl.constexpr, USE_PDL: tl.constexpr, NORM: tl.constexpr = False,
@@ -218,7 +218,7 @@ def _silu_mul_f32(g, u, dtype: tl.constexpr):
     return (g / (1.0 + tl.exp(-g)) * u).to(dtype)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one compile for every M <= 16 (M only masks)
 def _gemm_silu_preload_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, I, K, WS_STRIDE, nw_ptr, ss_in_ptr, NT_IN, eps,
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                               SPLIT: tl.constexpr, USE_PDL: tl.constexpr, NORM: tl.constexpr = False,
