@@ -676,6 +676,8 @@ def _fastest(key, w: torch.Tensor, width: int, cands: dict, reference):
                   f"relative error {err:.2e}")
             continue
         timings[choice] = _time_us(lambda: fn(x, pick()))
+    if not timings:
+        raise RuntimeError(f"no GEMM candidate for M={m} N={n} K={k} ({key[3]}) ran correctly on this GPU")
     return min(timings, key=timings.get)
 
 
