@@ -413,10 +413,14 @@ def test_l2_prefetch_plan_covers_the_tensor_and_config_is_checked(tiny):
         EngineConfig(prefetch_max_batch=-1)
     with pytest.raises(ValueError):
         EngineConfig(prefetch_programs=0)
+    with pytest.raises(ValueError):
+        EngineConfig(fuse_norm_max_rows=-1)
     target, _, _ = tiny
     engine = SpecEngine(target, make_drafter("ngram", target, 2), EngineConfig(max_num_seqs=4, max_len=40, k_max=2,
                                                                              prefetch_max_batch=4))
     assert not engine.prefetches(1)  # a hint for the GPU's L2: never on the CPU
+    x = torch.zeros(1, 2, target.cfg.hidden_size)
+    assert not target.fuses_norm(x, None, 16)  # the fused-norm layers are Triton GEMMs: CUDA only
 
 
 def test_stream_k_gemm_configs_cover_small_m_plain_shapes_only():
