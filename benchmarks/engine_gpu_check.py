@@ -227,9 +227,18 @@ def check_graph_replay() -> None:
               f"replay==eager {bool((outs[0] == outs[2]).all())}")
 
 
+CHECKS = {"kernels": check_kernels, "graphs": check_graph_replay, "lossless": check_lossless, "moe": check_moe}
+
+
 if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--parts", default=",".join(CHECKS), help=f"comma-separated subset of {','.join(CHECKS)}")
+    parts = ap.parse_args().parts.split(",")
+    unknown = [p for p in parts if p not in CHECKS]
+    if unknown:
+        raise SystemExit(f"engine_gpu_check.py: --parts {','.join(unknown)} not in {','.join(CHECKS)}")
     print(torch.__version__, torch.cuda.get_device_name(), flush=True)
-    check_kernels()
-    check_graph_replay()
-    check_lossless()
-    check_moe()
+    for part in parts:
+        CHECKS[part]()
