@@ -1,0 +1,119 @@
+"""How much KV bandwidth decode attention draws from S SMs (GPU diagnostic, about a minute).
+
+At the large-batch, mid-k cells the GEMMs are compute-bound and attention is KV-bound; a split of the SMs
+(attention on S of them, GEMMs on the rest) can only pay if S SMs pull most of the copy rate
+(docs/engine_notes.md, v0.6: at (256, 2), S = 32 needs >= 3 TB/s). This times a persistent version of the
+engine's attention (``kernels._attn_tiles`` / ``_attn_store``, one split): exactly S programs, each looping
+over (sequence, KV head) items, for S = 16 .. 264 and a few tile / pipeline depths, 8B shape, context 1024,
+b = 256, q = 1 and 3; GB/s of KV read. It checks each against ``ops.attention`` first.
+
+    python benchmarks/engine_attention_sms.py --out $OUT/attention_sms
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+from tabletune import fileio
+from tabletune.engine import gemm, kernels, ops
+from tabletune.engine.presets import resolve
+
+
+@triton.jit
+def _attn_persistent_kernel(q_ptr, k_cache_ptr, v_cache_ptr, start_ptr, slots_ptr, out_ptr, QLEN, ITEMS, scale,
+                            stride_slot, stride_head, H: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr,
+                            D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The engine's split-KV attention with one split, run by a fixed number of programs over all
+    (sequence, KV head) items: program p takes items p, p + P, p + 2P, ..."""
+    rows = tl.arange(0, BLOCK_M)
+    row_ok = rows < G * QLEN
+    tok = rows // G
+    d = tl.arange(0, D)
+    for item in range(tl.program_id(0), ITEMS, tl.num_programs(0)):
+        b = item // HKV
+        kvh = item % HKV
+        start = tl.load(start_ptr + b)
+        slot = tl.load(slots_ptr + b).to(tl.int64)
+        q_off = ((b * QLEN + tok).to(tl.int64) * H + kvh * G + rows % G) * D
+        q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
+        kbase = k_cache_ptr + slot * stride_slot + kvh * stride_head
+        vbase = v_cache_ptr + slot * stride_slot + kvh * stride_head
+        m_i, l_i, acc = kernels._attn_tiles(q, kbase, vbase, 0, start + QLEN, start + tok, scale, D, BLOCK_M,
+                                            BLOCK_N)
+        kernels._attn_store(out_ptr, out_ptr, out_ptr, out_ptr, out_ptr, m_i, l_i, acc, b, kvh, 0, tok, rows, row_ok,
+                            QLEN, H, G, D, 1, BLOCK_M)
+
+
+def attention_persistent(q, k_cache, v_cache, start_pos, slots, scale, programs: int, block_n: int = 64,
+                         warps: int = 4, stages: int = 3) -> torch.Tensor:
+    b, qlen, h, d = q.shape
+    hkv = k_cache.shape[1]
+    g = h // hkv
+    out = torch.empty_like(q)
+    _attn_persistent_kernel[(programs,)](q, k_cache, v_cache, start_pos, slots, out, qlen, b * hkv, scale,
+                                         k_cache.stride(0), k_cache.stride(1), H=h, HKV=hkv, G=g, D=d,
+                                         BLOCK_M=max(16, triton.next_power_of_2(g * qlen)), BLOCK_N=block_n,
+                                         num_warps=warps, num_stages=stages)
+    return out
+
+
+def command_line() -> str:
+    cmd = " ".join(["python"] + sys.argv)
+    out = os.environ.get("OUT")
+    return cmd.replace(out, "$OUT") if out else cmd
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen3-8b")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--out", default="attention_sms")
+    args = ap.parse_args(argv)
+    cfg = resolve(args.model)
+    h, hkv, d, b, ctx = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, args.batch, args.context
+    dt = torch.bfloat16
+    kc = torch.randn(b + 1, hkv, ctx + 8, d, dtype=dt, device="cuda")
+    vc = torch.randn_like(kc)
+    slots = torch.arange(b, device="cuda")
+    rows, lines = [], []
+    for qlen in (1, 3):
+        start = torch.full((b,), ctx - qlen, device="cuda")
+        q = torch.randn(b, qlen, h, d, dtype=dt, device="cuda")
+        kv_bytes = 2 * b * hkv * ctx * d * 2
+        ref = ops.attention(q, kc, vc, start, slots, d ** -0.5)
+        engine_us = gemm._time_us(lambda: kernels.attention(q, kc, vc, start, slots, d ** -0.5))
+        lines.append(f"b={b} q={qlen}: engine attention {engine_us:.1f} us ({kv_bytes / engine_us / 1e3:.0f} GB/s)")
+        print(lines[-1], flush=True)
+        for block_n, warps, stages in ((64, 4, 3), (64, 4, 5), (128, 8, 4), (64, 8, 6)):
+            for programs in (16, 32, 48, 66, 132, 264):
+                try:
+                    got = attention_persistent(q, kc, vc, start, slots, d ** -0.5, programs, block_n, warps, stages)
+                    err = float((got.float() - ref.float()).norm() / ref.float().norm())
+                    us = gemm._time_us(lambda: attention_persistent(q, kc, vc, start, slots, d ** -0.5, programs,
+                                                                    block_n, warps, stages))
+                except Exception as exc:  # a tile that does not fit: report and go on
+                    print(f"q={qlen} block_n={block_n} warps={warps} stages={stages} S={programs}: "
+                          f"{type(exc).__name__}: {str(exc)[:200]}")
+                    continue
+                row = {"q": qlen, "programs": programs, "block_n": block_n, "warps": warps, "stages": stages,
+                       "us": round(us, 2), "gb_s": round(kv_bytes / us / 1e3, 1), "rel_err": err}
+                rows.append(row)
+                lines.append(f"b={b} q={qlen} S={programs:3d} block_n={block_n} warps={warps} stages={stages}: "
+                             f"{us:8.1f} us {row['gb_s']:6.0f} GB/s ({row['gb_s'] / programs:5.1f} GB/s an SM-program)"
+                             f" rel err {err:.1e}")
+                print(lines[-1], flush=True)
+    fileio.write_json(args.out + ".json", {"device": torch.cuda.get_device_name(), "command": command_line(),
+                                           "batch": b, "context": ctx, "rows": rows})
+    fileio.write_text(args.out + ".md", "\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
