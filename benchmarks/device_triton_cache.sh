@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Keep Triton's compile cache between device calls (each call starts a fresh machine, and compiling the
+# engine's kernels and the GEMM chooser's candidates takes 50-150 s of the 130-230 s start-up).
+#
+#   source benchmarks/device_triton_cache.sh restore   # first thing in a device command
+#   ... the benchmark ...
+#   benchmarks/device_triton_cache.sh save             # last thing: $OUT/triton_cache.tgz comes back
+#
+# Here, between calls: copy the returned triton_cache.tgz to .cache/triton_cache.tgz (ignored by git) and name
+# .cache in the next call's carry. The cache is keyed by Triton's version, the GPU and each kernel's source, so a
+# stale entry is never used; it only has to stay under 16 MiB to come back.
+set -u
+dir="$PWD/.cache/triton"
+case "${1:-}" in
+  restore)
+    mkdir -p "$dir"
+    if [ -f .cache/triton_cache.tgz ]; then tar xzf .cache/triton_cache.tgz -C "$dir"; fi
+    export TRITON_CACHE_DIR="$dir"
+    echo "triton cache: $(find "$dir" -type f | wc -l) files" ;;
+  save)
+    if [ -z "${OUT:-}" ]; then echo "save: \$OUT is not set" >&2; exit 1; fi
+    tar czf "$OUT/triton_cache.tgz" -C "$dir" . && ls -l "$OUT/triton_cache.tgz" ;;
+  *)
+    echo "usage: source $0 restore | $0 save" >&2; return 2 2>/dev/null || exit 2 ;;
+esac
