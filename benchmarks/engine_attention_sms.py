@@ -13,8 +13,6 @@ b = 256, q = 1 and 3; GB/s of KV read. It checks each against ``ops.attention`` 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import torch
 import triton
@@ -23,6 +21,7 @@ import triton.language as tl
 from tabletune import fileio
 from tabletune.engine import gemm, kernels, ops
 from tabletune.engine.presets import resolve
+from tabletune.engine.profiling import command_line
 
 
 @triton.jit
@@ -61,12 +60,6 @@ def attention_persistent(q, k_cache, v_cache, start_pos, slots, scale, programs:
                                          BLOCK_M=max(16, triton.next_power_of_2(g * qlen)), BLOCK_N=block_n,
                                          num_warps=warps, num_stages=stages)
     return out
-
-
-def command_line() -> str:
-    cmd = " ".join(["python"] + sys.argv)
-    out = os.environ.get("OUT")
-    return cmd.replace(out, "$OUT") if out else cmd
 
 
 def main(argv: list[str] | None = None) -> int:

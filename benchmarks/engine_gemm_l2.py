@@ -14,21 +14,13 @@ If hot is not much faster than cold, the kernel is bound by latency or issue rat
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import torch
 
 from tabletune import fileio
 from tabletune.engine import gemm
 from tabletune.engine.presets import resolve
-
-
-def command_line() -> str:
-    """This run's command, with the device's output folder written as $OUT."""
-    cmd = " ".join(["python"] + sys.argv)
-    out = os.environ.get("OUT")
-    return cmd.replace(out, "$OUT") if out else cmd
+from tabletune.engine.profiling import command_line
 
 
 def main(argv: list[str] | None = None) -> int:

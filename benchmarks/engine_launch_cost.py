@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 import torch
 import triton
@@ -29,6 +28,7 @@ import triton.language as tl
 
 from tabletune import fileio
 from tabletune.engine import gemm, kernels
+from tabletune.engine.profiling import command_line
 
 
 @triton.jit
@@ -41,12 +41,6 @@ def _wait_only_kernel(x_ptr, USE_PDL: tl.constexpr):
 
 def preload_linear(x, w, bn: int, bk: int, warps: int) -> torch.Tensor:
     return gemm.triton_linear(x, w, gemm.Config(16, bn, bk, 1, warps, 1, preload=True))
-
-
-def command_line() -> str:
-    cmd = " ".join(["python"] + sys.argv)
-    out = os.environ.get("OUT")
-    return cmd.replace(out, "$OUT") if out else cmd
 
 
 def main(argv: list[str] | None = None) -> int:

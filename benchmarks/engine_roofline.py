@@ -13,16 +13,14 @@ floor = max(bytes / bandwidth, FLOPs / matrix rate) (``tabletune.engine.profilin
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 
 import torch
 
 from tabletune import fileio
-from tabletune.engine.profiling import (Ceilings, build_engine, device_name, measure_ceilings, serial_floor_ms,
-                                        step_floor_ms, time_replays_gpu, time_steps)
+from tabletune.engine.profiling import (Ceilings, build_engine, command_line, device_name, measure_ceilings,
+                                        serial_floor_ms, step_floor_ms, time_replays_gpu, time_steps)
 from tabletune.engine.presets import resolve
 from tabletune.padding import power_of_two_buckets
 
@@ -255,13 +253,6 @@ def overlap_compare(engine, points, context_len: int, carveouts=(0,), reps: int 
         print(lines[-1], flush=True)
         del graphs
     return lines, rows
-
-
-def command_line() -> str:
-    """This run's command, with the device's output folder written as $OUT."""
-    cmd = " ".join(["python"] + sys.argv)
-    out = os.environ.get("OUT")
-    return cmd.replace(out, "$OUT") if out else cmd
 
 
 def write_results(args, ceil, rows: list[dict], device: str, buckets, overlap_rows: list[dict] = (),

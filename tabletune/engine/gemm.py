@@ -141,12 +141,18 @@ def _inv_rms(ss_ptr, NT, K, eps, BLOCK_M: tl.constexpr, NT_P: tl.constexpr):
 
 
 @triton.jit
-def _load_rows(x_ptr, nw_ptr, inv, rows, kk, M, K, NORM: tl.constexpr):
-    """x[rows, kk]; with NORM, the RMSNorm of it (x is then the residual stream): bf16(x * inv * w), as
-    ``kernels.add_rms_norm`` computes it."""
+def _wait_load_rows(x_ptr, nw_ptr, ss_in_ptr, NT_IN, eps, rows, kk, M, K, BLOCK_M: tl.constexpr,
+                    USE_PDL: tl.constexpr, NORM: tl.constexpr, NT_P: tl.constexpr):
+    """The preload kernels' part after their weight loads: the PDL wait, then x[rows, kk]; with NORM, the RMSNorm
+    of it (x is then the residual stream, 1 / rms from the NT_IN partials at ``ss_in_ptr``): bf16(x * inv * w),
+    as ``kernels.add_rms_norm`` computes it."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     ok = (rows[:, None] < M) & (kk[None, :] < K)
     x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + kk[None, :], mask=ok, other=0.0)
     if NORM:
+        inv = _inv_rms(ss_in_ptr, NT_IN, K, eps, BLOCK_M, NT_P)
         w = tl.load(nw_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
         x = (x.to(tl.float32) * inv[:, None] * w[None, :]).to(x.dtype)
     return x
@@ -182,14 +188,7 @@ def _gemm_preload_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, WS_STRID
     kk = pid_s * BLOCK_K + tl.arange(0, BLOCK_K)
     w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * K + kk[None, :], mask=(cols[:, None] < N) & (kk[None, :] < K),
                 other=0.0)
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    if NORM:
-        inv = _inv_rms(ss_in_ptr, NT_IN, K, eps, BLOCK_M, NT_P)
-    else:
-        inv = tl.zeros([BLOCK_M], tl.float32)
-    x = _load_rows(x_ptr, nw_ptr, inv, rows, kk, M, K, NORM)
+    x = _wait_load_rows(x_ptr, nw_ptr, ss_in_ptr, NT_IN, eps, rows, kk, M, K, BLOCK_M, USE_PDL, NORM, NT_P)
     acc = tl.dot(x, tl.trans(w))
     if RESID:
         ok = (rows[:, None] < M) & (cols[None, :] < N)
@@ -235,14 +234,7 @@ def _gemm_silu_preload_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, I, K, WS_
     w_mask = (cols[:, None] < I) & (kk[None, :] < K)
     wg = tl.load(w_ptr + cols.to(tl.int64)[:, None] * K + kk[None, :], mask=w_mask, other=0.0)
     wu = tl.load(w_ptr + (cols + I).to(tl.int64)[:, None] * K + kk[None, :], mask=w_mask, other=0.0)
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    if NORM:
-        inv = _inv_rms(ss_in_ptr, NT_IN, K, eps, BLOCK_M, NT_P)
-    else:
-        inv = tl.zeros([BLOCK_M], tl.float32)
-    x = _load_rows(x_ptr, nw_ptr, inv, rows, kk, M, K, NORM)
+    x = _wait_load_rows(x_ptr, nw_ptr, ss_in_ptr, NT_IN, eps, rows, kk, M, K, BLOCK_M, USE_PDL, NORM, NT_P)
     g = tl.dot(x, tl.trans(wg))
     u = tl.dot(x, tl.trans(wu))
     ok = (rows[:, None] < M) & (cols[None, :] < I)

@@ -177,6 +177,25 @@ def qk_rope_cache_write(qkv, start_pos, slots, k_cache, v_cache, q_norm_w, k_nor
 
 
 @triton.jit
+def _attn_program(start_ptr, slots_ptr, k_cache_ptr, v_cache_ptr, QLEN, stride_slot, stride_head,
+                  NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's (sequence, KV head, split) and its key range lo .. hi-1 of the sequence's start + q keys
+    (splits of whole BLOCK_N tiles), with the sequence's K and V base pointers for that KV head."""
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    sp = tl.program_id(2)
+    start = tl.load(start_ptr + b)
+    slot = tl.load(slots_ptr + b).to(tl.int64)
+    kv_len = start + QLEN
+    chunk = tl.cdiv(tl.cdiv(kv_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = sp * chunk
+    hi = tl.minimum(lo + chunk, kv_len)
+    kbase = k_cache_ptr + slot * stride_slot + kvh * stride_head
+    vbase = v_cache_ptr + slot * stride_slot + kvh * stride_head
+    return b, kvh, sp, start, lo, hi, kbase, vbase
+
+
+@triton.jit
 def _attn_tiles(q, kbase, vbase, lo, hi, limit, scale, D: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr):
     """Online softmax of the rows of ``q`` over keys lo .. hi-1 (row r sees keys <= limit[r]): (m, l, acc)."""
@@ -231,15 +250,8 @@ def _attn_kernel(q_ptr, k_cache_ptr, v_cache_ptr, start_ptr, slots_ptr, out_ptr,
                  H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, NUM_SPLITS: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr):
     _pdl_wait(USE_PDL)
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
-    sp = tl.program_id(2)
-    start = tl.load(start_ptr + b)
-    slot = tl.load(slots_ptr + b).to(tl.int64)
-    kv_len = start + QLEN
-    chunk = tl.cdiv(tl.cdiv(kv_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    lo = sp * chunk
-    hi = tl.minimum(lo + chunk, kv_len)
+    b, kvh, sp, start, lo, hi, kbase, vbase = _attn_program(start_ptr, slots_ptr, k_cache_ptr, v_cache_ptr, QLEN,
+                                                            stride_slot, stride_head, NUM_SPLITS, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < G * QLEN
     tok = rows // G
@@ -247,8 +259,6 @@ def _attn_kernel(q_ptr, k_cache_ptr, v_cache_ptr, start_ptr, slots_ptr, out_ptr,
     q_off = ((b * QLEN + tok).to(tl.int64) * H + kvh * G + rows % G) * D
     q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
     limit = start + tok
-    kbase = k_cache_ptr + slot * stride_slot + kvh * stride_head
-    vbase = v_cache_ptr + slot * stride_slot + kvh * stride_head
     m_i, l_i, acc = _attn_tiles(q, kbase, vbase, lo, hi, limit, scale, D, BLOCK_M, BLOCK_N)
     _attn_store(out_ptr, o_part, m_part, l_part, cnt_ptr, m_i, l_i, acc, b, kvh, sp, tok, rows, row_ok, QLEN, H, G, D,
                 NUM_SPLITS, BLOCK_M)
@@ -288,18 +298,9 @@ def _rope_attn_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, start_ptr, slots_ptr, q
     into the cache, then waits at a barrier so that its own loads see them. Two programs may write the same new
     key (a split boundary inside the new positions): with the same value."""
     _pdl_wait(USE_PDL)
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
-    sp = tl.program_id(2)
-    start = tl.load(start_ptr + b)
-    slot = tl.load(slots_ptr + b).to(tl.int64)
-    kv_len = start + QLEN
-    chunk = tl.cdiv(tl.cdiv(kv_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    lo = sp * chunk
-    hi = tl.minimum(lo + chunk, kv_len)
+    b, kvh, sp, start, lo, hi, kbase, vbase = _attn_program(start_ptr, slots_ptr, k_cache_ptr, v_cache_ptr, QLEN,
+                                                            stride_slot, stride_head, NUM_SPLITS, BLOCK_N)
     d = tl.arange(0, D)
-    kbase = k_cache_ptr + slot * stride_slot + kvh * stride_head
-    vbase = v_cache_ptr + slot * stride_slot + kvh * stride_head
     if hi > start:
         t = tl.arange(0, QP)
         t_ok = t < QLEN
@@ -357,18 +358,24 @@ def num_splits_for(batch_size: int, num_kv_heads: int, num_sms: int = 132) -> in
     return max(1, min(8, -(-num_sms // (batch_size * num_kv_heads))))
 
 
-def attention(q, k_cache, v_cache, start_pos, slots, scale, num_splits: int | None = None):
-    b, qlen, h, d = q.shape
-    hkv = k_cache.shape[1]
+def _attn_setup(b: int, qlen: int, h: int, hkv: int, d: int, dtype, device, num_splits: int | None):
+    """(G, BLOCK_M, splits, split partials (o, m, l), output [B, q, H, D]) of an attention launch."""
     g = h // hkv
     block_m = max(16, triton.next_power_of_2(g * qlen))
     splits = num_splits or num_splits_for(b, hkv)
     assert b * hkv <= MAX_TICKETS
     n_part = b * hkv * splits * block_m if splits > 1 else 1
-    o_part = torch.empty(n_part, d, dtype=torch.float32, device=q.device)
-    m_part = torch.empty(n_part, dtype=torch.float32, device=q.device)
-    l_part = torch.empty_like(m_part)
-    out = empty_rows(b * qlen, h * d, q.dtype, q.device).view(b, qlen, h, d)
+    m_part = torch.empty(n_part, dtype=torch.float32, device=device)
+    parts = (torch.empty(n_part, d, dtype=torch.float32, device=device), m_part, torch.empty_like(m_part))
+    out = empty_rows(b * qlen, h * d, dtype, device).view(b, qlen, h, d)
+    return g, block_m, splits, parts, out
+
+
+def attention(q, k_cache, v_cache, start_pos, slots, scale, num_splits: int | None = None):
+    b, qlen, h, d = q.shape
+    hkv = k_cache.shape[1]
+    g, block_m, splits, (o_part, m_part, l_part), out = _attn_setup(b, qlen, h, hkv, d, q.dtype, q.device,
+                                                                     num_splits)
     pdl = pdl_enabled(q)
     _attn_kernel[(b, hkv, splits)](
         q, k_cache, v_cache, start_pos, slots, out, o_part, m_part, l_part, counters(q.device), qlen, scale,
@@ -383,15 +390,8 @@ def rope_attention(qkv, start_pos, slots, k_cache, v_cache, q_norm_w, k_norm_w, 
     -> attention output [B, q, H, D], the q new keys and values written into the cache."""
     b, qlen, _ = qkv.shape
     hkv, d = num_kv_heads, head_dim
-    g = num_heads // hkv
-    block_m = max(16, triton.next_power_of_2(g * qlen))
-    splits = num_splits or num_splits_for(b, hkv)
-    assert b * hkv <= MAX_TICKETS
-    n_part = b * hkv * splits * block_m if splits > 1 else 1
-    o_part = torch.empty(n_part, d, dtype=torch.float32, device=qkv.device)
-    m_part = torch.empty(n_part, dtype=torch.float32, device=qkv.device)
-    l_part = torch.empty_like(m_part)
-    out = empty_rows(b * qlen, num_heads * d, k_cache.dtype, qkv.device).view(b, qlen, num_heads, d)
+    g, block_m, splits, (o_part, m_part, l_part), out = _attn_setup(b, qlen, num_heads, hkv, d, k_cache.dtype,
+                                                                     qkv.device, num_splits)
     has_norm = q_norm_w is not None
     cos, sin = rope_table(qkv.device, d, theta, k_cache.shape[2])
     pdl = pdl_enabled(qkv)

@@ -17,6 +17,8 @@ experts count, at most min(E, b*q*top_k) of them per layer.
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -136,6 +138,13 @@ def time_steps(engine: SpecEngine, batch_size: int, k: int, num_steps: int, cont
         if i >= warmup:
             out.append(dt)
     return out
+
+
+def command_line() -> str:
+    """This run's command as a benchmark records it, with the device's output folder ($OUT) written as $OUT."""
+    cmd = " ".join(["python"] + sys.argv)
+    out = os.environ.get("OUT")
+    return cmd.replace(out, "$OUT") if out else cmd
 
 
 def device_name(engine: SpecEngine) -> str:
