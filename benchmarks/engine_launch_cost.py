@@ -39,10 +39,6 @@ def _wait_only_kernel(x_ptr, USE_PDL: tl.constexpr):
     tl.store(x_ptr + tl.program_id(0), 1.0)
 
 
-def preload_linear(x, w, bn: int, bk: int, warps: int) -> torch.Tensor:
-    return gemm.triton_linear(x, w, gemm.Config(16, bn, bk, 1, warps, 1, preload=True))
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="launch_cost")
@@ -80,9 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         ref = x.float() @ weights[4096][0].float().t()
         for bn, bk, warps in gemm.PRELOAD_TILES + ((16, 512, 4), (32, 1024, 8)):
             try:
-                y = preload_linear(x, weights[4096][0], bn, bk, warps)
+                cfg = gemm.Config(16, bn, bk, 1, warps, 1, preload=True)
+                y = gemm.preload_linear(x, weights[4096][0], cfg)
                 err = float((y.float() - ref).norm() / ref.norm())
-                us = gemm._time_us(lambda: preload_linear(x, nxt(4096), bn, bk, warps))
+                us = gemm._time_us(lambda: gemm.preload_linear(x, nxt(4096), cfg))
                 record(f"preload bn={bn} bk={bk} warps={warps} (rel err {err:.1e}) PDL={pdl}", us, 4096 * k * 2)
             except Exception as exc:  # a config that does not compile here: report and go on
                 print(f"preload bn={bn} bk={bk} warps={warps}: {type(exc).__name__}: {str(exc)[:200]}")

@@ -105,14 +105,29 @@ def _gemm_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, K_PER_SPLIT, WS_
 
 
 @triton.jit
+def _resid_out(total, r_ptr, ss_ptr, rows, cols, ok, out_off, BLOCK_M: tl.constexpr):
+    """The residual epilogue: r = bf16(r + bf16(x W^T)) in place, and this column tile's sum of r^2 per row into
+    ss[pid_n, row] for the next GEMM's norm (``_inv_rms``); the same roundings as ``kernels.add_rms_norm``."""
+    y = total.to(r_ptr.dtype.element_ty).to(tl.float32)
+    r = (tl.load(r_ptr + out_off, mask=ok, other=0.0).to(tl.float32) + y).to(r_ptr.dtype.element_ty)
+    tl.store(r_ptr + out_off, r, mask=ok)
+    rf = tl.where(ok, r.to(tl.float32), 0.0)
+    tl.store(ss_ptr + tl.program_id(1) * BLOCK_M + rows, tl.sum(rf * rf, 1))
+
+
+@triton.jit
 def _store_or_fix_up(acc, y_ptr, ws_ptr, cnt_ptr, rows, cols, M, N, WS_STRIDE, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
-    """Write the tile (one split), or store this split's partial and let the last split add them in order."""
+                     BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, RESID: tl.constexpr = False, ss_ptr=None):
+    """Write the tile (one split), or store this split's partial and let the last split add them in order.
+    ``RESID``: the tile is added into y (the residual stream) instead, with its sums of squares (``_resid_out``)."""
     pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ok = (rows[:, None] < M) & (cols[None, :] < N)
     out_off = rows.to(tl.int64)[:, None] * N + cols[None, :]
     if SPLIT == 1:
-        tl.store(y_ptr + out_off, acc.to(y_ptr.dtype.element_ty), mask=ok)
+        if RESID:
+            _resid_out(acc, y_ptr, ss_ptr, rows, cols, ok, out_off, BLOCK_M)
+        else:
+            tl.store(y_ptr + out_off, acc.to(y_ptr.dtype.element_ty), mask=ok)
     else:
         tile = pid_m * tl.num_programs(1) + pid_n
         tl.store(ws_ptr + pid_s.to(tl.int64) * WS_STRIDE + out_off, acc, mask=ok)
@@ -122,7 +137,10 @@ def _store_or_fix_up(acc, y_ptr, ws_ptr, cnt_ptr, rows, cols, M, N, WS_STRIDE, B
             total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             for s in tl.static_range(SPLIT):  # unrolled: the partial loads are issued together
                 total += tl.load(ws_ptr + s * WS_STRIDE + out_off, mask=ok, other=0.0, cache_modifier=".cg")
-            tl.store(y_ptr + out_off, total.to(y_ptr.dtype.element_ty), mask=ok)
+            if RESID:
+                _resid_out(total, y_ptr, ss_ptr, rows, cols, ok, out_off, BLOCK_M)
+            else:
+                tl.store(y_ptr + out_off, total.to(y_ptr.dtype.element_ty), mask=ok)
             tl.atomic_xchg(cnt_ptr + tile, 0)
 
 
@@ -158,17 +176,6 @@ def _wait_load_rows(x_ptr, nw_ptr, ss_in_ptr, NT_IN, eps, rows, kk, M, K, BLOCK_
     return x
 
 
-@triton.jit
-def _resid_out(total, r_ptr, ss_ptr, rows, cols, ok, out_off, BLOCK_M: tl.constexpr):
-    """The residual epilogue: r = bf16(r + bf16(x W^T)) in place, and this column tile's sum of r^2 per row into
-    ss[pid_n, row] for the next GEMM's norm (``_inv_rms``); the same roundings as ``kernels.add_rms_norm``."""
-    y = total.to(r_ptr.dtype.element_ty).to(tl.float32)
-    r = (tl.load(r_ptr + out_off, mask=ok, other=0.0).to(tl.float32) + y).to(r_ptr.dtype.element_ty)
-    tl.store(r_ptr + out_off, r, mask=ok)
-    rf = tl.where(ok, r.to(tl.float32), 0.0)
-    tl.store(ss_ptr + tl.program_id(1) * BLOCK_M + rows, tl.sum(rf * rf, 1))
-
-
 @triton.jit(do_not_specialize=["M"])  # one compile for every M <= 16 (M only masks)
 def _gemm_preload_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, WS_STRIDE, nw_ptr, ss_in_ptr, ss_out_ptr,
                          NT_IN, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -190,23 +197,8 @@ def _gemm_preload_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, WS_STRID
                 other=0.0)
     x = _wait_load_rows(x_ptr, nw_ptr, ss_in_ptr, NT_IN, eps, rows, kk, M, K, BLOCK_M, USE_PDL, NORM, NT_P)
     acc = tl.dot(x, tl.trans(w))
-    if RESID:
-        ok = (rows[:, None] < M) & (cols[None, :] < N)
-        out_off = rows.to(tl.int64)[:, None] * N + cols[None, :]
-        if SPLIT == 1:
-            _resid_out(acc, y_ptr, ss_out_ptr, rows, cols, ok, out_off, BLOCK_M)
-        else:
-            tl.store(ws_ptr + pid_s.to(tl.int64) * WS_STRIDE + out_off, acc, mask=ok)
-            tl.debug_barrier()  # every thread's partial is stored before the ticket (release below)
-            ticket = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
-            if ticket == SPLIT - 1:
-                total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-                for sp in tl.static_range(SPLIT):  # unrolled: the partial loads are issued together
-                    total += tl.load(ws_ptr + sp * WS_STRIDE + out_off, mask=ok, other=0.0, cache_modifier=".cg")
-                _resid_out(total, y_ptr, ss_out_ptr, rows, cols, ok, out_off, BLOCK_M)
-                tl.atomic_xchg(cnt_ptr + pid_n, 0)
-    else:
-        _store_or_fix_up(acc, y_ptr, ws_ptr, cnt_ptr, rows, cols, M, N, WS_STRIDE, BLOCK_M, BLOCK_N, SPLIT)
+    _store_or_fix_up(acc, y_ptr, ws_ptr, cnt_ptr, rows, cols, M, N, WS_STRIDE, BLOCK_M, BLOCK_N, SPLIT, RESID,
+                     ss_out_ptr)
 
 
 @triton.jit
