@@ -203,10 +203,8 @@ def check_graph_replay() -> None:
               f"same tokens as the standard layers in {float((outs[0][:, 1] == outs[2][:, 1]).float().mean()):.0%} "
               "of rows")
     del e5
-    target.fuse_rope = False  # RoPE + cache write as their own launch: the same tokens as fused
     e4 = SpecEngine(target, ReplayDrafter(), EngineConfig(max_num_seqs=64, max_len=600, k_max=7, buckets=(1, 8, 64),
-                                                           ks=(0, 3, 7)))
-    target.fuse_rope = True
+                                                           ks=(0, 3, 7), fuse_rope=False))  # RoPE as its own launch
     for b, k in ((1, 0), (8, 3), (64, 7)):
         outs = _replay_outputs((e4, e), b, k)
         print(f"graph RoPE unfused b={b} k={k}: same tokens as fused {bool((outs[0] == outs[1]).all())}")

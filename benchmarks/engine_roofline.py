@@ -122,31 +122,21 @@ def pdl_compare(engine, points, context_len: int, reps: int = 20) -> list[str]:
     return lines
 
 
-def _resolve(engine, attr: str):
-    """(object, name) for an engine attribute, or a dotted one such as ``target.fuse_rope``."""
-    obj, *path = [engine] + attr.split(".")
-    for part in path[:-1]:
-        obj = getattr(obj, part)
-    return obj, path[-1]
-
-
 def capture_variants(engine, b: int, k: int, variants: dict[str, dict], upload: bool) -> dict:
     """name -> the step of bucket b with k drafts captured with the engine attributes ``variants[name]`` set
-    (dotted names reach into the engine's parts; restored after each capture); a variant that fails to capture
-    is reported and left out."""
+    (restored after each capture); a variant that fails to capture is reported and left out."""
     graphs = {}
     for name, settings in variants.items():
-        targets = {attr: _resolve(engine, attr) for attr in settings}
-        saved = {attr: getattr(*targets[attr]) for attr in settings}
+        saved = {attr: getattr(engine, attr) for attr in settings}
         for attr, value in settings.items():
-            setattr(*targets[attr], value)
+            setattr(engine, attr, value)
         try:
             graphs[name] = engine.capture_step(b, k, upload=upload)
         except Exception as exc:  # report and go on with the other variants
             print(f"b={b} k={k} {name}: {type(exc).__name__}: {exc}", flush=True)
         finally:
             for attr, value in saved.items():
-                setattr(*targets[attr], value)
+                setattr(engine, attr, value)
     return graphs
 
 
@@ -217,9 +207,9 @@ def fusion_compare(engine, points, context_len: int, reps: int = 15) -> tuple[li
     """RoPE + cache write as their own launch (engine 0.5) against inside the attention launch (0.6), and with the
     fused-norm layers too (``EngineConfig.fuse_norm_max_rows``, steps of <= 16 rows)."""
     return variant_compare(engine, points, context_len,
-                           lambda b: {"unfused": {"target.fuse_rope": False, "fuse_norm_max_rows": 0},
-                                      "fused": {"target.fuse_rope": True, "fuse_norm_max_rows": 0},
-                                      "fused+norm": {"target.fuse_rope": True, "fuse_norm_max_rows": 16}},
+                           lambda b: {"unfused": {"fuse_rope": False, "fuse_norm_max_rows": 0},
+                                      "fused": {"fuse_rope": True, "fuse_norm_max_rows": 0},
+                                      "fused+norm": {"fuse_rope": True, "fuse_norm_max_rows": 16}},
                            reps)
 
 

@@ -194,7 +194,6 @@ class Decoder(nn.Module):
         self.lm_head = self.embed if cfg.tie_embeddings else _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype,
                                                                      device=device)
         self.ops = select_ops(torch.device(device) if isinstance(device, str) else device, use_triton)
-        self.fuse_rope = True  # decode: RoPE + cache write inside the attention launch (a benchmark may turn it off)
 
     @property
     def device(self) -> torch.device:
@@ -206,17 +205,18 @@ class Decoder(nn.Module):
 
     def forward(self, tokens, start_pos, slots, cache: KVCache, embeds: torch.Tensor | None = None,
                 prefill_at: tuple[int, int] | None = None, prefetch: L2Prefetch | None = None,
-                fuse_norm_rows: int = 0):
+                fuse_rope: bool = True, fuse_norm_rows: int = 0):
         """tokens [B, q] -> final-normed hidden [B, q, hidden]; ``prefetch``: hint each o weight into L2;
-        ``fuse_norm_rows``: a decode step of at most this many rows runs ``_forward_fused_norm``."""
+        ``fuse_rope``: see ``DecoderLayer.attn``; ``fuse_norm_rows``: a decode step of at most this many rows runs
+        ``_forward_fused_norm``."""
         ops, eps = self.ops, self.cfg.rms_norm_eps
         x = self.embed[tokens] if embeds is None else embeds
         if self.fuses_norm(x, prefill_at, fuse_norm_rows):
-            return self._forward_fused_norm(x, start_pos, slots, cache, prefetch)
+            return self._forward_fused_norm(x, start_pos, slots, cache, prefetch, fuse_rope)
         delta = None  # the first add+norm has nothing to add
         for i, layer in enumerate(self.layers):
             h, x = ops.add_rms_norm(x, delta, layer.in_norm, eps)
-            a = layer.attn(ops, h, start_pos, slots, cache.k[i], cache.v[i], prefill_at, prefetch, self.fuse_rope)
+            a = layer.attn(ops, h, start_pos, slots, cache.k[i], cache.v[i], prefill_at, prefetch, fuse_rope)
             h, x = ops.add_rms_norm(x, a, layer.post_norm, eps)
             delta = layer.mlp(ops, h)
         if prefetch is not None:
@@ -230,7 +230,8 @@ class Decoder(nn.Module):
         return (x.is_cuda and prefill_at is None and not self.cfg.is_moe and self.ops is not torch_ops
                 and rows <= min(max_rows, SILU_MAX_M))
 
-    def _forward_fused_norm(self, x, start_pos, slots, cache: KVCache, prefetch: L2Prefetch | None):
+    def _forward_fused_norm(self, x, start_pos, slots, cache: KVCache, prefetch: L2Prefetch | None,
+                            fuse_rope: bool = True):
         """The forward with no norm launch inside the stack (rows <= 16): the o and down GEMMs add into the residual
         stream in their epilogue and leave the rows' sums of squares, from which the qkv and the fused gate_up +
         silu GEMMs normalise their input in their prologue (``gemm.preload_residual`` / ``RowNorm``). The same
@@ -249,7 +250,7 @@ class Decoder(nn.Module):
             else:
                 qkv = gemm.preload_linear(r2, layer.wqkv, gemm.choose_preload(m, layer.wqkv, gemm.PRELOAD_NORM),
                                           gemm.RowNorm(layer.in_norm, squares, eps)).view(b, qlen, -1)
-            o = layer.attend(self.ops, qkv, start_pos, slots, cache.k[i], cache.v[i], None, prefetch, self.fuse_rope)
+            o = layer.attend(self.ops, qkv, start_pos, slots, cache.k[i], cache.v[i], None, prefetch, fuse_rope)
             squares = gemm.preload_residual(o.reshape(m, -1), layer.wo, gemm.choose_preload(m, layer.wo), r2)
             mid = gemm.silu_triton(r2, layer.w_gate_up, gemm.choose_preload(m, layer.w_gate_up, gemm.SILU_PRELOAD),
                                    gemm.RowNorm(layer.post_norm, squares, eps))

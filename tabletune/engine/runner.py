@@ -48,6 +48,8 @@ class EngineConfig:
     # programs of the prefetch kernel: 16 (engine 0.5) pull ~33 MB through 16 SMs, slower than the attention it
     # hides behind; at b <= 8 attention leaves ~70 of the 132 SMs idle
     prefetch_programs: int = 16
+    # Verify steps (k >= 1) run qk-norm, RoPE and the cache write inside the attention launch (model.DecoderLayer.attn)
+    fuse_rope: bool = True
     # Steps of at most this many rows (<= model.SILU_MAX_M) run the fused-norm layers (model._forward_fused_norm:
     # no norm launch inside the stack). 0: off (not measured on a GPU yet, docs/engine_notes.md v0.7.dev0).
     fuse_norm_max_rows: int = 0
@@ -86,7 +88,7 @@ class SpecEngine:
         self.overlap_min_tokens, self.overlap_sm_carveout = cfg.overlap_min_tokens, cfg.overlap_sm_carveout
         self.prefetch_max_batch, self.prefetch_mode = cfg.prefetch_max_batch, cfg.prefetch_mode
         self.prefetch_programs = cfg.prefetch_programs
-        self.fuse_norm_max_rows = cfg.fuse_norm_max_rows
+        self.fuse_rope, self.fuse_norm_max_rows = cfg.fuse_rope, cfg.fuse_norm_max_rows
         self._side: torch.cuda.Stream | None = None  # second stream (two-stream forward, L2 prefetch), made on first use
         self.buckets = list(cfg.buckets or default_buckets(cfg.max_num_seqs))
         self.ks = list(cfg.ks or range(cfg.k_max + 1))
@@ -151,12 +153,12 @@ class SpecEngine:
         if not split:
             prefetch = L2Prefetch(self.prefetch_mode, self._side_stream(), self.prefetch_programs) \
                 if self.prefetches(inputs.shape[0]) else None
-            return self.target(inputs, start, slots, self.cache, prefetch=prefetch,
+            return self.target(inputs, start, slots, self.cache, prefetch=prefetch, fuse_rope=self.fuse_rope,
                                fuse_norm_rows=self.fuse_norm_max_rows)
         half = inputs.shape[0] // 2
         if self.device.type != "cuda":
-            return torch.cat([self.target(inputs[:half], start[:half], slots[:half], self.cache),
-                              self.target(inputs[half:], start[half:], slots[half:], self.cache)])
+            return torch.cat([self._forward_rows(inputs, start, slots, slice(None, half)),
+                              self._forward_rows(inputs, start, slots, slice(half, None))])
         from tabletune.engine import kernels
 
         carve = self.overlap_sm_carveout and hasattr(torch._C, "_set_sm_carveout_experimental")
@@ -167,11 +169,11 @@ class SpecEngine:
             main = torch.cuda.current_stream()
             side = self._side_stream()
             side.wait_stream(main)
-            first = self.target(inputs[:half], start[:half], slots[:half], self.cache)
+            first = self._forward_rows(inputs, start, slots, slice(None, half))
             with torch.cuda.stream(side):
                 kernels.lane = 1
                 try:
-                    second = self.target(inputs[half:], start[half:], slots[half:], self.cache)
+                    second = self._forward_rows(inputs, start, slots, slice(half, None))
                 finally:
                     kernels.lane = 0
             main.wait_stream(side)
@@ -179,6 +181,10 @@ class SpecEngine:
             if carve:
                 torch._C._set_sm_carveout_experimental(previous)
         return torch.cat([first, second])
+
+    def _forward_rows(self, inputs, start, slots, rows: slice):
+        """The target forward of one half-batch of the two-stream step."""
+        return self.target(inputs[rows], start[rows], slots[rows], self.cache, fuse_rope=self.fuse_rope)
 
     def _side_stream(self) -> torch.cuda.Stream:
         if self._side is None:
