@@ -10,6 +10,8 @@
 from __future__ import annotations
 
 import random
+import time
+import traceback
 
 import torch
 
@@ -238,5 +240,13 @@ if __name__ == "__main__":
     if unknown:
         raise SystemExit(f"engine_gpu_check.py: --parts {','.join(unknown)} not in {','.join(CHECKS)}")
     print(torch.__version__, torch.cuda.get_device_name(), flush=True)
-    for part in parts:
-        CHECKS[part]()
+    failed = []
+    for part in parts:  # a failing part is reported and the others still run (one device call, all the answers)
+        t0 = time.perf_counter()
+        try:
+            CHECKS[part]()
+        except Exception:
+            failed.append(part)
+            traceback.print_exc()
+        print(f"part {part}: {time.perf_counter() - t0:.0f} s{' FAILED' if part in failed else ''}", flush=True)
+    raise SystemExit(f"engine_gpu_check.py: parts failed: {','.join(failed)}" if failed else 0)
