@@ -6,7 +6,7 @@
 #   ... the benchmark ...
 #   benchmarks/device_triton_cache.sh save             # last thing: $OUT/triton_cache.tgz.part* come back
 #
-# Here, between calls: copy the returned triton_cache.tgz.part* to .cache/ (ignored by git) and name .cache in the
+# Here, between calls: copy the returned triton_cache.tgz.part* to .tcache/ (ignored by git) and name .tcache in the
 # next call's carry. The cache is keyed by Triton's version, the GPU and each kernel's source, so a stale entry is
 # never used. The engine's cache is ~20 MB compressed, over the 16 MiB a returned file may have: it comes back in
 # 15 MiB parts.
@@ -15,7 +15,7 @@ dir="$PWD/.cache/triton"
 case "${1:-}" in
   restore)
     mkdir -p "$dir"
-    if ls .cache/triton_cache.tgz.part* >/dev/null 2>&1; then cat .cache/triton_cache.tgz.part* | tar xz -C "$dir"; fi
+    if ls .tcache/triton_cache.tgz.part* >/dev/null 2>&1; then cat .tcache/triton_cache.tgz.part* | tar xz -C "$dir"; fi
     export TRITON_CACHE_DIR="$dir"
     echo "triton cache: $(find "$dir" -type f | wc -l) files" ;;
   save)
