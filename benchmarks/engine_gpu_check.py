@@ -1,7 +1,7 @@
 """GPU correctness checks of the built-in engine (run on the GPU before timing).
 
-1. Triton kernels vs the PyTorch ops on the 8B shape, bf16, relative error; the split-K, TMA, stream-K, preload
-   GEMM (plain and gated) and the fused gate_up + silu GEMM vs torch, bit-identical on repeat, tickets back at zero.
+1. Triton kernels vs the PyTorch ops on the 8B shape, bf16, relative error; the split-K, TMA and stream-K GEMMs
+   (plain and gated) and the fused-norm layers' GEMMs vs torch, bit-identical on repeat, tickets back at zero.
 2. Greedy outputs with speculation (every drafter, a random table, CUDA graphs)
    identical to the non-speculative outputs, on a small random model in float32.
 3. MoE grouped-GEMM path vs the per-expert loop.
@@ -64,7 +64,6 @@ def check_kernels() -> None:
               f"v-cache {rel(vf, vu):.2e}")
     x = torch.randn(9, 4096, dtype=dt, device="cuda")
     w = torch.randn(4096, 4096, dtype=dt, device="cuda") * 0.02
-    wgu = torch.randn(2000, 4096, dtype=dt, device="cuda") * 0.02
     for m in (1, 9, 200):
         xm = torch.randn(m, 4096, dtype=dt, device="cuda")
         gm = torch.randn(m, 2 * 4096, dtype=dt, device="cuda")
@@ -80,14 +79,7 @@ def check_kernels() -> None:
         bm = max(16, 1 << (m - 1).bit_length())
         for cfg in ((bm, 32, 128, 1, 4, 6, False, 132), (bm, 64, 256, 1, 4, 4, False, 264)) if m <= 64 else ():
             _check_gemm("stream-K ", xm, w, cfg)
-        for bn, bk, warps in gemm.PRELOAD_TILES if m <= 16 else ():
-            _check_gemm("preload ", xm, w, gemm.Config(16, bn, bk, 1, warps, 1, preload=True))
         print(f"gemm cuBLASLt M={m}: {rel(gemm._mm_lt(xm, w), xm @ w.t()):.2e}")
-        for bn, bk, warps in gemm.SILU_TILES if m <= 16 else ():  # gate_up + silu*mul, 2 x 1000 gate_up rows
-            cfg = gemm.Config(16, bn, bk, 1, warps, 1, preload=True)
-            a = gemm.silu_triton(xm, wgu, cfg)
-            print(f"gemm silu M={m} cfg={cfg}: {rel(a, ops.silu_mul(xm @ wgu.t())):.2e} "
-                  f"repeat-identical {bool((gemm.silu_triton(xm, wgu, cfg) == a).all())}")
     print(f"tickets all zero after the launches: {int(kernels.counters(x.device).abs().sum()) == 0}")
     dl = torch.randn_like(x)
     wn = torch.rand(4096, dtype=dt, device="cuda")
@@ -96,21 +88,19 @@ def check_kernels() -> None:
     print(f"add_rms_norm {rel(yb, ya):.2e} {rel(rb, ra):.2e}")
     gu = torch.randn(9, 2 * 1000, dtype=dt, device="cuda")
     print(f"silu_mul {rel(kernels.silu_mul(gu), ops.silu_mul(gu)):.2e}")
-    for m in (1, 9):  # the fused-norm layer's GEMMs: residual epilogue, then the norm prologue from its squares
+    for m in (1, 9, 16):  # the fused-norm layer's GEMMs: residual epilogue, then the norm prologue from its squares
         xm, r0 = torch.randn(m, 4096, dtype=dt, device="cuda"), torch.randn(m, 4096, dtype=dt, device="cuda")
-        hn, r_ref = ops.add_rms_norm(r0, xm @ w.t(), wn, 1e-6)
-        for bn, bk, warps in gemm.PRELOAD_TILES:
-            r = r0.clone()
-            squares = gemm.preload_residual(xm, w, gemm.Config(16, bn, bk, 1, warps, 1, preload=True), r)
-            line = f"fused-norm M={m} residual tile {bn}x{bk}/{warps}: {rel(r, r_ref):.2e}"
-            for nbn, nbk, nwarps in gemm.NORM_TILES:
-                y = gemm.preload_linear(r, w, gemm.Config(16, nbn, nbk, 1, nwarps, 1, preload=True),
-                                        gemm.RowNorm(wn, squares, 1e-6))
-                line += f"; norm tile {nbn}x{nbk}/{nwarps}: {rel(y, hn @ w.t()):.2e}"
-            for sbn, sbk, swarps in gemm.SILU_NORM_TILES:
-                h = gemm.silu_triton(r, wgu, gemm.Config(16, sbn, sbk, 1, swarps, 1, preload=True),
-                                     gemm.RowNorm(wn, squares, 1e-6))
-                line += f"; silu tile {sbn}x{sbk}/{swarps}: {rel(h, ops.silu_mul(hn @ wgu.t())):.2e}"
+        gm = torch.randn(m, 2 * 4096, dtype=dt, device="cuda")
+        for cfg in (gemm.Config(16, 64, 256, 2, 4, 4), gemm.Config(16, 32, 128, 1, 4, 6), gemm.Config(16, 64, 128, 8, 4, 6)):
+            line = f"fused-norm M={m} cfg={tuple(cfg)[:6]}:"
+            for gated, inp, prod in ((False, xm, xm @ w.t()), (True, gm, ops.silu_mul(gm) @ w.t())):
+                hn, r_ref = ops.add_rms_norm(r0, prod, wn, 1e-6)
+                r = r0.clone()
+                squares = gemm.residual_linear(inp, w, cfg, r, gated=gated)
+                y = gemm.norm_linear(r, w, cfg, gemm.RowNorm(wn, squares, 1e-6))
+                y2 = gemm.norm_linear(r, w, cfg, gemm.RowNorm(wn, squares, 1e-6))
+                line += (f" residual{' gated' if gated else ''} {rel(r, r_ref):.2e}, norm {rel(y, hn @ w.t()):.2e} "
+                         f"repeat-identical {bool((y == y2).all())};")
             print(line)
     print(f"tickets all zero after the fused-norm launches: {int(kernels.counters(x.device).abs().sum()) == 0}")
 

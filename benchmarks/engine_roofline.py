@@ -297,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fusion-compare", default="", help="b:k,... cells to time with RoPE fused into attention "
                     "and without")
     ap.add_argument("--no-grid", action="store_true", help="only the comparisons (capture b, k, time nothing else)")
+    ap.add_argument("--fuse-norm-max-rows", type=int, default=0,
+                    help="steps of at most this many rows run the fused-norm layers (EngineConfig.fuse_norm_max_rows)")
     ap.add_argument("--out", default="benchmarks/results/engine_roofline_h200")
     args = ap.parse_args(argv)
     ceil = measure_ceilings()
@@ -305,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
         tuple(power_of_two_buckets(args.max_batch))
     args.max_batch = max(buckets)
     t0 = time.perf_counter()
-    engine = build_engine(args.model, "replay", args.k_max, args.max_batch, args.context, buckets=buckets)
+    engine = build_engine(args.model, "replay", args.k_max, args.max_batch, args.context, buckets=buckets,
+                          fuse_norm_max_rows=args.fuse_norm_max_rows)
     print(f"built + captured {len(engine.graphs)} graphs in {time.perf_counter() - t0:.1f} s", flush=True)
     cfg = engine.target.cfg
     timed = []
@@ -348,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     def label(c) -> str:
         if c is None or isinstance(c, (int, str)):
             return "cublas" if c is None else f"cublas on {c} rows" if isinstance(c, int) else c
-        return ("triton-tma" if c.tma else "triton-preload" if c.preload else "triton-stream-k" if c.stream_k
+        return ("triton-tma" if c.tma else "triton-stream-k" if c.stream_k
                 else "triton") + str(tuple(c[:6]))
     picks = sorted(((m, n, kk, g, label(c)) for (m, n, kk, g), c in gemm._choice.items()),
                    key=lambda p: (p[0], p[1], p[2], str(p[3])))  # g: gated (bool) or gemm.SILU

@@ -24,14 +24,13 @@ x and W tiles fetched by Hopper's tensor-memory accelerator through host tensor 
 pointer kernel ran at half of cuBLAS. cuBLASLt (torch's preferred-BLAS switch) is one more
 candidate: its heuristics pick other kernels than cuBLAS's at some shapes.
 
-Preload configs (``Config.preload``, M <= 16, plain shapes): at small M every small-N GEMM pays a fixed
-3.5-4 us a launch on the H200, even with its weight in L2 (docs/engine_notes.md, v0.6). In this kernel each
-program owns one whole weight tile and loads it before the programmatic-dependent-launch wait, so the
-programs that launch early stream weights while the previous kernel (attention, a norm) still runs.
-
-``linear_silu`` (the MLP's gate_up weight, M <= ``model.SILU_MAX_M``): the gate_up GEMM and silu(gate) * up
-in one preload-style launch (each program owns a gate tile and the matching up tile), against the gate_up
-GEMM's own choice followed by ``kernels.silu_mul``.
+Fused-norm layers (``norm_linear`` / ``residual_linear``, M <= 16, the pointer kernel): the o and down GEMMs
+add their product into the residual stream in their epilogue (``RESID``) and leave each column tile's sums of
+squares per row; the qkv and gate_up GEMMs normalise their x tiles in the K loop from those sums (``NORM``), so a
+decode layer has no norm launch (and the down GEMM's ``GATED`` prologue takes the silu * mul launch too).
+(Engine 0.7.dev0 ran these on a "preload" kernel that loaded its whole weight tile before the PDL wait; on the
+H200 it streamed weights at 1.6-2.4 TB/s against 2.9-4.2 for the pipelined kernel, and made the step 75-105%
+slower, so it is gone: docs/engine_notes.md, 0.7.dev0 on the H200.)
 
 Stream-K configs (``Config.stream_k`` = P, M <= 64, plain shapes): split-K launches tiles x splits
 programs, rarely a multiple of the SM count, so the last wave runs part-empty (the small projections
@@ -55,7 +54,6 @@ import triton
 import triton.language as tl
 
 from tabletune.engine import kernels, ops as torch_ops
-from tabletune.engine.model import SILU_MAX_M
 
 MAX_TRITON_M = 512
 MAX_CHOOSE_M = 4096  # above this, cuBLAS at M without timing
@@ -72,9 +70,14 @@ def _prefetch_l2(ptrs):
 
 
 @triton.jit
-def _gemm_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, K_PER_SPLIT, WS_STRIDE,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-                 GATED: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_K: tl.constexpr):
+def _gemm_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, K_PER_SPLIT, WS_STRIDE, nw_ptr, ss_in_ptr, ss_out_ptr,
+                 NT_IN, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+                 GATED: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_K: tl.constexpr, NORM: tl.constexpr = False,
+                 RESID: tl.constexpr = False, NT_P: tl.constexpr = 1):
+    """The split-K GEMM. ``NORM`` (one row block): x is the residual stream and the GEMM's input its RMSNorm
+    (weight ``nw_ptr``, 1 / rms from the NT_IN per-tile partial sums of squares at ``ss_in_ptr``), applied to each
+    x tile as it is loaded. ``RESID`` (one row block): y is the residual stream, updated in place to y + x W^T,
+    with this GEMM's per-tile sums of squares written to ``ss_out_ptr`` (``_resid_out``)."""
     pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -89,6 +92,7 @@ def _gemm_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, K_PER_SPLIT, WS_
     kk = tl.arange(0, BLOCK_K)
     x_stride = 2 * K if GATED else K
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    inv = _inv_rms(ss_in_ptr, NT_IN, K, eps, BLOCK_M, NT_P) if NORM else 1.0
     for k0 in range(k_lo, k_hi, BLOCK_K):
         k_ok = (k0 + kk) < k_hi
         x_mask = (rows[:, None] < M) & k_ok[None, :]
@@ -98,10 +102,14 @@ def _gemm_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, K_PER_SPLIT, WS_
             g = x.to(tl.float32)
             u = tl.load(x_ptr + x_off + K, mask=x_mask, other=0.0).to(tl.float32)
             x = (g / (1.0 + tl.exp(-g)) * u).to(w_ptr.dtype.element_ty)
+        if NORM:  # bf16(x * inv * w), as kernels.add_rms_norm rounds it
+            nw = tl.load(nw_ptr + k0 + kk, mask=k_ok, other=0.0).to(tl.float32)
+            x = (x.to(tl.float32) * inv[:, None] * nw[None, :]).to(w_ptr.dtype.element_ty)
         w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * K + (k0 + kk)[None, :],
                     mask=(cols[:, None] < N) & k_ok[None, :], other=0.0)
         acc += tl.dot(x, tl.trans(w))
-    _store_or_fix_up(acc, y_ptr, ws_ptr, cnt_ptr, rows, cols, M, N, WS_STRIDE, BLOCK_M, BLOCK_N, SPLIT)
+    _store_or_fix_up(acc, y_ptr, ws_ptr, cnt_ptr, rows, cols, M, N, WS_STRIDE, BLOCK_M, BLOCK_N, SPLIT, RESID,
+                     ss_out_ptr)
 
 
 @triton.jit
@@ -147,8 +155,7 @@ def _store_or_fix_up(acc, y_ptr, ws_ptr, cnt_ptr, rows, cols, M, N, WS_STRIDE, B
 @triton.jit
 def _inv_rms(ss_ptr, NT, K, eps, BLOCK_M: tl.constexpr, NT_P: tl.constexpr):
     """1 / rms of each row from the NT per-tile partial sums of squares ss[t, row] that the previous GEMM's
-    residual epilogue wrote (``_resid_out``), summed in chunks of 32 tiles (a fixed order; small chunks keep the
-    registers free for the weight tile loaded before the wait)."""
+    residual epilogue wrote (``_resid_out``), summed in chunks of 32 tiles (a fixed order)."""
     CHUNK: tl.constexpr = 32 if NT_P > 32 else NT_P
     ss = tl.zeros([BLOCK_M], tl.float32)
     for t0 in tl.static_range(0, NT_P, CHUNK):
@@ -156,98 +163,6 @@ def _inv_rms(ss_ptr, NT, K, eps, BLOCK_M: tl.constexpr, NT_P: tl.constexpr):
         ss += tl.sum(tl.load(ss_ptr + t[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :], mask=t[:, None] < NT,
                              other=0.0), 0)
     return 1.0 / tl.sqrt(ss / K + eps)
-
-
-@triton.jit
-def _wait_load_rows(x_ptr, nw_ptr, ss_in_ptr, NT_IN, eps, rows, kk, M, K, BLOCK_M: tl.constexpr,
-                    USE_PDL: tl.constexpr, NORM: tl.constexpr, NT_P: tl.constexpr):
-    """The preload kernels' part after their weight loads: the PDL wait, then x[rows, kk]; with NORM, the RMSNorm
-    of it (x is then the residual stream, 1 / rms from the NT_IN partials at ``ss_in_ptr``): bf16(x * inv * w),
-    as ``kernels.add_rms_norm`` computes it."""
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    ok = (rows[:, None] < M) & (kk[None, :] < K)
-    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + kk[None, :], mask=ok, other=0.0)
-    if NORM:
-        inv = _inv_rms(ss_in_ptr, NT_IN, K, eps, BLOCK_M, NT_P)
-        w = tl.load(nw_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-        x = (x.to(tl.float32) * inv[:, None] * w[None, :]).to(x.dtype)
-    return x
-
-
-@triton.jit(do_not_specialize=["M"])  # one compile for every M <= 16 (M only masks)
-def _gemm_preload_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, WS_STRIDE, nw_ptr, ss_in_ptr, ss_out_ptr,
-                         NT_IN, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         SPLIT: tl.constexpr, USE_PDL: tl.constexpr, NORM: tl.constexpr = False,
-                         RESID: tl.constexpr = False, NT_P: tl.constexpr = 1):
-    """Skinny split-K GEMM (M <= BLOCK_M) in which each program owns one [BLOCK_N, BLOCK_K] weight tile
-    (grid (1, cdiv(N, BLOCK_N), SPLIT), SPLIT = cdiv(K, BLOCK_K)) and loads it into registers *before* the PDL
-    wait: weights do not depend on the previous kernel, so a program launched early streams its tile while the
-    previous kernel drains, and after the wait only x (a few rows) is left to load.
-
-    ``NORM``: x is the residual stream and the GEMM's input is its RMSNorm (weight ``nw_ptr``, 1 / rms from the
-    NT_IN partial sums at ``ss_in_ptr``). ``RESID``: y is the residual stream, updated in place to
-    y + x W^T, with the per-tile sums of squares written to ``ss_out_ptr`` (the fused-norm layer: no norm launch)."""
-    pid_n, pid_s = tl.program_id(1), tl.program_id(2)
-    rows = tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    kk = pid_s * BLOCK_K + tl.arange(0, BLOCK_K)
-    w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * K + kk[None, :], mask=(cols[:, None] < N) & (kk[None, :] < K),
-                other=0.0)
-    x = _wait_load_rows(x_ptr, nw_ptr, ss_in_ptr, NT_IN, eps, rows, kk, M, K, BLOCK_M, USE_PDL, NORM, NT_P)
-    acc = tl.dot(x, tl.trans(w))
-    _store_or_fix_up(acc, y_ptr, ws_ptr, cnt_ptr, rows, cols, M, N, WS_STRIDE, BLOCK_M, BLOCK_N, SPLIT, RESID,
-                     ss_out_ptr)
-
-
-@triton.jit
-def _silu_mul_f32(g, u, dtype: tl.constexpr):
-    """silu(g) * u with both rounded to ``dtype`` first, as ``kernels.silu_mul`` sees a bf16 gate_up output."""
-    g = g.to(dtype).to(tl.float32)
-    u = u.to(dtype).to(tl.float32)
-    return (g / (1.0 + tl.exp(-g)) * u).to(dtype)
-
-
-@triton.jit(do_not_specialize=["M"])  # one compile for every M <= 16 (M only masks)
-def _gemm_silu_preload_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, I, K, WS_STRIDE, nw_ptr, ss_in_ptr, NT_IN, eps,
-                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                              SPLIT: tl.constexpr, USE_PDL: tl.constexpr, NORM: tl.constexpr = False,
-                              NT_P: tl.constexpr = 1):
-    """The MLP's gate_up GEMM and silu(gate) * up in one launch, for M <= BLOCK_M: w = [Wg; Wu] is [2I, K]; a
-    program owns the gate tile (rows j .. j+BLOCK_N of Wg) and the matching up tile (the same rows of Wu) of one
-    K slice, loads both before the PDL wait (as ``_gemm_preload_kernel``), and the last split of a column tile
-    adds the partials in split order and writes silu(g) * u [M, BLOCK_N] (one launch a layer fewer). ``NORM``: the
-    input is the RMSNorm of the residual stream x, as in ``_gemm_preload_kernel``."""
-    pid_n, pid_s = tl.program_id(1), tl.program_id(2)
-    rows = tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    kk = pid_s * BLOCK_K + tl.arange(0, BLOCK_K)
-    w_mask = (cols[:, None] < I) & (kk[None, :] < K)
-    wg = tl.load(w_ptr + cols.to(tl.int64)[:, None] * K + kk[None, :], mask=w_mask, other=0.0)
-    wu = tl.load(w_ptr + (cols + I).to(tl.int64)[:, None] * K + kk[None, :], mask=w_mask, other=0.0)
-    x = _wait_load_rows(x_ptr, nw_ptr, ss_in_ptr, NT_IN, eps, rows, kk, M, K, BLOCK_M, USE_PDL, NORM, NT_P)
-    g = tl.dot(x, tl.trans(wg))
-    u = tl.dot(x, tl.trans(wu))
-    ok = (rows[:, None] < M) & (cols[None, :] < I)
-    out_off = rows.to(tl.int64)[:, None] * I + cols[None, :]
-    if SPLIT == 1:
-        tl.store(y_ptr + out_off, _silu_mul_f32(g, u, y_ptr.dtype.element_ty), mask=ok)
-    else:
-        part = pid_s.to(tl.int64) * 2 * WS_STRIDE + out_off
-        tl.store(ws_ptr + part, g, mask=ok)
-        tl.store(ws_ptr + part + WS_STRIDE, u, mask=ok)
-        tl.debug_barrier()  # every thread's partial is stored before the ticket (release below)
-        ticket = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
-        if ticket == SPLIT - 1:
-            g_tot = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            u_tot = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            for sp in tl.static_range(SPLIT):  # unrolled: the partial loads are issued together
-                g_tot += tl.load(ws_ptr + sp * 2 * WS_STRIDE + out_off, mask=ok, other=0.0, cache_modifier=".cg")
-                u_tot += tl.load(ws_ptr + (sp * 2 + 1) * WS_STRIDE + out_off, mask=ok, other=0.0,
-                                 cache_modifier=".cg")
-            tl.store(y_ptr + out_off, _silu_mul_f32(g_tot, u_tot, y_ptr.dtype.element_ty), mask=ok)
-            tl.atomic_xchg(cnt_ptr + pid_n, 0)
 
 
 @triton.jit
@@ -339,9 +254,7 @@ def _gemm_stream_k_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, PROGRAM
 
 class Config(NamedTuple):
     """A Triton GEMM config; ``tma``: the TMA kernel (plain, not gated) instead of pointer loads; ``stream_k``:
-    if not 0, the stream-K kernel (plain) with that many persistent programs (``split`` unused); ``preload``: the
-    preload kernel (plain, M <= block_m; one weight tile of block_k columns a program, so the split is
-    cdiv(K, block_k); ``split`` and ``stages`` unused)."""
+    if not 0, the stream-K kernel (plain) with that many persistent programs (``split`` unused)."""
     block_m: int
     block_n: int
     block_k: int
@@ -350,11 +263,14 @@ class Config(NamedTuple):
     stages: int
     tma: bool = False
     stream_k: int = 0
-    preload: bool = False
 
 
-PRELOAD_TILES = ((32, 512, 4), (16, 1024, 4), (32, 256, 4), (64, 256, 4), (64, 512, 8))  # (block_n, block_k, warps)
-SILU_TILES = ((32, 256, 4), (16, 256, 4), (32, 512, 8), (64, 256, 8))  # two weight tiles (gate, up) a program
+def _skinny(bm: int, gated: bool) -> list[tuple[int, int, int, int, int, int]]:
+    """The pointer kernel's configs of one row block of ``bm`` rows."""
+    if gated:
+        return [(bm, 64, 128, s, 4, 4) for s in (1, 2, 4, 8)]
+    # BLOCK_N 32 and splits 3, 6: more ways to make the program count a multiple of the SM count
+    return [(bm, bn, bk, s, 4, st) for bn in (32, 64) for bk, st in ((128, 6), (256, 4)) for s in (1, 2, 3, 4, 6, 8)]
 
 
 def _configs(m: int, gated: bool, tma: bool = True) -> list[Config]:
@@ -364,12 +280,6 @@ def _configs(m: int, gated: bool, tma: bool = True) -> list[Config]:
 
     Kept small: every distinct config is a Triton compile at start-up.
     """
-    def skinny(bm: int) -> list[tuple[int, int, int, int, int, int]]:
-        if gated:
-            return [(bm, 64, 128, s, 4, 4) for s in (1, 2, 4, 8)]
-        # BLOCK_N 32 and splits 3, 6: more ways to make the program count a multiple of the SM count
-        return [(bm, bn, bk, s, 4, st) for bn in (32, 64) for bk, st in ((128, 6), (256, 4)) for s in (1, 2, 3, 4, 6, 8)]
-
     mid = [(128, bn, 64, s, 8, 3) for bn in (128, 256) for s in (1, 2, 4)] + \
         [(64, bn, 64, s, 4, 4) for bn in (128, 256) for s in (1, 2)]
     cands = []
@@ -377,7 +287,7 @@ def _configs(m: int, gated: bool, tma: bool = True) -> list[Config]:
         # one row block of next_pow2(M) rows (M <= 64), or several smaller ones: the programs of one weight tile
         # are adjacent in launch order, so the row blocks after the first mostly read the tile from L2
         row_blocks = {bm for bm in (16, 32, 64) if bm < m} | ({max(16, triton.next_power_of_2(m))} if m <= 64 else set())
-        cands = [c for bm in sorted(row_blocks) for c in skinny(bm)]
+        cands = [c for bm in sorted(row_blocks) for c in _skinny(bm, gated)]
     if m > 64:
         cands += mid
     cands = [Config(*c) for c in cands]
@@ -391,8 +301,6 @@ def _configs(m: int, gated: bool, tma: bool = True) -> list[Config]:
         bm = max(16, triton.next_power_of_2(m))
         cands += [Config(bm, bn, bk, 1, 4, st, False, p)
                   for bn in (32, 64) for bk, st in ((128, 6), (256, 4)) for p in STREAM_K_PROGRAMS]
-    if not gated and m <= 16:
-        cands += [Config(16, bn, bk, 1, warps, 1, preload=True) for bn, bk, warps in PRELOAD_TILES]
     return [c for c in cands if c.stages * (c.block_m + c.block_n) * c.block_k * 2 <= SMEM_BYTES]
 
 
@@ -413,10 +321,8 @@ def triton_linear(x: torch.Tensor, w: torch.Tensor, cfg, gated: bool = False) ->
     bm, bn, bk, split, warps, stages = cfg[:6]
     m = x.shape[0]
     n, k = w.shape
-    if gated and (cfg.tma or cfg.stream_k or cfg.preload):
-        raise ValueError("the TMA, stream-K and preload GEMMs have no gated variant")
-    if cfg.preload and m > bm:
-        raise ValueError(f"the preload GEMM covers at most {bm} rows, not {m}")
+    if gated and (cfg.tma or cfg.stream_k):
+        raise ValueError("the TMA and stream-K GEMMs have no gated variant")
     pdl = kernels.pdl_enabled(x)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if cfg.stream_k:
@@ -426,31 +332,50 @@ def triton_linear(x: torch.Tensor, w: torch.Tensor, cfg, gated: bool = False) ->
                                                BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, USE_PDL=pdl, num_warps=warps,
                                                num_stages=stages, **kernels.pdl_kwargs(pdl))
         return y
-    if cfg.preload:
-        return _preload(x, w, cfg, y)
+    if not cfg.tma:
+        return _pointer_gemm(x, w, cfg, y, gated)
+    per_split, split, ws, grid = _split_k(m, n, k, bm, bn, bk, split, y)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    _gemm_tma_kernel[grid](TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]),
+                           y, ws, kernels.counters(x.device), m, n, k, per_split, m * n, BLOCK_M=bm, BLOCK_N=bn,
+                           BLOCK_K=bk, SPLIT=split, USE_PDL=pdl, num_warps=warps, num_stages=stages,
+                           **kernels.pdl_kwargs(pdl))
+    return y
+
+
+def _split_k(m: int, n: int, k: int, bm: int, bn: int, bk: int, split: int, y: torch.Tensor):
+    """K columns a split (a multiple of bk), the split count that leaves none empty, the fp32 workspace of the
+    partials (y itself when there is one split) and the grid."""
     per_split = triton.cdiv(triton.cdiv(k, split), bk) * bk
     split = triton.cdiv(k, per_split)
-    ws = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
+    ws = torch.empty(split, m, n, dtype=torch.float32, device=y.device) if split > 1 else y
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), split)
     assert grid[0] * grid[1] <= kernels.MAX_TICKETS
-    if cfg.tma:
-        from triton.tools.tensor_descriptor import TensorDescriptor
+    return per_split, split, ws, grid
 
-        _gemm_tma_kernel[grid](TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]),
-                               y, ws, kernels.counters(x.device), m, n, k, per_split, m * n, BLOCK_M=bm, BLOCK_N=bn,
-                               BLOCK_K=bk, SPLIT=split, USE_PDL=pdl, num_warps=warps, num_stages=stages,
-                               **kernels.pdl_kwargs(pdl))
-        return y
-    _gemm_kernel[grid](x, w, y, ws, kernels.counters(x.device), m, n, k, per_split, m * n, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+
+def _pointer_gemm(x: torch.Tensor, w: torch.Tensor, cfg: Config, y: torch.Tensor, gated: bool = False,
+                  norm: "RowNorm | None" = None, squares_out: torch.Tensor | None = None) -> torch.Tensor:
+    """``_gemm_kernel`` into y (with ``squares_out``: y is the residual stream, updated in place)."""
+    bm, bn, bk, split, warps, stages = cfg[:6]
+    m = x.shape[0]
+    n, k = w.shape
+    per_split, split, ws, grid = _split_k(m, n, k, bm, bn, bk, split, y)
+    nw, ss_in, tiles, eps = (x, ws, 1, 0.0) if norm is None else (norm.weight, norm.squares.ss, norm.squares.tiles,
+                                                                   norm.eps)
+    pdl = kernels.pdl_enabled(x)
+    _gemm_kernel[grid](x, w, y, ws, kernels.counters(x.device), m, n, k, per_split, m * n, nw, ss_in,
+                       ws if squares_out is None else squares_out, tiles, eps, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                        SPLIT=split, GATED=gated, USE_PDL=pdl, PREFETCH_K=_prefetch_k(x, per_split) if pdl else 0,
-                       num_warps=warps, num_stages=stages,
-                       **kernels.pdl_kwargs(pdl))
+                       NORM=norm is not None, RESID=squares_out is not None, NT_P=_tiles_p2(norm),
+                       num_warps=warps, num_stages=stages, **kernels.pdl_kwargs(pdl))
     return y
 
 
 class RowSquares(NamedTuple):
     """Per-row sums of squares of the residual stream, as ``tiles`` column-tile partials ss[tile, row] of 16 rows
-    (written by a residual-epilogue GEMM, ``preload_residual``)."""
+    (written by a residual-epilogue GEMM, ``residual_linear``)."""
     ss: torch.Tensor
     tiles: int
 
@@ -466,43 +391,37 @@ def _tiles_p2(norm: RowNorm | None) -> int:
     return 1 if norm is None else triton.next_power_of_2(norm.squares.tiles)
 
 
-def _preload(x: torch.Tensor, w: torch.Tensor, cfg: Config, y: torch.Tensor, norm: RowNorm | None = None,
-             squares_out: torch.Tensor | None = None) -> torch.Tensor:
-    m, k = x.shape
-    n = w.shape[0]
-    split = triton.cdiv(k, cfg.block_k)
-    ws = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
-    assert triton.cdiv(n, cfg.block_n) <= kernels.MAX_TICKETS
-    nw, ss_in, tiles, eps = (x, ws, 1, 0.0) if norm is None else (norm.weight, norm.squares.ss, norm.squares.tiles,
-                                                                   norm.eps)
-    pdl = kernels.pdl_enabled(x)
-    _gemm_preload_kernel[(1, triton.cdiv(n, cfg.block_n), split)](
-        x, w, y, ws, kernels.counters(x.device), m, n, k, m * n, nw, ss_in, ws if squares_out is None else squares_out,
-        tiles, eps, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=split, USE_PDL=pdl,
-        NORM=norm is not None, RESID=squares_out is not None, NT_P=_tiles_p2(norm), num_warps=cfg.warps,
-        **kernels.pdl_kwargs(pdl))
-    return y
+FUSED_ROWS = 16  # the fused-norm GEMMs run one row block of 16 rows; RowSquares partials are 16 rows a tile
 
 
-def preload_linear(x: torch.Tensor, w: torch.Tensor, cfg, norm: RowNorm | None = None) -> torch.Tensor:
-    """x W^T [M, N] with the preload kernel (M <= cfg.block_m); with ``norm``, x is the residual stream and the
-    GEMM's input its RMSNorm."""
+def _check_fused(name: str, x: torch.Tensor, w: torch.Tensor, cfg: Config, gated: bool = False) -> None:
+    m, width = x.shape
+    if cfg.tma or cfg.stream_k or cfg.block_m != FUSED_ROWS or m > FUSED_ROWS:
+        raise ValueError(f"{name}: a pointer config of {FUSED_ROWS} rows for at most {FUSED_ROWS} rows, not {cfg} "
+                         f"for M={m}")
+    if width != w.shape[1] * (2 if gated else 1) or not x.is_contiguous():
+        raise ValueError(f"{name}: x {tuple(x.shape)} against W {tuple(w.shape)} (gated={gated}, contiguous)")
+
+
+def norm_linear(x: torch.Tensor, w: torch.Tensor, cfg, norm: RowNorm) -> torch.Tensor:
+    """RMSNorm(x) W^T [M, N] for the residual stream x [M, K] (M <= 16), the norm from ``norm.squares``."""
     cfg = Config(*cfg)
-    if not cfg.preload or x.shape[0] > cfg.block_m:
-        raise ValueError(f"a preload config of at least {x.shape[0]} rows is needed, not {cfg}")
-    return _preload(x, w, cfg, kernels.empty_rows(x.shape[0], w.shape[0], x.dtype, x.device), norm)
+    _check_fused("norm_linear", x, w, cfg)
+    return _pointer_gemm(x, w, cfg, torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device), norm=norm)
 
 
-def preload_residual(x: torch.Tensor, w: torch.Tensor, cfg, residual: torch.Tensor) -> RowSquares:
-    """residual += x W^T in place (the residual add of a layer, rounded as ``kernels.add_rms_norm`` rounds it) with
-    the preload kernel, and the rows' sums of squares for the next GEMM's norm."""
+def residual_linear(x: torch.Tensor, w: torch.Tensor, cfg, residual: torch.Tensor, gated: bool = False
+                    ) -> RowSquares:
+    """residual += x W^T in place (gated: (silu(gate) * up) W^T for x = [gate | up]), rounded as
+    ``kernels.add_rms_norm`` rounds the residual add, and the rows' sums of squares for the next GEMM's norm."""
     cfg = Config(*cfg)
+    _check_fused("residual_linear", x, w, cfg, gated)
     m, n = x.shape[0], w.shape[0]
-    if not cfg.preload or m > cfg.block_m or residual.shape != (m, n) or not residual.is_contiguous():
-        raise ValueError(f"preload_residual: {cfg} for M={m}, residual {tuple(residual.shape)} (contiguous [M, N])")
+    if residual.shape != (m, n) or not residual.is_contiguous():
+        raise ValueError(f"residual_linear: residual {tuple(residual.shape)}, not a contiguous [{m}, {n}]")
     tiles = triton.cdiv(n, cfg.block_n)
-    ss = torch.empty(tiles * cfg.block_m, dtype=torch.float32, device=x.device)
-    _preload(x, w, cfg, residual, squares_out=ss)
+    ss = torch.empty(tiles * FUSED_ROWS, dtype=torch.float32, device=x.device)
+    _pointer_gemm(x, w, cfg, residual, gated, squares_out=ss)
     return RowSquares(ss, tiles)
 
 
@@ -518,8 +437,9 @@ def _prefetch_k(x: torch.Tensor, per_split: int) -> int:
         try:
             a, w = torch.ones(1, 64, dtype=x.dtype, device=x.device), torch.ones(64, 64, dtype=x.dtype, device=x.device)
             y = torch.empty(1, 64, dtype=x.dtype, device=x.device)
-            _gemm_kernel[(1, 1, 1)](a, w, y, y, kernels.counters(x.device), 1, 64, 64, 64, 64, BLOCK_M=16, BLOCK_N=64,
-                                    BLOCK_K=64, SPLIT=1, GATED=False, USE_PDL=True, PREFETCH_K=64, launch_pdl=True)
+            _gemm_kernel[(1, 1, 1)](a, w, y, y, kernels.counters(x.device), 1, 64, 64, 64, 64, a, y, y, 1, 0.0,
+                                    BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, SPLIT=1, GATED=False, USE_PDL=True,
+                                    PREFETCH_K=64, launch_pdl=True)
             _prefetch_ok[x.device] = bool((y == 64).all())
         except Exception as exc:  # this Triton / GPU cannot: run without the prefetch
             print(f"tabletune: GEMM prefetch off ({type(exc).__name__}: {exc})")
@@ -528,7 +448,7 @@ def _prefetch_k(x: torch.Tensor, per_split: int) -> int:
 
 
 # (M, N, K, gated) -> None: cuBLAS at M; an int: cuBLAS on that many (padded) rows; CUBLASLT: cuBLASLt at M;
-# a Config: Triton. (M, N, K, SILU) -> None: the plain choice then silu_mul; a Config: the fused kernel.
+# a Config: Triton. (M, N, K, FUSED / FUSED_GATED) -> the fused-norm layers' pointer config.
 _choice: dict[tuple[int, int, int, bool | str], Config | int | str | None] = {}
 enabled = True
 CUBLASLT = "cublaslt"
@@ -665,98 +585,24 @@ def _fastest(key, w: torch.Tensor, width: int, cands: dict, reference):
     return min(timings, key=timings.get)
 
 
-SILU = "silu"  # the chooser key's last field for linear_silu
+FUSED = "fused"  # chooser keys of the fused-norm layers' GEMMs (plain, gated)
+FUSED_GATED = "fused-gated"
 
 
-def silu_candidates(m: int) -> dict:
-    """choice -> callable(x, w) for silu(x Wg^T) * (x Wu^T): the plain GEMM's choice then ``kernels.silu_mul``
-    (None), and for M <= SILU_MAX_M the fused preload configs."""
-    cands = {None: _silu_unfused}
-    for bn, bk, warps in SILU_TILES if m <= SILU_MAX_M else ():
-        cfg = Config(16, bn, bk, 1, warps, 1, preload=True)
-        cands[cfg] = lambda x, w_, cfg=cfg: silu_triton(x, w_, cfg)
-    return cands
-
-
-def _silu_unfused(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return kernels.silu_mul(_run(x, w, _choice.get((x.shape[0], w.shape[0], w.shape[1], False))), w.dtype)
-
-
-def choose_silu(m: int, w: torch.Tensor):
+def choose_fused(m: int, w: torch.Tensor, gated: bool = False) -> Config:
+    """The fastest pointer config of 16 rows for the fused-norm layers' GEMM of x [M, K] (gated: [M, 2K]) W^T,
+    M <= 16, timed as the plain (or gated) kernel: the norm prologue and the residual epilogue add a few loads of
+    rows, the same for every tile."""
     n, k = w.shape
-    key = (m, n, k, SILU)
-    if key not in _choice:
-        choose(m, w, False)
-        _choice[key] = _fastest(key, w, k, silu_candidates(m),
-                                lambda x, w_: kernels.silu_mul(torch.mm(x, w_.t()), w.dtype))
-    return _choice[key]
-
-
-PRELOAD = "preload"  # chooser keys of the fused-norm layers' GEMMs: the best tile of a set
-PRELOAD_NORM = "preload-norm"
-SILU_PRELOAD = "silu-preload"
-# Tiles that compile without register spills (sm_90, Triton 3.9) once the norm prologue is added: the x tile is
-# normalised in fp32 while the weight tile loaded before the wait still holds its registers.
-NORM_TILES = ((32, 256, 4), (64, 256, 4), (64, 512, 8))
-SILU_NORM_TILES = ((32, 256, 4), (16, 256, 4), (64, 256, 8))
-
-
-def choose_preload(m: int, w: torch.Tensor, tag: str = PRELOAD) -> Config:
-    """The fastest tile for the fused-norm layers' GEMM x [M, K] W^T (M <= 16): ``PRELOAD``: of PRELOAD_TILES
-    (the residual-epilogue GEMMs), ``PRELOAD_NORM``: of NORM_TILES (the norm-prologue qkv GEMM), ``SILU_PRELOAD``:
-    the fused gate_up + silu kernel, of SILU_NORM_TILES. Timed as the plain kernels (the prologue and epilogue
-    add a few loads of rows)."""
-    n, k = w.shape
-    key = (m, n, k, tag)
+    key = (m, n, k, FUSED_GATED if gated else FUSED)
     if key not in _choice:
         if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"no {tag} tile chosen for M={m} N={n} K={k}: run one step before capture")
-        tiles = {PRELOAD: PRELOAD_TILES, PRELOAD_NORM: NORM_TILES, SILU_PRELOAD: SILU_NORM_TILES}[tag]
-        run = silu_triton if tag == SILU_PRELOAD else preload_linear
-        cands = {c: (lambda x, w_, c=c: run(x, w_, c))
-                 for c in (Config(16, bn, bk, 1, warps, 1, preload=True) for bn, bk, warps in tiles)}
-        if tag == SILU_PRELOAD:
-            ref = lambda x, w_: kernels.silu_mul(torch.mm(x, w_.t()), w.dtype)  # noqa: E731
-        else:
-            ref = lambda x, w_: torch.mm(x, w_.t())  # noqa: E731
-        _choice[key] = _fastest(key, w, k, cands, ref)
+            raise RuntimeError(f"no fused-norm GEMM config chosen for M={m} N={n} K={k}: run one step before capture")
+        cands = {c: (lambda x, w_, c=c: triton_linear(x, w_, c, gated))
+                 for c in (Config(*t) for t in _skinny(FUSED_ROWS, False))}
+        _choice[key] = _fastest(key, w, 2 * k if gated else k, cands,
+                                lambda x, w_: torch.mm(kernels.silu_mul(x, w.dtype) if gated else x, w_.t()))
     return _choice[key]
-
-
-def silu_triton(x: torch.Tensor, w: torch.Tensor, cfg, norm: RowNorm | None = None) -> torch.Tensor:
-    """silu(x Wg^T) * (x Wu^T) [M, I] for w = [Wg; Wu] [2I, K] with ``_gemm_silu_preload_kernel``; with ``norm``,
-    x is the residual stream and the input its RMSNorm (``RowNorm``)."""
-    cfg = Config(*cfg)
-    m, k = x.shape
-    i = w.shape[0] // 2
-    if not cfg.preload or m > cfg.block_m:
-        raise ValueError(f"the fused gate_up + silu GEMM takes a preload config of at least {m} rows, not {cfg}")
-    split = triton.cdiv(k, cfg.block_k)
-    y = kernels.empty_rows(m, i, x.dtype, x.device)
-    ws = torch.empty(split, 2, m, i, dtype=torch.float32, device=x.device) if split > 1 else y
-    assert triton.cdiv(i, cfg.block_n) <= kernels.MAX_TICKETS
-    pdl = kernels.pdl_enabled(x)
-    norm_args = (x, ws, 1, 0.0) if norm is None else (norm.weight, norm.squares.ss, norm.squares.tiles, norm.eps)
-    _gemm_silu_preload_kernel[(1, triton.cdiv(i, cfg.block_n), split)](
-        x, w, y, ws, kernels.counters(x.device), m, i, k, m * i, *norm_args, BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=split, USE_PDL=pdl, NORM=norm is not None,
-        NT_P=_tiles_p2(norm), num_warps=cfg.warps, **kernels.pdl_kwargs(pdl))
-    return y
-
-
-def linear_silu(x2d: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """silu(x2d Wg^T) * (x2d Wu^T) for w = [Wg; Wu] (the MLP's gate_up weight), in x2d's dtype: the fused kernel
-    where the chooser picked it, else the gate_up GEMM's choice followed by ``kernels.silu_mul``."""
-    m = x2d.shape[0]
-    if not x2d.is_cuda:
-        return torch_ops.silu_mul(torch.mm(x2d, w.t()), w.dtype)
-    if not (enabled and m <= MAX_CHOOSE_M):
-        return kernels.silu_mul(torch.mm(x2d, w.t()), w.dtype)
-    if torch.cuda.is_current_stream_capturing():
-        choice = _choice.get((m, w.shape[0], w.shape[1], SILU))
-    else:
-        choice = choose_silu(m, w)
-    return _silu_unfused(x2d, w) if choice is None else silu_triton(x2d, w, choice)
 
 
 def linear(x2d: torch.Tensor, w: torch.Tensor, gated: bool = False) -> torch.Tensor:

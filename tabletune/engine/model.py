@@ -4,10 +4,10 @@ The forward takes ``tokens [B, q]``, ``start_pos [B]`` (tokens already cached
 per sequence) and ``slots [B]`` (cache rows), writes the q new keys/values and
 returns the final-normed hidden states ``[B, q, hidden]``. Each layer is
 ``add+norm -> qkv -> (qk-norm, RoPE, cache write) -> attention -> o -> add+norm
--> gate_up -> silu*mul -> down``: eight launches on the Triton path, seven in a verify step of
-k >= 1 (qk-norm, RoPE and the cache write run inside the attention launch, which also merges
-its splits), and one fewer again where the GEMM chooser runs gate_up and silu*mul as one kernel
-(at most SILU_MAX_M rows).
+-> gate_up -> silu*mul -> down``: seven launches on the Triton path (silu*mul runs inside the down
+GEMM, or before it where cuBLAS wins), six in a verify step of k >= 1 (qk-norm, RoPE and the cache
+write run inside the attention launch, which also merges its splits). With the fused-norm layers
+(``fuse_norm_rows``, at most FUSED_NORM_MAX_M rows) the norms run inside the GEMMs: five launches.
 
 With an ``L2Prefetch`` (small batches on CUDA), each layer also hints its o-projection
 weight into L2 from a side stream right after the qkv GEMM, while RoPE and attention,
@@ -90,9 +90,6 @@ class DecoderLayer(nn.Module):
     def mlp(self, ops, x):
         if self.cfg.is_moe:
             return moe_mlp(ops, x, self.router, self.w_gate_up, self.w_down, self.cfg.num_experts_per_tok)
-        if x.is_cuda and x.numel() // x.shape[-1] <= SILU_MAX_M:  # gate_up + silu(gate) * up: one launch or two
-            x2 = x.reshape(-1, x.shape[-1])
-            return linear(gemm_linear_silu(x2, self.w_gate_up).view(*x.shape[:-1], -1), self.w_down)
         if x.is_cuda:  # silu(gate) * up inside the down GEMM (or before cuBLAS)
             return linear(linear(x, self.w_gate_up), self.w_down, gated=True)
         return linear(ops.silu_mul(linear(x, self.w_gate_up), self.w_down.dtype), self.w_down)
@@ -109,12 +106,6 @@ def gemm_linear(x2: torch.Tensor, w: torch.Tensor, gated: bool = False) -> torch
     from tabletune.engine import gemm
 
     return gemm.linear(x2, w, gated)
-
-
-def gemm_linear_silu(x2: torch.Tensor, w_gate_up: torch.Tensor) -> torch.Tensor:
-    from tabletune.engine import gemm
-
-    return gemm.linear_silu(x2, w_gate_up)
 
 
 def moe_mlp(ops, x, router, w_gate_up, w_down, top_k):
@@ -151,7 +142,7 @@ def moe_mlp(ops, x, router, w_gate_up, w_down, top_k):
 
 
 LM_HEAD_CHOOSE_ROWS = 64
-SILU_MAX_M = 16  # rows up to which the gate_up GEMM and silu(gate) * up may run as one launch (gemm.linear_silu)
+FUSED_NORM_MAX_M = 16  # rows up to which a decode step may run the fused-norm layers (one 16-row GEMM block)
 PREFETCH_MODES = ("lines", "lines_evict_last", "bulk")  # kernels.prefetch_l2's hint instructions
 
 
@@ -225,17 +216,18 @@ class Decoder(nn.Module):
 
     def fuses_norm(self, x: torch.Tensor, prefill_at, max_rows: int) -> bool:
         """Whether a forward of ``x`` runs the fused-norm layers: CUDA, Triton ops, dense, decode, at most
-        ``max_rows`` (and SILU_MAX_M) rows."""
+        ``max_rows`` (and FUSED_NORM_MAX_M) rows."""
         rows = x.numel() // x.shape[-1]
         return (x.is_cuda and prefill_at is None and not self.cfg.is_moe and self.ops is not torch_ops
-                and rows <= min(max_rows, SILU_MAX_M))
+                and rows <= min(max_rows, FUSED_NORM_MAX_M))
 
     def _forward_fused_norm(self, x, start_pos, slots, cache: KVCache, prefetch: L2Prefetch | None,
                             fuse_rope: bool = True):
         """The forward with no norm launch inside the stack (rows <= 16): the o and down GEMMs add into the residual
-        stream in their epilogue and leave the rows' sums of squares, from which the qkv and the fused gate_up +
-        silu GEMMs normalise their input in their prologue (``gemm.preload_residual`` / ``RowNorm``). The same
-        math as ``forward``; the sums of squares are added in another order."""
+        stream in their epilogue and leave the rows' sums of squares, from which the qkv and gate_up GEMMs normalise
+        their input in their K loop (``gemm.residual_linear`` / ``gemm.norm_linear``); the down GEMM takes
+        silu(gate) * up of gate_up's output in its prologue. The same math as ``forward``; the sums of squares are
+        added in another order."""
         from tabletune.engine import gemm
 
         eps = self.cfg.rms_norm_eps
@@ -248,13 +240,14 @@ class Decoder(nn.Module):
             if squares is None:
                 qkv = linear(h, layer.wqkv)
             else:
-                qkv = gemm.preload_linear(r2, layer.wqkv, gemm.choose_preload(m, layer.wqkv, gemm.PRELOAD_NORM),
-                                          gemm.RowNorm(layer.in_norm, squares, eps)).view(b, qlen, -1)
+                qkv = gemm.norm_linear(r2, layer.wqkv, gemm.choose_fused(m, layer.wqkv),
+                                       gemm.RowNorm(layer.in_norm, squares, eps)).view(b, qlen, -1)
             o = layer.attend(self.ops, qkv, start_pos, slots, cache.k[i], cache.v[i], None, prefetch, fuse_rope)
-            squares = gemm.preload_residual(o.reshape(m, -1), layer.wo, gemm.choose_preload(m, layer.wo), r2)
-            mid = gemm.silu_triton(r2, layer.w_gate_up, gemm.choose_preload(m, layer.w_gate_up, gemm.SILU_PRELOAD),
-                                   gemm.RowNorm(layer.post_norm, squares, eps))
-            squares = gemm.preload_residual(mid, layer.w_down, gemm.choose_preload(m, layer.w_down), r2)
+            squares = gemm.residual_linear(o.reshape(m, -1), layer.wo, gemm.choose_fused(m, layer.wo), r2)
+            gate_up = gemm.norm_linear(r2, layer.w_gate_up, gemm.choose_fused(m, layer.w_gate_up),
+                                       gemm.RowNorm(layer.post_norm, squares, eps))
+            squares = gemm.residual_linear(gate_up, layer.w_down, gemm.choose_fused(m, layer.w_down, gated=True), r2,
+                                           gated=True)
         if prefetch is not None:
             prefetch.join()
         return self.ops.add_rms_norm(r, None, self.final_norm, eps)[0]

@@ -50,8 +50,8 @@ class EngineConfig:
     prefetch_programs: int = 16
     # Verify steps (k >= 1) run qk-norm, RoPE and the cache write inside the attention launch (model.DecoderLayer.attn)
     fuse_rope: bool = True
-    # Steps of at most this many rows (<= model.SILU_MAX_M) run the fused-norm layers (model._forward_fused_norm:
-    # no norm launch inside the stack). 0: off (not measured on a GPU yet, docs/engine_notes.md v0.7.dev0).
+    # Steps of at most this many rows (<= model.FUSED_NORM_MAX_M) run the fused-norm layers
+    # (model._forward_fused_norm: no norm launch inside the stack). 0: off (docs/engine_notes.md, engine 0.7).
     fuse_norm_max_rows: int = 0
 
     def __post_init__(self) -> None:

@@ -158,8 +158,8 @@ def test_sampling_engine_runs_every_drafter(tiny):
 
 @pytest.mark.slow
 def test_triton_kernels_match_torch_ops_in_interpreter():
-    """The Triton kernels (RoPE/cache write, split-KV attention, the two fused, norms, split-K, gated, stream-K and
-    preload GEMM, gate_up fused with silu*mul) under TRITON_INTERPRET=1."""
+    """The Triton kernels (RoPE/cache write, split-KV attention, the two fused, norms, split-K, gated and stream-K
+    GEMM, the fused-norm GEMMs: norm prologue, residual epilogue) under TRITON_INTERPRET=1."""
     pytest.importorskip("triton")
     code = """
 import torch
@@ -205,20 +205,26 @@ for programs in (3, 7, 64):
     err.append((G.triton_linear(x, w, (16, 16, 64, 1, 4, 4, False, programs)) - x @ w.T).abs().max())
 x = torch.randn(20, 300)
 err.append((G.triton_linear(x, w, (16, 32, 64, 1, 4, 4, False, 4)) - x @ w.T).abs().max())
-# preload: one weight tile a program; K = 300 over tiles of 128 (3 splits, the last one masked) or 512 (1 split);
-# 70 columns over tiles of 32 or 16 (the last one masked); 5 and 16 rows
-for rows in (5, 16):
-    x = torch.randn(rows, 300)
-    for bn, bk in ((32, 128), (16, 512), (64, 64)):
-        err.append((G.triton_linear(x, w, G.Config(16, bn, bk, 1, 4, 1, preload=True)) - x @ w.T).abs().max())
-# gate_up + silu(gate) * up in one launch: w = [Wg; Wu] of 2 x 70 rows (relative: the products reach ~1e3)
-wgu = torch.randn(140, 300)
+# the fused-norm GEMMs, K = 300 (the last K tile masked), N = 70 over tiles of 32 (the last masked), split 1 and 3,
+# 1 / 5 / 16 rows: the norm from 3 column-tile partials of the sums of squares, the residual add and its squares
+nw, nw70 = torch.rand(300) + 0.5, torch.rand(70) + 0.5
 for rows in (1, 5, 16):
-    x = torch.randn(rows, 300)
-    ref = O.silu_mul(x @ wgu.T)
-    for bn, bk in ((32, 128), (16, 512), (64, 64)):
-        h = G.silu_triton(x, wgu, G.Config(16, bn, bk, 1, 4, 1, preload=True))
-        err.append((h - ref).abs().max() / ref.abs().max())
+    xr = torch.randn(rows, 300)
+    ss = torch.zeros(3 * 16)
+    for t, cols in enumerate((slice(0, 100), slice(100, 250), slice(250, 300))):
+        ss[t * 16: t * 16 + rows] = (xr[:, cols] ** 2).sum(1)
+    hn = O.add_rms_norm(xr, None, nw, 1e-6)[0]
+    x, gu, r0 = torch.randn(rows, 300), torch.randn(rows, 600), torch.randn(rows, 70)
+    for cfg in (G.Config(16, 32, 64, 1, 4, 4), G.Config(16, 32, 64, 3, 4, 4)):
+        y = G.norm_linear(xr, w, cfg, G.RowNorm(nw, G.RowSquares(ss, 3), 1e-6))
+        err.append((y - hn @ w.T).abs().max() / (hn @ w.T).abs().max())
+        for gated, inp, prod in ((False, x, x @ w.T), (True, gu, O.silu_mul(gu) @ w.T)):
+            r = r0.clone()
+            sq = G.residual_linear(inp, w, cfg, r, gated=gated)
+            r_ref = O.add_rms_norm(r0, prod, nw70, 1e-6)[1]
+            err.append((r - r_ref).abs().max() / r_ref.abs().max())
+            got_ss = sq.ss.view(sq.tiles, 16)[:, :rows].sum(0)
+            err.append(((got_ss - (r_ref ** 2).sum(1)) / (r_ref ** 2).sum(1)).abs().max())
 assert max(float(e) for e in err) < 1e-3, err
 assert int(K.counters(x.device).abs().sum()) == 0  # the last program of each tile reset its ticket
 print("ok")
@@ -231,7 +237,7 @@ print("ok")
 @pytest.mark.slow
 def test_fused_norm_forward_matches_the_standard_forward_in_interpreter():
     """The fused-norm layers (residual add + sums of squares in the o / down GEMM epilogues, the norm in the qkv and
-    gate_up + silu prologues) against the standard forward, fp32, both on the Triton kernels under
+    gate_up K loops, silu * mul in the down GEMM's) against the standard forward, fp32, both on the Triton kernels under
     TRITON_INTERPRET=1 (tile choices set by hand: the chooser times on a GPU)."""
     pytest.importorskip("triton")
     code = """
@@ -244,13 +250,11 @@ cfg = PRESETS["tiny"]
 model = Decoder(cfg, torch.float32, "cpu", use_triton=True)
 B, q = 2, 3
 m = B * q
-for layer in model.layers:  # 2 and 4 splits of K, 2-8 column tiles
-    for w in (layer.wo, layer.w_down):
-        G._choice[(m, w.shape[0], w.shape[1], G.PRELOAD)] = G.Config(16, 32, 32, 1, 4, 1, preload=True)
-    w = layer.wqkv
-    G._choice[(m, w.shape[0], w.shape[1], G.PRELOAD_NORM)] = G.Config(16, 32, 32, 1, 4, 1, preload=True)
-    w = layer.w_gate_up
-    G._choice[(m, w.shape[0], w.shape[1], G.SILU_PRELOAD)] = G.Config(16, 16, 32, 1, 4, 1, preload=True)
+for layer in model.layers:  # split-K 1 and 3, 2-16 column tiles
+    for w in (layer.wqkv, layer.wo, layer.w_gate_up):
+        G._choice[(m, w.shape[0], w.shape[1], G.FUSED)] = G.Config(16, 32, 32, 3, 4, 2)
+    w = layer.w_down
+    G._choice[(m, w.shape[0], w.shape[1], G.FUSED_GATED)] = G.Config(16, 16, 32, 1, 4, 2)
     layer.in_norm.data.uniform_(0.5, 1.5)
     layer.post_norm.data.uniform_(0.5, 1.5)
 c1 = model.new_cache(3, 40)
@@ -438,32 +442,21 @@ def test_stream_k_gemm_configs_cover_small_m_plain_shapes_only():
     assert G.Config(16, 64, 128, 1, 4, 6) == G.Config(16, 64, 128, 1, 4, 6, False, 0)  # old tuples still work
 
 
-def test_fused_silu_candidates_only_up_to_silu_max_m():
-    pytest.importorskip("triton")
-    from tabletune.engine import gemm as G, ops as O
-    from tabletune.engine.model import SILU_MAX_M
-
-    assert list(G.silu_candidates(SILU_MAX_M + 1)) == [None]  # only the gate_up GEMM then silu_mul
-    cands = G.silu_candidates(SILU_MAX_M)
-    assert cands.keys() - {None} == {G.Config(16, bn, bk, 1, w, 1, preload=True) for bn, bk, w in G.SILU_TILES}
-    with pytest.raises(ValueError):  # one row block only
-        G.silu_triton(torch.randn(17, 64), torch.randn(64, 64), G.Config(16, 32, 64, 1, 4, 1, preload=True))
-    x, w = torch.randn(3, 64), torch.randn(64, 64)  # on the CPU linear_silu is the torch reference
-    assert torch.equal(G.linear_silu(x, w), O.silu_mul(x @ w.T))
-
-
-def test_preload_gemm_configs_cover_m_up_to_16_plain_shapes_only():
+def test_fused_norm_gemms_reject_what_they_cannot_run():
+    """One 16-row block of the pointer kernel, x as wide as W (twice when gated), a contiguous residual of [M, N]:
+    anything else is a ValueError before any launch."""
     pytest.importorskip("triton")
     from tabletune.engine import gemm as G
 
-    def preload(m, gated=False):
-        return [c for c in G._configs(m, gated, tma=False) if c.preload]
-    assert preload(17) == [] and preload(8, gated=True) == []
-    for m in (1, 9, 16):
-        cfgs = preload(m)
-        assert len(cfgs) == len(G.PRELOAD_TILES) and all(c.block_m == 16 and not (c.tma or c.stream_k) for c in cfgs)
-    x, w = torch.randn(17, 64), torch.randn(32, 64)
-    with pytest.raises(ValueError):  # one row block only
-        G.triton_linear(x, w, G.Config(16, 32, 64, 1, 4, 1, preload=True))
-    with pytest.raises(ValueError):
-        G.triton_linear(torch.randn(4, 128), w, G.Config(16, 32, 64, 1, 4, 1, preload=True), gated=True)
+    w, cfg = torch.randn(32, 64), G.Config(16, 32, 64, 1, 4, 4)
+    norm = G.RowNorm(torch.ones(64), G.RowSquares(torch.ones(16), 1), 1e-6)
+    for bad in (G.Config(32, 32, 64, 1, 4, 4), G.Config(16, 32, 64, 1, 4, 4, True),
+                G.Config(16, 32, 64, 1, 4, 4, False, 132)):
+        with pytest.raises(ValueError, match="pointer config of 16 rows"):
+            G.norm_linear(torch.randn(4, 64), w, bad, norm)
+    with pytest.raises(ValueError, match="at most 16 rows"):
+        G.norm_linear(torch.randn(17, 64), w, cfg, norm)
+    with pytest.raises(ValueError, match="gated=True"):
+        G.residual_linear(torch.randn(4, 64), w, cfg, torch.zeros(4, 32), gated=True)
+    with pytest.raises(ValueError, match="residual"):
+        G.residual_linear(torch.randn(4, 64), w, cfg, torch.zeros(4, 64).t())
