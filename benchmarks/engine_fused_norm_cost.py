@@ -1,0 +1,84 @@
+"""Why the fused-norm layers are slower (GPU diagnostic, under a minute): each fused-norm GEMM against the plain
+GEMM of the same config, alone, and one layer's GEMM chain both ways, each captured 10 times in a CUDA graph
+(``gemm._time_us``), 8B shape, M = 1, weights rotated over copies larger than L2.
+
+    python benchmarks/engine_fused_norm_cost.py --out $OUT/fused_norm_cost
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from tabletune import fileio
+from tabletune.engine import gemm, kernels
+from tabletune.engine.presets import resolve
+from tabletune.engine.profiling import command_line
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--m", type=int, default=1)
+    ap.add_argument("--config", default="16,64,256,2,4,4", help="the pointer kernel's config for every GEMM")
+    ap.add_argument("--out", default="fused_norm_cost")
+    args = ap.parse_args(argv)
+    cfg, dt, dev, m = resolve("qwen3-8b"), torch.bfloat16, "cuda", args.m
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    shapes = {"qkv": ((cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim, h), "o": (h, cfg.num_heads * cfg.head_dim),
+              "gate_up": (2 * i, h), "down": (h, i)}
+    ws = {name: [torch.randn(n, k, dtype=dt, device=dev) * 0.02 for _ in range(3)] for name, (n, k) in shapes.items()}
+    turn = {name: 0 for name in ws}
+
+    def w(name):
+        turn[name] = (turn[name] + 1) % 3
+        return ws[name][turn[name]]
+    r = torch.randn(m, h, dtype=dt, device=dev)
+    nw = torch.rand(h, dtype=dt, device=dev) + 0.5
+    attn = torch.randn(m, cfg.num_heads * cfg.head_dim, dtype=dt, device=dev)
+    c = gemm.Config(*(int(v) for v in args.config.split(",")))  # one config everywhere: few compiles, same tiles
+    squares = gemm.residual_linear(attn, ws["o"][0], c, r.clone())
+    norm = gemm.RowNorm(nw, squares, 1e-6)
+    gu = torch.randn(m, 2 * i, dtype=dt, device=dev)
+    rows, lines = [], []
+
+    def record(name, us):
+        rows.append({"name": name, "us": round(us, 2)})
+        lines.append(f"{name:70s} {us:8.2f} us")
+        print(lines[-1], flush=True)
+    for name, x in (("qkv", r), ("o", attn), ("gate_up", r), ("down", gu)):
+        gated = name == "down"
+        record(f"{name}: {tuple(c)[:6]} plain{' (gated)' if gated else ''}",
+               gemm._time_us(lambda: gemm.triton_linear(x, w(name), c, gated)))
+        if name in ("qkv", "gate_up"):
+            record(f"{name}: {tuple(c)[:6]} norm prologue", gemm._time_us(lambda: gemm.norm_linear(x, w(name), c, norm)))
+        else:
+            rr = r.clone()
+            record(f"{name}: {tuple(c)[:6]} residual epilogue",
+                   gemm._time_us(lambda: gemm.residual_linear(x, w(name), c, rr, gated)))
+
+    def standard_layer():
+        gemm.triton_linear(attn, w("o"), c)
+        hh, rr = kernels.add_rms_norm(r, attn, nw, 1e-6)
+        y = gemm.triton_linear(hh, w("gate_up"), c)
+        d = gemm.triton_linear(y, w("down"), c, gated=True)
+        hh, rr = kernels.add_rms_norm(rr, d, nw, 1e-6)
+        return gemm.triton_linear(hh, w("qkv"), c)
+
+    def fused_layer():
+        rr = r.clone()
+        sq = gemm.residual_linear(attn, w("o"), c, rr)
+        y = gemm.norm_linear(rr, w("gate_up"), c, gemm.RowNorm(nw, sq, 1e-6))
+        sq = gemm.residual_linear(y, w("down"), c, rr, True)
+        return gemm.norm_linear(rr, w("qkv"), c, gemm.RowNorm(nw, sq, 1e-6))
+
+    record("chain: o, add+norm, gate_up, down (gated), add+norm, qkv", gemm._time_us(standard_layer))
+    record("chain: o+resid, gate_up+norm, down (gated)+resid, qkv+norm", gemm._time_us(fused_layer))
+    fileio.write_json(args.out + ".json", {"device": torch.cuda.get_device_name(), "command": command_line(),
+                                           "m": m, "rows": rows})
+    fileio.write_text(args.out + ".md", "\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
