@@ -19,8 +19,8 @@ import time
 import torch
 
 from tabletune import fileio
-from tabletune.engine.profiling import (Ceilings, build_engine, command_line, device_name, measure_ceilings,
-                                        serial_floor_ms, step_floor_ms, time_replays_gpu, time_steps)
+from tabletune.engine.profiling import (ENGINE_VERSION, Ceilings, build_engine, command_line, device_name,
+                                        measure_ceilings, serial_floor_ms, step_floor_ms, time_replays_gpu, time_steps)
 from tabletune.engine.presets import resolve
 from tabletune.padding import power_of_two_buckets
 
@@ -253,7 +253,7 @@ def write_results(args, ceil, rows: list[dict], device: str, buckets, overlap_ro
     t32 = sum(r["batch_size"] <= 32 for r in rows)
     n15 = sum(r["ratio"] <= 1.5 for r in rows)
     result = {"device": device, "cells_le_1_3_b_le_32": f"{n32}/{t32}", "cells_le_1_5": f"{n15}/{len(rows)}",
-              "model": args.model, "context_len": args.context,
+              "model": args.model, "context_len": args.context, "engine_version": ENGINE_VERSION,
               "bandwidth_gb_s": round(ceil.bandwidth_gb_s, 1), "matrix_tflop_s": round(ceil.matrix_tflop_s, 1),
               "worst_ratio_b_le_32": worst["wall"][0], "worst_ratio": worst["wall"][1],
               "worst_gpu_ratio_b_le_32": worst["gpu"][0], "worst_gpu_ratio": worst["gpu"][1],

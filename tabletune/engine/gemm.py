@@ -28,9 +28,10 @@ Fused-norm layers (``norm_linear`` / ``residual_linear``, M <= 16, the pointer k
 add their product into the residual stream in their epilogue (``RESID``) and leave each column tile's sums of
 squares per row; the qkv and gate_up GEMMs normalise their x tiles in the K loop from those sums (``NORM``), so a
 decode layer has no norm launch (and the down GEMM's ``GATED`` prologue takes the silu * mul launch too).
-(Engine 0.7.dev0 ran these on a "preload" kernel that loaded its whole weight tile before the PDL wait; on the
-H200 it streamed weights at 1.6-2.4 TB/s against 2.9-4.2 for the pipelined kernel, and made the step 75-105%
-slower, so it is gone: docs/engine_notes.md, 0.7.dev0 on the H200.)
+Off by default (``EngineConfig.fuse_norm_max_rows``): on the H200 the fused-norm step measured 88-98% slower than
+the standard one, on this kernel as on the "preload" kernel of engine 0.7.dev0 (a weight tile loaded before the PDL
+wait, 1.6-2.4 TB/s against 2.9-4.2 for this kernel; removed), although each GEMM keeps the standard path's config;
+the cause is not isolated yet (``benchmarks/engine_fused_norm_cost.py``; docs/engine_notes.md, engine 0.7).
 
 Stream-K configs (``Config.stream_k`` = P, M <= 64, plain shapes): split-K launches tiles x splits
 programs, rarely a multiple of the SM count, so the last wave runs part-empty (the small projections
