@@ -1,6 +1,8 @@
 """Why the fused-norm layers are slower (GPU diagnostic, under a minute): each fused-norm GEMM against the plain
-GEMM of the same config, alone, and one layer's GEMM chain both ways, each captured 10 times in a CUDA graph
-(``gemm._time_us``), 8B shape, M = 1, weights rotated over copies larger than L2.
+GEMM of the same config (and the gated down GEMM against silu_mul then the plain one), alone, and one layer's GEMM
+chain both ways, each captured 10 times in a CUDA graph (``gemm._time_us``), 8B shape, M = 1, weights rotated over
+copies larger than L2. If each fused GEMM alone is as fast as its plain twin but the chain is slow, the cause is
+how back-to-back GEMMs launch under PDL; if one alone is slow, it is that kernel's code.
 
     python benchmarks/engine_fused_norm_cost.py --out $OUT/fused_norm_cost
 """
@@ -50,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         gated = name == "down"
         record(f"{name}: {tuple(c)[:6]} plain{' (gated)' if gated else ''}",
                gemm._time_us(lambda: gemm.triton_linear(x, w(name), c, gated)))
+        if gated:  # what the standard layer runs instead when the chooser keeps silu * mul apart (M = 1, 8)
+            record(f"{name}: silu_mul, then {tuple(c)[:6]} plain",
+                   gemm._time_us(lambda: gemm.triton_linear(kernels.silu_mul(x), w(name), c)))
         if name in ("qkv", "gate_up"):
             record(f"{name}: {tuple(c)[:6]} norm prologue", gemm._time_us(lambda: gemm.norm_linear(x, w(name), c, norm)))
         else:
