@@ -4,10 +4,11 @@ The forward takes ``tokens [B, q]``, ``start_pos [B]`` (tokens already cached
 per sequence) and ``slots [B]`` (cache rows), writes the q new keys/values and
 returns the final-normed hidden states ``[B, q, hidden]``. Each layer is
 ``add+norm -> qkv -> (qk-norm, RoPE, cache write) -> attention -> o -> add+norm
--> gate_up -> silu*mul -> down``: seven launches on the Triton path (silu*mul runs inside the down
-GEMM, or before it where cuBLAS wins), six in a verify step of k >= 1 (qk-norm, RoPE and the cache
-write run inside the attention launch, which also merges its splits). With the fused-norm layers
-(``fuse_norm_rows``, at most FUSED_NORM_MAX_M rows) the norms run inside the GEMMs: five launches.
+-> gate_up -> silu*mul -> down``: eight launches on the Triton path, one fewer where the GEMM chooser
+runs silu*mul inside the down GEMM (the gated kernel), and one fewer again in a verify step of k >= 1
+(qk-norm, RoPE and the cache write run inside the attention launch, which also merges its splits).
+With the fused-norm layers (``fuse_norm_rows``, at most FUSED_NORM_MAX_M rows) the norms and silu*mul
+run inside the GEMMs: five launches.
 
 With an ``L2Prefetch`` (small batches on CUDA), each layer also hints its o-projection
 weight into L2 from a side stream right after the qkv GEMM, while RoPE and attention,
