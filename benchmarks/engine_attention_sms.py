@@ -18,10 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from tabletune import fileio
 from tabletune.engine import gemm, kernels, ops
 from tabletune.engine.presets import resolve
-from tabletune.engine.profiling import command_line
+from tabletune.engine.profiling import write_diagnostic
 
 
 @triton.jit
@@ -102,9 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                              f"{us:8.1f} us {row['gb_s']:6.0f} GB/s ({row['gb_s'] / programs:5.1f} GB/s an SM-program)"
                              f" rel err {err:.1e}")
                 print(lines[-1], flush=True)
-    fileio.write_json(args.out + ".json", {"device": torch.cuda.get_device_name(), "command": command_line(),
-                                           "batch": b, "context": ctx, "rows": rows})
-    fileio.write_text(args.out + ".md", "\n".join(lines) + "\n")
+    write_diagnostic(args.out, lines, batch=b, context=ctx, rows=rows)
     return 0
 
 

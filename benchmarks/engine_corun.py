@@ -26,10 +26,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_attention_sms import attention_persistent  # noqa: E402
 
-from tabletune import fileio  # noqa: E402
 from tabletune.engine import gemm, kernels  # noqa: E402
 from tabletune.engine.presets import resolve  # noqa: E402
-from tabletune.engine.profiling import command_line  # noqa: E402
+from tabletune.engine.profiling import write_diagnostic  # noqa: E402
 
 GEMMS = {"cublas": None, "triton 128x128x64 w8 s3": (128, 128, 64, 1, 8, 3),
          "triton 128x128x64 w4 s3": (128, 128, 64, 1, 4, 3), "triton 128x256x64 w8 s3": (128, 256, 64, 1, 8, 3),
@@ -113,9 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"{gname:30s} ({tflops:5.0f} TF/s) + {aname:24s}: gemm {g_ms:6.3f} ms, attention {a_ms:6.3f} "
                          f"ms, both {both:6.3f} ms (serial {g_ms + a_ms:6.3f}); overlap {overlap:+.2f}")
             print(lines[-1], flush=True)
-    fileio.write_json(args.out + ".json", {"device": torch.cuda.get_device_name(), "command": command_line(),
-                                           "batch": b, "q": qlen, "context": ctx, "m": m, "rows": rows})
-    fileio.write_text(args.out + ".md", "\n".join(lines) + "\n")
+    write_diagnostic(args.out, lines, batch=b, q=qlen, context=ctx, m=m, rows=rows)
     return 0
 
 

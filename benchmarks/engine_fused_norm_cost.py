@@ -14,10 +14,9 @@ import os
 
 import torch
 
-from tabletune import fileio
 from tabletune.engine import gemm, kernels
 from tabletune.engine.presets import resolve
-from tabletune.engine.profiling import command_line
+from tabletune.engine.profiling import write_diagnostic
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,10 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         record(f"chain PDL={pdl}: o, add+norm, gate_up, down (gated), add+norm, qkv", time_us(standard_layer))
         record(f"chain PDL={pdl}: o+resid, gate_up+norm, down (gated)+resid, qkv+norm", time_us(fused_layer))
     os.environ["TABLETUNE_PDL"] = "1"
-    fileio.write_json(args.out + ".json", {"device": torch.cuda.get_device_name() if dev == "cuda" else dev,
-                                           "command": command_line(),
-                                           "m": m, "rows": rows})
-    fileio.write_text(args.out + ".md", "\n".join(lines) + "\n")
+    write_diagnostic(args.out, lines, m=m, rows=rows)
     return 0
 
 

@@ -17,10 +17,9 @@ import argparse
 
 import torch
 
-from tabletune import fileio
 from tabletune.engine import gemm
 from tabletune.engine.presets import resolve
-from tabletune.engine.profiling import command_line
+from tabletune.engine.profiling import write_diagnostic
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,10 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                               "tb_s": round(nbytes / us / 1e6, 3)})
                 lines.append(f"sweep {name} M=1 {c}: {us:.1f} us ({nbytes / us / 1e6:.2f} TB/s)")
                 print(lines[-1], flush=True)
-    fileio.write_json(args.out + ".json", {"device": torch.cuda.get_device_name(), "l2_bytes": l2_bytes,
-                                           "command": command_line(), "rows": rows,
-                                           "sweep": sweep})
-    fileio.write_text(args.out + ".md", "\n".join(lines) + "\n")
+    write_diagnostic(args.out, lines, l2_bytes=l2_bytes, rows=rows, sweep=sweep)
     return 0
 
 

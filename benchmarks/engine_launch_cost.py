@@ -27,9 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tabletune import fileio
 from tabletune.engine import gemm, kernels
-from tabletune.engine.profiling import command_line
+from tabletune.engine.profiling import write_diagnostic
 
 
 @triton.jit
@@ -115,9 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:  # a config that does not compile here: report and go on
                 print(f"preload bn={bn} bk={bk} warps={warps}: {type(exc).__name__}: {str(exc)[:200]}")
     os.environ["TABLETUNE_PDL"] = "1"
-    fileio.write_json(args.out + ".json", {"device": torch.cuda.get_device_name(), "command": command_line(),
-                                           "rows": rows})
-    fileio.write_text(args.out + ".md", "\n".join(lines) + "\n")
+    write_diagnostic(args.out, lines, rows=rows)
     return 0
 
 

@@ -13,6 +13,7 @@ floor = max(bytes / bandwidth, FLOPs / matrix rate) (``tabletune.engine.profilin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 
@@ -127,17 +128,25 @@ def capture_variants(engine, b: int, k: int, variants: dict[str, dict], upload: 
     (restored after each capture); a variant that fails to capture is reported and left out."""
     graphs = {}
     for name, settings in variants.items():
-        saved = {attr: getattr(engine, attr) for attr in settings}
-        for attr, value in settings.items():
-            setattr(engine, attr, value)
         try:
-            graphs[name] = engine.capture_step(b, k, upload=upload)
+            with engine_settings(engine, settings):
+                graphs[name] = engine.capture_step(b, k, upload=upload)
         except Exception as exc:  # report and go on with the other variants
             print(f"b={b} k={k} {name}: {type(exc).__name__}: {exc}", flush=True)
-        finally:
-            for attr, value in saved.items():
-                setattr(engine, attr, value)
     return graphs
+
+
+@contextlib.contextmanager
+def engine_settings(engine, settings: dict):
+    """The engine attributes ``settings`` (name -> value) set for the block, the previous values back after it."""
+    saved = {attr: getattr(engine, attr) for attr in settings}
+    for attr, value in settings.items():
+        setattr(engine, attr, value)
+    try:
+        yield
+    finally:
+        for attr, value in saved.items():
+            setattr(engine, attr, value)
 
 
 def interleaved_replays(engine, graphs: dict, b: int, k: int, context_len: int, reps: int,

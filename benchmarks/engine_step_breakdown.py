@@ -13,13 +13,10 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_roofline import kernel_breakdown, variant_compare  # noqa: E402
+from engine_roofline import engine_settings, kernel_breakdown, variant_compare  # noqa: E402
 
-from tabletune import fileio  # noqa: E402
-from tabletune.engine.profiling import build_engine, command_line  # noqa: E402
+from tabletune.engine.profiling import build_engine, write_diagnostic  # noqa: E402
 
 SETTINGS = {"standard": {"fuse_norm_max_rows": 0}, "fused-norm": {"fuse_norm_max_rows": 16}}
 
@@ -38,22 +35,14 @@ def main(argv: list[str] | None = None) -> int:
     lines, rows = [], []
     for b, k in cells:
         for name, settings in SETTINGS.items():
-            saved = {a: getattr(engine, a) for a in settings}
-            for a, v in settings.items():
-                setattr(engine, a, v)
-            try:
+            with engine_settings(engine, settings):
                 kernel_breakdown(engine, b, k, args.context)  # warm-up: choices and compiles outside the profile
                 part = kernel_breakdown(engine, b, k, args.context, top=16)
-            finally:
-                for a, v in saved.items():
-                    setattr(engine, a, v)
             lines += [f"[{name}] " + part[0]] + part[1:]
             print("\n".join(lines[-len(part):]), flush=True)
     compared, rows = variant_compare(engine, cells, args.context, lambda b: SETTINGS)
     lines += compared
-    fileio.write_json(args.out + ".json", {"device": torch.cuda.get_device_name(), "command": command_line(),
-                                           "rows": rows})
-    fileio.write_text(args.out + ".md", "\n".join(lines) + "\n")
+    write_diagnostic(args.out, lines, rows=rows)
     return 0
 
 

@@ -57,6 +57,7 @@ import triton
 
 from tabletune.engine import kernels
 from tabletune.engine.gemm_kernels import _gemm_kernel, _gemm_stream_k_kernel, _gemm_tma_kernel
+from tabletune.engine.model import FUSED_NORM_MAX_M
 
 MAX_TRITON_M = 512
 MAX_CHOOSE_M = 4096  # above this, cuBLAS at M without timing
@@ -204,7 +205,7 @@ def _tiles_p2(norm: RowNorm | None) -> int:
     return 1 if norm is None else triton.next_power_of_2(norm.squares.tiles)
 
 
-FUSED_ROWS = 16  # the fused-norm GEMMs run one row block of 16 rows; RowSquares partials are 16 rows a tile
+FUSED_ROWS = FUSED_NORM_MAX_M  # one row block covers every fused-norm step; RowSquares partials are this many rows
 
 
 def _check_fused(name: str, x: torch.Tensor, w: torch.Tensor, cfg: Config, gated: bool = False) -> None:
@@ -362,9 +363,13 @@ def choose(m: int, w: torch.Tensor, gated: bool = False) -> Config | int | str |
     if key not in _choice:
         if gated:
             choose(m, w, False)
-        _choice[key] = _fastest(key, w, 2 * k if gated else k, candidates(m, gated),
-                                lambda x, w_: torch.mm(kernels.silu_mul(x, w.dtype) if gated else x, w_.t()))
+        _choice[key] = _fastest(key, w, 2 * k if gated else k, candidates(m, gated), _reference(gated))
     return _choice[key]
+
+
+def _reference(gated: bool):
+    """torch's x W^T (gated: silu_mul(x) W^T): what every candidate's result is checked against."""
+    return lambda x, w: torch.mm(kernels.silu_mul(x, w.dtype) if gated else x, w.t())
 
 
 def _fastest(key, w: torch.Tensor, width: int, cands: dict, reference):
@@ -413,8 +418,7 @@ def choose_fused(m: int, w: torch.Tensor, gated: bool = False) -> Config:
             raise RuntimeError(f"no fused-norm GEMM config chosen for M={m} N={n} K={k}: run one step before capture")
         cands = {c: (lambda x, w_, c=c: triton_linear(x, w_, c, gated))
                  for c in (Config(*t) for t in _skinny(FUSED_ROWS, False))}
-        _choice[key] = _fastest(key, w, 2 * k if gated else k, cands,
-                                lambda x, w_: torch.mm(kernels.silu_mul(x, w.dtype) if gated else x, w_.t()))
+        _choice[key] = _fastest(key, w, 2 * k if gated else k, cands, _reference(gated))
     return _choice[key]
 
 

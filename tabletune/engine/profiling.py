@@ -148,6 +148,16 @@ def command_line() -> str:
     return cmd.replace(out, "$OUT") if out else cmd
 
 
+def write_diagnostic(out: str, lines: list[str], **fields) -> None:
+    """A GPU diagnostic's results: ``out``.json (the device, this run's command, then ``fields``) and ``out``.md
+    (the lines it printed)."""
+    from tabletune import fileio
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    fileio.write_json(out + ".json", {"device": device, "command": command_line(), **fields})
+    fileio.write_text(out + ".md", "\n".join(lines) + "\n")
+
+
 def device_name(engine: SpecEngine) -> str:
     if engine.device.type == "cuda":
         return torch.cuda.get_device_name(engine.device)
