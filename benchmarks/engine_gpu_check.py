@@ -88,7 +88,8 @@ def check_kernels() -> None:
     print(f"add_rms_norm {rel(yb, ya):.2e} {rel(rb, ra):.2e}")
     gu = torch.randn(9, 2 * 1000, dtype=dt, device="cuda")
     print(f"silu_mul {rel(kernels.silu_mul(gu), ops.silu_mul(gu)):.2e}")
-    for m in (1, 9, 16):  # the fused-norm layer's GEMMs: residual epilogue, then the norm prologue from its squares
+    wgu = torch.randn(2 * 2048, 4096, dtype=dt, device="cuda") * 0.02
+    for m in (1, 9, 16):  # the fused-norm layer's GEMMs: residual epilogue, then the norm (+ silu) epilogue
         xm, r0 = torch.randn(m, 4096, dtype=dt, device="cuda"), torch.randn(m, 4096, dtype=dt, device="cuda")
         gm = torch.randn(m, 2 * 4096, dtype=dt, device="cuda")
         for cfg in (gemm.Config(16, 64, 256, 2, 4, 4), gemm.Config(16, 32, 128, 1, 4, 6), gemm.Config(16, 64, 128, 8, 4, 6)):
@@ -96,11 +97,12 @@ def check_kernels() -> None:
             for gated, inp, prod in ((False, xm, xm @ w.t()), (True, gm, ops.silu_mul(gm) @ w.t())):
                 hn, r_ref = ops.add_rms_norm(r0, prod, wn, 1e-6)
                 r = r0.clone()
-                squares = gemm.residual_linear(inp, w, cfg, r, gated=gated)
-                y = gemm.norm_linear(r, w, cfg, gemm.RowNorm(wn, squares, 1e-6))
-                y2 = gemm.norm_linear(r, w, cfg, gemm.RowNorm(wn, squares, 1e-6))
+                norm = gemm.RowNorm(gemm.residual_linear(inp, w, cfg, r, gated=gated), 1e-6)
+                y = gemm.norm_linear(r, gemm.fold_norm(w, wn), cfg, norm)
+                y2 = gemm.norm_linear(r, gemm.fold_norm(w, wn), cfg, norm)
+                a = gemm.norm_linear(r, gemm.fold_norm(wgu, wn), cfg, norm, silu=True)
                 line += (f" residual{' gated' if gated else ''} {rel(r, r_ref):.2e}, norm {rel(y, hn @ w.t()):.2e} "
-                         f"repeat-identical {bool((y == y2).all())};")
+                         f"norm+silu {rel(a, ops.silu_mul(hn @ wgu.t())):.2e} repeat-identical {bool((y == y2).all())};")
             print(line)
     print(f"tickets all zero after the fused-norm launches: {int(kernels.counters(x.device).abs().sum()) == 0}")
 

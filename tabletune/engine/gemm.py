@@ -158,32 +158,36 @@ def triton_linear(x: torch.Tensor, w: torch.Tensor, cfg, gated: bool = False) ->
     return y
 
 
-def _split_k(m: int, n: int, k: int, bm: int, bn: int, bk: int, split: int, y: torch.Tensor):
+def _split_k(m: int, n: int, k: int, bm: int, bn: int, bk: int, split: int, y: torch.Tensor, accumulators: int = 1):
     """K columns a split (a multiple of bk), the split count that leaves none empty, the fp32 workspace of the
-    partials (y itself when there is one split) and the grid."""
+    partials (``accumulators`` x n columns; y itself when there is one split) and the grid."""
     per_split = triton.cdiv(triton.cdiv(k, split), bk) * bk
     split = triton.cdiv(k, per_split)
-    ws = torch.empty(split, m, n, dtype=torch.float32, device=y.device) if split > 1 else y
+    ws = torch.empty(split, m, accumulators * n, dtype=torch.float32, device=y.device) if split > 1 else y
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), split)
     assert grid[0] * grid[1] <= kernels.MAX_TICKETS
     return per_split, split, ws, grid
 
 
 def _pointer_gemm(x: torch.Tensor, w: torch.Tensor, cfg: Config, y: torch.Tensor, gated: bool = False,
-                  norm: "RowNorm | None" = None, squares_out: torch.Tensor | None = None) -> torch.Tensor:
-    """``_gemm_kernel`` into y (with ``squares_out``: y is the residual stream, updated in place)."""
+                  norm: "RowNorm | None" = None, squares_out: torch.Tensor | None = None, silu: bool = False
+                  ) -> torch.Tensor:
+    """``_gemm_kernel`` into y (with ``squares_out``: y is the residual stream, updated in place; ``norm``: rows
+    scaled by their 1 / rms; ``silu``: W is [gate | up] and y silu(gate) * up, half as wide)."""
     bm, bn, bk, split, warps, stages = cfg[:6]
     m = x.shape[0]
     n, k = w.shape
-    per_split, split, ws, grid = _split_k(m, n, k, bm, bn, bk, split, y)
-    nw, ss_in, tiles, eps = (x, ws, 1, 0.0) if norm is None else (norm.weight, norm.squares.ss, norm.squares.tiles,
-                                                                   norm.eps)
+    if silu:
+        n //= 2
+    per_split, split, ws, grid = _split_k(m, n, k, bm, bn, bk, split, y, 2 if silu else 1)
+    ss_in, tiles, eps = (ws, 1, 0.0) if norm is None else (norm.squares.ss, norm.squares.tiles, norm.eps)
     pdl = kernels.pdl_enabled(x)
-    _gemm_kernel[grid](x, w, y, ws, kernels.counters(x.device), m, n, k, per_split, m * n, nw, ss_in,
-                       ws if squares_out is None else squares_out, tiles, eps, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                       SPLIT=split, GATED=gated, USE_PDL=pdl, PREFETCH_K=_prefetch_k(x, per_split) if pdl else 0,
-                       NORM=norm is not None, RESID=squares_out is not None, NT_P=_tiles_p2(norm),
-                       num_warps=warps, num_stages=stages, **kernels.pdl_kwargs(pdl))
+    _gemm_kernel[grid](x, w, y, ws, kernels.counters(x.device), m, n, k, per_split, ws[0].numel() if split > 1 else 0,
+                       ss_in, ws if squares_out is None else squares_out, tiles, eps, BLOCK_M=bm, BLOCK_N=bn,
+                       BLOCK_K=bk, SPLIT=split, GATED=gated, USE_PDL=pdl,
+                       PREFETCH_K=_prefetch_k(x, per_split) if pdl else 0, NORM=norm is not None, SILU=silu,
+                       RESID=squares_out is not None, NT_P=_tiles_p2(norm), num_warps=warps, num_stages=stages,
+                       **kernels.pdl_kwargs(pdl))
     return y
 
 
@@ -195,8 +199,8 @@ class RowSquares(NamedTuple):
 
 
 class RowNorm(NamedTuple):
-    """An RMSNorm to apply to a GEMM's input rows (the residual stream) from their ``RowSquares``."""
-    weight: torch.Tensor
+    """An RMSNorm of a GEMM's input rows (the residual stream) from their ``RowSquares``: each output row is scaled
+    by 1 / rms; the norm's weight lives in the GEMM's W (``fold_norm``)."""
     squares: RowSquares
     eps: float
 
@@ -208,6 +212,11 @@ def _tiles_p2(norm: RowNorm | None) -> int:
 FUSED_ROWS = FUSED_NORM_MAX_M  # one row block covers every fused-norm step; RowSquares partials are this many rows
 
 
+def fold_norm(w: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
+    """W diag(norm_weight), rounded once to W's dtype: RMSNorm(x) W^T = (x W'^T) / rms(x) for ``norm_linear``."""
+    return (w.float() * norm_weight.float()[None, :]).to(w.dtype)
+
+
 def _check_fused(name: str, x: torch.Tensor, w: torch.Tensor, cfg: Config, gated: bool = False) -> None:
     m, width = x.shape
     if cfg.tma or cfg.stream_k or cfg.block_m != FUSED_ROWS or m > FUSED_ROWS:
@@ -217,11 +226,17 @@ def _check_fused(name: str, x: torch.Tensor, w: torch.Tensor, cfg: Config, gated
         raise ValueError(f"{name}: x {tuple(x.shape)} against W {tuple(w.shape)} (gated={gated}, contiguous)")
 
 
-def norm_linear(x: torch.Tensor, w: torch.Tensor, cfg, norm: RowNorm) -> torch.Tensor:
-    """RMSNorm(x) W^T [M, N] for the residual stream x [M, K] (M <= 16), the norm from ``norm.squares``."""
+def norm_linear(x: torch.Tensor, w: torch.Tensor, cfg, norm: RowNorm, silu: bool = False) -> torch.Tensor:
+    """RMSNorm(x) W^T [M, N] for the residual stream x [M, K] (M <= 16), with W = ``fold_norm``(W, norm weight)
+    and the rows' 1 / rms from ``norm.squares``, applied to the finished tile. ``silu``: W is [gate | up] (2N rows)
+    and the result silu(RMSNorm(x) W_gate^T) * (RMSNorm(x) W_up^T) [M, N], as ``kernels.silu_mul`` rounds it."""
     cfg = Config(*cfg)
     _check_fused("norm_linear", x, w, cfg)
-    return _pointer_gemm(x, w, cfg, torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device), norm=norm)
+    if silu and w.shape[0] % 2:
+        raise ValueError(f"norm_linear: a [gate | up] W has an even row count, not {w.shape[0]}")
+    n = w.shape[0] // 2 if silu else w.shape[0]
+    return _pointer_gemm(x, w, cfg, torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device), norm=norm,
+                         silu=silu)
 
 
 def residual_linear(x: torch.Tensor, w: torch.Tensor, cfg, residual: torch.Tensor, gated: bool = False
@@ -251,7 +266,7 @@ def _prefetch_k(x: torch.Tensor, per_split: int) -> int:
         try:
             a, w = torch.ones(1, 64, dtype=x.dtype, device=x.device), torch.ones(64, 64, dtype=x.dtype, device=x.device)
             y = torch.empty(1, 64, dtype=x.dtype, device=x.device)
-            _gemm_kernel[(1, 1, 1)](a, w, y, y, kernels.counters(x.device), 1, 64, 64, 64, 64, a, y, y, 1, 0.0,
+            _gemm_kernel[(1, 1, 1)](a, w, y, y, kernels.counters(x.device), 1, 64, 64, 64, 64, y, y, 1, 0.0,
                                     BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, SPLIT=1, GATED=False, USE_PDL=True,
                                     PREFETCH_K=64, launch_pdl=True)
             _prefetch_ok[x.device] = bool((y == 64).all())
@@ -262,8 +277,9 @@ def _prefetch_k(x: torch.Tensor, per_split: int) -> int:
 
 
 # (M, N, K, gated) -> None: cuBLAS at M; an int: cuBLAS on that many (padded) rows; CUBLASLT: cuBLASLt at M;
-# a Config: Triton. (M, N, K, FUSED / FUSED_GATED) -> the fused-norm layers' pointer config.
+# a Config: Triton. (M, N, K, one of FUSED_KINDS) -> the fused-norm layers' pointer config.
 _choice: dict[tuple[int, int, int, bool | str], Config | int | str | None] = {}
+_timings: dict[tuple[int, int, int, bool | str], dict] = {}  # key -> {choice: us} of every candidate that ran
 enabled = True
 CUBLASLT = "cublaslt"
 MAX_REL_ERR = 2e-2  # bf16 operands with fp32 accumulation land near 4e-3; a wrong kernel lands near 1
@@ -400,26 +416,59 @@ def _fastest(key, w: torch.Tensor, width: int, cands: dict, reference):
         timings[choice] = _time_us(lambda: fn(x, pick()))
     if not timings:
         raise RuntimeError(f"no GEMM candidate for M={m} N={n} K={k} ({key[3]}) ran correctly on this GPU")
+    _timings[key] = timings
     return min(timings, key=timings.get)
 
 
-FUSED = "fused"  # chooser keys of the fused-norm layers' GEMMs (plain, gated)
-FUSED_GATED = "fused-gated"
+FUSED_KINDS = ("norm", "norm-silu", "resid")  # the fused-norm layers' GEMMs: qkv, gate_up (+ silu), o and down
+FUSED_CANDIDATES = 4  # the fastest plain pointer configs of 16 rows that each fused variant is timed with
 
 
-def choose_fused(m: int, w: torch.Tensor, gated: bool = False) -> Config:
-    """The fastest pointer config of 16 rows for the fused-norm layers' GEMM of x [M, K] (gated: [M, 2K]) W^T,
-    M <= 16, timed as the plain (or gated) kernel: the norm prologue and the residual epilogue add a few loads of
-    rows, the same for every tile."""
+def choose_fused(m: int, w: torch.Tensor, kind: str) -> Config:
+    """The fastest pointer config of 16 rows for the fused-norm layers' GEMM ``kind`` of x [M, K] W^T, M <= 16:
+    the variant itself is timed (``norm_linear`` with 1 / rms = 1, ``norm_linear(silu=True)``,
+    ``residual_linear``), over the FUSED_CANDIDATES plain configs that ``choose`` timed fastest at this shape (for
+    ``norm-silu`` also each with half the tile width: two accumulators a program)."""
+    if kind not in FUSED_KINDS:
+        raise ValueError(f"choose_fused: kind {kind!r}, not one of {FUSED_KINDS}")
     n, k = w.shape
-    key = (m, n, k, FUSED_GATED if gated else FUSED)
+    key = (m, n, k, kind)
     if key not in _choice:
         if torch.cuda.is_current_stream_capturing():
             raise RuntimeError(f"no fused-norm GEMM config chosen for M={m} N={n} K={k}: run one step before capture")
-        cands = {c: (lambda x, w_, c=c: triton_linear(x, w_, c, gated))
-                 for c in (Config(*t) for t in _skinny(FUSED_ROWS, False))}
-        _choice[key] = _fastest(key, w, 2 * k if gated else k, cands, _reference(gated))
+        choose(m, w)
+        timed = _timings.get((m, n, k, False)) or dict.fromkeys((Config(*t) for t in _skinny(FUSED_ROWS, False)), 0.0)
+        plain = sorted((t, c) for c, t in timed.items()
+                       if isinstance(c, tuple) and c.block_m == FUSED_ROWS and not (c.tma or c.stream_k))
+        cfgs = [c for _, c in plain[:FUSED_CANDIDATES]]
+        if kind == "norm-silu":  # two weight tiles a stage
+            cfgs = [c for c in cfgs + [c._replace(block_n=c.block_n // 2) for c in cfgs if c.block_n >= 32]
+                    if c.stages * (c.block_m + 2 * c.block_n) * c.block_k * 2 <= SMEM_BYTES]
+        eps = 1e-6
+        ss = torch.zeros(FUSED_ROWS, dtype=torch.float32, device=w.device).fill_(k * (1.0 - eps))  # 1 / rms = 1
+        unit = RowNorm(RowSquares(ss, 1), eps)
+        if kind == "resid":
+            def run(c):
+                return lambda x, w_: _zero_then(lambda r: residual_linear(x, w_, c, r), x.shape[0], n, x)
+            reference = _reference(False)
+        else:
+            def run(c):
+                return lambda x, w_: norm_linear(x, w_, c, unit, silu=kind == "norm-silu")
+            reference = (lambda x, w_: kernels.silu_mul(torch.mm(x, w_.t()))) if kind == "norm-silu" else \
+                _reference(False)
+        _choice[key] = _fastest(key, w, k, {c: run(c) for c in dict.fromkeys(cfgs)}, reference)
     return _choice[key]
+
+
+_residuals: dict[tuple, torch.Tensor] = {}
+
+
+def _zero_then(fn, m: int, n: int, like: torch.Tensor) -> torch.Tensor:
+    """fn(r) on a residual r of zeros [m, n] (one buffer per shape, zeroed each call: r + x W^T = x W^T to check)."""
+    r = _residuals.setdefault((m, n, like.dtype, like.device), torch.empty(m, n, dtype=like.dtype, device=like.device))
+    r.zero_()
+    fn(r)
+    return r
 
 
 def linear(x2d: torch.Tensor, w: torch.Tensor, gated: bool = False) -> torch.Tensor:

@@ -1,8 +1,9 @@
 """The Triton GEMM kernels of ``gemm`` (the host side, the configs and the chooser live there).
 
 ``_gemm_kernel``: split-K over pointer loads, with the optional GATED prologue (silu(gate) * up of an x of width
-2K), the fused-norm layers' NORM prologue (the RMSNorm of the residual stream, from per-tile sums of squares) and
-RESID epilogue (the residual add in place, and its sums of squares). ``_gemm_tma_kernel``: split-K over Hopper
+2K) and the fused-norm layers' epilogues: NORM (each row scaled by its 1 / rms, from per-tile sums of squares; the
+norm weight is folded into W), SILU (silu(gate) * up of a [gate | up] W, two accumulators) and RESID (the residual
+add in place, and its sums of squares). ``_gemm_tma_kernel``: split-K over Hopper
 TMA descriptors. ``_gemm_stream_k_kernel``: P persistent programs sharing all K iterations. Every split-K partial
 goes to an fp32 workspace and the program that draws a tile's last ticket adds them in split order
 (``_store_or_fix_up``): deterministic, no zero-fill launch, no fp32 atomics.
@@ -20,29 +21,34 @@ def _prefetch_l2(ptrs):
 
 
 @triton.jit
-def _gemm_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, K_PER_SPLIT, WS_STRIDE, nw_ptr, ss_in_ptr, ss_out_ptr,
-                 NT_IN, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+def _gemm_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, K_PER_SPLIT, WS_STRIDE, ss_in_ptr, ss_out_ptr, NT_IN,
+                 eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
                  GATED: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_K: tl.constexpr, NORM: tl.constexpr = False,
-                 RESID: tl.constexpr = False, NT_P: tl.constexpr = 1):
-    """The split-K GEMM. ``NORM`` (one row block): x is the residual stream and the GEMM's input its RMSNorm
-    (weight ``nw_ptr``, 1 / rms from the NT_IN per-tile partial sums of squares at ``ss_in_ptr``), applied to each
-    x tile as it is loaded. ``RESID`` (one row block): y is the residual stream, updated in place to y + x W^T,
-    with this GEMM's per-tile sums of squares written to ``ss_out_ptr`` (``_resid_out``)."""
+                 SILU: tl.constexpr = False, RESID: tl.constexpr = False, NT_P: tl.constexpr = 1):
+    """The split-K GEMM. The fused-norm layers' variants (one row block) change only the epilogue, never the K loop:
+    ``NORM``: x is the residual stream, W already carries the RMSNorm's weight (``gemm.fold_norm``) and the tile is
+    scaled by each row's 1 / rms, from the NT_IN per-tile partial sums of squares at ``ss_in_ptr``. ``SILU``: W is
+    [gate | up] (2N rows) and y = silu(x W_gate^T) * (x W_up^T) [M, N], two accumulators a program. ``RESID``: y is
+    the residual stream, updated in place to y + x W^T, with this GEMM's per-tile sums of squares written to
+    ``ss_out_ptr`` (``_resid_out``)."""
     pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     k_lo = pid_s * K_PER_SPLIT
     k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+    w_rows = tl.minimum(cols, N - 1).to(tl.int64)
     if USE_PDL:
         if PREFETCH_K > 0:  # weights do not depend on the previous kernel: pull the first ones into L2 while it ends
             pk = tl.minimum(k_lo + tl.arange(0, PREFETCH_K // 64) * 64, K - 1)  # one address per 128-byte line
-            _prefetch_l2(w_ptr + tl.minimum(cols, N - 1).to(tl.int64)[:, None] * K + pk[None, :])
+            _prefetch_l2(w_ptr + w_rows[:, None] * K + pk[None, :])
+            if SILU:
+                _prefetch_l2(w_ptr + (w_rows + N)[:, None] * K + pk[None, :])
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     kk = tl.arange(0, BLOCK_K)
     x_stride = 2 * K if GATED else K
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    inv = _inv_rms(ss_in_ptr, NT_IN, K, eps, BLOCK_M, NT_P) if NORM else 1.0
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32) if SILU else acc
     for k0 in range(k_lo, k_hi, BLOCK_K):
         k_ok = (k0 + kk) < k_hi
         x_mask = (rows[:, None] < M) & k_ok[None, :]
@@ -52,14 +58,13 @@ def _gemm_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, K_PER_SPLIT, WS_
             g = x.to(tl.float32)
             u = tl.load(x_ptr + x_off + K, mask=x_mask, other=0.0).to(tl.float32)
             x = (g / (1.0 + tl.exp(-g)) * u).to(w_ptr.dtype.element_ty)
-        if NORM:  # bf16(x * inv * w), as kernels.add_rms_norm rounds it
-            nw = tl.load(nw_ptr + k0 + kk, mask=k_ok, other=0.0).to(tl.float32)
-            x = (x.to(tl.float32) * inv[:, None] * nw[None, :]).to(w_ptr.dtype.element_ty)
-        w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * K + (k0 + kk)[None, :],
-                    mask=(cols[:, None] < N) & k_ok[None, :], other=0.0)
-        acc += tl.dot(x, tl.trans(w))
+        w_mask = (cols[:, None] < N) & k_ok[None, :]
+        w_off = cols.to(tl.int64)[:, None] * K + (k0 + kk)[None, :]
+        acc += tl.dot(x, tl.trans(tl.load(w_ptr + w_off, mask=w_mask, other=0.0)))
+        if SILU:
+            acc_u += tl.dot(x, tl.trans(tl.load(w_ptr + w_off + N * K, mask=w_mask, other=0.0)))
     _store_or_fix_up(acc, y_ptr, ws_ptr, cnt_ptr, rows, cols, M, N, WS_STRIDE, BLOCK_M, BLOCK_N, SPLIT, RESID,
-                     ss_out_ptr)
+                     ss_out_ptr, acc_u, NORM, SILU, ss_in_ptr, NT_IN, K, eps, NT_P)
 
 
 @triton.jit
@@ -74,31 +79,56 @@ def _resid_out(total, r_ptr, ss_ptr, rows, cols, ok, out_off, BLOCK_M: tl.conste
 
 
 @triton.jit
+def _epilogue(total, total_u, y_ptr, ss_out_ptr, rows, cols, ok, out_off, ss_in_ptr, NT_IN, K, eps,
+              BLOCK_M: tl.constexpr, RESID: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr,
+              NT_P: tl.constexpr):
+    """A finished fp32 tile (all splits added) to y: the row scale (NORM), silu(gate) * up (SILU: each product
+    rounded to y's dtype first, as ``kernels.silu_mul`` reads them), then the residual add (RESID) or a store."""
+    if NORM:
+        inv = _inv_rms(ss_in_ptr, NT_IN, K, eps, BLOCK_M, NT_P)
+        total = total * inv[:, None]
+        if SILU:
+            total_u = total_u * inv[:, None]
+    if SILU:
+        g = total.to(y_ptr.dtype.element_ty).to(tl.float32)
+        total = g / (1.0 + tl.exp(-g)) * total_u.to(y_ptr.dtype.element_ty).to(tl.float32)
+    if RESID:
+        _resid_out(total, y_ptr, ss_out_ptr, rows, cols, ok, out_off, BLOCK_M)
+    else:
+        tl.store(y_ptr + out_off, total.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
 def _store_or_fix_up(acc, y_ptr, ws_ptr, cnt_ptr, rows, cols, M, N, WS_STRIDE, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, RESID: tl.constexpr = False, ss_ptr=None):
-    """Write the tile (one split), or store this split's partial and let the last split add them in order.
-    ``RESID``: the tile is added into y (the residual stream) instead, with its sums of squares (``_resid_out``)."""
+                     BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, RESID: tl.constexpr = False, ss_ptr=None,
+                     acc_u=None, NORM: tl.constexpr = False, SILU: tl.constexpr = False, ss_in_ptr=None, NT_IN=1,
+                     K=1, eps=0.0, NT_P: tl.constexpr = 1):
+    """Write the tile (one split), or store this split's partial and let the last split add them in order, then
+    ``_epilogue`` (the fused-norm variants; ``SILU``: a second accumulator, its partials N columns further on in a
+    workspace of 2N columns)."""
     pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ok = (rows[:, None] < M) & (cols[None, :] < N)
     out_off = rows.to(tl.int64)[:, None] * N + cols[None, :]
     if SPLIT == 1:
-        if RESID:
-            _resid_out(acc, y_ptr, ss_ptr, rows, cols, ok, out_off, BLOCK_M)
-        else:
-            tl.store(y_ptr + out_off, acc.to(y_ptr.dtype.element_ty), mask=ok)
+        _epilogue(acc, acc_u, y_ptr, ss_ptr, rows, cols, ok, out_off, ss_in_ptr, NT_IN, K, eps, BLOCK_M, RESID, NORM,
+                  SILU, NT_P)
     else:
         tile = pid_m * tl.num_programs(1) + pid_n
-        tl.store(ws_ptr + pid_s.to(tl.int64) * WS_STRIDE + out_off, acc, mask=ok)
+        ws_off = rows.to(tl.int64)[:, None] * (2 * N if SILU else N) + cols[None, :]
+        tl.store(ws_ptr + pid_s.to(tl.int64) * WS_STRIDE + ws_off, acc, mask=ok)
+        if SILU:
+            tl.store(ws_ptr + pid_s.to(tl.int64) * WS_STRIDE + ws_off + N, acc_u, mask=ok)
         tl.debug_barrier()  # every thread's partial is stored before the ticket (release below)
         ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
         if ticket == SPLIT - 1:
             total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            total_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32) if SILU else total
             for s in tl.static_range(SPLIT):  # unrolled: the partial loads are issued together
-                total += tl.load(ws_ptr + s * WS_STRIDE + out_off, mask=ok, other=0.0, cache_modifier=".cg")
-            if RESID:
-                _resid_out(total, y_ptr, ss_ptr, rows, cols, ok, out_off, BLOCK_M)
-            else:
-                tl.store(y_ptr + out_off, total.to(y_ptr.dtype.element_ty), mask=ok)
+                total += tl.load(ws_ptr + s * WS_STRIDE + ws_off, mask=ok, other=0.0, cache_modifier=".cg")
+                if SILU:
+                    total_u += tl.load(ws_ptr + s * WS_STRIDE + ws_off + N, mask=ok, other=0.0, cache_modifier=".cg")
+            _epilogue(total, total_u, y_ptr, ss_ptr, rows, cols, ok, out_off, ss_in_ptr, NT_IN, K, eps, BLOCK_M,
+                      RESID, NORM, SILU, NT_P)
             tl.atomic_xchg(cnt_ptr + tile, 0)
 
 

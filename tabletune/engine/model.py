@@ -8,7 +8,7 @@ returns the final-normed hidden states ``[B, q, hidden]``. Each layer is
 runs silu*mul inside the down GEMM (the gated kernel), and one fewer again in a verify step of k >= 1
 (qk-norm, RoPE and the cache write run inside the attention launch, which also merges its splits).
 With the fused-norm layers (``fuse_norm_rows``, at most FUSED_NORM_MAX_M rows) the norms and silu*mul
-run inside the GEMMs: five launches.
+run inside the GEMMs' epilogues: six launches (five in a verify step).
 
 With an ``L2Prefetch`` (small batches on CUDA), each layer also hints its o-projection
 weight into L2 from a side stream right after the qkv GEMM, while RoPE and attention,
@@ -49,6 +49,7 @@ class DecoderLayer(nn.Module):
         self.k_norm = _ones(d, dtype, device) if cfg.qk_norm else None
         self.wo = _param(h, cfg.num_heads * d, dtype=dtype, device=device)
         self.post_norm = _ones(h, dtype, device)
+        self._folded: tuple[torch.Tensor, torch.Tensor] | None = None  # folded_weights()
         if cfg.is_moe:
             e, im = cfg.num_experts, cfg.moe_intermediate_size
             self.router = _param(e, h, dtype=dtype, device=device)
@@ -87,6 +88,16 @@ class DecoderLayer(nn.Module):
         if prefill_at is None:
             return ops.attention(q, k_cache, v_cache, start_pos, slots, scale)
         return torch_ops.prefill_attention(q, k_cache, v_cache, *prefill_at, scale)
+
+    def folded_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of wqkv and w_gate_up with in_norm's and post_norm's weight folded into their columns
+        (``gemm.fold_norm``), for the fused-norm layers; made on first use, after the weights are loaded (the
+        memory of those two weights once more)."""
+        if self._folded is None:
+            from tabletune.engine import gemm
+
+            self._folded = (gemm.fold_norm(self.wqkv, self.in_norm), gemm.fold_norm(self.w_gate_up, self.post_norm))
+        return self._folded
 
     def mlp(self, ops, x):
         if self.cfg.is_moe:
@@ -224,11 +235,12 @@ class Decoder(nn.Module):
 
     def _forward_fused_norm(self, x, start_pos, slots, cache: KVCache, prefetch: L2Prefetch | None,
                             fuse_rope: bool = True):
-        """The forward with no norm launch inside the stack (rows <= 16): the o and down GEMMs add into the residual
-        stream in their epilogue and leave the rows' sums of squares, from which the qkv and gate_up GEMMs normalise
-        their input in their K loop (``gemm.residual_linear`` / ``gemm.norm_linear``); the down GEMM takes
-        silu(gate) * up of gate_up's output in its prologue. The same math as ``forward``; the sums of squares are
-        added in another order."""
+        """The forward with no norm or silu * mul launch inside the stack (rows <= 16): the o and down GEMMs add into
+        the residual stream in their epilogue and leave the rows' sums of squares; the qkv and gate_up GEMMs read
+        the residual stream through a copy of W with the norm's weight folded in and scale each finished row by its
+        1 / rms; gate_up's epilogue also takes silu(gate) * up (``gemm.norm_linear`` / ``gemm.residual_linear``).
+        The K loops are the plain GEMM's. The same math as ``forward``, rounded in other places: the norm weight once
+        into W, 1 / rms after the product instead of before it, the sums of squares added in another order."""
         from tabletune.engine import gemm
 
         eps = self.cfg.rms_norm_eps
@@ -238,17 +250,17 @@ class Decoder(nn.Module):
         r2 = r.view(m, hidden)  # the residual stream, updated in place by the o and down GEMMs
         squares = None
         for i, layer in enumerate(self.layers):
+            wqkv, w_gate_up = layer.folded_weights()
             if squares is None:
                 qkv = linear(h, layer.wqkv)
             else:
-                qkv = gemm.norm_linear(r2, layer.wqkv, gemm.choose_fused(m, layer.wqkv),
-                                       gemm.RowNorm(layer.in_norm, squares, eps)).view(b, qlen, -1)
+                qkv = gemm.norm_linear(r2, wqkv, gemm.choose_fused(m, wqkv, "norm"),
+                                       gemm.RowNorm(squares, eps)).view(b, qlen, -1)
             o = layer.attend(self.ops, qkv, start_pos, slots, cache.k[i], cache.v[i], None, prefetch, fuse_rope)
-            squares = gemm.residual_linear(o.reshape(m, -1), layer.wo, gemm.choose_fused(m, layer.wo), r2)
-            gate_up = gemm.norm_linear(r2, layer.w_gate_up, gemm.choose_fused(m, layer.w_gate_up),
-                                       gemm.RowNorm(layer.post_norm, squares, eps))
-            squares = gemm.residual_linear(gate_up, layer.w_down, gemm.choose_fused(m, layer.w_down, gated=True), r2,
-                                           gated=True)
+            squares = gemm.residual_linear(o.reshape(m, -1), layer.wo, gemm.choose_fused(m, layer.wo, "resid"), r2)
+            act = gemm.norm_linear(r2, w_gate_up, gemm.choose_fused(m, w_gate_up, "norm-silu"),
+                                   gemm.RowNorm(squares, eps), silu=True)
+            squares = gemm.residual_linear(act, layer.w_down, gemm.choose_fused(m, layer.w_down, "resid"), r2)
         if prefetch is not None:
             prefetch.join()
         return self.ops.add_rms_norm(r, None, self.final_norm, eps)[0]

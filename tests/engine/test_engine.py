@@ -206,8 +206,10 @@ for programs in (3, 7, 64):
 x = torch.randn(20, 300)
 err.append((G.triton_linear(x, w, (16, 32, 64, 1, 4, 4, False, 4)) - x @ w.T).abs().max())
 # the fused-norm GEMMs, K = 300 (the last K tile masked), N = 70 over tiles of 32 (the last masked), split 1 and 3,
-# 1 / 5 / 16 rows: the norm from 3 column-tile partials of the sums of squares, the residual add and its squares
+# 1 / 5 / 16 rows: the norm from 3 column-tile partials of the sums of squares (its weight folded into W), with and
+# without silu * mul over a [gate | up] W, the residual add and its squares
 nw, nw70 = torch.rand(300) + 0.5, torch.rand(70) + 0.5
+wgu = torch.randn(140, 300)
 for rows in (1, 5, 16):
     xr = torch.randn(rows, 300)
     ss = torch.zeros(3 * 16)
@@ -215,9 +217,12 @@ for rows in (1, 5, 16):
         ss[t * 16: t * 16 + rows] = (xr[:, cols] ** 2).sum(1)
     hn = O.add_rms_norm(xr, None, nw, 1e-6)[0]
     x, gu, r0 = torch.randn(rows, 300), torch.randn(rows, 600), torch.randn(rows, 70)
+    norm = G.RowNorm(G.RowSquares(ss, 3), 1e-6)
     for cfg in (G.Config(16, 32, 64, 1, 4, 4), G.Config(16, 32, 64, 3, 4, 4)):
-        y = G.norm_linear(xr, w, cfg, G.RowNorm(nw, G.RowSquares(ss, 3), 1e-6))
-        err.append((y - hn @ w.T).abs().max() / (hn @ w.T).abs().max())
+        for wt, silu, ref in ((w, False, hn @ w.T), (wgu, True, O.silu_mul(hn @ wgu.T))):
+            y = G.norm_linear(xr, G.fold_norm(wt, nw), cfg, norm, silu=silu)
+            assert y.shape == ref.shape, (y.shape, ref.shape)
+            err.append((y - ref).abs().max() / ref.abs().max())
         for gated, inp, prod in ((False, x, x @ w.T), (True, gu, O.silu_mul(gu) @ w.T)):
             r = r0.clone()
             sq = G.residual_linear(inp, w, cfg, r, gated=gated)
@@ -236,8 +241,8 @@ print("ok")
 
 @pytest.mark.slow
 def test_fused_norm_forward_matches_the_standard_forward_in_interpreter():
-    """The fused-norm layers (residual add + sums of squares in the o / down GEMM epilogues, the norm in the qkv and
-    gate_up K loops, silu * mul in the down GEMM's) against the standard forward, fp32, both on the Triton kernels under
+    """The fused-norm layers (residual add + sums of squares in the o / down GEMM epilogues, the norm's row scale in
+    the qkv and gate_up epilogues with its weight folded into W, silu * mul in gate_up's) against the standard forward, fp32, both on the Triton kernels under
     TRITON_INTERPRET=1 (tile choices set by hand: the chooser times on a GPU)."""
     pytest.importorskip("triton")
     code = """
@@ -251,12 +256,13 @@ model = Decoder(cfg, torch.float32, "cpu", use_triton=True)
 B, q = 2, 3
 m = B * q
 for layer in model.layers:  # split-K 1 and 3, 2-16 column tiles
-    for w in (layer.wqkv, layer.wo, layer.w_gate_up):
-        G._choice[(m, w.shape[0], w.shape[1], G.FUSED)] = G.Config(16, 32, 32, 3, 4, 2)
-    w = layer.w_down
-    G._choice[(m, w.shape[0], w.shape[1], G.FUSED_GATED)] = G.Config(16, 16, 32, 1, 4, 2)
     layer.in_norm.data.uniform_(0.5, 1.5)
     layer.post_norm.data.uniform_(0.5, 1.5)
+    wqkv, wgu = layer.folded_weights()
+    G._choice[(m, wqkv.shape[0], wqkv.shape[1], "norm")] = G.Config(16, 32, 32, 3, 4, 2)
+    G._choice[(m, wgu.shape[0], wgu.shape[1], "norm-silu")] = G.Config(16, 16, 32, 3, 4, 2)
+    G._choice[(m, layer.wo.shape[0], layer.wo.shape[1], "resid")] = G.Config(16, 32, 32, 3, 4, 2)
+    G._choice[(m, layer.w_down.shape[0], layer.w_down.shape[1], "resid")] = G.Config(16, 16, 32, 1, 4, 2)
 c1 = model.new_cache(3, 40)
 c1.k.normal_()
 c1.v.normal_()
@@ -449,13 +455,17 @@ def test_fused_norm_gemms_reject_what_they_cannot_run():
     from tabletune.engine import gemm as G
 
     w, cfg = torch.randn(32, 64), G.Config(16, 32, 64, 1, 4, 4)
-    norm = G.RowNorm(torch.ones(64), G.RowSquares(torch.ones(16), 1), 1e-6)
+    norm = G.RowNorm(G.RowSquares(torch.ones(16), 1), 1e-6)
     for bad in (G.Config(32, 32, 64, 1, 4, 4), G.Config(16, 32, 64, 1, 4, 4, True),
                 G.Config(16, 32, 64, 1, 4, 4, False, 132)):
         with pytest.raises(ValueError, match="pointer config of 16 rows"):
             G.norm_linear(torch.randn(4, 64), w, bad, norm)
     with pytest.raises(ValueError, match="at most 16 rows"):
         G.norm_linear(torch.randn(17, 64), w, cfg, norm)
+    with pytest.raises(ValueError, match="even row count"):
+        G.norm_linear(torch.randn(4, 64), torch.randn(33, 64), cfg, norm, silu=True)
+    with pytest.raises(ValueError, match="kind"):
+        G.choose_fused(4, w, "gated")
     with pytest.raises(ValueError, match="gated=True"):
         G.residual_linear(torch.randn(4, 64), w, cfg, torch.zeros(4, 32), gated=True)
     with pytest.raises(ValueError, match="residual"):
