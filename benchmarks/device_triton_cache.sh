@@ -4,23 +4,30 @@
 #
 #   source benchmarks/device_triton_cache.sh restore   # first thing in a device command
 #   ... the benchmark ...
-#   benchmarks/device_triton_cache.sh save             # last thing: $OUT/triton_cache.tgz.part* come back
+#   benchmarks/device_triton_cache.sh save             # last thing: $OUT/triton_cache_<stamp>.tgz.part* come back
 #
-# Here, between calls: copy the returned triton_cache.tgz.part* to .tcache/ (ignored by git) and name .tcache in the
-# next call's carry. The cache is keyed by Triton's version, the GPU and each kernel's source, so a stale entry is
-# never used. The engine's cache is ~20 MB compressed, over the 16 MiB a returned file may have: it comes back in
-# 15 MiB parts.
+# Here, between calls: copy the returned triton_cache_*.tgz.part* to .tcache/ (ignored by git) and name .tcache in
+# the next call's carry. The cache is keyed by Triton's version, the GPU and each kernel's source, so a stale entry
+# is never used. A call returns at most 8 files of 16 MiB, so `save` packs only what this call compiled (the files
+# newer than the restore) in 15 MiB parts, and `restore` unpacks every archive in .tcache, each on its own (a
+# truncated archive still gives the files before the cut).
 set -u
 dir="$PWD/.cache/triton"
 case "${1:-}" in
   restore)
     mkdir -p "$dir"
-    if ls .tcache/triton_cache.tgz.part* >/dev/null 2>&1; then cat .tcache/triton_cache.tgz.part* | tar xz -C "$dir"; fi
+    for a in $(ls .tcache/ 2>/dev/null | sed -n 's/\(.*\.tgz\)\.part.*/\1/p' | sort -u); do
+      cat .tcache/"$a".part* | tar xz -C "$dir" 2>/dev/null
+    done
+    touch "$dir/.restored"
     export TRITON_CACHE_DIR="$dir"
     echo "triton cache: $(find "$dir" -type f | wc -l) files" ;;
   save)
     if [ -z "${OUT:-}" ]; then echo "save: \$OUT is not set" >&2; exit 1; fi
-    tar cz -C "$dir" . | split -b 15M - "$OUT/triton_cache.tgz.part" && ls -l "$OUT"/triton_cache.tgz.part* ;;
+    (cd "$dir" && find . -type f -newer .restored ! -name .restored) > "$dir/.new"
+    echo "triton cache: $(wc -l < "$dir/.new") new files"
+    tar cz -C "$dir" -T "$dir/.new" | split -b 15M - "$OUT/triton_cache_$(date +%m%d%H%M).tgz.part" &&
+      ls -l "$OUT"/triton_cache_*.tgz.part* ;;
   *)
     echo "usage: source $0 restore | $0 save" >&2; return 2 2>/dev/null || exit 2 ;;
 esac

@@ -45,6 +45,10 @@ def _gemm_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, K_PER_SPLIT, WS_
                 _prefetch_l2(w_ptr + (w_rows + N)[:, None] * K + pk[None, :])
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
+    # the epilogue's own reads (1 / rms, the residual tile) issued before the K loop: their latency hides behind it
+    inv = _inv_rms(ss_in_ptr, NT_IN, K, eps, BLOCK_M, NT_P) if NORM else None
+    r_old = tl.load(y_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :],
+                    mask=(rows[:, None] < M) & (cols[None, :] < N), other=0.0) if RESID else None
     kk = tl.arange(0, BLOCK_K)
     x_stride = 2 * K if GATED else K
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -64,28 +68,28 @@ def _gemm_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, K_PER_SPLIT, WS_
         if SILU:
             acc_u += tl.dot(x, tl.trans(tl.load(w_ptr + w_off + N * K, mask=w_mask, other=0.0)))
     _store_or_fix_up(acc, y_ptr, ws_ptr, cnt_ptr, rows, cols, M, N, WS_STRIDE, BLOCK_M, BLOCK_N, SPLIT, RESID,
-                     ss_out_ptr, acc_u, NORM, SILU, ss_in_ptr, NT_IN, K, eps, NT_P)
+                     ss_out_ptr, acc_u, NORM, SILU, inv, r_old)
 
 
 @triton.jit
-def _resid_out(total, r_ptr, ss_ptr, rows, cols, ok, out_off, BLOCK_M: tl.constexpr):
-    """The residual epilogue: r = bf16(r + bf16(x W^T)) in place, and this column tile's sum of r^2 per row into
-    ss[pid_n, row] for the next GEMM's norm (``_inv_rms``); the same roundings as ``kernels.add_rms_norm``."""
+def _resid_out(total, r_old, r_ptr, ss_ptr, rows, ok, out_off, BLOCK_M: tl.constexpr):
+    """The residual epilogue: r = bf16(r + bf16(x W^T)) in place (r_old: the tile read before the K loop), and this
+    column tile's sum of r^2 per row into ss[pid_n, row] for the next GEMM's norm (``_inv_rms``); the same roundings
+    as ``kernels.add_rms_norm``."""
     y = total.to(r_ptr.dtype.element_ty).to(tl.float32)
-    r = (tl.load(r_ptr + out_off, mask=ok, other=0.0).to(tl.float32) + y).to(r_ptr.dtype.element_ty)
+    r = (r_old.to(tl.float32) + y).to(r_ptr.dtype.element_ty)
     tl.store(r_ptr + out_off, r, mask=ok)
     rf = tl.where(ok, r.to(tl.float32), 0.0)
     tl.store(ss_ptr + tl.program_id(1) * BLOCK_M + rows, tl.sum(rf * rf, 1))
 
 
 @triton.jit
-def _epilogue(total, total_u, y_ptr, ss_out_ptr, rows, cols, ok, out_off, ss_in_ptr, NT_IN, K, eps,
-              BLOCK_M: tl.constexpr, RESID: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr,
-              NT_P: tl.constexpr):
-    """A finished fp32 tile (all splits added) to y: the row scale (NORM), silu(gate) * up (SILU: each product
-    rounded to y's dtype first, as ``kernels.silu_mul`` reads them), then the residual add (RESID) or a store."""
+def _epilogue(total, total_u, y_ptr, ss_out_ptr, rows, ok, out_off, inv, r_old, BLOCK_M: tl.constexpr,
+              RESID: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr):
+    """A finished fp32 tile (all splits added) to y: the row scale ``inv`` (NORM), silu(gate) * up (SILU: each
+    product rounded to y's dtype first, as ``kernels.silu_mul`` reads them), then the residual add (RESID) or a
+    store."""
     if NORM:
-        inv = _inv_rms(ss_in_ptr, NT_IN, K, eps, BLOCK_M, NT_P)
         total = total * inv[:, None]
         if SILU:
             total_u = total_u * inv[:, None]
@@ -93,7 +97,7 @@ def _epilogue(total, total_u, y_ptr, ss_out_ptr, rows, cols, ok, out_off, ss_in_
         g = total.to(y_ptr.dtype.element_ty).to(tl.float32)
         total = g / (1.0 + tl.exp(-g)) * total_u.to(y_ptr.dtype.element_ty).to(tl.float32)
     if RESID:
-        _resid_out(total, y_ptr, ss_out_ptr, rows, cols, ok, out_off, BLOCK_M)
+        _resid_out(total, r_old, y_ptr, ss_out_ptr, rows, ok, out_off, BLOCK_M)
     else:
         tl.store(y_ptr + out_off, total.to(y_ptr.dtype.element_ty), mask=ok)
 
@@ -101,8 +105,7 @@ def _epilogue(total, total_u, y_ptr, ss_out_ptr, rows, cols, ok, out_off, ss_in_
 @triton.jit
 def _store_or_fix_up(acc, y_ptr, ws_ptr, cnt_ptr, rows, cols, M, N, WS_STRIDE, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, RESID: tl.constexpr = False, ss_ptr=None,
-                     acc_u=None, NORM: tl.constexpr = False, SILU: tl.constexpr = False, ss_in_ptr=None, NT_IN=1,
-                     K=1, eps=0.0, NT_P: tl.constexpr = 1):
+                     acc_u=None, NORM: tl.constexpr = False, SILU: tl.constexpr = False, inv=None, r_old=None):
     """Write the tile (one split), or store this split's partial and let the last split add them in order, then
     ``_epilogue`` (the fused-norm variants; ``SILU``: a second accumulator, its partials N columns further on in a
     workspace of 2N columns)."""
@@ -110,8 +113,7 @@ def _store_or_fix_up(acc, y_ptr, ws_ptr, cnt_ptr, rows, cols, M, N, WS_STRIDE, B
     ok = (rows[:, None] < M) & (cols[None, :] < N)
     out_off = rows.to(tl.int64)[:, None] * N + cols[None, :]
     if SPLIT == 1:
-        _epilogue(acc, acc_u, y_ptr, ss_ptr, rows, cols, ok, out_off, ss_in_ptr, NT_IN, K, eps, BLOCK_M, RESID, NORM,
-                  SILU, NT_P)
+        _epilogue(acc, acc_u, y_ptr, ss_ptr, rows, ok, out_off, inv, r_old, BLOCK_M, RESID, NORM, SILU)
     else:
         tile = pid_m * tl.num_programs(1) + pid_n
         ws_off = rows.to(tl.int64)[:, None] * (2 * N if SILU else N) + cols[None, :]
@@ -127,8 +129,7 @@ def _store_or_fix_up(acc, y_ptr, ws_ptr, cnt_ptr, rows, cols, M, N, WS_STRIDE, B
                 total += tl.load(ws_ptr + s * WS_STRIDE + ws_off, mask=ok, other=0.0, cache_modifier=".cg")
                 if SILU:
                     total_u += tl.load(ws_ptr + s * WS_STRIDE + ws_off + N, mask=ok, other=0.0, cache_modifier=".cg")
-            _epilogue(total, total_u, y_ptr, ss_ptr, rows, cols, ok, out_off, ss_in_ptr, NT_IN, K, eps, BLOCK_M,
-                      RESID, NORM, SILU, NT_P)
+            _epilogue(total, total_u, y_ptr, ss_ptr, rows, ok, out_off, inv, r_old, BLOCK_M, RESID, NORM, SILU)
             tl.atomic_xchg(cnt_ptr + tile, 0)
 
 
