@@ -24,14 +24,15 @@ x and W tiles fetched by Hopper's tensor-memory accelerator through host tensor 
 pointer kernel ran at half of cuBLAS. cuBLASLt (torch's preferred-BLAS switch) is one more
 candidate: its heuristics pick other kernels than cuBLAS's at some shapes.
 
-Fused-norm layers (``norm_linear`` / ``residual_linear``, M <= 16, the pointer kernel): the o and down GEMMs
-add their product into the residual stream in their epilogue (``RESID``) and leave each column tile's sums of
-squares per row; the qkv and gate_up GEMMs normalise their x tiles in the K loop from those sums (``NORM``), so a
-decode layer has no norm launch (and the down GEMM's ``GATED`` prologue takes the silu * mul launch too).
-Off by default (``EngineConfig.fuse_norm_max_rows``): on the H200 the fused-norm step measured 88-98% slower than
-the standard one, on this kernel as on the "preload" kernel of engine 0.7.dev0 (a weight tile loaded before the PDL
-wait, 1.6-2.4 TB/s against 2.9-4.2 for this kernel; removed), although each GEMM keeps the standard path's config;
-the cause is not isolated yet (``benchmarks/engine_fused_norm_cost.py``; docs/engine_notes.md, engine 0.7).
+Fused-norm layers (``norm_linear`` / ``residual_linear``, M <= 16, the pointer kernel; only the epilogue
+differs from the plain GEMM): the o and down GEMMs add their product into the residual stream and leave each
+column tile's sums of squares per row (``RESID``); the qkv and gate_up GEMMs read the residual stream through a
+copy of W with the norm's weight folded in (``fold_norm``) and scale each finished row by its 1 / rms (``NORM``),
+and gate_up also writes silu(gate) * up from two accumulators (``SILU``), so a decode layer has no norm or
+silu * mul launch. Off by default (``EngineConfig.fuse_norm_max_rows``): on the H200 the fused step measured
+-2.6% to +4.0% against the standard one (gate_up's Triton kernel is ~7 us behind cuBLAS at N = 24576, more than
+the three launches it saves; engine 0.7.dev1, which normalised x and took silu * mul inside the K loop, was 2x
+slower: docs/engine_notes.md, 0.7.dev2).
 
 Stream-K configs (``Config.stream_k`` = P, M <= 64, plain shapes): split-K launches tiles x splits
 programs, rarely a multiple of the SM count, so the last wave runs part-empty (the small projections
