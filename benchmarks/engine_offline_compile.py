@@ -1,6 +1,6 @@
 """Compile the split-K GEMM kernel's variants for sm_90 without a GPU and print what each one became.
 
-For each config and each variant (plain, NORM prologue, RESID epilogue, GATED, GATED + RESID) of
+For each config and each variant (plain, NORM, NORM + SILU, RESID epilogues, GATED, GATED + RESID) of
 ``gemm_kernels._gemm_kernel``: shared memory, registers and spill bytes (Triton's bundled ptxas) and the mix of
 global loads in the PTX (``cp.async``: software-pipelined through shared memory; ``ld.global``: straight to
 registers). The pointer and size arguments get the JIT's 16-divisibility hints, as a launch on aligned tensors
@@ -26,19 +26,20 @@ from triton.compiler import ASTSource
 from tabletune.engine.gemm_kernels import _gemm_kernel
 
 TYPES = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
-         "nw_ptr": "*bf16", "ss_in_ptr": "*fp32", "ss_out_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
+         "ss_in_ptr": "*fp32", "ss_out_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
          "K_PER_SPLIT": "i32", "WS_STRIDE": "i32", "NT_IN": "i32", "eps": "fp32"}
-DIVISIBLE = ("x_ptr", "w_ptr", "y_ptr", "ws_ptr", "cnt_ptr", "nw_ptr", "ss_in_ptr", "ss_out_ptr", "N", "K",
+DIVISIBLE = ("x_ptr", "w_ptr", "y_ptr", "ws_ptr", "cnt_ptr", "ss_in_ptr", "ss_out_ptr", "N", "K",
              "K_PER_SPLIT", "WS_STRIDE")
-VARIANTS = {"plain": (False, False, False), "norm": (True, False, False), "resid": (False, True, False),
-            "gated": (False, False, True), "gated+resid": (False, True, True)}
+VARIANTS = {"plain": (False, False, False, False), "norm": (True, False, False, False),
+            "norm+silu": (True, False, False, True), "resid": (False, True, False, False),
+            "gated": (False, False, True, False), "gated+resid": (False, True, True, False)}
 
 
-def compile_variant(cfg: tuple[int, ...], norm: bool, resid: bool, gated: bool, folder: str) -> dict:
+def compile_variant(cfg: tuple[int, ...], norm: bool, resid: bool, gated: bool, silu: bool, folder: str) -> dict:
     bm, bn, bk, split, warps, stages = cfg
     names = _gemm_kernel.arg_names
     const = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split, GATED=gated, USE_PDL=True, PREFETCH_K=256,
-                 NORM=norm, RESID=resid, NT_P=64, M=1)
+                 NORM=norm, RESID=resid, SILU=silu, NT_P=64, M=1)
     signature = {n: "constexpr" if n in const else TYPES[n] for n in names}
     src = ASTSource(_gemm_kernel, signature, constexprs={(names.index(k),): v for k, v in const.items()},
                     attrs={(names.index(n),): [["tt.divisibility", 16]] for n in DIVISIBLE})
