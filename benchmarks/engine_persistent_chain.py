@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         us = gemm._time_us(fn) if cuda else float("nan")
         mb = s * h * h * y.element_size() / 1e6
         lines.append(f"{name:22s} {s} GEMMs of {h}x{h} (M = 1, {mb:.0f} MB): {us:8.2f} us "
-                     f"({mb / us if us == us else float('nan'):.0f} GB/s); relative error {rel:.1e}; barrier timeouts "
+                     f"({mb / us if us == us else float('nan'):.2f} TB/s); relative error {rel:.1e}; barrier timeouts "
                      f"{int(err.item())}")
         print(lines[-1], flush=True)
         rows.append({"variant": name, "us": round(us, 2), "rel_err": rel, "barrier_timeouts": int(err.item())})
