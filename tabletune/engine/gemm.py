@@ -428,8 +428,7 @@ FUSED_CANDIDATES = 4  # the fastest plain pointer configs of 16 rows that each f
 def choose_fused(m: int, w: torch.Tensor, kind: str) -> Config:
     """The fastest pointer config of 16 rows for the fused-norm layers' GEMM ``kind`` of x [M, K] W^T, M <= 16:
     the variant itself is timed (``norm_linear`` with 1 / rms = 1, ``norm_linear(silu=True)``,
-    ``residual_linear``), over the FUSED_CANDIDATES plain configs that ``choose`` timed fastest at this shape (for
-    ``norm-silu`` also each with half the tile width: two accumulators a program)."""
+    ``residual_linear`` on a zero residual) over ``fused_configs`` of what ``choose`` timed at this shape."""
     if kind not in FUSED_KINDS:
         raise ValueError(f"choose_fused: kind {kind!r}, not one of {FUSED_KINDS}")
     n, k = w.shape
@@ -439,26 +438,30 @@ def choose_fused(m: int, w: torch.Tensor, kind: str) -> Config:
             raise RuntimeError(f"no fused-norm GEMM config chosen for M={m} N={n} K={k}: run one step before capture")
         choose(m, w)
         timed = _timings.get((m, n, k, False)) or dict.fromkeys((Config(*t) for t in _skinny(FUSED_ROWS, False)), 0.0)
-        plain = sorted((t, c) for c, t in timed.items()
-                       if isinstance(c, tuple) and c.block_m == FUSED_ROWS and not (c.tma or c.stream_k))
-        cfgs = [c for _, c in plain[:FUSED_CANDIDATES]]
-        if kind == "norm-silu":  # two weight tiles a stage
-            cfgs = [c for c in cfgs + [c._replace(block_n=c.block_n // 2) for c in cfgs if c.block_n >= 32]
-                    if c.stages * (c.block_m + 2 * c.block_n) * c.block_k * 2 <= SMEM_BYTES]
         eps = 1e-6
-        ss = torch.zeros(FUSED_ROWS, dtype=torch.float32, device=w.device).fill_(k * (1.0 - eps))  # 1 / rms = 1
-        unit = RowNorm(RowSquares(ss, 1), eps)
+        unit = RowNorm(RowSquares(torch.full((FUSED_ROWS,), k * (1.0 - eps), device=w.device), 1), eps)  # 1/rms = 1
         if kind == "resid":
             def run(c):
                 return lambda x, w_: _zero_then(lambda r: residual_linear(x, w_, c, r), x.shape[0], n, x)
-            reference = _reference(False)
         else:
             def run(c):
                 return lambda x, w_: norm_linear(x, w_, c, unit, silu=kind == "norm-silu")
-            reference = (lambda x, w_: kernels.silu_mul(torch.mm(x, w_.t()))) if kind == "norm-silu" else \
-                _reference(False)
-        _choice[key] = _fastest(key, w, k, {c: run(c) for c in dict.fromkeys(cfgs)}, reference)
+        reference = (lambda x, w_: kernels.silu_mul(torch.mm(x, w_.t()))) if kind == "norm-silu" else _reference(False)
+        _choice[key] = _fastest(key, w, k, {c: run(c) for c in fused_configs(timed, kind)}, reference)
     return _choice[key]
+
+
+def fused_configs(timed: dict, kind: str) -> list[Config]:
+    """The configs ``choose_fused`` times for ``kind``: the FUSED_CANDIDATES fastest pointer configs of 16 rows in
+    ``timed`` (choice -> us, as ``choose`` timed the plain shape), fastest first; for ``norm-silu`` (two weight
+    tiles a stage) each also at half the tile width, keeping those that fit in shared memory."""
+    plain = sorted((us, c) for c, us in timed.items()
+                   if isinstance(c, Config) and c.block_m == FUSED_ROWS and not (c.tma or c.stream_k))
+    cfgs = [c for _, c in plain[:FUSED_CANDIDATES]]
+    if kind == "norm-silu":
+        cfgs = [c for c in cfgs + [c._replace(block_n=c.block_n // 2) for c in cfgs if c.block_n >= 32]
+                if c.stages * (c.block_m + 2 * c.block_n) * c.block_k * 2 <= SMEM_BYTES]
+    return list(dict.fromkeys(cfgs))
 
 
 _residuals: dict[tuple, torch.Tensor] = {}

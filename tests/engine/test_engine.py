@@ -470,3 +470,24 @@ def test_fused_norm_gemms_reject_what_they_cannot_run():
         G.residual_linear(torch.randn(4, 64), w, cfg, torch.zeros(4, 32), gated=True)
     with pytest.raises(ValueError, match="residual"):
         G.residual_linear(torch.randn(4, 64), w, cfg, torch.zeros(4, 64).t())
+
+
+def test_fused_configs_take_the_fastest_plain_pointer_configs_of_16_rows():
+    """choose_fused's candidates: the 4 fastest 16-row pointer configs of the plain timing (not cuBLAS, padded,
+    cuBLASLt, TMA, stream-K or other row blocks), fastest first; norm-silu adds each at half width and drops what
+    two weight tiles a stage push past shared memory."""
+    pytest.importorskip("triton")
+    from tabletune.engine import gemm as G
+
+    c = G.Config
+    timed = {None: 1.0, 64: 1.0, G.CUBLASLT: 1.0, c(64, 128, 64, 1, 4, 6, True): 1.0,
+             c(16, 64, 256, 1, 4, 4, False, 132): 1.0, c(32, 64, 256, 2, 4, 4): 1.0,
+             c(16, 64, 256, 2, 4, 4): 9.0, c(16, 32, 128, 1, 4, 6): 5.0, c(16, 64, 128, 3, 4, 6): 7.0,
+             c(16, 32, 256, 4, 4, 4): 6.0, c(16, 64, 256, 8, 4, 4): 8.0}
+    fastest = [c(16, 32, 128, 1, 4, 6), c(16, 32, 256, 4, 4, 4), c(16, 64, 128, 3, 4, 6), c(16, 64, 256, 8, 4, 4)]
+    assert G.fused_configs(timed, "norm") == fastest
+    assert G.fused_configs(timed, "resid") == fastest
+    # two weight tiles a stage: (16, 64, 128, 3, 4, 6) needs 6 * (16 + 128) * 128 * 2 = 216 KB and (16, 64, 256, 8,
+    # 4, 4) 288 KB, over the 200 KB budget; each at half width fits
+    assert G.fused_configs(timed, "norm-silu") == fastest[:2] + [
+        c(16, 16, 128, 1, 4, 6), c(16, 16, 256, 4, 4, 4), c(16, 32, 128, 3, 4, 6), c(16, 32, 256, 8, 4, 4)]
