@@ -49,7 +49,7 @@ class DecoderLayer(nn.Module):
         self.k_norm = _ones(d, dtype, device) if cfg.qk_norm else None
         self.wo = _param(h, cfg.num_heads * d, dtype=dtype, device=device)
         self.post_norm = _ones(h, dtype, device)
-        self._folded: tuple[torch.Tensor, torch.Tensor] | None = None  # folded_weights()
+        self._folded: dict[str, torch.Tensor] = {}  # folded()
         if cfg.is_moe:
             e, im = cfg.num_experts, cfg.moe_intermediate_size
             self.router = _param(e, h, dtype=dtype, device=device)
@@ -89,15 +89,16 @@ class DecoderLayer(nn.Module):
             return ops.attention(q, k_cache, v_cache, start_pos, slots, scale)
         return torch_ops.prefill_attention(q, k_cache, v_cache, *prefill_at, scale)
 
-    def folded_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copies of wqkv and w_gate_up with in_norm's and post_norm's weight folded into their columns
-        (``gemm.fold_norm``), for the fused-norm layers; made on first use, after the weights are loaded (the
-        memory of those two weights once more)."""
-        if self._folded is None:
+    def folded(self, name: str) -> torch.Tensor:
+        """A copy of ``wqkv`` or ``w_gate_up`` with the weight of the norm before it (in_norm, post_norm) folded into
+        its columns (``gemm.fold_norm``), for the fused-norm layers; made on first use, after the weights are loaded
+        (the memory of that weight once more)."""
+        if name not in self._folded:
             from tabletune.engine import gemm
 
-            self._folded = (gemm.fold_norm(self.wqkv, self.in_norm), gemm.fold_norm(self.w_gate_up, self.post_norm))
-        return self._folded
+            norm = {"wqkv": self.in_norm, "w_gate_up": self.post_norm}[name]
+            self._folded[name] = gemm.fold_norm(getattr(self, name), norm)
+        return self._folded[name]
 
     def mlp(self, ops, x):
         if self.cfg.is_moe:
@@ -250,14 +251,15 @@ class Decoder(nn.Module):
         r2 = r.view(m, hidden)  # the residual stream, updated in place by the o and down GEMMs
         squares = None
         for i, layer in enumerate(self.layers):
-            wqkv, w_gate_up = layer.folded_weights()
-            if squares is None:
+            if squares is None:  # the first layer's norm ran above, on its own
                 qkv = linear(h, layer.wqkv)
             else:
+                wqkv = layer.folded("wqkv")
                 qkv = gemm.norm_linear(r2, wqkv, gemm.choose_fused(m, wqkv, "norm"),
                                        gemm.RowNorm(squares, eps)).view(b, qlen, -1)
             o = layer.attend(self.ops, qkv, start_pos, slots, cache.k[i], cache.v[i], None, prefetch, fuse_rope)
             squares = gemm.residual_linear(o.reshape(m, -1), layer.wo, gemm.choose_fused(m, layer.wo, "resid"), r2)
+            w_gate_up = layer.folded("w_gate_up")
             act = gemm.norm_linear(r2, w_gate_up, gemm.choose_fused(m, w_gate_up, "norm-silu"),
                                    gemm.RowNorm(squares, eps), silu=True)
             squares = gemm.residual_linear(act, layer.w_down, gemm.choose_fused(m, layer.w_down, "resid"), r2)

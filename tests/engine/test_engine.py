@@ -159,7 +159,7 @@ def test_sampling_engine_runs_every_drafter(tiny):
 @pytest.mark.slow
 def test_triton_kernels_match_torch_ops_in_interpreter():
     """The Triton kernels (RoPE/cache write, split-KV attention, the two fused, norms, split-K, gated and stream-K
-    GEMM, the fused-norm GEMMs: norm prologue, residual epilogue) under TRITON_INTERPRET=1."""
+    GEMM, the fused-norm GEMMs: norm and norm + silu epilogues, residual epilogue) under TRITON_INTERPRET=1."""
     pytest.importorskip("triton")
     code = """
 import torch
@@ -258,9 +258,8 @@ m = B * q
 for layer in model.layers:  # split-K 1 and 3, 2-16 column tiles
     layer.in_norm.data.uniform_(0.5, 1.5)
     layer.post_norm.data.uniform_(0.5, 1.5)
-    wqkv, wgu = layer.folded_weights()
-    G._choice[(m, wqkv.shape[0], wqkv.shape[1], "norm")] = G.Config(16, 32, 32, 3, 4, 2)
-    G._choice[(m, wgu.shape[0], wgu.shape[1], "norm-silu")] = G.Config(16, 16, 32, 3, 4, 2)
+    G._choice[(m, layer.wqkv.shape[0], layer.wqkv.shape[1], "norm")] = G.Config(16, 32, 32, 3, 4, 2)
+    G._choice[(m, layer.w_gate_up.shape[0], layer.w_gate_up.shape[1], "norm-silu")] = G.Config(16, 16, 32, 3, 4, 2)
     G._choice[(m, layer.wo.shape[0], layer.wo.shape[1], "resid")] = G.Config(16, 32, 32, 3, 4, 2)
     G._choice[(m, layer.w_down.shape[0], layer.w_down.shape[1], "resid")] = G.Config(16, 16, 32, 1, 4, 2)
 c1 = model.new_cache(3, 40)
@@ -276,6 +275,7 @@ got = model._forward_fused_norm(model.embed[tokens], start, slots, c2, None)
 err = float((got - ref).abs().max() / ref.abs().max())
 assert err < 1e-5 and torch.allclose(c1.k, c2.k, atol=1e-5) and torch.allclose(c1.v, c2.v, atol=1e-5), err
 assert int(K.counters(got.device).abs().sum()) == 0
+assert "wqkv" not in model.layers[0]._folded and all("wqkv" in l._folded for l in model.layers[1:])
 print("ok")
 """
     env = dict(os.environ, TRITON_INTERPRET="1")
