@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         c = fused[name]
         if kind[name] == "resid":
             rr = r.clone()
-            record(f"{name}: residual epilogue at {tuple(c)[:6]}", time_us(lambda: gemm.residual_linear(x, w(name), c, rr)))
+            record(f"{name}: residual epilogue at {tuple(c)[:6]}",
+                   time_us(lambda: gemm.residual_linear(x, w(name), c, rr)))
         else:
             silu = kind[name] == "norm-silu"
             record(f"{name}: norm{' + silu' if silu else ''} epilogue at {tuple(c)[:6]}",

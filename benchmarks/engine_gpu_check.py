@@ -92,7 +92,8 @@ def check_kernels() -> None:
     for m in (1, 9, 16):  # the fused-norm layer's GEMMs: residual epilogue, then the norm (+ silu) epilogue
         xm, r0 = torch.randn(m, 4096, dtype=dt, device="cuda"), torch.randn(m, 4096, dtype=dt, device="cuda")
         gm = torch.randn(m, 2 * 4096, dtype=dt, device="cuda")
-        for cfg in (gemm.Config(16, 64, 256, 2, 4, 4), gemm.Config(16, 32, 128, 1, 4, 6), gemm.Config(16, 64, 128, 8, 4, 6)):
+        for cfg in (gemm.Config(16, 64, 256, 2, 4, 4), gemm.Config(16, 32, 128, 1, 4, 6),
+                    gemm.Config(16, 64, 128, 8, 4, 6)):
             line = f"fused-norm M={m} cfg={tuple(cfg)[:6]}:"
             for gated, inp, prod in ((False, xm, xm @ w.t()), (True, gm, ops.silu_mul(gm) @ w.t())):
                 hn, r_ref = ops.add_rms_norm(r0, prod, wn, 1e-6)
@@ -102,7 +103,8 @@ def check_kernels() -> None:
                 y2 = gemm.norm_linear(r, gemm.fold_norm(w, wn), cfg, norm)
                 a = gemm.norm_linear(r, gemm.fold_norm(wgu, wn), cfg, norm, silu=True)
                 line += (f" residual{' gated' if gated else ''} {rel(r, r_ref):.2e}, norm {rel(y, hn @ w.t()):.2e} "
-                         f"norm+silu {rel(a, ops.silu_mul(hn @ wgu.t())):.2e} repeat-identical {bool((y == y2).all())};")
+                         f"norm+silu {rel(a, ops.silu_mul(hn @ wgu.t())):.2e} "
+                         f"repeat-identical {bool((y == y2).all())};")
             print(line)
     print(f"tickets all zero after the fused-norm launches: {int(kernels.counters(x.device).abs().sum()) == 0}")
 

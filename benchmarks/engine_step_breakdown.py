@@ -75,8 +75,8 @@ def replay_trace(engine, b: int, k: int, context_len: int, settings: dict, top: 
         return [f"replay of b={b} k={k}: no kernel events (CUPTI saw none inside the graph)"]
     busy = sum(end - start for start, end, _ in kernels)
     span = max(end for _, end, _ in kernels) - kernels[0][0]
-    gaps = sorted(((kernels[i][0] - kernels[i - 1][1], kernels[i - 1][2], kernels[i][2]) for i in range(1, len(kernels))),
-                  reverse=True)
+    gaps = sorted(((kernels[i][0] - kernels[i - 1][1], kernels[i - 1][2], kernels[i][2])
+                   for i in range(1, len(kernels))), reverse=True)
     idle = sum(max(0.0, g) for g, _, _ in gaps)
     lines = [f"replay of b={b} k={k}: {len(kernels)} kernels over {span / 1e3:.3f} ms, busy {busy / 1e3:.3f} ms, "
              f"idle between kernels {idle / 1e3:.3f} ms, overlapped {max(0.0, busy - span + idle) / 1e3:.3f} ms"]

@@ -242,8 +242,9 @@ print("ok")
 @pytest.mark.slow
 def test_fused_norm_forward_matches_the_standard_forward_in_interpreter():
     """The fused-norm layers (residual add + sums of squares in the o / down GEMM epilogues, the norm's row scale in
-    the qkv and gate_up epilogues with its weight folded into W, silu * mul in gate_up's) against the standard forward, fp32, both on the Triton kernels under
-    TRITON_INTERPRET=1 (tile choices set by hand: the chooser times on a GPU)."""
+    the qkv and gate_up epilogues with its weight folded into W, silu * mul in gate_up's) against the standard
+    forward, fp32, both on the Triton kernels under TRITON_INTERPRET=1 (tile choices set by hand: the chooser times
+    on a GPU)."""
     pytest.importorskip("triton")
     code = """
 import torch
