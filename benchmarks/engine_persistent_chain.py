@@ -190,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stages", type=int, default=8)
     ap.add_argument("--hidden", type=int, default=4096)
+    ap.add_argument("--chunk-configs", default="64x256,32x512,128x128",
+                    help="persistent+chunks variants: BLOCK_N x CHUNK, comma-separated")
+    ap.add_argument("--programs-per-sm", default="1,2", help="persistent+chunks variants: programs per SM")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", default="persistent_chain")
     args = ap.parse_args(argv)
@@ -215,18 +218,24 @@ def main(argv: list[str] | None = None) -> int:
         return x
     variants = {"launches": launches,
                 "persistent": lambda: chain(w, y, bar, err, programs, False),
-                "persistent+prefetch": lambda: chain(w, y, bar, err, programs, True),
-                "persistent+chunks": lambda: chunk_chain(w, y, err, programs, *((64, 256) if cuda else (32, 64)))}
-    if not cuda:  # the interpreter has no inline PTX (the L2 prefetch)
+                "persistent+prefetch": lambda: chain(w, y, bar, err, programs, True)}
+    if not cuda:  # the interpreter has no inline PTX (the L2 prefetch) and runs one program at a time
         del variants["persistent+prefetch"]
+    for cfg in args.chunk_configs.split(",") if cuda else ("32x64",):
+        bn, chunk = (int(v) for v in cfg.split("x"))
+        for per_sm in (int(v) for v in args.programs_per_sm.split(",")) if cuda else (1,):
+            variants[f"persistent+chunks {bn}x{chunk} P={programs * per_sm}"] = \
+                lambda bn=bn, chunk=chunk, p=programs * per_sm: chunk_chain(w, y, err, p, bn, chunk)
     for name, fn in variants.items():
         before = int(err.item())
+        y[1:].zero_()  # a kernel that wrote nothing must not pass on the previous variant's outputs
         out = fn().float()
         got = out[-1] if out.shape[0] == s + 1 else out[0]
         rel = float((got - ref[-1]).norm() / ref[-1].norm())
-        us = gemm._time_us(fn) if cuda else float("nan")
+        # a barrier that timed out (programs not all resident) is reported, not timed: each wait costs ~1 s
+        us = gemm._time_us(fn) if cuda and int(err.item()) == before else float("nan")
         mb = s * h * h * y.element_size() / 1e6
-        lines.append(f"{name:22s} {s} GEMMs of {h}x{h} (M = 1, {mb:.0f} MB): {us:8.2f} us "
+        lines.append(f"{name:34s} {s} GEMMs of {h}x{h} (M = 1, {mb:.0f} MB): {us:8.2f} us "
                      f"({mb / us if us == us else float('nan'):.2f} TB/s); relative error {rel:.1e}; barrier timeouts "
                      f"{int(err.item()) - before}")
         print(lines[-1], flush=True)
