@@ -12,14 +12,16 @@ graph (``gemm._time_us``):
   columns a program, separated by a grid barrier (a counter per GEMM: each program adds one after storing its tile,
   then spins until all P did; the last program out resets the counters);
 * ``persistent+prefetch``: the same, and before each barrier a program hints its tile of the next weight into L2
-  (``prefetch.global.L2``), so the next GEMM reads it from L2 while the others finish.
+  (``prefetch.global.L2``), so the next GEMM reads it from L2 while the others finish;
+* ``persistent+chunks BNxCHUNK P=...`` (``_chunk_chain_kernel``): dependencies per K chunk instead of the barrier,
+  each unit's weight block loaded one unit ahead of its wait, partials added by the tile's last unit; a sweep of
+  tile shapes and programs per SM. Written after the first H200 run (session 7: 8 GEMMs took 89.0 us as
+  launches, 100.2 us persistent, 100.3 us with the prefetch); checked in the interpreter (one program) and
+  compiled for sm_90, not yet run on a GPU.
 
-* ``persistent+chunks`` (``_chunk_chain_kernel``): dependencies per K chunk instead of the barrier; each unit's
-  weight block loaded one unit ahead, before its wait; partials added by the tile's last unit. Written after the
-  first H200 run (session 7); checked in the interpreter (one program) and compiled for sm_90, not yet run on a GPU.
-
-The first two kernels' inner loop is the engine's pointer GEMM loop (16-row dot, pipelined by Triton). The outputs are checked
-against torch. A barrier that spins past MAX_SPIN is counted in an error word and reported (never a hang).
+The first two kernels' inner loop is the engine's pointer GEMM loop (16-row dot, pipelined by Triton). Every
+variant's output is checked against torch (the outputs are zeroed first). A wait that spins past MAX_SPIN is
+counted in an error word and reported, and that variant is not timed (never a hang).
 
     python benchmarks/engine_persistent_chain.py --out $OUT/persistent_chain
     TRITON_INTERPRET=1 python benchmarks/engine_persistent_chain.py --device cpu   # dry run: one program
