@@ -19,7 +19,7 @@ import os
 import torch
 
 from tabletune.engine import gemm, kernels
-from tabletune.engine.presets import resolve
+from tabletune.engine.presets import replace, resolve
 from tabletune.engine.profiling import write_diagnostic
 
 
@@ -31,15 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     dev, m = args.device, args.m
     cfg, dt = resolve("qwen3-8b"), torch.bfloat16 if dev == "cuda" else torch.float32
-    h, i = cfg.hidden_size, cfg.intermediate_size
     if dev != "cuda":  # the dry run: a small shape, the chooser's timer replaced by one call
-        h, i = 256, 512
+        cfg = replace(cfg, hidden_size=256, intermediate_size=512, num_heads=2, num_kv_heads=1)
         gemm._time_us = lambda fn, inner=10, reps=5: (fn(), 1.0)[1]
         torch.cuda.is_current_stream_capturing = lambda: False
         torch.cuda.synchronize = lambda *a: None
-    heads = cfg.num_heads * cfg.head_dim if dev == "cuda" else h
-    shapes = {"qkv": (heads + 2 * cfg.num_kv_heads * cfg.head_dim if dev == "cuda" else 3 * h, h), "o": (h, heads),
-              "gate_up": (2 * i, h), "down": (h, i)}
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    shapes = cfg.layer_gemm_shapes()
     ws = {name: [torch.randn(n, k, dtype=dt, device=dev) * 0.02 for _ in range(3)] for name, (n, k) in shapes.items()}
     turn = {name: 0 for name in ws}
 

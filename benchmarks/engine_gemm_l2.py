@@ -30,9 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep", action="store_true", help="also time configs outside the chooser's set (o, qkv, M=1)")
     args = ap.parse_args(argv)
     cfg = resolve(args.model)
-    h, d = cfg.hidden_size, cfg.head_dim
-    shapes = {"qkv": ((cfg.num_heads + 2 * cfg.num_kv_heads) * d, h), "o": (h, cfg.num_heads * d),
-              "gate_up": (2 * cfg.intermediate_size, h), "down": (h, cfg.intermediate_size)}
+    shapes = cfg.layer_gemm_shapes()
     l2_bytes = torch.cuda.get_device_properties(0).L2_cache_size
     rows, lines = [], []
     for name, (n, kk) in shapes.items():

@@ -27,9 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="gemm_sweep")
     args = ap.parse_args(argv)
     cfg = resolve(args.model)
-    h, d = cfg.hidden_size, cfg.head_dim
-    shapes = {"qkv": ((cfg.num_heads + 2 * cfg.num_kv_heads) * d, h), "o": (h, cfg.num_heads * d),
-              "gate_up": (2 * cfg.intermediate_size, h), "down": (h, cfg.intermediate_size)}
+    shapes = cfg.layer_gemm_shapes()
     rows, lines = [], []
     for name, (n, kk) in shapes.items():
         ws = [torch.randn(n, kk, dtype=torch.bfloat16, device="cuda") for _ in range(3)]

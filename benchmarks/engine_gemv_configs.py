@@ -39,10 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="gemv_configs")
     args = ap.parse_args(argv)
     cfg = resolve(args.model)
-    h, d = cfg.hidden_size, cfg.head_dim
-    shapes = {"qkv": ((cfg.num_heads + 2 * cfg.num_kv_heads) * d, h), "o": (h, cfg.num_heads * d),
-              "gate_up": (2 * cfg.intermediate_size, h), "down": (h, cfg.intermediate_size),
-              "lm_head": (cfg.vocab_size, h)}
+    shapes = {**cfg.layer_gemm_shapes(), "lm_head": (cfg.vocab_size, cfg.hidden_size)}
     per_step = {"qkv": cfg.num_layers, "o": cfg.num_layers, "gate_up": cfg.num_layers, "down": cfg.num_layers,
                 "lm_head": 1}
     extra = long_k_configs()

@@ -32,9 +32,8 @@ def diagnose(model: str) -> list[str]:
     from tabletune.engine import gemm, kernels
 
     cfg = resolve(model)
-    h, d = cfg.hidden_size, cfg.head_dim
-    shapes = {"qkv": ((cfg.num_heads + 2 * cfg.num_kv_heads) * d, h), "o": (h, cfg.num_heads * d),
-              "gate_up": (2 * cfg.intermediate_size, h), "down": (h, cfg.intermediate_size)}
+    d = cfg.head_dim
+    shapes = cfg.layer_gemm_shapes()
     lines = []
     for name, (n, kk) in shapes.items():
         ws = [torch.randn(n, kk, dtype=torch.bfloat16, device="cuda") for _ in range(4)]

@@ -492,3 +492,17 @@ def test_fused_configs_take_the_fastest_plain_pointer_configs_of_16_rows():
     # 4, 4) 288 KB, over the 200 KB budget; each at half width fits
     assert G.fused_configs(timed, "norm-silu") == fastest[:2] + [
         c(16, 16, 128, 1, 4, 6), c(16, 16, 256, 4, 4, 4), c(16, 32, 128, 3, 4, 6), c(16, 32, 256, 8, 4, 4)]
+
+
+def test_layer_gemm_shapes_are_the_decoder_layers_weights():
+    """ModelConfig.layer_gemm_shapes (what the GEMM benchmarks time) against the weights a DecoderLayer holds: the
+    tiny preset, and the 8B preset's head layout (grouped KV heads) at a small width."""
+    from tabletune.engine.model import DecoderLayer
+    from tabletune.engine.presets import PRESETS, replace
+
+    small_8b = replace(PRESETS["qwen3-8b"], hidden_size=64, intermediate_size=96, num_heads=4, num_kv_heads=2,
+                       head_dim=16)
+    for cfg in (PRESETS["tiny"], small_8b):
+        layer = DecoderLayer(cfg, torch.float32, "cpu")
+        assert cfg.layer_gemm_shapes() == {"qkv": tuple(layer.wqkv.shape), "o": tuple(layer.wo.shape),
+                                           "gate_up": tuple(layer.w_gate_up.shape), "down": tuple(layer.w_down.shape)}
