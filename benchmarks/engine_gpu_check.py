@@ -62,6 +62,15 @@ def check_kernels() -> None:
         ou = ops.rope_attention(qkv, start_f, slots, ku, vu, qn, kn, h, hkv, d, 1e6, 1e-6, d ** -0.5)
         print(f"rope+attention fused splits={splits}: out {rel(of, ou):.2e} k-cache {rel(kf, ku):.2e} "
               f"v-cache {rel(vf, vu):.2e}")
+    for c in kernels.attn_candidates(b, hkv, torch.cuda.get_device_properties(0).multi_processor_count) + [
+            kernels.AttnConfig(16, 128, 8, 3), kernels.AttnConfig(3, 64, 4, 4)]:  # the chooser's, and odd splits
+        kf, vf, ku, vu = kc.clone(), vc.clone(), kc.clone(), vc.clone()
+        start_f = start + q
+        of = kernels.rope_attention(qkv, start_f, slots, kf, vf, qn, kn, h, hkv, d, 1e6, 1e-6, d ** -0.5, cfg=c)
+        ou = ops.rope_attention(qkv, start_f, slots, ku, vu, qn, kn, h, hkv, d, 1e6, 1e-6, d ** -0.5)
+        oa = kernels.attention(qa, kc, vc, start, slots, d ** -0.5, cfg=c)
+        print(f"attention {tuple(c)}: {rel(oa, ops.attention(qa, kc, vc, start, slots, d ** -0.5)):.2e}; "
+              f"rope+attention out {rel(of, ou):.2e} k-cache {rel(kf, ku):.2e}")
     x = torch.randn(9, 4096, dtype=dt, device="cuda")
     w = torch.randn(4096, 4096, dtype=dt, device="cuda") * 0.02
     for m in (1, 9, 200):

@@ -137,15 +137,20 @@ def capture_variants(engine, b: int, k: int, variants: dict[str, dict], upload: 
 
 @contextlib.contextmanager
 def engine_settings(engine, settings: dict):
-    """The engine attributes ``settings`` (name -> value) set for the block, the previous values back after it."""
-    saved = {attr: getattr(engine, attr) for attr in settings}
+    """The engine attributes ``settings`` (name -> value; "kernels.<name>": that module attribute of
+    ``tabletune.engine.kernels``) set for the block, the previous values back after it."""
+    from tabletune.engine import kernels
+
+    def owner(attr):
+        return (kernels, attr.split(".", 1)[1]) if attr.startswith("kernels.") else (engine, attr)
+    saved = {attr: getattr(*owner(attr)) for attr in settings}
     for attr, value in settings.items():
-        setattr(engine, attr, value)
+        setattr(*owner(attr), value)
     try:
         yield
     finally:
         for attr, value in saved.items():
-            setattr(engine, attr, value)
+            setattr(*owner(attr), value)
 
 
 def interleaved_replays(engine, graphs: dict, b: int, k: int, context_len: int, reps: int,
@@ -219,6 +224,13 @@ def fusion_compare(engine, points, context_len: int, reps: int = 15) -> tuple[li
                                       "fused": {"fuse_rope": True, "fuse_norm_max_rows": 0},
                                       "fused+norm": {"fuse_rope": True, "fuse_norm_max_rows": 16}},
                            reps)
+
+
+def attention_compare(engine, points, context_len: int, reps: int = 15) -> tuple[list[str], list[dict]]:
+    """Every attention launch with engine 0.7.dev2's fixed config (``kernels.default_attn_config``) against the
+    configs ``kernels.choose_attention`` timed (0.7.dev3)."""
+    return variant_compare(engine, points, context_len,
+                           lambda b: {"fixed-attn": {"kernels.attn_chooser": False}, "chosen-attn": {}}, reps)
 
 
 def overlap_compare(engine, points, context_len: int, carveouts=(0,), reps: int = 12) -> tuple[list[str], list[dict]]:
@@ -304,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefetch-programs", default="16", help="program counts of the prefetch kernel to compare")
     ap.add_argument("--fusion-compare", default="", help="b:k,... cells to time with RoPE fused into attention "
                     "and without")
+    ap.add_argument("--attn-compare", default="", help="b:k,... cells to time with the fixed attention config "
+                    "and with the chosen ones")
     ap.add_argument("--no-grid", action="store_true", help="only the comparisons (capture b, k, time nothing else)")
     ap.add_argument("--fuse-norm-max-rows", type=int, default=0,
                     help="steps of at most this many rows run the fused-norm layers (EngineConfig.fuse_norm_max_rows)")
@@ -330,6 +344,10 @@ def main(argv: list[str] | None = None) -> int:
         points = [tuple(int(v) for v in cell.split(":")) for cell in args.fusion_compare.split(",")]
         _, compared = fusion_compare(engine, points, args.context)
         variant_rows += [dict(r, compare="fusion") for r in compared]
+    if args.attn_compare:
+        points = [tuple(int(v) for v in cell.split(":")) for cell in args.attn_compare.split(",")]
+        _, compared = attention_compare(engine, points, args.context)
+        variant_rows += [dict(r, compare="attention") for r in compared]
     for b in () if args.no_grid else buckets:
         engine.set_context(b, args.context)
         for k in range(args.k_max + 1):
@@ -366,6 +384,10 @@ def main(argv: list[str] | None = None) -> int:
     print("gemm choices:", "; ".join(f"M={m} N={n} K={kk}{' ' + g if isinstance(g, str) else ' gated' if g else ''}: {c}"
                                      for m, n, kk, g, c in picks
                                      if m in (1, 8, 16, 64, 192, 224, 256, 384, 768)))
+    from tabletune.engine import kernels
+
+    print("attention choices:", "; ".join(f"{kind} b={b} q={q}: {tuple(c)}" for (kind, b, q, *_), c
+                                          in sorted(kernels._attn_choice.items(), key=lambda kv: kv[0][:3])))
     overlap_rows = []
     if args.overlap_compare:
         points = [tuple(int(v) for v in cell.split(":")) for cell in args.overlap_compare.split(",")]

@@ -32,6 +32,7 @@ own successor launch. This hides the launch gap and tail of ~300 small kernels.
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -358,49 +359,162 @@ def num_splits_for(batch_size: int, num_kv_heads: int, num_sms: int = 132) -> in
     return max(1, min(8, -(-num_sms // (batch_size * num_kv_heads))))
 
 
-def _attn_setup(b: int, qlen: int, h: int, hkv: int, d: int, dtype, device, num_splits: int | None):
-    """(G, BLOCK_M, splits, split partials (o, m, l), output [B, q, H, D]) of an attention launch."""
+class AttnConfig(NamedTuple):
+    """An attention launch's config: key splits per (sequence, KV head), keys a tile, warps, pipeline stages."""
+    splits: int
+    block_n: int = 64
+    warps: int = 4
+    stages: int = 3
+
+
+def default_attn_config(batch_size: int, num_kv_heads: int) -> AttnConfig:
+    """The config every attention launch used up to engine 0.7.dev2 (and the CPU / interpreter path still does):
+    ``num_splits_for``, 64-key tiles, 4 warps, 3 stages."""
+    return AttnConfig(num_splits_for(batch_size, num_kv_heads))
+
+
+def _attn_setup(b: int, qlen: int, h: int, hkv: int, d: int, dtype, device, splits: int):
+    """(G, BLOCK_M, split partials (o, m, l), output [B, q, H, D]) of an attention launch."""
     g = h // hkv
     block_m = max(16, triton.next_power_of_2(g * qlen))
-    splits = num_splits or num_splits_for(b, hkv)
     assert b * hkv <= MAX_TICKETS
     n_part = b * hkv * splits * block_m if splits > 1 else 1
     m_part = torch.empty(n_part, dtype=torch.float32, device=device)
     parts = (torch.empty(n_part, d, dtype=torch.float32, device=device), m_part, torch.empty_like(m_part))
     out = empty_rows(b * qlen, h * d, dtype, device).view(b, qlen, h, d)
-    return g, block_m, splits, parts, out
+    return g, block_m, parts, out
 
 
-def attention(q, k_cache, v_cache, start_pos, slots, scale, num_splits: int | None = None):
+ATTN_TILES = ((64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 8, 3))  # (keys a tile, warps, stages) the chooser times
+ATTN_ROTATE_BYTES = 192 << 20  # scratch KV the chooser rotates through (a step reads a layer's KV from HBM, not L2)
+
+attn_chooser = True  # False: every launch runs ``default_attn_config`` (engine_roofline.py --attn-compare)
+# (kind, b, q, H, Hkv, D, cache length, dtype, device) -> the config ``choose_attention`` timed fastest
+_attn_choice: dict[tuple, AttnConfig] = {}
+_attn_timings: dict[tuple, dict[AttnConfig, float]] = {}
+
+
+def wave_splits(batch_size: int, num_kv_heads: int, num_sms: int = 132) -> int:
+    """Splits so that batch * kv_heads * splits fills at most one wave of SMs (1 .. 8): ``num_splits_for`` rounded
+    down instead of up. Measured on the H200 (``engine_attention_configs.py``): at b = 4, 8, 16 (5 -> 4, 3 -> 2,
+    2 -> 1 splits) 1-22% faster, the same at b = 1, 2 and from b = 32 on (one split either way)."""
+    return max(1, min(8, num_sms // (batch_size * num_kv_heads)))
+
+
+def attn_candidates(batch_size: int, num_kv_heads: int, num_sms: int) -> list[AttnConfig]:
+    """What ``choose_attention`` times: ``wave_splits`` with each of ATTN_TILES, then ``default_attn_config``
+    (engine 0.7.dev2's)."""
+    s = wave_splits(batch_size, num_kv_heads, num_sms)
+    cands = [AttnConfig(s, *t) for t in ATTN_TILES] + [default_attn_config(batch_size, num_kv_heads)]
+    return list(dict.fromkeys(cands))
+
+
+def choose_attention(kind: str, b: int, qlen: int, h: int, hkv: int, d: int, length: int, dtype,
+                     device: torch.device) -> AttnConfig:
+    """The fastest of ``attn_candidates`` for an ``attention`` (kind "attn") or ``rope_attention`` ("rope") launch
+    of this shape, timed once (``gemm._time_us``) on scratch caches of ``length`` positions with every sequence at
+    the longest context they hold, rotated through ATTN_ROTATE_BYTES; a candidate whose output is off the first
+    one's by more than 2e-2 is not chosen. Made outside graph capture (the warm-up step); in a capture, or when
+    the scratch does not fit, the ``wave_splits`` config with the first tile."""
+    from tabletune.engine import gemm
+
+    key = (kind, b, qlen, h, hkv, d, length, dtype, device)
+    if key in _attn_choice:
+        return _attn_choice[key]
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    cands = attn_candidates(b, hkv, sms)
+    if torch.cuda.is_current_stream_capturing():
+        return cands[0]
+    try:
+        copies = max(1, min(8, -(-ATTN_ROTATE_BYTES // (2 * b * hkv * length * d * torch.finfo(dtype).bits // 8))))
+        caches = [(torch.empty(b, hkv, length, d, dtype=dtype, device=device).normal_(),
+                   torch.empty(b, hkv, length, d, dtype=dtype, device=device).normal_()) for _ in range(copies)]
+    except torch.cuda.OutOfMemoryError:
+        _attn_choice[key] = cands[0]
+        return cands[0]
+    start = torch.full((b,), length - qlen, dtype=torch.long, device=device)
+    slots = torch.arange(b, device=device)
+    scale = d ** -0.5
+    if kind == "attn":
+        x = torch.randn(b, qlen, h, d, device=device).to(dtype)
+
+        def run(c, kc, vc):
+            return attention(x, kc, vc, start, slots, scale, cfg=c)
+    else:
+        x = torch.randn(b, qlen, (h + 2 * hkv) * d, device=device).to(dtype)
+        norm = torch.ones(d, dtype=dtype, device=device)
+
+        def run(c, kc, vc):
+            return rope_attention(x, start, slots, kc, vc, norm, norm, h, hkv, d, 1e6, 1e-6, scale, cfg=c)
+    i = [0]
+
+    def rotate():
+        i[0] = (i[0] + 1) % copies
+        return caches[i[0]]
+    timings, first = {}, None
+    for c in cands:
+        try:
+            out = run(c, *caches[0]).float()
+        except Exception:  # does not compile or launch here (shared memory)
+            torch.cuda.synchronize()
+            continue
+        first = out if first is None else first
+        if float((out - first).norm() / first.norm().clamp_min(1e-30)) < 2e-2:
+            timings[c] = gemm._time_us(lambda: run(c, *rotate()))
+    caches.clear()  # the scratch KV back before the next shape
+    _attn_timings[key] = timings
+    _attn_choice[key] = min(timings, key=timings.get) if timings else cands[0]
+    return _attn_choice[key]
+
+
+def _attn_config(kind: str, q: torch.Tensor, b: int, qlen: int, h: int, hkv: int, d: int, k_cache: torch.Tensor,
+                 num_splits: int | None, cfg: AttnConfig | None) -> AttnConfig:
+    """``cfg``; else the default with ``num_splits``; else (CUDA) ``choose_attention``; else the default."""
+    if cfg is not None:
+        return AttnConfig(*cfg)
+    c = default_attn_config(b, hkv)
+    if num_splits:
+        return c._replace(splits=num_splits)
+    if q.is_cuda and attn_chooser:
+        return choose_attention(kind, b, qlen, h, hkv, d, k_cache.shape[2], k_cache.dtype, q.device)
+    return c
+
+
+def attention(q, k_cache, v_cache, start_pos, slots, scale, num_splits: int | None = None,
+              cfg: AttnConfig | None = None):
+    """q [B, q, H, D] against the cache (``_attn_kernel``), with ``cfg``, or the default with ``num_splits``, or
+    (neither given, CUDA) the config ``choose_attention`` timed for this shape."""
     b, qlen, h, d = q.shape
     hkv = k_cache.shape[1]
-    g, block_m, splits, (o_part, m_part, l_part), out = _attn_setup(b, qlen, h, hkv, d, q.dtype, q.device,
-                                                                     num_splits)
+    c = _attn_config("attn", q, b, qlen, h, hkv, d, k_cache, num_splits, cfg)
+    g, block_m, (o_part, m_part, l_part), out = _attn_setup(b, qlen, h, hkv, d, q.dtype, q.device, c.splits)
     pdl = pdl_enabled(q)
-    _attn_kernel[(b, hkv, splits)](
+    _attn_kernel[(b, hkv, c.splits)](
         q, k_cache, v_cache, start_pos, slots, out, o_part, m_part, l_part, counters(q.device), qlen, scale,
-        k_cache.stride(0), k_cache.stride(1), H=h, G=g, D=d, NUM_SPLITS=splits, BLOCK_M=block_m, BLOCK_N=64,
-        USE_PDL=pdl, num_warps=4, num_stages=3, **pdl_kwargs(pdl))
+        k_cache.stride(0), k_cache.stride(1), H=h, G=g, D=d, NUM_SPLITS=c.splits, BLOCK_M=block_m,
+        BLOCK_N=c.block_n, USE_PDL=pdl, num_warps=c.warps, num_stages=c.stages, **pdl_kwargs(pdl))
     return out
 
 
 def rope_attention(qkv, start_pos, slots, k_cache, v_cache, q_norm_w, k_norm_w, num_heads, num_kv_heads,
-                   head_dim, theta, eps, scale, num_splits: int | None = None):
+                   head_dim, theta, eps, scale, num_splits: int | None = None, cfg: AttnConfig | None = None):
     """``qk_rope_cache_write`` then ``attention`` in one launch (``_rope_attn_kernel``): qkv [B, q, (H+2Hkv)*D]
-    -> attention output [B, q, H, D], the q new keys and values written into the cache."""
+    -> attention output [B, q, H, D], the q new keys and values written into the cache. ``cfg`` as in
+    ``attention``."""
     b, qlen, _ = qkv.shape
     hkv, d = num_kv_heads, head_dim
-    g, block_m, splits, (o_part, m_part, l_part), out = _attn_setup(b, qlen, num_heads, hkv, d, k_cache.dtype,
-                                                                     qkv.device, num_splits)
+    c = _attn_config("rope", qkv, b, qlen, num_heads, hkv, d, k_cache, num_splits, cfg)
+    g, block_m, (o_part, m_part, l_part), out = _attn_setup(b, qlen, num_heads, hkv, d, k_cache.dtype, qkv.device,
+                                                            c.splits)
     has_norm = q_norm_w is not None
     cos, sin = rope_table(qkv.device, d, theta, k_cache.shape[2])
     pdl = pdl_enabled(qkv)
-    _rope_attn_kernel[(b, hkv, splits)](
+    _rope_attn_kernel[(b, hkv, c.splits)](
         qkv, k_cache, v_cache, start_pos, slots, q_norm_w if has_norm else qkv, k_norm_w if has_norm else qkv, cos,
         sin, out, o_part, m_part, l_part, counters(qkv.device), qlen, scale, k_cache.stride(0), k_cache.stride(1),
-        eps, H=num_heads, HKV=hkv, G=g, D=d, NUM_SPLITS=splits, BLOCK_M=block_m, BLOCK_N=64,
-        QP=max(2, triton.next_power_of_2(qlen)), HAS_NORM=has_norm, USE_PDL=pdl, num_warps=4, num_stages=3,
-        **pdl_kwargs(pdl))
+        eps, H=num_heads, HKV=hkv, G=g, D=d, NUM_SPLITS=c.splits, BLOCK_M=block_m, BLOCK_N=c.block_n,
+        QP=max(2, triton.next_power_of_2(qlen)), HAS_NORM=has_norm, USE_PDL=pdl, num_warps=c.warps,
+        num_stages=c.stages, **pdl_kwargs(pdl))
     return out
 
 

@@ -186,6 +186,13 @@ for norm in ((qn, kn), (None, None)):
         oa = O.rope_attention(qkv, start2, slots, kca, vca, *norm, H, Hkv, D, 1e4, 1e-6, D ** -0.5)
         ob = K.rope_attention(qkv, start2, slots, kcb, vcb, *norm, H, Hkv, D, 1e4, 1e-6, D ** -0.5, num_splits=splits)
         err += [(oa - ob).abs().max(), (kca - kcb).abs().max(), (vca - vcb).abs().max()]
+for c in (K.AttnConfig(3, 32, 4, 4), K.AttnConfig(2, 128, 8, 3)):  # the chooser's configs: other tile widths
+    kca, vca, kcb, vcb = kc0.clone(), vc0.clone(), kc0.clone(), vc0.clone()
+    oa = O.rope_attention(qkv, start2, slots, kca, vca, qn, kn, H, Hkv, D, 1e4, 1e-6, D ** -0.5)
+    ob = K.rope_attention(qkv, start2, slots, kcb, vcb, qn, kn, H, Hkv, D, 1e4, 1e-6, D ** -0.5, cfg=c)
+    err += [(oa - ob).abs().max(), (kca - kcb).abs().max()]
+    err.append((O.attention(qa, kc1, vc1, start, slots, D ** -0.5)
+                - K.attention(qa, kc1, vc1, start, slots, D ** -0.5, cfg=c)).abs().max())
 x, d, w = torch.randn(5, 48), torch.randn(5, 48), torch.rand(48)
 err += [(a - b).abs().max() for a, b in zip(O.add_rms_norm(x, d, w, 1e-6), K.add_rms_norm(x, d, w, 1e-6))]
 err += [(a - b).abs().max() for a, b in zip(O.add_rms_norm(x, None, w, 1e-6), K.add_rms_norm(x, None, w, 1e-6))]

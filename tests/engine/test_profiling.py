@@ -37,3 +37,32 @@ def test_attention_splits_cover_the_sms_once(b, splits):
     from tabletune.engine.kernels import num_splits_for
 
     assert num_splits_for(b, 8, num_sms=132) == splits  # ceil(132 / (8 b)), 1 .. 8
+
+
+@pytest.mark.parametrize("b,splits", [(1, 8), (2, 8), (4, 4), (8, 2), (16, 1), (32, 1), (256, 1)])
+def test_wave_splits_fill_at_most_one_wave(b, splits):
+    pytest.importorskip("triton")
+    from tabletune.engine.kernels import wave_splits
+
+    assert wave_splits(b, 8, num_sms=132) == splits  # floor(132 / (8 b)), 1 .. 8
+    assert b * 8 * splits <= 132 or splits == 1
+
+
+def test_attention_candidates_and_the_cpu_config():
+    """The chooser times the wave-split config with each tile, then the old default; off CUDA (the interpreter)
+    a launch runs the old default, a given ``cfg`` or ``num_splits`` overrides it."""
+    pytest.importorskip("triton")
+    import torch
+
+    from tabletune.engine import kernels
+
+    cands = kernels.attn_candidates(4, 8, 132)
+    assert cands[0] == kernels.AttnConfig(4, 64, 4, 3)
+    assert [c[1:] for c in cands[:len(kernels.ATTN_TILES)]] == list(kernels.ATTN_TILES)
+    assert cands[-1] == kernels.default_attn_config(4, 8) == kernels.AttnConfig(5, 64, 4, 3)
+    assert len(set(cands)) == len(cands)
+    assert len(kernels.attn_candidates(32, 8, 132)) == len(kernels.ATTN_TILES)  # the default is one of them
+    q, cache = torch.zeros(1), torch.zeros(4, 8, 16, 4)
+    assert kernels._attn_config("attn", q, 4, 1, 32, 8, 128, cache, None, None) == kernels.default_attn_config(4, 8)
+    assert kernels._attn_config("attn", q, 4, 1, 32, 8, 128, cache, 2, None).splits == 2
+    assert kernels._attn_config("rope", q, 4, 1, 32, 8, 128, cache, 2, (1, 32, 8, 2)) == kernels.AttnConfig(1, 32, 8, 2)
