@@ -415,13 +415,21 @@ def choose_attention(kind: str, b: int, qlen: int, h: int, hkv: int, d: int, len
     of this shape, timed once (``gemm._time_us``) on scratch caches of ``length`` positions with every sequence at
     the longest context they hold, rotated through ATTN_ROTATE_BYTES; a candidate whose output is off the first
     one's by more than 2e-2 is not chosen. Made outside graph capture (the warm-up step); in a capture, or when
-    the scratch does not fit, the ``wave_splits`` config with the first tile."""
+    the scratch does not fit, the ``wave_splits`` config with the first tile.
+
+    Only for launches of at least one (sequence, KV head) pair an SM (b >= 17 for the 8B shape on an H200); below
+    that the default. In the step the chosen configs were 1.0% and 2.6% faster at b = 32 and 64 (k = 0), but 1.4%
+    and 1.6% slower at b = 8 and 16 (k = 0), although timed alone they read the KV 1-22% faster there (H200,
+    ``engine_roofline.py --attn-compare``, same card; ``engine_attention_configs.py``)."""
     from tabletune.engine import gemm
 
     key = (kind, b, qlen, h, hkv, d, length, dtype, device)
     if key in _attn_choice:
         return _attn_choice[key]
     sms = torch.cuda.get_device_properties(device).multi_processor_count
+    if b * hkv < sms:  # timed alone these won up to 22% too, but inside the step they lost (see below)
+        _attn_choice[key] = default_attn_config(b, hkv)
+        return _attn_choice[key]
     cands = attn_candidates(b, hkv, sms)
     if torch.cuda.is_current_stream_capturing():
         return cands[0]
