@@ -106,6 +106,21 @@ def serial_floor_ms(cfg: ModelConfig, batch_size: int, k: int, context_len: int,
     return max(w / bw, f_gemm / rate) + max(kv / bw, f_attn / rate)
 
 
+def done_line(batch_size: int) -> float:
+    """The issue's done line for a cell: step <= 1.3x floor for b <= 32, <= 1.5x everywhere."""
+    return 1.3 if batch_size <= 32 else 1.5
+
+
+def serial_headroom(cfg: ModelConfig, batch_size: int, k: int, context_len: int, ceil: Ceilings,
+                    line: float | None = None) -> float:
+    """line x floor / serial floor (line: ``done_line``): the most a step may take over the serial floor and still
+    meet the line, for an engine that runs attention and the GEMMs one after the other. Below 1 no such engine
+    meets it, whatever its kernels: attention has to overlap the GEMMs."""
+    line = done_line(batch_size) if line is None else line
+    return line * step_floor_ms(cfg, batch_size, k, context_len, ceil) / serial_floor_ms(cfg, batch_size, k,
+                                                                                          context_len, ceil)
+
+
 def build_engine(model: str, drafter: str, k_max: int, max_batch: int, context_len: int, device: str = "cuda",
                  draft_model: str = "qwen3-0.6b", dtype=torch.bfloat16, weights: str | None = None,
                  buckets: tuple[int, ...] = (), temperature: float = 0.0, max_len: int | None = None,

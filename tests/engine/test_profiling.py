@@ -5,7 +5,8 @@ import pytest
 pytest.importorskip("torch")
 
 from tabletune.engine.presets import resolve  # noqa: E402
-from tabletune.engine.profiling import Ceilings, serial_floor_ms, step_floor_ms  # noqa: E402
+from tabletune.engine.profiling import (Ceilings, done_line, serial_floor_ms, serial_headroom,  # noqa: E402
+                                        step_floor_ms)
 
 CEIL = Ceilings(bandwidth_gb_s=4000.0, matrix_tflop_s=800.0)
 
@@ -66,3 +67,15 @@ def test_attention_candidates_and_the_cpu_config():
     assert kernels._attn_config("attn", q, 4, 1, 32, 8, 128, cache, None, None) == kernels.default_attn_config(4, 8)
     assert kernels._attn_config("attn", q, 4, 1, 32, 8, 128, cache, 2, None).splits == 2
     assert kernels._attn_config("rope", q, 4, 1, 32, 8, 128, cache, 2, (1, 32, 8, 2)) == kernels.AttnConfig(1, 32, 8, 2)
+
+
+def test_serial_headroom():
+    """b=1, k=0: serial == floor, so the headroom is the line itself (1.3). b=256, k=2 (768 tokens): the serial
+    floor alone is over 1.5x the floor, so no engine that serialises attention and GEMMs meets the line there."""
+    cfg = resolve("qwen3-8b")
+    assert done_line(32) == 1.3 and done_line(33) == 1.5
+    assert serial_headroom(cfg, 1, 0, 1024, CEIL) == pytest.approx(1.3, rel=1e-12)
+    h = serial_headroom(cfg, 256, 2, 1024, CEIL)
+    assert h == pytest.approx(1.5 * step_floor_ms(cfg, 256, 2, 1024, CEIL) / serial_floor_ms(cfg, 256, 2, 1024, CEIL))
+    assert h < 1.0
+    assert serial_headroom(cfg, 256, 2, 1024, CEIL, line=2.0) > 1.0
