@@ -11,7 +11,8 @@
   tile, so KV is read once per step. Row r is token r // G of head kvh*G + r % G
   and sees keys 0 .. start_pos + r // G (causal, lower-right aligned). The split
   that finishes last for a (sequence, KV head) merges the partials in split order:
-  o = sum_s e^(m_s - m) o_s / sum_s e^(m_s - m) l_s (no second launch).
+  o = sum_s e^(m_s - m) o_s / sum_s e^(m_s - m) l_s (no second launch). The split count, tile, warps and
+  stages of each launch shape are timed at start-up (``choose_attention``) from b * Hkv >= SMs on.
 * ``silu_mul`` and ``add_rms_norm``: the element-wise fusions of a layer.
 
 "Last program merges": a program stores its partial, then takes a ticket from a
@@ -368,8 +369,8 @@ class AttnConfig(NamedTuple):
 
 
 def default_attn_config(batch_size: int, num_kv_heads: int) -> AttnConfig:
-    """The config every attention launch used up to engine 0.7.dev2 (and the CPU / interpreter path still does):
-    ``num_splits_for``, 64-key tiles, 4 warps, 3 stages."""
+    """The config every attention launch used up to engine 0.7.dev2, and still uses off CUDA (the interpreter) and
+    below one (sequence, KV head) pair an SM: ``num_splits_for``, 64-key tiles, 4 warps, 3 stages."""
     return AttnConfig(num_splits_for(batch_size, num_kv_heads))
 
 
@@ -391,7 +392,6 @@ ATTN_ROTATE_BYTES = 192 << 20  # scratch KV the chooser rotates through (a step 
 attn_chooser = True  # False: every launch runs ``default_attn_config`` (engine_roofline.py --attn-compare)
 # (kind, b, q, H, Hkv, D, cache length, dtype, device) -> the config ``choose_attention`` timed fastest
 _attn_choice: dict[tuple, AttnConfig] = {}
-_attn_timings: dict[tuple, dict[AttnConfig, float]] = {}
 
 
 def wave_splits(batch_size: int, num_kv_heads: int, num_sms: int = 132) -> int:
@@ -427,7 +427,7 @@ def choose_attention(kind: str, b: int, qlen: int, h: int, hkv: int, d: int, len
     if key in _attn_choice:
         return _attn_choice[key]
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    if b * hkv < sms:  # timed alone these won up to 22% too, but inside the step they lost (see below)
+    if b * hkv < sms:  # timed alone the candidates won up to 22% here too, but inside the step they lost
         _attn_choice[key] = default_attn_config(b, hkv)
         return _attn_choice[key]
     cands = attn_candidates(b, hkv, sms)
@@ -452,7 +452,7 @@ def choose_attention(kind: str, b: int, qlen: int, h: int, hkv: int, d: int, len
         x = torch.randn(b, qlen, (h + 2 * hkv) * d, device=device).to(dtype)
         norm = torch.ones(d, dtype=dtype, device=device)
 
-        def run(c, kc, vc):
+        def run(c, kc, vc):  # qk-norm on, any RoPE base: neither changes what a config costs
             return rope_attention(x, start, slots, kc, vc, norm, norm, h, hkv, d, 1e6, 1e-6, scale, cfg=c)
     i = [0]
 
@@ -470,7 +470,6 @@ def choose_attention(kind: str, b: int, qlen: int, h: int, hkv: int, d: int, len
         if float((out - first).norm() / first.norm().clamp_min(1e-30)) < 2e-2:
             timings[c] = gemm._time_us(lambda: run(c, *rotate()))
     caches.clear()  # the scratch KV back before the next shape
-    _attn_timings[key] = timings
     _attn_choice[key] = min(timings, key=timings.get) if timings else cands[0]
     return _attn_choice[key]
 
