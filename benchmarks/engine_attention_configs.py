@@ -12,7 +12,7 @@ first (a config off by more than 2e-2 is reported, not timed).
 
     python benchmarks/engine_attention_configs.py --out $OUT/attention_configs
     TRITON_INTERPRET=1 python benchmarks/engine_attention_configs.py --device cpu --batches 2 --qs 1,3 \\
-        --context 64 --out /tmp/attn_dry   # dry run (the interpreter: correctness only, times meaningless)
+        --context 64 --out attn_dry   # dry run (the interpreter: correctness only, times meaningless)
 """
 
 from __future__ import annotations
