@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import statistics
 import time
 
 import torch
 
 from tabletune import fileio
+from tabletune.engine.gpu_monitor import GpuMonitor, GpuWindow
 from tabletune.engine.profiling import (ENGINE_VERSION, Ceilings, build_engine, command_line, device_name,
                                         measure_ceilings, serial_floor_ms, step_floor_ms, time_replays_gpu, time_steps)
 from tabletune.engine.presets import resolve
@@ -265,6 +267,14 @@ def overlap_compare(engine, points, context_len: int, carveouts=(0,), reps: int 
     return lines, rows
 
 
+def _window_text(w) -> str:
+    """A GpuWindow as text (nvidia-smi's view of a grid row)."""
+    if w is None:
+        return "(no nvidia-smi samples)"
+    return (f"SM clock {w.sm_clock_mhz_min:.0f}-{w.sm_clock_mhz_median:.0f} MHz (min-median), "
+            f"power <= {w.power_w_max:.0f} W, <= {w.temperature_c_max:.0f} C")
+
+
 def write_results(args, ceil, rows: list[dict], device: str, buckets, overlap_rows: list[dict] = (),
                   readings=(), variant_rows: list[dict] = ()) -> None:
     worst = {name: (max((r[key] for r in rows if r["batch_size"] <= 32), default=0.0), max(r[key] for r in rows))
@@ -296,6 +306,10 @@ def write_results(args, ceil, rows: list[dict], device: str, buckets, overlap_ro
         cells = [f"{r['step_ms']:.2f} ({r['ratio']:.2f}x, {r['gpu_ratio']:.2f}x, {r['serial_ratio']:.2f}x)"
                  for r in rows if r["batch_size"] == b]
         md.append(f"| {b} | " + " | ".join(cells) + " |")
+    md += ["", "GPU state per row (nvidia-smi every 0.5 s while the row ran):", ""]
+    for b in buckets:
+        w = next((r["gpu_window"] for r in rows if r["batch_size"] == b), None)
+        md.append(f"* b = {b}: " + _window_text(GpuWindow(**w) if w else None))
     fileio.write_text(args.out + ".md", "\n".join(md) + "\n")
     print("\n".join(md))
 
@@ -348,15 +362,21 @@ def main(argv: list[str] | None = None) -> int:
         points = [tuple(int(v) for v in cell.split(":")) for cell in args.attn_compare.split(",")]
         _, compared = attention_compare(engine, points, args.context)
         variant_rows += [dict(r, compare="attention") for r in compared]
-    for b in () if args.no_grid else buckets:
-        engine.set_context(b, args.context)
-        for k in range(args.k_max + 1):
-            samples = time_steps(engine, b, k, args.steps, args.context)
-            gpu_ms = statistics.median(time_replays_gpu(engine, b, k, args.steps, args.context))
-            timed.append((b, k, samples, gpu_ms))
-        print(f"b={b:4d} " + " ".join(
-            f"k{k}:{statistics.median(smp):7.2f}ms/{statistics.median(smp) / step_floor_ms(cfg, b, k, args.context, ceil):.2f}x"
-            for _, k, smp, _ in timed[-args.k_max - 1:]), flush=True)
+    windows = {}  # b -> the GPU's clock / power while its row ran (None without nvidia-smi)
+    with GpuMonitor() as monitor:
+        for b in () if args.no_grid else buckets:
+            t0 = time.time()
+            engine.set_context(b, args.context)
+            for k in range(args.k_max + 1):
+                samples = time_steps(engine, b, k, args.steps, args.context)
+                gpu_ms = statistics.median(time_replays_gpu(engine, b, k, args.steps, args.context))
+                timed.append((b, k, samples, gpu_ms))
+            time.sleep(0.6)  # one more nvidia-smi sample inside the row's window
+            windows[b] = monitor.window(t0, time.time())
+            print(f"b={b:4d} " + " ".join(
+                f"k{k}:{statistics.median(smp):7.2f}ms/"
+                f"{statistics.median(smp) / step_floor_ms(cfg, b, k, args.context, ceil):.2f}x"
+                for _, k, smp, _ in timed[-args.k_max - 1:]) + f"  {_window_text(windows[b])}", flush=True)
     # The ceilings again after the grid; the floor uses the higher of the two readings (the lower floor).
     after = measure_ceilings()
     print(f"ceilings after the grid: copy {after.bandwidth_gb_s:.0f} GB/s, bf16 matmul {after.matrix_tflop_s:.0f} "
@@ -369,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         floor = step_floor_ms(cfg, b, k, args.context, ceil)
         serial = serial_floor_ms(cfg, b, k, args.context, ceil)
         rows.append({"batch_size": b, "k": k, "step_ms": round(ms, 4), "gpu_ms": round(gpu_ms, 4),
+                     "gpu_window": dataclasses.asdict(windows[b]) if windows.get(b) else None,
                      "floor_ms": round(floor, 4), "ratio": round(ms / floor, 3),
                      "serial_floor_ms": round(serial, 4), "serial_ratio": round(ms / serial, 3),
                      "gpu_ratio": round(gpu_ms / floor, 3), "samples_ms": [round(s, 4) for s in samples]})
