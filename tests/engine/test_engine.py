@@ -246,6 +246,54 @@ print("ok")
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
 
 
+def test_attention_chooser_in_interpreter():
+    """``kernels.choose_attention`` on the CPU (the interpreter runs the kernels; the GPU queries and the timer are
+    stand-ins): it keeps the fastest candidate whose output matches, never one that is wrong however fast, times a
+    shape once, and below one (sequence, KV head) pair an SM returns the default without timing anything."""
+    pytest.importorskip("triton")
+    code = """
+import types
+import torch
+from tabletune.engine import gemm as G, kernels as K
+torch.cuda.get_device_properties = lambda device: types.SimpleNamespace(multi_processor_count=4)
+torch.cuda.is_current_stream_capturing = lambda: False
+torch.cuda.synchronize = lambda *a: None
+seen, timed = [], []
+real = {"attn": K.attention, "rope": K.rope_attention}
+WRONG = K.AttnConfig(1, 64, 8, 3)  # its output is corrupted below: it must never be chosen
+FAST = K.AttnConfig(1, 128, 8, 3)
+def spy(kind):
+    def f(*a, cfg=None, **kw):
+        seen.append(cfg)
+        out = real[kind](*a, cfg=cfg, **kw)
+        return out + 1.0 if cfg == WRONG else out
+    return f
+K.attention, K.rope_attention = spy("attn"), spy("rope")
+def fake_time_us(fn):
+    fn()
+    c = seen[-1]
+    timed.append(c)
+    return {WRONG: 0.5, FAST: 1.0}.get(c, 5.0 + c.stages)
+G._time_us = fake_time_us
+# b = 2, Hkv = 2: 4 pairs >= 4 SMs, one split a sequence (wave_splits), every tile a candidate
+for kind in ("attn", "rope"):
+    timed.clear()
+    c = K.choose_attention(kind, 2, 3, 4, 2, 16, 40, torch.float32, torch.device("cpu"))
+    assert c == FAST, (kind, c)
+    assert WRONG not in timed and FAST in timed and len(timed) == len(K.attn_candidates(2, 2, 4)) - 1, timed
+    timed.clear()
+    assert K.choose_attention(kind, 2, 3, 4, 2, 16, 40, torch.float32, torch.device("cpu")) == FAST
+    assert timed == []  # chosen once per shape
+# b = 1: 2 pairs < 4 SMs: the default, nothing timed
+assert K.choose_attention("attn", 1, 1, 4, 2, 16, 40, torch.float32, torch.device("cpu")) == K.default_attn_config(1, 2)
+assert timed == []
+print("ok")
+"""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
+
+
 @pytest.mark.slow
 def test_fused_norm_forward_matches_the_standard_forward_in_interpreter():
     """The fused-norm layers (residual add + sums of squares in the o / down GEMM epilogues, the norm's row scale in
