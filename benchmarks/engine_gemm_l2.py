@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                 for bk in (128, 256):
                     for warps in (4, 8):
                         for stages in (4, 8):
-                            if stages * (16 + bn) * bk * 2 > gemm.SMEM_BYTES:
+                            if not gemm.fits_smem(gemm.Config(16, bn, bk, 1, warps, stages)):
                                 continue
                             for split in (1, 2, 4):
                                 c = gemm.Config(16, bn, bk, split, warps, stages)

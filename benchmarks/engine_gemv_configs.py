@@ -29,7 +29,7 @@ def long_k_configs() -> list[gemm.Config]:
     cands = [gemm.Config(16, bn, bk, s, w, st) for bn, bk, st in ((16, 512, 6), (16, 1024, 3), (32, 512, 4),
                                                                   (32, 1024, 2))
              for s in (1, 2, 4) for w in (4, 8)]
-    return [c for c in cands if c.stages * (c.block_m + c.block_n) * c.block_k * 2 <= gemm.SMEM_BYTES]
+    return [c for c in cands if gemm.fits_smem(c)]
 
 
 def main(argv: list[str] | None = None) -> int:

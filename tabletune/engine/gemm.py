@@ -80,6 +80,12 @@ class Config(NamedTuple):
     stream_k: int = 0
 
 
+def fits_smem(c: Config, weight_tiles: int = 1) -> bool:
+    """Whether a pointer config's pipeline fits SMEM_BYTES: ``stages`` x (an x tile + ``weight_tiles`` W tiles) of
+    BLOCK_K bf16 columns (two W tiles: the fused-norm layers' SILU variant)."""
+    return c.stages * (c.block_m + weight_tiles * c.block_n) * c.block_k * 2 <= SMEM_BYTES
+
+
 def _skinny(bm: int, gated: bool) -> list[tuple[int, int, int, int, int, int]]:
     """The pointer kernel's configs of one row block of ``bm`` rows."""
     if gated:
@@ -116,7 +122,7 @@ def _configs(m: int, gated: bool, tma: bool = True) -> list[Config]:
         bm = max(16, triton.next_power_of_2(m))
         cands += [Config(bm, bn, bk, 1, 4, st, False, p)
                   for bn in (32, 64) for bk, st in ((128, 6), (256, 4)) for p in STREAM_K_PROGRAMS]
-    return [c for c in cands if c.stages * (c.block_m + c.block_n) * c.block_k * 2 <= SMEM_BYTES]
+    return [c for c in cands if fits_smem(c)]
 
 
 def tma_available() -> bool:
@@ -460,7 +466,7 @@ def fused_configs(timed: dict, kind: str) -> list[Config]:
     cfgs = [c for _, c in plain[:FUSED_CANDIDATES]]
     if kind == "norm-silu":
         cfgs = [c for c in cfgs + [c._replace(block_n=c.block_n // 2) for c in cfgs if c.block_n >= 32]
-                if c.stages * (c.block_m + 2 * c.block_n) * c.block_k * 2 <= SMEM_BYTES]
+                if fits_smem(c, weight_tiles=2)]
     return list(dict.fromkeys(cfgs))
 
 
