@@ -260,27 +260,28 @@ torch.cuda.is_current_stream_capturing = lambda: False
 torch.cuda.synchronize = lambda *a: None
 seen, timed = [], []
 real = {"attn": K.attention, "rope": K.rope_attention}
-WRONG = K.AttnConfig(1, 64, 8, 3)  # its output is corrupted below: it must never be chosen
+WRONG = {K.AttnConfig(1, 64, 4, 3), K.AttnConfig(1, 64, 8, 3)}  # outputs corrupted below (the first candidate too)
 FAST = K.AttnConfig(1, 128, 8, 3)
 def spy(kind):
     def f(*a, cfg=None, **kw):
         seen.append(cfg)
         out = real[kind](*a, cfg=cfg, **kw)
-        return out + 1.0 if cfg == WRONG else out
+        return out + 1.0 if cfg in WRONG else out
     return f
 K.attention, K.rope_attention = spy("attn"), spy("rope")
 def fake_time_us(fn):
     fn()
     c = seen[-1]
     timed.append(c)
-    return {WRONG: 0.5, FAST: 1.0}.get(c, 5.0 + c.stages)
+    return 0.5 if c in WRONG else 1.0 if c == FAST else 5.0 + c.stages
 G._time_us = fake_time_us
 # b = 2, Hkv = 2: 4 pairs >= 4 SMs, one split a sequence (wave_splits), every tile a candidate
 for kind in ("attn", "rope"):
     timed.clear()
     c = K.choose_attention(kind, 2, 3, 4, 2, 16, 40, torch.float32, torch.device("cpu"))
     assert c == FAST, (kind, c)
-    assert WRONG not in timed and FAST in timed and len(timed) == len(K.attn_candidates(2, 2, 4)) - 1, timed
+    assert K.attn_candidates(2, 2, 4)[0] in WRONG
+    assert not WRONG & set(timed) and FAST in timed and len(timed) == len(K.attn_candidates(2, 2, 4)) - 2, timed
     timed.clear()
     assert K.choose_attention(kind, 2, 3, 4, 2, 16, 40, torch.float32, torch.device("cpu")) == FAST
     assert timed == []  # chosen once per shape
