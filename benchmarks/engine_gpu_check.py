@@ -71,6 +71,23 @@ def check_kernels() -> None:
         oa = kernels.attention(qa, kc, vc, start, slots, d ** -0.5, cfg=c)
         print(f"attention {tuple(c)}: {rel(oa, ops.attention(qa, kc, vc, start, slots, d ** -0.5)):.2e}; "
               f"rope+attention out {rel(of, ou):.2e} k-cache {rel(kf, ku):.2e}")
+    for wait, ahead in ((1, 0), (2, 0), (0, 1), (0, 4), (2, 2), (8, 8)):  # L2 hints of the KV: results unchanged
+        kernels.attn_prefetch_wait, kernels.attn_prefetch_ahead = wait, ahead
+        try:
+            for c in (kernels.AttnConfig(1), kernels.AttnConfig(4, 64, 4, 4), kernels.AttnConfig(16, 128, 8, 3)):
+                kf, vf, ku, vu = kc.clone(), vc.clone(), kc.clone(), vc.clone()
+                start_f = start + q
+                of = kernels.rope_attention(qkv, start_f, slots, kf, vf, qn, kn, h, hkv, d, 1e6, 1e-6, d ** -0.5,
+                                            cfg=c)
+                ou = ops.rope_attention(qkv, start_f, slots, ku, vu, qn, kn, h, hkv, d, 1e6, 1e-6, d ** -0.5)
+                oa = kernels.attention(qa, kc, vc, start, slots, d ** -0.5, cfg=c)
+                ob = kernels.attention(qa, kc, vc, start, slots, d ** -0.5, cfg=c)
+                print(f"attention KV hints w{wait}a{ahead} {tuple(c)}: "
+                      f"{rel(oa, ops.attention(qa, kc, vc, start, slots, d ** -0.5)):.2e} "
+                      f"repeat-identical {bool((oa == ob).all())}; rope+attention out {rel(of, ou):.2e} "
+                      f"k-cache {rel(kf, ku):.2e}")
+        finally:
+            kernels.attn_prefetch_wait = kernels.attn_prefetch_ahead = 0
     x = torch.randn(9, 4096, dtype=dt, device="cuda")
     w = torch.randn(4096, 4096, dtype=dt, device="cuda") * 0.02
     for m in (1, 9, 200):

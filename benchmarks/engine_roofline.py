@@ -15,12 +15,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import re
 import statistics
 import time
 
 import torch
 
 from tabletune import fileio
+from tabletune.engine import kernels
 from tabletune.engine.gpu_monitor import GpuMonitor, GpuWindow
 from tabletune.engine.profiling import (ENGINE_VERSION, Ceilings, build_engine, command_line, device_name,
                                         measure_ceilings, serial_floor_ms, step_floor_ms, time_replays_gpu, time_steps)
@@ -141,7 +143,6 @@ def capture_variants(engine, b: int, k: int, variants: dict[str, dict], upload: 
 def engine_settings(engine, settings: dict):
     """The engine attributes ``settings`` (name -> value; "kernels.<name>": that module attribute of
     ``tabletune.engine.kernels``) set for the block, the previous values back after it."""
-    from tabletune.engine import kernels
 
     def owner(attr):
         return (kernels, attr.split(".", 1)[1]) if attr.startswith("kernels.") else (engine, attr)
@@ -233,6 +234,45 @@ def attention_compare(engine, points, context_len: int, reps: int = 15) -> tuple
     configs ``kernels.choose_attention`` timed (0.7.dev3)."""
     return variant_compare(engine, points, context_len,
                            lambda b: {"fixed-attn": {"kernels.attn_chooser": False}, "chosen-attn": {}}, reps)
+
+
+def parse_prefetch_variant(text: str) -> dict:
+    """"w2a4" -> the kernels' L2-hint settings (``wN``: ``attn_prefetch_wait`` N tiles, ``aN``:
+    ``attn_prefetch_ahead`` N tiles; either may be left out)."""
+    m = re.fullmatch(r"(?:w(\d+))?(?:a(\d+))?", text)
+    if not text or m is None:
+        raise ValueError(f"--attn-prefetch-variants: {text!r} is not wN, aN or wNaM")
+    wait, ahead = (int(v) if v else 0 for v in m.groups())
+    for tiles in (wait, ahead):
+        if tiles not in kernels.PREFETCH_TILES:
+            raise ValueError(f"--attn-prefetch-variants: {text!r}: tiles must be one of {kernels.PREFETCH_TILES}")
+    return {"kernels.attn_prefetch_wait": wait, "kernels.attn_prefetch_ahead": ahead}
+
+
+def attn_prefetch_compare(engine, points, context_len: int, variants: list[str], reps: int = 15
+                          ) -> tuple[list[str], list[dict]]:
+    """The attention launches without L2 hints of the KV against each hint variant (``parse_prefetch_variant``)."""
+    settings = {"no-kv-hints": {"kernels.attn_prefetch_wait": 0, "kernels.attn_prefetch_ahead": 0},
+                **{v: parse_prefetch_variant(v) for v in variants}}
+    return variant_compare(engine, points, context_len, lambda b: settings, reps)
+
+
+def parse_attn_tile(text: str) -> tuple:
+    """"64/4/3" -> (keys a tile, warps, stages, None: ``wave_splits``); "64/4/3/2": 2 splits (``kernels.attn_force``)."""
+    parts = text.split("/")
+    if len(parts) not in (3, 4) or not all(p.isdigit() for p in parts):
+        raise ValueError(f"--attn-tile-variants: {text!r} is not BLOCK_N/WARPS/STAGES[/SPLITS]")
+    block_n, warps, stages, *splits = (int(p) for p in parts)
+    return block_n, warps, stages, (splits[0] if splits else None)
+
+
+def attn_tile_compare(engine, points, context_len: int, variants: list[str], reps: int = 15
+                      ) -> tuple[list[str], list[dict]]:
+    """The step with its start-up attention configs against every launch forced to each tile (``parse_attn_tile``):
+    what an in-step choice of the attention config would pick, where the chooser times launches alone."""
+    settings = {"startup-attn": {"kernels.attn_force": None},
+                **{v: {"kernels.attn_force": parse_attn_tile(v)} for v in variants}}
+    return variant_compare(engine, points, context_len, lambda b: settings, reps)
 
 
 def overlap_compare(engine, points, context_len: int, carveouts=(0,), reps: int = 12) -> tuple[list[str], list[dict]]:
@@ -332,11 +372,24 @@ def main(argv: list[str] | None = None) -> int:
                     "and without")
     ap.add_argument("--attn-compare", default="", help="b:k,... cells to time with the fixed attention config "
                     "and with the chosen ones")
+    ap.add_argument("--attn-prefetch-compare", default="", help="b:k,... cells to time without L2 hints of the KV "
+                    "and with each of --attn-prefetch-variants")
+    ap.add_argument("--attn-prefetch-variants", default="w1,w2,a2,a4,w2a2,w2a4",
+                    help="wN: N tiles hinted before the PDL wait; aN: the tile N ahead in the loop")
+    ap.add_argument("--attn-tile-compare", default="", help="b:k,... cells to time with the start-up attention "
+                    "configs and with every launch forced to each of --attn-tile-variants")
+    ap.add_argument("--attn-tile-variants", default="64/4/3,64/4/4,128/8/3,64/8/3",
+                    help="BLOCK_N/WARPS/STAGES[/SPLITS] (no SPLITS: kernels.wave_splits)")
+    ap.add_argument("--attn-prefetch", default="",
+                    help="the grid (and every capture) with these KV hints, e.g. w2a4 (default: the engine's)")
     ap.add_argument("--no-grid", action="store_true", help="only the comparisons (capture b, k, time nothing else)")
     ap.add_argument("--fuse-norm-max-rows", type=int, default=0,
                     help="steps of at most this many rows run the fused-norm layers (EngineConfig.fuse_norm_max_rows)")
     ap.add_argument("--out", default="benchmarks/results/engine_roofline_h200")
     args = ap.parse_args(argv)
+    if args.attn_prefetch:
+        for attr, value in parse_prefetch_variant(args.attn_prefetch).items():
+            setattr(kernels, attr.split(".", 1)[1], value)
     ceil = measure_ceilings()
     print(f"ceilings: copy {ceil.bandwidth_gb_s:.0f} GB/s, bf16 matmul {ceil.matrix_tflop_s:.0f} TFLOP/s", flush=True)
     buckets = tuple(int(v) for v in args.buckets.split(",")) if args.buckets else \
@@ -362,6 +415,14 @@ def main(argv: list[str] | None = None) -> int:
         points = [tuple(int(v) for v in cell.split(":")) for cell in args.attn_compare.split(",")]
         _, compared = attention_compare(engine, points, args.context)
         variant_rows += [dict(r, compare="attention") for r in compared]
+    if args.attn_prefetch_compare:
+        points = [tuple(int(v) for v in cell.split(":")) for cell in args.attn_prefetch_compare.split(",")]
+        _, compared = attn_prefetch_compare(engine, points, args.context, args.attn_prefetch_variants.split(","))
+        variant_rows += [dict(r, compare="attn-prefetch") for r in compared]
+    if args.attn_tile_compare:
+        points = [tuple(int(v) for v in cell.split(":")) for cell in args.attn_tile_compare.split(",")]
+        _, compared = attn_tile_compare(engine, points, args.context, args.attn_tile_variants.split(","))
+        variant_rows += [dict(r, compare="attn-tile") for r in compared]
     windows = {}  # b -> the GPU's clock / power while its row ran (None without nvidia-smi)
     with GpuMonitor() as monitor:
         for b in () if args.no_grid else buckets:
@@ -405,7 +466,6 @@ def main(argv: list[str] | None = None) -> int:
     print("gemm choices:", "; ".join(f"M={m} N={n} K={kk}{' ' + g if isinstance(g, str) else ' gated' if g else ''}: {c}"
                                      for m, n, kk, g, c in picks
                                      if m in (1, 8, 16, 64, 192, 224, 256, 384, 768)))
-    from tabletune.engine import kernels
 
     print("attention choices:", "; ".join(f"{kind} b={b} q={q}: {tuple(c)}" for (kind, b, q, *_), c
                                           in sorted(kernels._attn_choice.items(), key=lambda kv: kv[0][:3])))

@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 
 from tabletune.engine import ops as torch_ops
+from tabletune.engine.gemm_kernels import _prefetch_l2
 from tabletune.engine.model import PREFETCH_MODES
 
 MAX_TICKETS = 1 << 16
@@ -198,15 +199,30 @@ def _attn_program(start_ptr, slots_ptr, k_cache_ptr, v_cache_ptr, QLEN, stride_s
 
 
 @triton.jit
+def _prefetch_kv(kbase, vbase, n0, end, TILES: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+                 LINE: tl.constexpr):
+    """Hint keys n0 .. n0 + TILES * BLOCK_N - 1 of this (sequence, KV head), K and V, into L2: one
+    ``prefetch.global.L2`` per ``LINE`` elements (128 bytes); keys past ``end`` - 1 are clamped to it, so every
+    address is inside the sequence's cache rows (no data comes back, the results are unchanged)."""
+    keys = tl.minimum(n0 + tl.arange(0, TILES * BLOCK_N), end - 1)
+    off = keys.to(tl.int64)[:, None] * D + (tl.arange(0, D // LINE) * LINE)[None, :]
+    _prefetch_l2(kbase + off)
+    _prefetch_l2(vbase + off)
+
+
+@triton.jit
 def _attn_tiles(q, kbase, vbase, lo, hi, limit, scale, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr):
-    """Online softmax of the rows of ``q`` over keys lo .. hi-1 (row r sees keys <= limit[r]): (m, l, acc)."""
+                BLOCK_N: tl.constexpr, PF_AHEAD: tl.constexpr = 0, LINE: tl.constexpr = 64):
+    """Online softmax of the rows of ``q`` over keys lo .. hi-1 (row r sees keys <= limit[r]): (m, l, acc).
+    ``PF_AHEAD`` > 0: each iteration also hints the K and V tile that many tiles ahead into L2."""
     d = tl.arange(0, D)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     qk_scale = scale * 1.4426950408889634
     for n0 in range(lo, hi, BLOCK_N):
+        if PF_AHEAD > 0:
+            _prefetch_kv(kbase, vbase, n0 + PF_AHEAD * BLOCK_N, hi, 1, D, BLOCK_N, LINE)
         cols = n0 + tl.arange(0, BLOCK_N)
         col_ok = cols < hi
         kv_off = cols.to(tl.int64)[:, None] * D + d[None, :]
@@ -247,13 +263,28 @@ def _attn_store(out_ptr, o_part, m_part, l_part, cnt_ptr, m_i, l_i, acc, b, kvh,
 
 
 @triton.jit
+def _prefetch_cached(kbase, vbase, lo, hi, start, TILES: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+                     LINE: tl.constexpr):
+    """Before the PDL wait: hint the first ``TILES`` tiles of this program's keys lo .. hi-1 into L2, only keys
+    before ``start`` (written by earlier steps: with PDL every launch before the one this kernel waits for has
+    finished, and that one, the qkv GEMM or the RoPE launch, writes no key before ``start``). Nothing when ``TILES`` is 0
+    or the program holds no cached key."""
+    if TILES > 0:
+        end = tl.minimum(hi, start)
+        if end > lo:
+            _prefetch_kv(kbase, vbase, lo, end, TILES, D, BLOCK_N, LINE)
+
+
+@triton.jit
 def _attn_kernel(q_ptr, k_cache_ptr, v_cache_ptr, start_ptr, slots_ptr, out_ptr, o_part, m_part, l_part, cnt_ptr,
                  QLEN, scale, stride_slot, stride_head,
                  H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr):
-    _pdl_wait(USE_PDL)
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr, PF_WAIT: tl.constexpr = 0,
+                 PF_AHEAD: tl.constexpr = 0, LINE: tl.constexpr = 64):
     b, kvh, sp, start, lo, hi, kbase, vbase = _attn_program(start_ptr, slots_ptr, k_cache_ptr, v_cache_ptr, QLEN,
                                                             stride_slot, stride_head, NUM_SPLITS, BLOCK_N)
+    _prefetch_cached(kbase, vbase, lo, hi, start, PF_WAIT, D, BLOCK_N, LINE)
+    _pdl_wait(USE_PDL)
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < G * QLEN
     tok = rows // G
@@ -261,7 +292,7 @@ def _attn_kernel(q_ptr, k_cache_ptr, v_cache_ptr, start_ptr, slots_ptr, out_ptr,
     q_off = ((b * QLEN + tok).to(tl.int64) * H + kvh * G + rows % G) * D
     q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
     limit = start + tok
-    m_i, l_i, acc = _attn_tiles(q, kbase, vbase, lo, hi, limit, scale, D, BLOCK_M, BLOCK_N)
+    m_i, l_i, acc = _attn_tiles(q, kbase, vbase, lo, hi, limit, scale, D, BLOCK_M, BLOCK_N, PF_AHEAD, LINE)
     _attn_store(out_ptr, o_part, m_part, l_part, cnt_ptr, m_i, l_i, acc, b, kvh, sp, tok, rows, row_ok, QLEN, H, G, D,
                 NUM_SPLITS, BLOCK_M)
 
@@ -293,15 +324,17 @@ def _rope_attn_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, start_ptr, slots_ptr, q
                       out_ptr, o_part, m_part, l_part, cnt_ptr, QLEN, scale, stride_slot, stride_head, eps,
                       H: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                       NUM_SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QP: tl.constexpr,
-                      HAS_NORM: tl.constexpr, USE_PDL: tl.constexpr):
+                      HAS_NORM: tl.constexpr, USE_PDL: tl.constexpr, PF_WAIT: tl.constexpr = 0,
+                      PF_AHEAD: tl.constexpr = 0, LINE: tl.constexpr = 64):
     """``_qk_rope_cache_kernel`` and ``_attn_kernel`` in one launch. A program of (sequence, KV head, split)
     applies qk-norm and RoPE to its G * q query rows itself; a program whose key range reaches the new
     positions (start .. start + q - 1) first writes the q new keys (normed, rotated) and values of its KV head
     into the cache, then waits at a barrier so that its own loads see them. Two programs may write the same new
     key (a split boundary inside the new positions): with the same value."""
-    _pdl_wait(USE_PDL)
     b, kvh, sp, start, lo, hi, kbase, vbase = _attn_program(start_ptr, slots_ptr, k_cache_ptr, v_cache_ptr, QLEN,
                                                             stride_slot, stride_head, NUM_SPLITS, BLOCK_N)
+    _prefetch_cached(kbase, vbase, lo, hi, start, PF_WAIT, D, BLOCK_N, LINE)
+    _pdl_wait(USE_PDL)
     d = tl.arange(0, D)
     if hi > start:
         t = tl.arange(0, QP)
@@ -321,7 +354,7 @@ def _rope_attn_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, start_ptr, slots_ptr, q
     q = _rope_rows(qkv_ptr, b * QLEN + tok, kvh * G + rows % G, start + tok, qn_ptr, cos_ptr, sin_ptr, row_ok, eps,
                    H, HKV, D, HAS_NORM).to(k_cache_ptr.dtype.element_ty)
     limit = start + tok
-    m_i, l_i, acc = _attn_tiles(q, kbase, vbase, lo, hi, limit, scale, D, BLOCK_M, BLOCK_N)
+    m_i, l_i, acc = _attn_tiles(q, kbase, vbase, lo, hi, limit, scale, D, BLOCK_M, BLOCK_N, PF_AHEAD, LINE)
     _attn_store(out_ptr, o_part, m_part, l_part, cnt_ptr, m_i, l_i, acc, b, kvh, sp, tok, rows, row_ok, QLEN, H, G, D,
                 NUM_SPLITS, BLOCK_M)
 
@@ -390,6 +423,14 @@ ATTN_TILES = ((64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 8, 3))  # (keys a tile, 
 ATTN_ROTATE_BYTES = 192 << 20  # scratch KV the chooser rotates through (a step reads a layer's KV from HBM, not L2)
 
 attn_chooser = True  # False: every launch runs ``default_attn_config`` (engine_roofline.py --attn-compare)
+# L2 hints of the KV (CUDA only; tiles of K and V, each 1, 2, 4 or 8; 0: off): ``attn_prefetch_wait`` tiles of each
+# program's cached keys before its PDL wait, while the launch before it drains; ``attn_prefetch_ahead``: in the
+# loop, the tile that many tiles ahead (engine_roofline.py --attn-prefetch-compare)
+attn_prefetch_wait = 0
+attn_prefetch_ahead = 0
+# (block_n, warps, stages, splits or None for ``wave_splits``): every launch without its own ``cfg`` / ``num_splits``
+# takes this tile, on CUDA too (None: off; engine_roofline.py --attn-tile-compare times the step with each)
+attn_force: tuple | None = None
 # (kind, b, q, H, Hkv, D, cache length, dtype, device) -> the config ``choose_attention`` timed fastest
 _attn_choice: dict[tuple, AttnConfig] = {}
 
@@ -491,9 +532,30 @@ def _attn_config(kind: str, q: torch.Tensor, b: int, qlen: int, h: int, hkv: int
     c = default_attn_config(b, hkv)
     if num_splits:
         return c._replace(splits=num_splits)
+    if attn_force is not None:
+        block_n, warps, stages, splits = attn_force
+        if splits is None:
+            splits = wave_splits(b, hkv, torch.cuda.get_device_properties(q.device).multi_processor_count
+                                 if q.is_cuda else 132)
+        return AttnConfig(splits, block_n, warps, stages)
     if q.is_cuda and attn_chooser:
         return choose_attention(kind, b, qlen, h, hkv, d, k_cache.shape[2], k_cache.dtype, q.device)
     return c
+
+
+PREFETCH_TILES = (0, 1, 2, 4, 8)
+
+
+def _prefetch_args(x: torch.Tensor, k_cache: torch.Tensor) -> dict:
+    """The attention kernels' L2-hint constexprs: ``attn_prefetch_wait`` / ``attn_prefetch_ahead`` on CUDA, off
+    elsewhere (Triton's interpreter runs no inline PTX); LINE: cache elements a 128-byte line."""
+    for name, tiles in (("attn_prefetch_wait", attn_prefetch_wait), ("attn_prefetch_ahead", attn_prefetch_ahead)):
+        if tiles not in PREFETCH_TILES:
+            raise ValueError(f"kernels.{name} = {tiles!r}: not one of {PREFETCH_TILES}")
+    if not x.is_cuda or not (attn_prefetch_wait or attn_prefetch_ahead):
+        return {}
+    line = PREFETCH_LINE_BYTES // k_cache.element_size()
+    return {"PF_WAIT": attn_prefetch_wait, "PF_AHEAD": attn_prefetch_ahead, "LINE": min(line, k_cache.shape[-1])}
 
 
 def attention(q, k_cache, v_cache, start_pos, slots, scale, num_splits: int | None = None,
@@ -508,7 +570,8 @@ def attention(q, k_cache, v_cache, start_pos, slots, scale, num_splits: int | No
     _attn_kernel[(b, hkv, c.splits)](
         q, k_cache, v_cache, start_pos, slots, out, o_part, m_part, l_part, counters(q.device), qlen, scale,
         k_cache.stride(0), k_cache.stride(1), H=h, G=g, D=d, NUM_SPLITS=c.splits, BLOCK_M=block_m,
-        BLOCK_N=c.block_n, USE_PDL=pdl, num_warps=c.warps, num_stages=c.stages, **pdl_kwargs(pdl))
+        BLOCK_N=c.block_n, USE_PDL=pdl, num_warps=c.warps, num_stages=c.stages, **pdl_kwargs(pdl),
+        **_prefetch_args(q, k_cache))
     return out
 
 
@@ -530,7 +593,7 @@ def rope_attention(qkv, start_pos, slots, k_cache, v_cache, q_norm_w, k_norm_w, 
         sin, out, o_part, m_part, l_part, counters(qkv.device), qlen, scale, k_cache.stride(0), k_cache.stride(1),
         eps, H=num_heads, HKV=hkv, G=g, D=d, NUM_SPLITS=c.splits, BLOCK_M=block_m, BLOCK_N=c.block_n,
         QP=max(2, triton.next_power_of_2(qlen)), HAS_NORM=has_norm, USE_PDL=pdl, num_warps=c.warps,
-        num_stages=c.stages, **pdl_kwargs(pdl))
+        num_stages=c.stages, **pdl_kwargs(pdl), **_prefetch_args(qkv, k_cache))
     return out
 
 

@@ -1,5 +1,7 @@
 """Roofline floors of a step (hand-worked cases) and the attention split rule."""
 
+import types
+
 import pytest
 
 pytest.importorskip("torch")
@@ -67,6 +69,42 @@ def test_attention_candidates_and_the_cpu_config():
     assert kernels._attn_config("attn", q, 4, 1, 32, 8, 128, cache, None, None) == kernels.default_attn_config(4, 8)
     assert kernels._attn_config("attn", q, 4, 1, 32, 8, 128, cache, 2, None).splits == 2
     assert kernels._attn_config("rope", q, 4, 1, 32, 8, 128, cache, 2, (1, 32, 8, 2)) == kernels.AttnConfig(1, 32, 8, 2)
+
+
+def test_kv_hints_are_cuda_only_and_checked(monkeypatch):
+    """The attention launches pass the KV L2 hints (``attn_prefetch_wait`` / ``_ahead``) only on CUDA (Triton's
+    interpreter runs no inline PTX), and a tile count the kernels cannot take is an error that names it, on any
+    device."""
+    pytest.importorskip("triton")
+    import torch
+
+    from tabletune.engine import kernels
+
+    q, cache = torch.zeros(1), torch.zeros(4, 8, 16, 128, dtype=torch.bfloat16)
+    assert kernels._prefetch_args(q, cache) == {}
+    monkeypatch.setattr(kernels, "attn_prefetch_wait", 2)
+    assert kernels._prefetch_args(q, cache) == {}  # CPU: off
+    on_cuda = types.SimpleNamespace(is_cuda=True)
+    assert kernels._prefetch_args(on_cuda, cache) == {"PF_WAIT": 2, "PF_AHEAD": 0, "LINE": 64}  # bf16: 64 a line
+    assert kernels._prefetch_args(on_cuda, cache.float())["LINE"] == 32
+    monkeypatch.setattr(kernels, "attn_prefetch_ahead", 3)
+    with pytest.raises(ValueError, match="attn_prefetch_ahead = 3"):
+        kernels._prefetch_args(q, cache)
+
+
+def test_forced_attention_tile_overrides_the_default_but_not_a_given_config(monkeypatch):
+    pytest.importorskip("triton")
+    import torch
+
+    from tabletune.engine import kernels
+
+    q, cache = torch.zeros(1), torch.zeros(4, 8, 16, 4)
+    monkeypatch.setattr(kernels, "attn_force", (128, 8, 3, None))
+    assert kernels._attn_config("attn", q, 4, 1, 32, 8, 128, cache, None, None) == kernels.AttnConfig(4, 128, 8, 3)
+    monkeypatch.setattr(kernels, "attn_force", (64, 4, 4, 2))
+    assert kernels._attn_config("rope", q, 16, 1, 32, 8, 128, cache, None, None) == kernels.AttnConfig(2, 64, 4, 4)
+    assert kernels._attn_config("rope", q, 16, 1, 32, 8, 128, cache, 3, None) == kernels.AttnConfig(3)
+    assert kernels._attn_config("rope", q, 16, 1, 32, 8, 128, cache, None, (1, 32, 8, 2)) == (1, 32, 8, 2)
 
 
 def test_serial_headroom():
