@@ -257,6 +257,11 @@ def attn_prefetch_compare(engine, points, context_len: int, variants: list[str],
     return variant_compare(engine, points, context_len, lambda b: settings, reps)
 
 
+def _tile_text(force) -> str:
+    """A ``kernels.attn_force`` value as BLOCK_N/WARPS/STAGES/SPLITS, None as "start-up"."""
+    return "start-up" if force is None else "/".join(str(v) for v in force)
+
+
 def parse_attn_tile(text: str) -> tuple:
     """"64/4/3" -> (keys a tile, warps, stages, None: ``wave_splits``); "64/4/3/2": 2 splits (``kernels.attn_force``)."""
     parts = text.split("/")
@@ -273,6 +278,13 @@ def attn_tile_compare(engine, points, context_len: int, variants: list[str], rep
     settings = {"startup-attn": {"kernels.attn_force": None},
                 **{v: {"kernels.attn_force": parse_attn_tile(v)} for v in variants}}
     return variant_compare(engine, points, context_len, lambda b: settings, reps)
+
+
+def attn_step_compare(engine, points, context_len: int, reps: int = 15) -> tuple[list[str], list[dict]]:
+    """Each step's graph without the in-step attention choice (every launch as the start-up chooser gives it)
+    against the tiles the engine kept from timing them inside the step (``SpecEngine.attn_step_force``)."""
+    return variant_compare(engine, points, context_len,
+                           lambda b: {"no-step-choice": {"attn_step_force": {}}, "step-choice": {}}, reps)
 
 
 def overlap_compare(engine, points, context_len: int, carveouts=(0,), reps: int = 12) -> tuple[list[str], list[dict]]:
@@ -316,7 +328,7 @@ def _window_text(w) -> str:
 
 
 def write_results(args, ceil, rows: list[dict], device: str, buckets, overlap_rows: list[dict] = (),
-                  readings=(), variant_rows: list[dict] = ()) -> None:
+                  readings=(), variant_rows: list[dict] = (), step_choices: list[dict] = ()) -> None:
     worst = {name: (max((r[key] for r in rows if r["batch_size"] <= 32), default=0.0), max(r[key] for r in rows))
              for name, key in (("wall", "ratio"), ("gpu", "gpu_ratio"), ("serial", "serial_ratio"))}
     n32 = sum(r["ratio"] <= 1.3 for r in rows if r["batch_size"] <= 32)
@@ -331,7 +343,7 @@ def write_results(args, ceil, rows: list[dict], device: str, buckets, overlap_ro
               "ceiling_readings": [{"bandwidth_gb_s": round(c.bandwidth_gb_s, 1), "matrix_tflop_s": round(c.matrix_tflop_s, 1)}
                                    for c in readings],
               "command": command_line(), "rows": rows, "overlap_rows": list(overlap_rows),
-              "variant_rows": list(variant_rows)}
+              "variant_rows": list(variant_rows), "attn_step_choices": list(step_choices)}
     fileio.write_json(args.out + ".json", result)
     md = [f"# step / roofline floor, {args.model}, context {args.context}, {device}", "",
           f"copy {ceil.bandwidth_gb_s:.0f} GB/s, bf16 matmul {ceil.matrix_tflop_s:.0f} TFLOP/s; "
@@ -380,6 +392,10 @@ def main(argv: list[str] | None = None) -> int:
                     "configs and with every launch forced to each of --attn-tile-variants")
     ap.add_argument("--attn-tile-variants", default="64/4/3,64/4/4,128/8/3,64/8/3",
                     help="BLOCK_N/WARPS/STAGES[/SPLITS] (no SPLITS: kernels.wave_splits)")
+    ap.add_argument("--attn-step-compare", default="", help="b:k,... cells to time without and with the in-step "
+                    "attention choice")
+    ap.add_argument("--no-attn-step-choice", action="store_true",
+                    help="capture every step with the start-up attention configs (EngineConfig.attn_step_choice off)")
     ap.add_argument("--attn-prefetch", default="",
                     help="the grid (and every capture) with these KV hints, e.g. w2a4 (default: the engine's)")
     ap.add_argument("--no-grid", action="store_true", help="only the comparisons (capture b, k, time nothing else)")
@@ -397,8 +413,14 @@ def main(argv: list[str] | None = None) -> int:
     args.max_batch = max(buckets)
     t0 = time.perf_counter()
     engine = build_engine(args.model, "replay", args.k_max, args.max_batch, args.context, buckets=buckets,
-                          fuse_norm_max_rows=args.fuse_norm_max_rows)
+                          fuse_norm_max_rows=args.fuse_norm_max_rows, attn_step_choice=not args.no_attn_step_choice)
     print(f"built + captured {len(engine.graphs)} graphs in {time.perf_counter() - t0:.1f} s", flush=True)
+    step_choices = [{"batch_size": b, "k": k, "kept": _tile_text(engine.attn_step_force.get((b, k))),
+                     "ms": {_tile_text(c): round(ms, 4) for c, ms in medians.items()}}
+                    for (b, k), medians in sorted(engine.attn_step_ms.items())]
+    for row in step_choices:
+        print(f"in-step attention b={row['batch_size']} k={row['k']}: kept {row['kept']}; "
+              + ", ".join(f"{c} {ms:.3f} ms" for c, ms in row["ms"].items()), flush=True)
     cfg = engine.target.cfg
     timed = []
     variant_rows = []  # the same-card A/B comparisons, each row tagged with its comparison
@@ -423,6 +445,10 @@ def main(argv: list[str] | None = None) -> int:
         points = [tuple(int(v) for v in cell.split(":")) for cell in args.attn_tile_compare.split(",")]
         _, compared = attn_tile_compare(engine, points, args.context, args.attn_tile_variants.split(","))
         variant_rows += [dict(r, compare="attn-tile") for r in compared]
+    if args.attn_step_compare:
+        points = [tuple(int(v) for v in cell.split(":")) for cell in args.attn_step_compare.split(",")]
+        _, compared = attn_step_compare(engine, points, args.context)
+        variant_rows += [dict(r, compare="attn-step") for r in compared]
     windows = {}  # b -> the GPU's clock / power while its row ran (None without nvidia-smi)
     with GpuMonitor() as monitor:
         for b in () if args.no_grid else buckets:
@@ -485,7 +511,8 @@ def main(argv: list[str] | None = None) -> int:
         for line in diagnose(args.model):
             print(line, flush=True)
     if rows:
-        write_results(args, ceil, rows, device_name(engine), buckets, overlap_rows, readings, variant_rows)
+        write_results(args, ceil, rows, device_name(engine), buckets, overlap_rows, readings, variant_rows,
+                      step_choices)
     else:
         fileio.write_json(args.out + ".json", {"device": device_name(engine), "command": command_line(),
                                                "variant_rows": variant_rows, "overlap_rows": overlap_rows})

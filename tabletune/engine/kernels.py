@@ -450,6 +450,19 @@ def attn_candidates(batch_size: int, num_kv_heads: int, num_sms: int) -> list[At
     return list(dict.fromkeys(cands))
 
 
+STEP_TILES = ((128, 8, 3), (64, 4, 4))  # tiles the in-step choice times at ``wave_splits`` beside the start-up choice
+
+
+def step_attn_candidates(batch_size: int, num_kv_heads: int, num_sms: int) -> list[tuple | None]:
+    """What ``runner.SpecEngine`` times inside the captured step of a bucket below one (sequence, KV head) pair an SM
+    (where timing launches alone misled): None (every launch as ``_attn_config`` gives it), then each of STEP_TILES
+    at ``wave_splits`` as an ``attn_force`` value. Empty from one pair an SM on."""
+    if batch_size * num_kv_heads >= num_sms:
+        return []
+    s = wave_splits(batch_size, num_kv_heads, num_sms)
+    return [None] + [(*t, s) for t in STEP_TILES if AttnConfig(s, *t) != default_attn_config(batch_size, num_kv_heads)]
+
+
 def choose_attention(kind: str, b: int, qlen: int, h: int, hkv: int, d: int, length: int, dtype,
                      device: torch.device) -> AttnConfig:
     """The fastest of ``attn_candidates`` for an ``attention`` (kind "attn") or ``rope_attention`` ("rope") launch

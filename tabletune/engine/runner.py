@@ -53,6 +53,10 @@ class EngineConfig:
     # Steps of at most this many rows (<= model.FUSED_NORM_MAX_M) run the fused-norm layers
     # (model._forward_fused_norm: no norm launch inside the stack). 0: off (docs/engine_notes.md, engine 0.7).
     fuse_norm_max_rows: int = 0
+    # CUDA graphs of buckets below one (sequence, KV head) pair an SM: capture the step with each attention tile of
+    # kernels.step_attn_candidates, time the replays at the longest context the cache holds, keep the fastest
+    # (timed alone, those launches misled: docs/engine_notes.md, 0.7.dev3 and 0.7.dev4)
+    attn_step_choice: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.k_max < 0 or self.temperature < 0 or self.prefetch_max_batch < 0 \
@@ -89,6 +93,10 @@ class SpecEngine:
         self.prefetch_max_batch, self.prefetch_mode = cfg.prefetch_max_batch, cfg.prefetch_mode
         self.prefetch_programs = cfg.prefetch_programs
         self.fuse_rope, self.fuse_norm_max_rows = cfg.fuse_rope, cfg.fuse_norm_max_rows
+        # (bucket, k) -> the kernels.attn_force value its graph was captured with (the in-step attention choice);
+        # capture_step applies it, so later captures of that step run the same tiles
+        self.attn_step_force: dict[tuple[int, int], tuple | None] = {}
+        self.attn_step_ms: dict[tuple[int, int], dict] = {}  # (bucket, k) -> candidate -> median replay ms
         self._side: torch.cuda.Stream | None = None  # second stream (two-stream forward, L2 prefetch), made on first use
         self.buckets = list(cfg.buckets or default_buckets(cfg.max_num_seqs))
         self.ks = list(cfg.ks or range(cfg.k_max + 1))
@@ -207,9 +215,46 @@ class SpecEngine:
         stream = torch.cuda.Stream()
         for b in reversed(self.buckets):
             for k in self.ks:
-                self.graphs[(b, k)] = self.capture_step(b, k, pool, stream=stream)
+                self.graphs[(b, k)] = self._choose_attention_in_step(b, k, pool, stream) \
+                    if self.cfg.attn_step_choice else self.capture_step(b, k, pool, stream=stream)
         self.cached.zero_()
         torch.cuda.synchronize()
+
+    def _choose_attention_in_step(self, b: int, k: int, pool, stream, reps: int = 9) -> torch.cuda.CUDAGraph:
+        """The step of (b, k) captured with each of ``kernels.step_attn_candidates`` (just once where there are
+        none), every graph replayed in turn ``reps`` times from the same state, rows 0 .. b-1 at the longest
+        context the cache holds; the fastest by median is kept and its tiles recorded in ``attn_step_force``."""
+        from tabletune.engine import kernels
+
+        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        cands = kernels.step_attn_candidates(b, self.target.cfg.num_kv_heads, sms)
+        if len(cands) < 2:
+            return self.capture_step(b, k, pool, stream=stream)
+        graphs = {}
+        for c in cands:
+            self.attn_step_force[(b, k)] = c
+            graphs[c] = self.capture_step(b, k, pool, stream=stream)
+        buf = self.buffers[b]
+        context = self.cfg.max_len - self.k_max - 3
+        saved = buf.host.clone()
+        buf.host[0], buf.host[1] = torch.arange(b), k
+        self.set_context(b, context)
+        times = {c: [] for c in cands}
+        for _ in range(reps):
+            for c, g in graphs.items():
+                self.reset_rows(b, context)
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                g.replay()
+                e1.record()
+                e1.synchronize()
+                times[c].append(e0.elapsed_time(e1))
+        buf.host.copy_(saved)
+        medians = {c: sorted(t)[len(t) // 2] for c, t in times.items()}
+        best = min(medians, key=medians.get)
+        self.attn_step_force[(b, k)] = best
+        self.attn_step_ms[(b, k)] = medians
+        return graphs[best]
 
     def capture_step(self, b: int, k: int, pool=None, upload: bool = True,
                      stream: torch.cuda.Stream | None = None) -> torch.cuda.CUDAGraph:
@@ -218,17 +263,25 @@ class SpecEngine:
         It is first run once on a side stream, so that kernel compiles and GEMM choices happen outside
         the capture; ``upload``: the copy of the host inputs is the graph's first node.
         """
+        from tabletune.engine import kernels
+
         buf = self.buffers[b]
         stream = stream or torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            self._step_body(buf, k)
-        torch.cuda.current_stream().wait_stream(stream)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool):
-            if upload:
-                buf.inputs.copy_(buf.host, non_blocking=True)
-            self._step_body(buf, k)
+        force = kernels.attn_force
+        if force is None:  # a tile forced from outside (a benchmark's variant) wins over the in-step choice
+            kernels.attn_force = self.attn_step_force.get((b, k))
+        try:
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                self._step_body(buf, k)
+            torch.cuda.current_stream().wait_stream(stream)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                if upload:
+                    buf.inputs.copy_(buf.host, non_blocking=True)
+                self._step_body(buf, k)
+        finally:
+            kernels.attn_force = force
         return g
 
     def launch(self, slots: list[int], k: int, caps: list[int] | None = None, min_rows: int = 0) -> StepBuffers:

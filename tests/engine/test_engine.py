@@ -4,6 +4,7 @@ import os
 import random
 import subprocess
 import sys
+import types
 import zlib
 
 import pytest
@@ -562,3 +563,57 @@ def test_layer_gemm_shapes_are_the_decoder_layers_weights():
         layer = DecoderLayer(cfg, torch.float32, "cpu")
         assert cfg.layer_gemm_shapes() == {"qkv": tuple(layer.wqkv.shape), "o": tuple(layer.wo.shape),
                                            "gate_up": tuple(layer.w_gate_up.shape), "down": tuple(layer.w_down.shape)}
+
+
+def test_in_step_attention_choice_keeps_the_fastest_graph_and_restores_the_inputs(tiny, monkeypatch):
+    """``SpecEngine._choose_attention_in_step`` on the CPU, with stand-ins for the GPU: capture_step returns a graph
+    whose replay costs what its forced tile costs, CUDA events read that clock. The fastest candidate's graph is
+    kept and its tile recorded (so later captures of the step use it); every candidate is timed from the same rows
+    at the longest context; the step's host inputs are back as they were. Fails if the slowest is kept or if the
+    choice is not recorded."""
+    from tabletune.engine import kernels
+
+    target, _, _ = tiny
+    engine = _engine(target, "ngram")
+    hkv = target.cfg.num_kv_heads
+    sms = 4 * hkv + 1  # b = 4 is below one (sequence, KV head) pair an SM: there are candidates
+    cands = kernels.step_attn_candidates(4, hkv, sms)
+    assert cands[0] is None and len(cands) >= 2 and kernels.step_attn_candidates(8, hkv, sms) == []
+    cost = {c: 3.0 + i for i, c in enumerate(cands)}
+    cost[cands[-1]] = 1.0  # the last candidate is the fastest
+    clock, seen = [0.0], []
+
+    class Graph:
+        def __init__(self, force):
+            self.force = force
+
+        def replay(self):
+            seen.append((self.force, int(engine.cached[0]), engine.buffers[4].host[0].tolist()))
+            clock[0] += cost[self.force]
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = clock[0]
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return other.t - self.t
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: types.SimpleNamespace(multi_processor_count=sms))
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(engine, "capture_step",
+                        lambda b, k, pool=None, upload=True, stream=None: Graph(engine.attn_step_force[(b, k)]))
+    host = engine.buffers[4].host.clone()
+    g = engine._choose_attention_in_step(4, 2, None, None, reps=3)
+    assert g.force == cands[-1] and engine.attn_step_force[(4, 2)] == cands[-1]
+    assert engine.attn_step_ms[(4, 2)] == {c: cost[c] for c in cands}
+    assert len(seen) == 3 * len(cands)
+    context = engine.cfg.max_len - engine.k_max - 3
+    assert {s[1] for s in seen} == {context} and all(s[2] == [0, 1, 2, 3] for s in seen)
+    assert torch.equal(engine.buffers[4].host, host)
