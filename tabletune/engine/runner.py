@@ -236,7 +236,7 @@ class SpecEngine:
             graphs[c] = self.capture_step(b, k, pool, stream=stream)
         buf = self.buffers[b]
         context = self.cfg.max_len - self.k_max - 3
-        saved = buf.host.clone()
+        saved, saved_cached = buf.host.clone(), self.cached.clone()
         buf.host[0], buf.host[1] = torch.arange(b), k
         self.set_context(b, context)
         times = {c: [] for c in cands}
@@ -249,7 +249,10 @@ class SpecEngine:
                 e1.record()
                 e1.synchronize()
                 times[c].append(e0.elapsed_time(e1))
+        # the state as it was: the next capture's warm-up step must not start from the longest context
         buf.host.copy_(saved)
+        self.reset_rows(b, 0)
+        self.cached.copy_(saved_cached)
         medians = {c: sorted(t)[len(t) // 2] for c, t in times.items()}
         best = min(medians, key=medians.get)
         self.attn_step_force[(b, k)] = best

@@ -607,13 +607,18 @@ def test_in_step_attention_choice_keeps_the_fastest_graph_and_restores_the_input
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda device: types.SimpleNamespace(multi_processor_count=sms))
     monkeypatch.setattr(torch.cuda, "Event", Event)
-    monkeypatch.setattr(engine, "capture_step",
-                        lambda b, k, pool=None, upload=True, stream=None: Graph(engine.attn_step_force[(b, k)]))
-    host = engine.buffers[4].host.clone()
+    def capture_step(b, k, pool=None, upload=True, stream=None):
+        engine._step_body(engine.buffers[b], k)  # the real warm-up step, from the state the choice left
+        return Graph(engine.attn_step_force[(b, k)])
+
+    monkeypatch.setattr(engine, "capture_step", capture_step)
+    host, cached = engine.buffers[4].host.clone(), engine.cached.clone()
     g = engine._choose_attention_in_step(4, 2, None, None, reps=3)
+    assert torch.equal(engine.cached, cached)
+    engine._choose_attention_in_step(4, engine.k_max, None, None, reps=1)  # its warm-ups start from a sane state
     assert g.force == cands[-1] and engine.attn_step_force[(4, 2)] == cands[-1]
     assert engine.attn_step_ms[(4, 2)] == {c: cost[c] for c in cands}
-    assert len(seen) == 3 * len(cands)
+    assert len(seen) == 4 * len(cands)
     context = engine.cfg.max_len - engine.k_max - 3
-    assert {s[1] for s in seen} == {context} and all(s[2] == [0, 1, 2, 3] for s in seen)
+    assert {s[1] for s in seen} == {context} and all(s[2][:4] == [0, 1, 2, 3] for s in seen)
     assert torch.equal(engine.buffers[4].host, host)
