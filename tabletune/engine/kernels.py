@@ -453,11 +453,16 @@ def attn_candidates(batch_size: int, num_kv_heads: int, num_sms: int) -> list[At
 STEP_TILES = ((128, 8, 3), (64, 4, 4))  # tiles the in-step choice times at ``wave_splits`` beside the start-up choice
 
 
+STEP_CHOICE_WAVES = 4  # the in-step choice runs for buckets of fewer (sequence, KV head) pairs than this many SMs' worth
+
+
 def step_attn_candidates(batch_size: int, num_kv_heads: int, num_sms: int) -> list[tuple | None]:
-    """What ``runner.SpecEngine`` times inside the captured step of a bucket below one (sequence, KV head) pair an SM
-    (where timing launches alone misled): None (every launch as ``_attn_config`` gives it), then each of STEP_TILES
-    at ``wave_splits`` as an ``attn_force`` value. Empty from one pair an SM on."""
-    if batch_size * num_kv_heads >= num_sms:
+    """What ``runner.SpecEngine`` times inside the captured step of a bucket of fewer than STEP_CHOICE_WAVES x SMs
+    (sequence, KV head) pairs (b <= 64 for 8 KV heads on 132 SMs; below one pair an SM timing launches alone
+    misled, and up to b = 64 the chooser's configs differed from the default): None (every launch as
+    ``_attn_config`` gives it: the default, or the start-up chooser's pick), then each of STEP_TILES at
+    ``wave_splits`` as an ``attn_force`` value. Empty for larger buckets (there the configs were within 1%)."""
+    if batch_size * num_kv_heads >= STEP_CHOICE_WAVES * num_sms:
         return []
     s = wave_splits(batch_size, num_kv_heads, num_sms)
     return [None] + [(*t, s) for t in STEP_TILES if AttnConfig(s, *t) != default_attn_config(batch_size, num_kv_heads)]

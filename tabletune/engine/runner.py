@@ -53,9 +53,9 @@ class EngineConfig:
     # Steps of at most this many rows (<= model.FUSED_NORM_MAX_M) run the fused-norm layers
     # (model._forward_fused_norm: no norm launch inside the stack). 0: off (docs/engine_notes.md, engine 0.7).
     fuse_norm_max_rows: int = 0
-    # CUDA graphs of buckets below one (sequence, KV head) pair an SM: capture the step with each attention tile of
-    # kernels.step_attn_candidates, time the replays at the longest context the cache holds, keep the fastest
-    # (timed alone, those launches misled: docs/engine_notes.md, 0.7.dev3 and 0.7.dev4)
+    # CUDA graphs of buckets of b <= 64 (kernels.step_attn_candidates): capture the step with each attention tile it
+    # lists, time the replays at the longest context the cache holds, keep the fastest (timed alone, the launches of
+    # small buckets misled: docs/engine_notes.md, 0.7.dev3 and 0.7.dev4)
     attn_step_choice: bool = True
 
     def __post_init__(self) -> None:

@@ -576,9 +576,10 @@ def test_in_step_attention_choice_keeps_the_fastest_graph_and_restores_the_input
     target, _, _ = tiny
     engine = _engine(target, "ngram")
     hkv = target.cfg.num_kv_heads
-    sms = 4 * hkv + 1  # b = 4 is below one (sequence, KV head) pair an SM: there are candidates
+    sms = hkv + 1  # b = 4 has fewer (sequence, KV head) pairs than STEP_CHOICE_WAVES x SMs: there are candidates
     cands = kernels.step_attn_candidates(4, hkv, sms)
-    assert cands[0] is None and len(cands) >= 2 and kernels.step_attn_candidates(8, hkv, sms) == []
+    assert cands[0] is None and len(cands) >= 2
+    assert kernels.step_attn_candidates(kernels.STEP_CHOICE_WAVES * sms // hkv + 1, hkv, sms) == []
     cost = {c: 3.0 + i for i, c in enumerate(cands)}
     cost[cands[-1]] = 1.0  # the last candidate is the fastest
     clock, seen = [0.0], []

@@ -107,6 +107,18 @@ def test_forced_attention_tile_overrides_the_default_but_not_a_given_config(monk
     assert kernels._attn_config("rope", q, 16, 1, 32, 8, 128, cache, None, (1, 32, 8, 2)) == (1, 32, 8, 2)
 
 
+def test_in_step_attention_candidates_on_the_h200_shape():
+    """8 KV heads on 132 SMs: b <= 64 gets the start-up config (None) and the two step tiles at wave_splits;
+    from b = 128 on (within 1% whatever the config) nothing is timed in the step."""
+    pytest.importorskip("triton")
+    from tabletune.engine import kernels
+
+    assert kernels.step_attn_candidates(1, 8, 132) == [None, (128, 8, 3, 8), (64, 4, 4, 8)]
+    assert kernels.step_attn_candidates(16, 8, 132) == [None, (128, 8, 3, 1), (64, 4, 4, 1)]
+    assert kernels.step_attn_candidates(64, 8, 132) == [None, (128, 8, 3, 1), (64, 4, 4, 1)]
+    assert kernels.step_attn_candidates(128, 8, 132) == []
+
+
 def test_serial_headroom():
     """b=1, k=0: serial == floor, so the headroom is the line itself (1.3). b=256, k=2 (768 tokens): the serial
     floor alone is over 1.5x the floor, so no engine that serialises attention and GEMMs meets the line there."""
