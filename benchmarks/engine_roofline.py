@@ -263,7 +263,8 @@ def _tile_text(force) -> str:
 
 
 def parse_attn_tile(text: str) -> tuple:
-    """"64/4/3" -> (keys a tile, warps, stages, None: ``wave_splits``); "64/4/3/2": 2 splits (``kernels.attn_force``)."""
+    """"64/4/3" -> (keys a tile, warps, stages, None: ``wave_splits``); "64/4/3/2": 2 splits (a value of
+    ``kernels.attn_force``)."""
     parts = text.split("/")
     if len(parts) not in (3, 4) or not all(p.isdigit() for p in parts):
         raise ValueError(f"--attn-tile-variants: {text!r} is not BLOCK_N/WARPS/STAGES[/SPLITS]")

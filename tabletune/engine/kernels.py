@@ -15,6 +15,11 @@
   stages of each launch shape are timed at start-up (``choose_attention``) from b * Hkv >= SMs on.
 * ``silu_mul`` and ``add_rms_norm``: the element-wise fusions of a layer.
 
+Optional and off (measured no gain on the H200, engine 0.7.dev4): L2 hints of the KV in the attention launches
+(``attn_prefetch_wait``: a program's first cached tiles before its PDL wait; ``attn_prefetch_ahead``: the tile N
+ahead in its loop). ``attn_force`` runs every launch with one tile: how ``runner.SpecEngine`` times the candidates
+of ``step_attn_candidates`` inside the captured step.
+
 "Last program merges": a program stores its partial, then takes a ticket from a
 counter (atomic, acquire-release); the one that draws ticket S-1 reads all S
 partials and resets the counter to 0, so counters are zero between launches.
@@ -267,8 +272,8 @@ def _prefetch_cached(kbase, vbase, lo, hi, start, TILES: tl.constexpr, D: tl.con
                      LINE: tl.constexpr):
     """Before the PDL wait: hint the first ``TILES`` tiles of this program's keys lo .. hi-1 into L2, only keys
     before ``start`` (written by earlier steps: with PDL every launch before the one this kernel waits for has
-    finished, and that one, the qkv GEMM or the RoPE launch, writes no key before ``start``). Nothing when ``TILES`` is 0
-    or the program holds no cached key."""
+    finished, and that one, the qkv GEMM or the RoPE launch, writes no key before ``start``). Nothing when
+    ``TILES`` is 0 or the program holds no cached key."""
     if TILES > 0:
         end = tl.minimum(hi, start)
         if end > lo:
@@ -451,9 +456,7 @@ def attn_candidates(batch_size: int, num_kv_heads: int, num_sms: int) -> list[At
 
 
 STEP_TILES = ((128, 8, 3), (64, 4, 4))  # tiles the in-step choice times at ``wave_splits`` beside the start-up choice
-
-
-STEP_CHOICE_WAVES = 4  # the in-step choice runs for buckets of fewer (sequence, KV head) pairs than this many SMs' worth
+STEP_CHOICE_WAVES = 4  # it runs for buckets of fewer (sequence, KV head) pairs than this many times the SM count
 
 
 def step_attn_candidates(batch_size: int, num_kv_heads: int, num_sms: int) -> list[tuple | None]:
