@@ -110,16 +110,7 @@ def pdl_compare(engine, points, context_len: int, reps: int = 20) -> list[str]:
             engine.set_context(b, context_len)
             buf.slots.copy_(torch.arange(b))
             g = engine.capture_step(b, k, upload=False)  # compiles the kernels of this setting outside the capture
-            times = []
-            for _ in range(reps):
-                engine.reset_rows(b, context_len)
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                g.replay()
-                e1.record()
-                e1.synchronize()
-                times.append(e0.elapsed_time(e1))
-            ms[name] = statistics.median(times)
+            ms[name] = statistics.median(engine.timed_ms(g.replay, b, context_len) for _ in range(reps))
             del g
         lines.append(f"b={b:3d} k={k}: " + ", ".join(f"{n} {t:.3f} ms" for n, t in ms.items()))
     os.environ["TABLETUNE_PDL"], gemm.PREFETCH_K = "1", prefetch

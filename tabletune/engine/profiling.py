@@ -183,13 +183,4 @@ def device_name(engine: SpecEngine) -> str:
 def time_replays_gpu(engine: SpecEngine, batch_size: int, k: int, num_steps: int, context_len: int) -> list[float]:
     """GPU time (ms, CUDA events) of the step's launch alone: the graph replay without the read-back."""
     slots = list(range(batch_size))
-    out = []
-    for _ in range(num_steps):
-        engine.reset_rows(batch_size, context_len)
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        engine.launch(slots, k)
-        e1.record()
-        e1.synchronize()
-        out.append(e0.elapsed_time(e1))
-    return out
+    return [engine.timed_ms(lambda: engine.launch(slots, k), batch_size, context_len) for _ in range(num_steps)]

@@ -242,13 +242,7 @@ class SpecEngine:
         times = {c: [] for c in cands}
         for _ in range(reps):
             for c, g in graphs.items():
-                self.reset_rows(b, context)
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                g.replay()
-                e1.record()
-                e1.synchronize()
-                times[c].append(e0.elapsed_time(e1))
+                times[c].append(self.timed_ms(g.replay, b, context))
         # the state as it was: the next capture's warm-up step must not start from the longest context
         buf.host.copy_(saved)
         self.reset_rows(b, 0)
@@ -258,6 +252,17 @@ class SpecEngine:
         self.attn_step_force[(b, k)] = best
         self.attn_step_ms[(b, k)] = medians
         return graphs[best]
+
+    def timed_ms(self, run, num_rows: int, context_len: int) -> float:
+        """GPU time (ms, CUDA events) of ``run()`` (a graph replay or a launch), rows 0 .. num_rows-1 first put back
+        at ``context_len`` cached tokens."""
+        self.reset_rows(num_rows, context_len)
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        run()
+        e1.record()
+        e1.synchronize()
+        return e0.elapsed_time(e1)
 
     def capture_step(self, b: int, k: int, pool=None, upload: bool = True,
                      stream: torch.cuda.Stream | None = None) -> torch.cuda.CUDAGraph:
