@@ -1,9 +1,12 @@
-"""Decode GEMMs of one layer at mid M (GPU diagnostic): cuBLAS, the Triton configs, and cuBLAS on padded M.
+"""Decode GEMMs of one layer at mid M (GPU diagnostic): cuBLAS, cuBLAS on padded M, cuBLASLt's heuristic list,
+and the Triton configs.
 
 For M = b*(k+1) in the range where the roofline grid is furthest from its floor (b=16..128,
-k>=2), each of the 8B layer's four projections is timed as 10 calls in a CUDA graph over
-L2-cold weights (``gemm._time_us``): cuBLAS at M, cuBLAS at M rounded up to a multiple of
-64 and 128 (the rows past M are wasted work), and the best Triton config of ``gemm._configs``.
+k>=2), each of the 8B layer's four projections (and, with ``--lm-head``, the LM head) is timed as 10
+calls in a CUDA graph over L2-cold weights (``gemm._time_us``): cuBLAS at M, cuBLAS at M rounded up to a
+multiple of 64 and 128 (the rows past M are wasted work), cuBLASLt's default, the fastest of the first
+``--lt-algos`` kernels of cuBLASLt's heuristic list (``cublaslt.heuristics``; each checked against torch
+first) and, unless ``--no-triton``, the best Triton config of ``gemm._configs``.
 Achieved TFLOP/s (at M) and TB/s (weights) are printed next to each.
 
     python benchmarks/engine_gemm_sweep.py --out $OUT/gemm_sweep
@@ -16,7 +19,7 @@ import argparse
 import torch
 
 from tabletune import fileio
-from tabletune.engine import gemm
+from tabletune.engine import cublaslt, gemm
 from tabletune.engine.presets import resolve
 
 
@@ -24,10 +27,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-8b")
     ap.add_argument("--ms", default="32,64,96,128,160,192,224,256,320,384,448,512")
+    ap.add_argument("--lt-algos", type=int, default=gemm.LT_ALGOS, help="cuBLASLt heuristic kernels to time")
+    ap.add_argument("--no-triton", action="store_true", help="leave out the Triton configs (no compiles)")
+    ap.add_argument("--lm-head", action="store_true", help="the LM head's shape too")
     ap.add_argument("--out", default="gemm_sweep")
     args = ap.parse_args(argv)
     cfg = resolve(args.model)
     shapes = cfg.layer_gemm_shapes()
+    if args.lm_head:
+        shapes["lm_head"] = (cfg.vocab_size, cfg.hidden_size)
     rows, lines = [], []
     for name, (n, kk) in shapes.items():
         ws = [torch.randn(n, kk, dtype=torch.bfloat16, device="cuda") for _ in range(3)]
@@ -44,14 +52,26 @@ def main(argv: list[str] | None = None) -> int:
                  "cublas_pad128": gemm._time_us(lambda: torch.mm(xs[-(-m // 128) * 128], pick().t()))}
             t["cublaslt"] = gemm._time_us(lambda: gemm._mm_lt(xs[m], pick()))
             best_cfg, best = {}, {}
-            for c in gemm._configs(m, False, gemm.tma_available()):
+            ref = torch.mm(xs[m], ws[0].t()).float()
+            for algo in cublaslt.heuristics(m, n, kk, torch.bfloat16, args.lt_algos):
+                try:
+                    err = gemm._rel_err(cublaslt.matmul(xs[m], ws[0], algo), ref)
+                except RuntimeError as exc:
+                    print(f"{name} M={m} {algo.label()}: {exc}", flush=True)
+                    continue
+                us = gemm._time_us(lambda: cublaslt.matmul(xs[m], pick(), algo)) if err < gemm.MAX_REL_ERR else None
+                if us is None:
+                    print(f"{name} M={m} {algo.label()}: relative error {err:.2e}, dropped", flush=True)
+                elif us < best.get("lt_best", float("inf")):
+                    best_cfg["lt_best"], best["lt_best"] = algo.label(), us
+            for c in () if args.no_triton else gemm._configs(m, False, gemm.tma_available()):
                 kind = "triton_tma" if c.tma else "triton_stream_k" if c.stream_k else "triton"
                 us = gemm._time_us(lambda: gemm.triton_linear(xs[m], pick(), c))
                 if us < best.get(kind, float("inf")):
                     best_cfg[kind], best[kind] = tuple(c), us
             t.update(best)
             flops, nbytes = 2 * m * n * kk, n * kk * 2
-            row = {"proj": name, "m": m, "n": n, "k": kk, "triton_config": best_cfg,
+            row = {"proj": name, "m": m, "n": n, "k": kk, "best_config": {key: str(v) for key, v in best_cfg.items()},
                    **{f"{key}_us": round(v, 2) for key, v in t.items()}}
             rows.append(row)
             line = f"{name:8s} M={m:4d}: " + "  ".join(

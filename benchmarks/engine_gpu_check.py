@@ -5,6 +5,8 @@
 2. Greedy outputs with speculation (every drafter, a random table, CUDA graphs)
    identical to the non-speculative outputs, on a small random model in float32.
 3. MoE grouped-GEMM path vs the per-expert loop.
+4. cuBLASLt's heuristic kernels (``cublaslt``) on the 8B layer shapes vs torch, bit-identical on repeat and in a
+   CUDA graph replay.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import traceback
 
 import torch
 
-from tabletune.engine import gemm, kernels, ops
+from tabletune.engine import cublaslt, gemm, kernels, ops
 from tabletune.engine.drafters import make_drafter
 from tabletune.engine.model import Decoder, moe_mlp
 from tabletune.engine.presets import PRESETS
@@ -247,7 +249,36 @@ def check_graph_replay() -> None:
               f"replay==eager {bool((outs[0] == outs[2]).all())}")
 
 
-CHECKS = {"kernels": check_kernels, "graphs": check_graph_replay, "lossless": check_lossless, "moe": check_moe}
+def check_cublaslt() -> None:
+    """Every heuristic kernel cuBLASLt offers at a few decode shapes: error against torch, the same bits on a
+    repeat and from a CUDA graph replay (the form the engine runs it in)."""
+    if not cublaslt.available():
+        raise RuntimeError("cuBLASLt not found (the engine then runs without its heuristic kernels)")
+    shapes = PRESETS["qwen3-8b"].layer_gemm_shapes()
+    for name, m in (("o", 224), ("qkv", 128), ("down", 192), ("gate_up", 1), ("o", 16)):
+        n, k = shapes[name]
+        x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+        w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda")
+        ref = x @ w.t()
+        algos = cublaslt.heuristics(m, n, k, torch.bfloat16, gemm.LT_ALGOS)
+        worst, same = 0.0, True
+        for algo in algos:
+            a = cublaslt.matmul(x, w, algo)
+            worst = max(worst, rel(a, ref))
+            same &= bool((cublaslt.matmul(x, w, algo) == a).all())
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                out = cublaslt.matmul(x, w, algo)
+            g.replay()
+            torch.cuda.synchronize()
+            same &= bool((out == a).all())
+        print(f"cublaslt {name} M={m}: {len(algos)} kernels, worst relative error {worst:.2e}, "
+              f"repeat- and graph-identical {same}; split-K of the kernels: {[a.split_k for a in algos]}")
+        if not algos or worst > 2e-2 or not same:
+            raise RuntimeError(f"cublaslt {name} M={m}: {len(algos)} kernels, error {worst:.2e}, identical {same}")
+
+
+CHECKS = {"kernels": check_kernels, "cublaslt": check_cublaslt, "graphs": check_graph_replay, "lossless": check_lossless, "moe": check_moe}
 
 
 if __name__ == "__main__":

@@ -132,11 +132,16 @@ def capture_variants(engine, b: int, k: int, variants: dict[str, dict], upload: 
 
 @contextlib.contextmanager
 def engine_settings(engine, settings: dict):
-    """The engine attributes ``settings`` (name -> value; "kernels.<name>": that module attribute of
-    ``tabletune.engine.kernels``) set for the block, the previous values back after it."""
+    """The engine attributes ``settings`` (name -> value; "kernels.<name>" / "gemm.<name>": that module attribute
+    of ``tabletune.engine.kernels`` / ``gemm``) set for the block, the previous values back after it."""
+
+    from tabletune.engine import gemm
+
+    modules = {"kernels": kernels, "gemm": gemm}
 
     def owner(attr):
-        return (kernels, attr.split(".", 1)[1]) if attr.startswith("kernels.") else (engine, attr)
+        prefix, _, name = attr.partition(".")
+        return (modules[prefix], name) if name and prefix in modules else (engine, attr)
     saved = {attr: getattr(*owner(attr)) for attr in settings}
     for attr, value in settings.items():
         setattr(*owner(attr), value)
@@ -279,6 +284,42 @@ def attn_step_compare(engine, points, context_len: int, reps: int = 15) -> tuple
                            lambda b: {"no-step-choice": {"attn_step_force": {}}, "step-choice": {}}, reps)
 
 
+def gemm_lt_compare(engine, points, context_len: int, reps: int = 15) -> tuple[list[str], list[dict]]:
+    """Each step's graph with the GEMM choices made without cuBLASLt's heuristic kernels (``gemm.use_lt`` off: the
+    fastest other candidate) against the choices made with them."""
+    return variant_compare(engine, points, context_len,
+                           lambda b: {"no-lt-algos": {"gemm.use_lt": False}, "lt-algos": {}}, reps)
+
+
+def lt_summary() -> tuple[list[str], list[dict]]:
+    """Where the chooser kept a cuBLASLt heuristic kernel: its time against the fastest other candidate."""
+    from tabletune.engine import cublaslt, gemm
+
+    rows = []
+    for (m, n, kk, g), c in sorted(gemm._choice.items(), key=lambda kv: str(kv[0])):
+        timed = gemm._timings.get((m, n, kk, g), {})
+        others = {o: us for o, us in timed.items() if not isinstance(o, cublaslt.Algo)}
+        if isinstance(c, cublaslt.Algo) and others:
+            best = min(others, key=others.get)
+            rows.append({"m": m, "n": n, "k": kk, "choice": c.label(), "us": round(timed[c], 2),
+                         "best_other": _choice_label(best), "best_other_us": round(others[best], 2)})
+    lines = [f"cuBLASLt heuristic kernel kept at {len(rows)} of {len(gemm._choice)} GEMM shapes"]
+    lines += [f"  M={r['m']} N={r['n']} K={r['k']}: {r['choice']} {r['us']:.2f} us, best other {r['best_other']} "
+              f"{r['best_other_us']:.2f} us ({(r['us'] / r['best_other_us'] - 1) * 100:+.1f}%)" for r in rows]
+    return lines, rows
+
+
+def _choice_label(c) -> str:
+    """A GEMM choice of ``gemm._choice`` as text."""
+    from tabletune.engine import cublaslt
+
+    if isinstance(c, cublaslt.Algo):
+        return c.label()
+    if c is None or isinstance(c, (int, str)):
+        return "cublas" if c is None else f"cublas on {c} rows" if isinstance(c, int) else c
+    return ("triton-tma" if c.tma else "triton-stream-k" if c.stream_k else "triton") + str(tuple(c[:6]))
+
+
 def overlap_compare(engine, points, context_len: int, carveouts=(0,), reps: int = 12) -> tuple[list[str], list[dict]]:
     """The step as captured at start-up vs the two-stream half-batch forward (``EngineConfig.overlap_min_tokens``)
     with each SM carveout for the cuBLAS GEMMs, each captured with its upload, interleaved, timed by wall clock to
@@ -320,7 +361,8 @@ def _window_text(w) -> str:
 
 
 def write_results(args, ceil, rows: list[dict], device: str, buckets, overlap_rows: list[dict] = (),
-                  readings=(), variant_rows: list[dict] = (), step_choices: list[dict] = ()) -> None:
+                  readings=(), variant_rows: list[dict] = (), step_choices: list[dict] = (),
+                  gemm_lt: list[dict] = ()) -> None:
     worst = {name: (max((r[key] for r in rows if r["batch_size"] <= 32), default=0.0), max(r[key] for r in rows))
              for name, key in (("wall", "ratio"), ("gpu", "gpu_ratio"), ("serial", "serial_ratio"))}
     n32 = sum(r["ratio"] <= 1.3 for r in rows if r["batch_size"] <= 32)
@@ -335,7 +377,8 @@ def write_results(args, ceil, rows: list[dict], device: str, buckets, overlap_ro
               "ceiling_readings": [{"bandwidth_gb_s": round(c.bandwidth_gb_s, 1), "matrix_tflop_s": round(c.matrix_tflop_s, 1)}
                                    for c in readings],
               "command": command_line(), "rows": rows, "overlap_rows": list(overlap_rows),
-              "variant_rows": list(variant_rows), "attn_step_choices": list(step_choices)}
+              "variant_rows": list(variant_rows), "attn_step_choices": list(step_choices),
+              "gemm_lt_choices": list(gemm_lt)}
     fileio.write_json(args.out + ".json", result)
     md = [f"# step / roofline floor, {args.model}, context {args.context}, {device}", "",
           f"copy {ceil.bandwidth_gb_s:.0f} GB/s, bf16 matmul {ceil.matrix_tflop_s:.0f} TFLOP/s; "
@@ -386,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="BLOCK_N/WARPS/STAGES[/SPLITS] (no SPLITS: kernels.wave_splits)")
     ap.add_argument("--attn-step-compare", default="", help="b:k,... cells to time without and with the in-step "
                     "attention choice")
+    ap.add_argument("--gemm-lt-compare", default="", help="b:k,... cells to time with the GEMM choices made "
+                    "without and with cuBLASLt's heuristic kernels")
     ap.add_argument("--no-attn-step-choice", action="store_true",
                     help="capture every step with the start-up attention configs (EngineConfig.attn_step_choice off)")
     ap.add_argument("--attn-prefetch", default="",
@@ -441,6 +486,12 @@ def main(argv: list[str] | None = None) -> int:
         points = [tuple(int(v) for v in cell.split(":")) for cell in args.attn_step_compare.split(",")]
         _, compared = attn_step_compare(engine, points, args.context)
         variant_rows += [dict(r, compare="attn-step") for r in compared]
+    if args.gemm_lt_compare:
+        points = [tuple(int(v) for v in cell.split(":")) for cell in args.gemm_lt_compare.split(",")]
+        _, compared = gemm_lt_compare(engine, points, args.context)
+        variant_rows += [dict(r, compare="gemm-lt") for r in compared]
+    lt_lines, lt_rows = lt_summary()
+    print("\n".join(lt_lines), flush=True)
     windows = {}  # b -> the GPU's clock / power while its row ran (None without nvidia-smi)
     with GpuMonitor() as monitor:
         for b in () if args.no_grid else buckets:
@@ -474,12 +525,7 @@ def main(argv: list[str] | None = None) -> int:
                      "gpu_ratio": round(gpu_ms / floor, 3), "samples_ms": [round(s, 4) for s in samples]})
     from tabletune.engine import gemm
 
-    def label(c) -> str:
-        if c is None or isinstance(c, (int, str)):
-            return "cublas" if c is None else f"cublas on {c} rows" if isinstance(c, int) else c
-        return ("triton-tma" if c.tma else "triton-stream-k" if c.stream_k
-                else "triton") + str(tuple(c[:6]))
-    picks = sorted(((m, n, kk, g, label(c)) for (m, n, kk, g), c in gemm._choice.items()),
+    picks = sorted(((m, n, kk, g, _choice_label(c)) for (m, n, kk, g), c in gemm._choice.items()),
                    key=lambda p: (p[0], p[1], p[2], str(p[3])))  # g: gated (bool) or gemm.SILU
     print("gemm choices:", "; ".join(f"M={m} N={n} K={kk}{' ' + g if isinstance(g, str) else ' gated' if g else ''}: {c}"
                                      for m, n, kk, g, c in picks
@@ -504,10 +550,11 @@ def main(argv: list[str] | None = None) -> int:
             print(line, flush=True)
     if rows:
         write_results(args, ceil, rows, device_name(engine), buckets, overlap_rows, readings, variant_rows,
-                      step_choices)
+                      step_choices, lt_rows)
     else:
         fileio.write_json(args.out + ".json", {"device": device_name(engine), "command": command_line(),
-                                               "variant_rows": variant_rows, "overlap_rows": overlap_rows})
+                                               "variant_rows": variant_rows, "overlap_rows": overlap_rows,
+                                               "gemm_lt_choices": lt_rows})
     return 0
 
 

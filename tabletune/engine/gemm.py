@@ -18,6 +18,11 @@ Padded cuBLAS: at some M cuBLAS's own kernel choice is far off its neighbours (H
 kernels have storage for M rounded up to 128 rows (``kernels.empty_rows``), so cuBLAS can
 run on M rounded up to 64 or 128 rows at no copy; the extra rows are discarded.
 
+cuBLASLt's heuristic list (``cublaslt.heuristics``, plain shapes up to MAX_CHOOSE_M rows): torch runs only the
+first kernel of that list; the chooser times the first ``LT_ALGOS`` (tiles, split-K, stages) like its other
+candidates. ``use_lt = False`` makes every later call (and capture) take the fastest other candidate instead, for
+same-card A/B comparisons without re-timing.
+
 TMA configs (``Config.tma``, 16 < M <= 512, plain shapes): the same split-K scheme with the
 x and W tiles fetched by Hopper's tensor-memory accelerator through host tensor descriptors
 (zero-filled past M and K, so the K loop carries no masks), for the mid-M shapes where the
@@ -51,12 +56,13 @@ The Triton kernels themselves are in ``gemm_kernels``; this module launches and 
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
 import triton
 
-from tabletune.engine import kernels
+from tabletune.engine import cublaslt, kernels
 from tabletune.engine.gemm_kernels import _gemm_kernel, _gemm_stream_k_kernel, _gemm_tma_kernel
 from tabletune.engine.model import FUSED_NORM_MAX_M
 
@@ -65,6 +71,8 @@ MAX_CHOOSE_M = 4096  # above this, cuBLAS at M without timing
 PREFETCH_K = 512  # with PDL: K columns of its weight rows a program pulls into L2 before waiting (0: off)
 STREAM_K_PROGRAMS = (132, 264)  # stream-K persistent programs: one or two per H200 SM (a kernel argument: no compile)
 SMEM_BYTES = 200 * 1024  # H100/H200: 227 KB per block; leave room for the epilogue
+LT_ALGOS = int(os.environ.get("TABLETUNE_LT_ALGOS", "16"))  # cuBLASLt heuristic kernels timed per shape (0: none)
+use_lt = True  # False: calls take the fastest candidate that is not a cuBLASLt heuristic kernel (A/B)
 
 
 class Config(NamedTuple):
@@ -284,8 +292,9 @@ def _prefetch_k(x: torch.Tensor, per_split: int) -> int:
 
 
 # (M, N, K, gated) -> None: cuBLAS at M; an int: cuBLAS on that many (padded) rows; CUBLASLT: cuBLASLt at M;
-# a Config: Triton. (M, N, K, one of FUSED_KINDS) -> the fused-norm layers' pointer config.
-_choice: dict[tuple[int, int, int, bool | str], Config | int | str | None] = {}
+# a cublaslt.Algo: that kernel of cuBLASLt's heuristic list; a Config: Triton. (M, N, K, one of FUSED_KINDS) ->
+# the fused-norm layers' pointer config.
+_choice: dict[tuple[int, int, int, bool | str], Config | int | str | cublaslt.Algo | None] = {}
 _timings: dict[tuple[int, int, int, bool | str], dict] = {}  # key -> {choice: us} of every candidate that ran
 enabled = True
 CUBLASLT = "cublaslt"
@@ -345,6 +354,8 @@ def _mm_lt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def _run(x: torch.Tensor, w: torch.Tensor, choice, gated: bool = False) -> torch.Tensor:
+    if isinstance(choice, cublaslt.Algo):
+        return cublaslt.matmul(x, w, choice) if cublaslt.usable(x, w) else torch.mm(x, w.t())
     if isinstance(choice, tuple):
         return triton_linear(x, w, choice, gated)
     if gated:
@@ -356,7 +367,7 @@ def _unfused(x: torch.Tensor, w: torch.Tensor, gated: bool) -> torch.Tensor:
     """silu_mul (if gated), then the choice made for the plain shape (cuBLAS, padded cuBLAS, cuBLASLt or Triton)."""
     if gated:
         x = kernels.silu_mul(x, w.dtype)
-        return _run(x, w, _choice.get((x.shape[0], w.shape[0], w.shape[1], False)))
+        return _run(x, w, current((x.shape[0], w.shape[0], w.shape[1], False)))
     return torch.mm(x, w.t())
 
 
@@ -364,18 +375,42 @@ def _rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
     return float((a.float() - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
-def candidates(m: int, gated: bool = False) -> dict:
+def current(key: tuple) -> Config | int | str | cublaslt.Algo | None:
+    """The choice made for ``key`` (None if none was made): with ``use_lt`` off, a cuBLASLt heuristic kernel is
+    replaced by the fastest other candidate timed for the key."""
+    choice = _choice.get(key)
+    if not use_lt and isinstance(choice, cublaslt.Algo):
+        timed = {c: us for c, us in _timings.get(key, {}).items() if not isinstance(c, cublaslt.Algo)}
+        choice = min(timed, key=timed.get) if timed else None
+    return choice
+
+
+def candidates(m: int, gated: bool = False, w: torch.Tensor | None = None) -> dict:
     """choice -> callable(x, w) for every way this engine can run (M, N, K, gated): the unfused path, cuBLAS
-    on padded rows, cuBLASLt, and the Triton configs for M <= MAX_TRITON_M."""
+    on padded rows, cuBLASLt, the Triton configs for M <= MAX_TRITON_M and, given W on CUDA, the first
+    LT_ALGOS kernels of cuBLASLt's heuristic list for W's shape."""
     cands = {None: lambda x, w_: _unfused(x, w_, gated)}
     if not gated:
         for rows in sorted({kernels.round_up(m, 64), kernels.round_up(m, kernels.ROW_PAD)} - {m}):
             cands[rows] = lambda x, w_, rows=rows: _mm(x, w_, rows)
         if hasattr(torch.backends.cuda, "preferred_blas_library"):
             cands[CUBLASLT] = _mm_lt
+        if w is not None and w.is_cuda:
+            for algo in _lt_heuristics(m, w):
+                cands[algo] = lambda x, w_, algo=algo: cublaslt.matmul(x, w_, algo)
     for cfg in _configs(m, gated, tma_available()) if m <= MAX_TRITON_M else ():
         cands[cfg] = lambda x, w_, cfg=cfg: triton_linear(x, w_, cfg, gated)
     return cands
+
+
+def _lt_heuristics(m: int, w: torch.Tensor) -> list[cublaslt.Algo]:
+    """cuBLASLt's first LT_ALGOS kernels for x [M, K] W^T, or [] when it cannot say (reported once a shape)."""
+    try:
+        return cublaslt.heuristics(m, w.shape[0], w.shape[1], w.dtype, LT_ALGOS)
+    except Exception as exc:  # no such library / symbol / shape support: the other candidates remain
+        print(f"tabletune: no cuBLASLt heuristic kernels for M={m} N={w.shape[0]} K={w.shape[1]} "
+              f"({type(exc).__name__}: {exc})")
+        return []
 
 
 def choose(m: int, w: torch.Tensor, gated: bool = False) -> Config | int | str | None:
@@ -386,8 +421,8 @@ def choose(m: int, w: torch.Tensor, gated: bool = False) -> Config | int | str |
     if key not in _choice:
         if gated:
             choose(m, w, False)
-        _choice[key] = _fastest(key, w, 2 * k if gated else k, candidates(m, gated), _reference(gated))
-    return _choice[key]
+        _choice[key] = _fastest(key, w, 2 * k if gated else k, candidates(m, gated, w), _reference(gated))
+    return current(key)
 
 
 def _reference(gated: bool):
@@ -487,7 +522,7 @@ def linear(x2d: torch.Tensor, w: torch.Tensor, gated: bool = False) -> torch.Ten
     if not (enabled and x2d.is_cuda and m <= MAX_CHOOSE_M):
         return torch.mm(kernels.silu_mul(x2d, w.dtype) if gated else x2d, w.t())
     if torch.cuda.is_current_stream_capturing():
-        choice = _choice.get((m, w.shape[0], w.shape[1], gated))
+        choice = current((m, w.shape[0], w.shape[1], gated))
     else:
         choice = choose(m, w, gated)
     return _run(x2d, w, choice, gated)
