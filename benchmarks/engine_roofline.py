@@ -291,6 +291,13 @@ def gemm_lt_compare(engine, points, context_len: int, reps: int = 15) -> tuple[l
                            lambda b: {"no-lt-algos": {"gemm.use_lt": False}, "lt-algos": {}}, reps)
 
 
+def gemm_policy_compare(engine, points, context_len: int, reps: int = 15) -> tuple[list[str], list[dict]]:
+    """Each step's graph with the GEMM chooser's picks against every GEMM as plain ``torch.mm`` (cuBLAS's own
+    kernel choice, ``gemm.enabled`` off): whether the picks, timed alone, also pay inside the step."""
+    return variant_compare(engine, points, context_len,
+                           lambda b: {"chooser": {}, "cublas-only": {"gemm.enabled": False}}, reps)
+
+
 def lt_summary() -> tuple[list[str], list[dict]]:
     """Where the chooser kept a cuBLASLt heuristic kernel: its time against the fastest other candidate."""
     from tabletune.engine import cublaslt, gemm
@@ -431,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
                     "attention choice")
     ap.add_argument("--gemm-lt-compare", default="", help="b:k,... cells to time with the GEMM choices made "
                     "without and with cuBLASLt's heuristic kernels")
+    ap.add_argument("--gemm-policy-compare", default="", help="b:k,... cells to time with the GEMM chooser's "
+                    "picks and with cuBLAS for every GEMM")
     ap.add_argument("--no-attn-step-choice", action="store_true",
                     help="capture every step with the start-up attention configs (EngineConfig.attn_step_choice off)")
     ap.add_argument("--attn-prefetch", default="",
@@ -490,6 +499,10 @@ def main(argv: list[str] | None = None) -> int:
         points = [tuple(int(v) for v in cell.split(":")) for cell in args.gemm_lt_compare.split(",")]
         _, compared = gemm_lt_compare(engine, points, args.context)
         variant_rows += [dict(r, compare="gemm-lt") for r in compared]
+    if args.gemm_policy_compare:
+        points = [tuple(int(v) for v in cell.split(":")) for cell in args.gemm_policy_compare.split(",")]
+        _, compared = gemm_policy_compare(engine, points, args.context)
+        variant_rows += [dict(r, compare="gemm-policy") for r in compared]
     lt_lines, lt_rows = lt_summary()
     print("\n".join(lt_lines), flush=True)
     windows = {}  # b -> the GPU's clock / power while its row ran (None without nvidia-smi)

@@ -22,7 +22,8 @@ from engine_roofline import capture_variants, engine_settings, kernel_breakdown,
 
 from tabletune.engine.profiling import build_engine, write_diagnostic  # noqa: E402
 
-SETTINGS = {"standard": {"fuse_norm_max_rows": 0}, "fused-norm": {"fuse_norm_max_rows": 16}}
+SETTINGS = {"standard": {"fuse_norm_max_rows": 0}, "fused-norm": {"fuse_norm_max_rows": 16},
+            "cublas-only": {"gemm.enabled": False}}  # every GEMM torch.mm: cuBLAS's own pick
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,25 +32,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--cells", default="1:0,8:1")
     ap.add_argument("--replay-trace", action="store_true", help="also trace one graph replay per cell and setting")
+    ap.add_argument("--settings", default="standard,fused-norm", help=f"a subset of {','.join(SETTINGS)}, the "
+                    "first the baseline")
     ap.add_argument("--out", default="breakdown")
     args = ap.parse_args(argv)
+    settings = {name: SETTINGS[name] for name in args.settings.split(",") if name in SETTINGS}
+    if list(settings) != args.settings.split(","):
+        raise SystemExit(f"engine_step_breakdown.py: --settings {args.settings!r}: names are {','.join(SETTINGS)}")
     cells = [tuple(int(v) for v in c.split(":")) for c in args.cells.split(",")]
     buckets = tuple(sorted({b for b, _ in cells}))
     engine = build_engine(args.model, "replay", max(k for _, k in cells), max(buckets), args.context,
                           buckets=buckets)
     lines, rows = [], []
     for b, k in cells:
-        for name, settings in SETTINGS.items():
-            with engine_settings(engine, settings):
+        for name, setting in settings.items():
+            with engine_settings(engine, setting):
                 kernel_breakdown(engine, b, k, args.context)  # warm-up: choices and compiles outside the profile
                 part = kernel_breakdown(engine, b, k, args.context, top=16)
             lines += [f"[{name}] " + part[0]] + part[1:]
             print("\n".join(lines[-len(part):]), flush=True)
             if args.replay_trace:
-                trace = replay_trace(engine, b, k, args.context, settings)
+                trace = replay_trace(engine, b, k, args.context, setting)
                 lines += [f"[{name}] " + trace[0]] + trace[1:]
                 print("\n".join(lines[-len(trace):]), flush=True)
-    compared, rows = variant_compare(engine, cells, args.context, lambda b: SETTINGS)
+    compared, rows = variant_compare(engine, cells, args.context, lambda b: settings)
     lines += compared
     write_diagnostic(args.out, lines, rows=rows)
     return 0

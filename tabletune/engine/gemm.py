@@ -71,7 +71,9 @@ MAX_CHOOSE_M = 4096  # above this, cuBLAS at M without timing
 PREFETCH_K = 512  # with PDL: K columns of its weight rows a program pulls into L2 before waiting (0: off)
 STREAM_K_PROGRAMS = (132, 264)  # stream-K persistent programs: one or two per H200 SM (a kernel argument: no compile)
 SMEM_BYTES = 200 * 1024  # H100/H200: 227 KB per block; leave room for the epilogue
-LT_ALGOS = int(os.environ.get("TABLETUNE_LT_ALGOS", "16"))  # cuBLASLt heuristic kernels timed per shape (0: none)
+# cuBLASLt heuristic kernels timed per shape; 0 (none) by default: on the H200 they won 80 of 220 shapes timed
+# alone (1-7%) and lost or tied inside the step (-0.1% to +5.1%, docs/engine_notes.md, 0.7.dev5)
+LT_ALGOS = int(os.environ.get("TABLETUNE_LT_ALGOS", "0"))
 use_lt = True  # False: calls take the fastest candidate that is not a cuBLASLt heuristic kernel (A/B)
 
 
