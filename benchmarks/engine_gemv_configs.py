@@ -49,11 +49,11 @@ def main(argv: list[str] | None = None) -> int:
         for name, (n, k) in shapes.items():
             w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
             pick = gemm.choose(m, w)
-            pick_us = gemm._timings[(m, n, k, False)][pick]
+            pick_us = gemm._scores((m, n, k, False))[pick]
             key = (m, n, k, "long-k")
             cands = {c: (lambda x, w_, c=c: gemm.triton_linear(x, w_, c)) for c in extra}
             best = gemm._fastest(key, w, k, cands, gemm._reference(False))
-            best_us = gemm._timings[key][best]
+            best_us = gemm._scores(key)[best]
             gain = max(0.0, pick_us - best_us) * per_step[name]
             saved_us += gain
             gbs = n * k * 2 / best_us / 1e3
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             print(lines[-1], flush=True)
             rows.append({"m": m, "gemm": name, "n": n, "k": k, "chooser": str(pick), "chooser_us": round(pick_us, 2),
                          "long_k": list(best)[:6], "long_k_us": round(best_us, 2),
-                         "all_long_k_us": {str(tuple(c)[:6]): round(t, 2) for c, t in gemm._timings[key].items()}})
+                         "all_long_k_us": {str(tuple(c)[:6]): round(t, 2) for c, t in gemm._scores(key).items()}})
             del w
         lines.append(f"M={m:2d}: the best long-K config where it wins saves {saved_us / 1e3:.3f} ms a decode step")
         print(lines[-1], flush=True)

@@ -22,7 +22,7 @@ import time
 import torch
 
 from tabletune import fileio
-from tabletune.engine import kernels
+from tabletune.engine import cublaslt, gemm, kernels
 from tabletune.engine.gpu_monitor import GpuMonitor, GpuWindow
 from tabletune.engine.profiling import (ENGINE_VERSION, Ceilings, build_engine, command_line, device_name,
                                         measure_ceilings, serial_floor_ms, step_floor_ms, time_replays_gpu, time_steps)
@@ -33,8 +33,6 @@ from tabletune.padding import power_of_two_buckets
 def diagnose(model: str) -> list[str]:
     """Achieved bandwidth of the layer's GEMMs (as chosen by gemm.py) and of attention per split count,
     each timed as 10 calls inside a CUDA graph (``gemm._time_us``: no host launch cost)."""
-    from tabletune.engine import gemm, kernels
-
     cfg = resolve(model)
     d = cfg.head_dim
     shapes = cfg.layer_gemm_shapes()
@@ -97,8 +95,6 @@ def pdl_compare(engine, points, context_len: int, reps: int = 20) -> list[str]:
     """GPU time of one step's graph captured with PDL and the GEMM weight prefetch, with PDL alone, and with neither."""
     import os
 
-    from tabletune.engine import gemm
-
     prefetch = gemm.PREFETCH_K
     variants = (("pdl+prefetch", "1", prefetch), ("pdl", "1", 0), ("off", "0", 0))
     lines = []
@@ -134,9 +130,6 @@ def capture_variants(engine, b: int, k: int, variants: dict[str, dict], upload: 
 def engine_settings(engine, settings: dict):
     """The engine attributes ``settings`` (name -> value; "kernels.<name>" / "gemm.<name>": that module attribute
     of ``tabletune.engine.kernels`` / ``gemm``) set for the block, the previous values back after it."""
-
-    from tabletune.engine import gemm
-
     modules = {"kernels": kernels, "gemm": gemm}
 
     def owner(attr):
@@ -298,13 +291,18 @@ def gemm_policy_compare(engine, points, context_len: int, reps: int = 15) -> tup
                            lambda b: {"chooser": {}, "cublas-only": {"gemm.enabled": False}}, reps)
 
 
+def gemm_context_compare(engine, points, context_len: int, reps: int = 15) -> tuple[list[str], list[dict]]:
+    """Each step's graph with the GEMM choices made from timings alone against those made from timings in context
+    (each candidate followed by a PDL kernel; needs TABLETUNE_GEMM_TIMING=both at start-up)."""
+    return variant_compare(engine, points, context_len,
+                           lambda b: {"timed-alone": {"gemm.use_context": False}, "timed-in-context": {}}, reps)
+
+
 def lt_summary() -> tuple[list[str], list[dict]]:
     """Where the chooser kept a cuBLASLt heuristic kernel: its time against the fastest other candidate."""
-    from tabletune.engine import cublaslt, gemm
-
     rows = []
     for (m, n, kk, g), c in sorted(gemm._choice.items(), key=lambda kv: str(kv[0])):
-        timed = gemm._timings.get((m, n, kk, g), {})
+        timed = gemm._scores((m, n, kk, g))
         others = {o: us for o, us in timed.items() if not isinstance(o, cublaslt.Algo)}
         if isinstance(c, cublaslt.Algo) and others:
             best = min(others, key=others.get)
@@ -316,10 +314,23 @@ def lt_summary() -> tuple[list[str], list[dict]]:
     return lines, rows
 
 
+def context_summary() -> list[str]:
+    """The GEMM shapes whose fastest candidate timed in context (followed by a PDL kernel) is not the one timed
+    alone (only when both were timed, TABLETUNE_GEMM_TIMING=both)."""
+    both = [key for key in gemm._choice if key in gemm._timings and key in gemm._context_timings]
+    lines = []
+    for key in sorted(both, key=str):
+        alone, ctx = gemm._timings[key], gemm._context_timings[key]
+        a, c = min(alone, key=alone.get), min(ctx, key=ctx.get)
+        if a != c:
+            lines.append(f"  M={key[0]} N={key[1]} K={key[2]}{' gated' if key[3] is True else ''}: alone "
+                         f"{_choice_label(a)} {alone[a]:.2f} us; in context {_choice_label(c)} {ctx[c]:.2f} us "
+                         f"({ctx.get(a, float('nan')):.2f} us for the other)")
+    return [f"GEMM choice timed in context differs from alone at {len(lines)} of {len(both)} shapes"] + lines
+
+
 def _choice_label(c) -> str:
     """A GEMM choice of ``gemm._choice`` as text."""
-    from tabletune.engine import cublaslt
-
     if isinstance(c, cublaslt.Algo):
         return c.label()
     if c is None or isinstance(c, (int, str)):
@@ -440,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
                     "without and with cuBLASLt's heuristic kernels")
     ap.add_argument("--gemm-policy-compare", default="", help="b:k,... cells to time with the GEMM chooser's "
                     "picks and with cuBLAS for every GEMM")
+    ap.add_argument("--gemm-context-compare", default="", help="b:k,... cells to time with the GEMM choices made "
+                    "from timings alone and in context (set TABLETUNE_GEMM_TIMING=both)")
     ap.add_argument("--no-attn-step-choice", action="store_true",
                     help="capture every step with the start-up attention configs (EngineConfig.attn_step_choice off)")
     ap.add_argument("--attn-prefetch", default="",
@@ -449,6 +462,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="steps of at most this many rows run the fused-norm layers (EngineConfig.fuse_norm_max_rows)")
     ap.add_argument("--out", default="benchmarks/results/engine_roofline_h200")
     args = ap.parse_args(argv)
+    if args.gemm_context_compare and gemm.TIMING != "both":
+        ap.error(f"--gemm-context-compare needs TABLETUNE_GEMM_TIMING=both (it is {gemm.TIMING!r})")
     if args.attn_prefetch:
         for attr, value in parse_prefetch_variant(args.attn_prefetch).items():
             setattr(kernels, attr.split(".", 1)[1], value)
@@ -499,12 +514,16 @@ def main(argv: list[str] | None = None) -> int:
         points = [tuple(int(v) for v in cell.split(":")) for cell in args.gemm_lt_compare.split(",")]
         _, compared = gemm_lt_compare(engine, points, args.context)
         variant_rows += [dict(r, compare="gemm-lt") for r in compared]
+    if args.gemm_context_compare:
+        points = [tuple(int(v) for v in cell.split(":")) for cell in args.gemm_context_compare.split(",")]
+        _, compared = gemm_context_compare(engine, points, args.context)
+        variant_rows += [dict(r, compare="gemm-context") for r in compared]
     if args.gemm_policy_compare:
         points = [tuple(int(v) for v in cell.split(":")) for cell in args.gemm_policy_compare.split(",")]
         _, compared = gemm_policy_compare(engine, points, args.context)
         variant_rows += [dict(r, compare="gemm-policy") for r in compared]
     lt_lines, lt_rows = lt_summary()
-    print("\n".join(lt_lines), flush=True)
+    print("\n".join(lt_lines + (context_summary() if gemm.TIMING == "both" else [])), flush=True)
     windows = {}  # b -> the GPU's clock / power while its row ran (None without nvidia-smi)
     with GpuMonitor() as monitor:
         for b in () if args.no_grid else buckets:
@@ -536,8 +555,6 @@ def main(argv: list[str] | None = None) -> int:
                      "floor_ms": round(floor, 4), "ratio": round(ms / floor, 3),
                      "serial_floor_ms": round(serial, 4), "serial_ratio": round(ms / serial, 3),
                      "gpu_ratio": round(gpu_ms / floor, 3), "samples_ms": [round(s, 4) for s in samples]})
-    from tabletune.engine import gemm
-
     picks = sorted(((m, n, kk, g, _choice_label(c)) for (m, n, kk, g), c in gemm._choice.items()),
                    key=lambda p: (p[0], p[1], p[2], str(p[3])))  # g: gated (bool) or gemm.SILU
     print("gemm choices:", "; ".join(f"M={m} N={n} K={kk}{' ' + g if isinstance(g, str) else ' gated' if g else ''}: {c}"

@@ -49,7 +49,10 @@ by several programs get the same deterministic ticket fix-up as split-K (partial
 Set-up only: the first call of a (M, N, K, gated) checks every candidate (cuBLAS at M and
 padded, cuBLASLt, the Triton configs for M <= 512) against torch on fresh inputs, times those
 that agree, and remembers the winner (that happens in the
-warm-up before CUDA graph capture); later calls and graph replays just launch it.
+warm-up before CUDA graph capture); later calls and graph replays just launch it. Each candidate is timed
+followed by a small PDL kernel (``TIMING = "context"``): in the step every GEMM sits between such kernels,
+and one that does not let them start early (cuBLAS's) leaves ~1 us of idle time on each side that timing it
+alone, back to back, does not show (H200 replay traces, docs/engine_notes.md, 0.7.dev5).
 
 The Triton kernels themselves are in ``gemm_kernels``; this module launches and chooses them.
 """
@@ -75,6 +78,12 @@ SMEM_BYTES = 200 * 1024  # H100/H200: 227 KB per block; leave room for the epilo
 # alone (1-7%) and lost or tied inside the step (-0.1% to +5.1%, docs/engine_notes.md, 0.7.dev5)
 LT_ALGOS = int(os.environ.get("TABLETUNE_LT_ALGOS", "0"))
 use_lt = True  # False: calls take the fastest candidate that is not a cuBLASLt heuristic kernel (A/B)
+# How a candidate is timed: "alone" (10 calls back to back, engine <= 0.7.dev4), "context" (each call followed by
+# silu_mul, the small PDL kernel that follows gate_up in the step: a GEMM that lets no PDL kernel after it start
+# early, as cuBLAS's do not, pays for that here as it does in the step) or "both" (for A/B: ``use_context``
+# picks which the calls follow).
+TIMING = os.environ.get("TABLETUNE_GEMM_TIMING", "context")
+use_context = TIMING != "alone"
 
 
 class Config(NamedTuple):
@@ -297,7 +306,15 @@ def _prefetch_k(x: torch.Tensor, per_split: int) -> int:
 # a cublaslt.Algo: that kernel of cuBLASLt's heuristic list; a Config: Triton. (M, N, K, one of FUSED_KINDS) ->
 # the fused-norm layers' pointer config.
 _choice: dict[tuple[int, int, int, bool | str], Config | int | str | cublaslt.Algo | None] = {}
-_timings: dict[tuple[int, int, int, bool | str], dict] = {}  # key -> {choice: us} of every candidate that ran
+_timings: dict[tuple[int, int, int, bool | str], dict] = {}  # key -> {choice: us} of every candidate timed alone
+_context_timings: dict[tuple[int, int, int, bool | str], dict] = {}  # ... timed with silu_mul after each call
+
+
+def _scores(key: tuple) -> dict:
+    """{choice: us} that calls choose from: the in-context timings with ``use_context`` (else those alone), or
+    the other kind where only that one was measured."""
+    ctx, alone = _context_timings.get(key), _timings.get(key)
+    return (ctx or alone or {}) if use_context else (alone or ctx or {})
 enabled = True
 CUBLASLT = "cublaslt"
 MAX_REL_ERR = 2e-2  # bf16 operands with fp32 accumulation land near 4e-3; a wrong kernel lands near 1
@@ -378,13 +395,10 @@ def _rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def current(key: tuple) -> Config | int | str | cublaslt.Algo | None:
-    """The choice made for ``key`` (None if none was made): with ``use_lt`` off, a cuBLASLt heuristic kernel is
-    replaced by the fastest other candidate timed for the key."""
-    choice = _choice.get(key)
-    if not use_lt and isinstance(choice, cublaslt.Algo):
-        timed = {c: us for c, us in _timings.get(key, {}).items() if not isinstance(c, cublaslt.Algo)}
-        choice = min(timed, key=timed.get) if timed else None
-    return choice
+    """The fastest candidate timed for ``key`` under the A/B switches (``use_context``: which timings; ``use_lt``
+    off: no cuBLASLt heuristic kernel), else the choice recorded for it (None if none was made)."""
+    timed = {c: us for c, us in _scores(key).items() if use_lt or not isinstance(c, cublaslt.Algo)}
+    return min(timed, key=timed.get) if timed else _choice.get(key)
 
 
 def candidates(m: int, gated: bool = False, w: torch.Tensor | None = None) -> dict:
@@ -434,7 +448,8 @@ def _reference(gated: bool):
 
 def _fastest(key, w: torch.Tensor, width: int, cands: dict, reference):
     """The fastest of ``cands`` (choice -> fn(x, w)) on x [M, width] whose result is within MAX_REL_ERR of
-    ``reference(x, w)``, timed over weights rotated through copies bigger than L2, as in the model."""
+    ``reference(x, w)``, timed over weights rotated through copies bigger than L2, as in the model, alone and/or
+    followed by silu_mul (``TIMING``)."""
     m, n, k = key[:3]
     kernels.counters(w.device)
     x = kernels.empty_rows(m, width, w.dtype, w.device)
@@ -446,7 +461,7 @@ def _fastest(key, w: torch.Tensor, width: int, cands: dict, reference):
     def pick():
         i[0] = (i[0] + 1) % len(ws)
         return ws[i[0]]
-    timings = {}
+    timings, in_context = {}, {}
     for choice, fn in cands.items():
         try:
             err = _rel_err(fn(x, ws[-1]), ref)
@@ -457,11 +472,17 @@ def _fastest(key, w: torch.Tensor, width: int, cands: dict, reference):
             print(f"tabletune: GEMM candidate {choice} for M={m} N={n} K={k} ({key[3]}) dropped: "
                   f"relative error {err:.2e}")
             continue
-        timings[choice] = _time_us(lambda: fn(x, pick()))
-    if not timings:
+        if TIMING != "context":
+            timings[choice] = _time_us(lambda: fn(x, pick()))
+        if TIMING != "alone":
+            in_context[choice] = _time_us(lambda: kernels.silu_mul(fn(x, pick())))
+    if not (timings or in_context):
         raise RuntimeError(f"no GEMM candidate for M={m} N={n} K={k} ({key[3]}) ran correctly on this GPU")
-    _timings[key] = timings
-    return min(timings, key=timings.get)
+    for store, timed in ((_timings, timings), (_context_timings, in_context)):
+        if timed:
+            store[key] = timed
+    scores = _scores(key)
+    return min(scores, key=scores.get)
 
 
 FUSED_KINDS = ("norm", "norm-silu", "resid")  # the fused-norm layers' GEMMs: qkv, gate_up (+ silu), o and down
@@ -480,7 +501,7 @@ def choose_fused(m: int, w: torch.Tensor, kind: str) -> Config:
         if torch.cuda.is_current_stream_capturing():
             raise RuntimeError(f"no fused-norm GEMM config chosen for M={m} N={n} K={k}: run one step before capture")
         choose(m, w)
-        timed = _timings.get((m, n, k, False)) or dict.fromkeys((Config(*t) for t in _skinny(FUSED_ROWS, False)), 0.0)
+        timed = _scores((m, n, k, False)) or dict.fromkeys((Config(*t) for t in _skinny(FUSED_ROWS, False)), 0.0)
         eps = 1e-6
         unit = RowNorm(RowSquares(torch.full((FUSED_ROWS,), k * (1.0 - eps), device=w.device), 1), eps)  # 1/rms = 1
         if kind == "resid":

@@ -151,3 +151,19 @@ def test_lt_heuristics_survive_a_broken_library(monkeypatch, capsys):
     monkeypatch.setattr(L, "heuristics", broken)
     assert G._lt_heuristics(16, torch.randn(64, 32)) == []
     assert "no cuBLASLt heuristic kernels for M=16 N=64 K=32" in capsys.readouterr().out
+
+
+def test_use_context_picks_from_the_timings_it_names(monkeypatch):
+    """The chooser's in-context timings (each call followed by a PDL kernel) and its timings alone can disagree;
+    the switch decides which ones calls follow, and a kind that was not measured falls back to the other."""
+    key = (80, 4096, 12288, False)
+    cfg = G.Config(32, 64, 256, 2, 4, 4)
+    monkeypatch.setattr(G, "_choice", {key: cfg})
+    monkeypatch.setattr(G, "_timings", {key: {None: 20.0, cfg: 21.0}})
+    monkeypatch.setattr(G, "_context_timings", {key: {None: 22.5, cfg: 21.6}})
+    monkeypatch.setattr(G, "use_context", True)
+    assert G.current(key) == cfg
+    monkeypatch.setattr(G, "use_context", False)
+    assert G.current(key) is None
+    monkeypatch.setattr(G, "_timings", {})
+    assert G.current(key) == cfg  # only in-context timings: those
