@@ -293,9 +293,12 @@ def gemm_policy_compare(engine, points, context_len: int, reps: int = 15) -> tup
 
 def gemm_context_compare(engine, points, context_len: int, reps: int = 15) -> tuple[list[str], list[dict]]:
     """Each step's graph with the GEMM choices made from timings alone against those made from timings in context
-    (each candidate followed by a PDL kernel; needs TABLETUNE_GEMM_TIMING=both at start-up)."""
+    (each candidate followed by a PDL kernel) at every M and at M >= ``gemm.CONTEXT_MIN_ROWS`` (the default); needs
+    TABLETUNE_GEMM_TIMING=both at start-up."""
     return variant_compare(engine, points, context_len,
-                           lambda b: {"timed-alone": {"gemm.use_context": False}, "timed-in-context": {}}, reps)
+                           lambda b: {"timed-alone": {"gemm.use_context": False},
+                                      "in-context-all": {"gemm.CONTEXT_MIN_ROWS": 1},
+                                      f"in-context-m>={gemm.CONTEXT_MIN_ROWS}": {}}, reps)
 
 
 def lt_summary() -> tuple[list[str], list[dict]]:
@@ -523,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
         _, compared = gemm_policy_compare(engine, points, args.context)
         variant_rows += [dict(r, compare="gemm-policy") for r in compared]
     lt_lines, lt_rows = lt_summary()
-    print("\n".join(lt_lines + (context_summary() if gemm.TIMING == "both" else [])), flush=True)
+    print("\n".join(lt_lines + context_summary()), flush=True)
     windows = {}  # b -> the GPU's clock / power while its row ran (None without nvidia-smi)
     with GpuMonitor() as monitor:
         for b in () if args.no_grid else buckets:

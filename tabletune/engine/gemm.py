@@ -49,10 +49,12 @@ by several programs get the same deterministic ticket fix-up as split-K (partial
 Set-up only: the first call of a (M, N, K, gated) checks every candidate (cuBLAS at M and
 padded, cuBLASLt, the Triton configs for M <= 512) against torch on fresh inputs, times those
 that agree, and remembers the winner (that happens in the
-warm-up before CUDA graph capture); later calls and graph replays just launch it. Each candidate is timed
-followed by a small PDL kernel (``TIMING = "context"``): in the step every GEMM sits between such kernels,
-and one that does not let them start early (cuBLAS's) leaves ~1 us of idle time on each side that timing it
-alone, back to back, does not show (H200 replay traces, docs/engine_notes.md, 0.7.dev5).
+warm-up before CUDA graph capture); later calls and graph replays just launch it. From CONTEXT_MIN_ROWS rows on
+each candidate is timed followed by a small PDL kernel (``TIMING``): in the step every GEMM sits between such
+kernels, and one that does not let them start early (cuBLAS's) leaves ~1 us of idle time on each side that
+timing it alone, back to back, does not show (H200 replay traces; in the step -1.8% to -2.5% at b = 4-8 with
+k = 4-7; below 17 rows the in-context choice lost up to 5%, so those keep the timings alone: docs/engine_notes.md,
+0.7.dev5).
 
 The Triton kernels themselves are in ``gemm_kernels``; this module launches and chooses them.
 """
@@ -80,10 +82,16 @@ LT_ALGOS = int(os.environ.get("TABLETUNE_LT_ALGOS", "0"))
 use_lt = True  # False: calls take the fastest candidate that is not a cuBLASLt heuristic kernel (A/B)
 # How a candidate is timed: "alone" (10 calls back to back, engine <= 0.7.dev4), "context" (each call followed by
 # silu_mul, the small PDL kernel that follows gate_up in the step: a GEMM that lets no PDL kernel after it start
-# early, as cuBLAS's do not, pays for that here as it does in the step) or "both" (for A/B: ``use_context``
-# picks which the calls follow).
-TIMING = os.environ.get("TABLETUNE_GEMM_TIMING", "context")
+# early, as cuBLAS's do not, pays for that here as it does in the step), "auto" (the default: in context from
+# CONTEXT_MIN_ROWS rows on, alone below) or "both" (for A/B, twice the timing: calls follow the in-context timings
+# from CONTEXT_MIN_ROWS rows on; ``use_context`` off: all alone).
+TIMINGS = ("alone", "context", "auto", "both")
+TIMING = os.environ.get("TABLETUNE_GEMM_TIMING", "auto")
+if TIMING not in TIMINGS:
+    raise ValueError(f"TABLETUNE_GEMM_TIMING={TIMING!r}: one of {', '.join(TIMINGS)}")
 use_context = TIMING != "alone"
+CONTEXT_MIN_ROWS = 17  # below this M calls follow the timings alone (where every candidate but cuBLAS is a PDL
+# kernel, in-context timing measured +1.4% to +4.5% in the step at M = 12-16 and -1.4% to -2.8% at M = 32-64)
 
 
 class Config(NamedTuple):
@@ -310,11 +318,18 @@ _timings: dict[tuple[int, int, int, bool | str], dict] = {}  # key -> {choice: u
 _context_timings: dict[tuple[int, int, int, bool | str], dict] = {}  # ... timed with silu_mul after each call
 
 
+def _timing_kinds(m: int) -> tuple[bool, bool]:
+    """Whether the chooser times M-row candidates alone, and whether in context (``TIMING``)."""
+    if TIMING == "auto":
+        return m < CONTEXT_MIN_ROWS, m >= CONTEXT_MIN_ROWS
+    return TIMING in ("alone", "both"), TIMING in ("context", "both")
+
+
 def _scores(key: tuple) -> dict:
     """{choice: us} that calls choose from: the in-context timings with ``use_context`` (else those alone), or
     the other kind where only that one was measured."""
     ctx, alone = _context_timings.get(key), _timings.get(key)
-    return (ctx or alone or {}) if use_context else (alone or ctx or {})
+    return (ctx or alone or {}) if use_context and key[0] >= CONTEXT_MIN_ROWS else (alone or ctx or {})
 enabled = True
 CUBLASLT = "cublaslt"
 MAX_REL_ERR = 2e-2  # bf16 operands with fp32 accumulation land near 4e-3; a wrong kernel lands near 1
@@ -462,6 +477,7 @@ def _fastest(key, w: torch.Tensor, width: int, cands: dict, reference):
         i[0] = (i[0] + 1) % len(ws)
         return ws[i[0]]
     timings, in_context = {}, {}
+    alone, context = _timing_kinds(m)
     for choice, fn in cands.items():
         try:
             err = _rel_err(fn(x, ws[-1]), ref)
@@ -472,9 +488,9 @@ def _fastest(key, w: torch.Tensor, width: int, cands: dict, reference):
             print(f"tabletune: GEMM candidate {choice} for M={m} N={n} K={k} ({key[3]}) dropped: "
                   f"relative error {err:.2e}")
             continue
-        if TIMING != "context":
+        if alone:
             timings[choice] = _time_us(lambda: fn(x, pick()))
-        if TIMING != "alone":
+        if context:
             in_context[choice] = _time_us(lambda: kernels.silu_mul(fn(x, pick())))
     if not (timings or in_context):
         raise RuntimeError(f"no GEMM candidate for M={m} N={n} K={k} ({key[3]}) ran correctly on this GPU")

@@ -158,8 +158,10 @@ def time_steps(engine: SpecEngine, batch_size: int, k: int, num_steps: int, cont
 
 
 def command_line() -> str:
-    """This run's command as a benchmark records it, with the device's output folder ($OUT) written as $OUT."""
-    cmd = " ".join(["python"] + sys.argv)
+    """This run's command as a benchmark records it: the engine's TABLETUNE_* settings from the environment first,
+    the device's output folder ($OUT) written as $OUT."""
+    settings = [f"{name}={value}" for name, value in sorted(os.environ.items()) if name.startswith("TABLETUNE_")]
+    cmd = " ".join(settings + ["python"] + sys.argv)
     out = os.environ.get("OUT")
     return cmd.replace(out, "$OUT") if out else cmd
 

@@ -1,5 +1,6 @@
-"""The cuBLASLt binding on the CPU: struct layout, the operand mapping, the heuristic call against a fake library,
-and the GEMM chooser's handling of cuBLASLt kernels (the real library runs on the GPU: benchmarks/engine_gpu_check)."""
+"""The GEMM chooser's bookkeeping on the CPU: the cuBLASLt binding (struct layout, the operand mapping, the heuristic
+call against a fake library), which timings calls follow (alone / in context, with or without cuBLASLt's kernels).
+The real library and timings run on the GPU: benchmarks/engine_gpu_check.py, engine_roofline.py."""
 
 import ctypes
 import types
@@ -167,3 +168,22 @@ def test_use_context_picks_from_the_timings_it_names(monkeypatch):
     assert G.current(key) is None
     monkeypatch.setattr(G, "_timings", {})
     assert G.current(key) == cfg  # only in-context timings: those
+
+
+def test_small_m_keeps_the_timings_alone(monkeypatch):
+    """Below CONTEXT_MIN_ROWS calls follow the timings alone (there the in-context choice lost in the step); the
+    default timing mode times each M only the way its calls will use."""
+    key = (12, 4096, 4096, False)
+    cfg = G.Config(16, 64, 256, 2, 4, 4)
+    monkeypatch.setattr(G, "_choice", {key: cfg})
+    monkeypatch.setattr(G, "_timings", {key: {None: 12.0, cfg: 11.5}})
+    monkeypatch.setattr(G, "_context_timings", {key: {None: 12.4, cfg: 12.6}})
+    monkeypatch.setattr(G, "use_context", True)
+    assert G.CONTEXT_MIN_ROWS > 12 and G.current(key) == cfg
+    monkeypatch.setattr(G, "CONTEXT_MIN_ROWS", 1)
+    assert G.current(key) is None
+    monkeypatch.setattr(G, "TIMING", "auto")
+    monkeypatch.setattr(G, "CONTEXT_MIN_ROWS", 17)
+    assert G._timing_kinds(16) == (True, False) and G._timing_kinds(17) == (False, True)
+    monkeypatch.setattr(G, "TIMING", "both")
+    assert G._timing_kinds(16) == (True, True)
