@@ -4,7 +4,11 @@ torch runs the first kernel of cuBLAS's heuristic list for every shape. At the m
 is often far from both ceilings (H200, 8B shape, M = 128-256: the o projection at 1.7-2.5 TB/s and 320-480
 TFLOP/s, below the weight-streaming and the matmul rate alike; ``benchmarks/results/engine_gemm_sweep_h200.md``).
 ``cublasLtMatmulAlgoGetHeuristic`` returns up to ``count`` kernels (tiles, split-K, stages) that cuBLASLt itself
-considers; ``gemm.choose`` times each of them like its other candidates and keeps the fastest.
+considers; ``gemm.choose`` can time each of them like its other candidates and keep the fastest.
+
+Off by default (``gemm.LT_ALGOS = 0``): on the H200 the list won 80 of 220 decode shapes timed alone (by 0-16%),
+but the steps captured with those choices were -0.1% to +5.1% slower than without them (docs/engine_notes.md,
+0.7.dev5). Kept as a measured option and a diagnostic (``benchmarks/engine_gemm_sweep.py``).
 
 Row-major y [M, N] = x [M, K] W^T with W [N, K] is, column-major, y^T [N, M] = op(W) x^T: A = W (K x N, ld K,
 transposed), B = x (K x M, ld K), D = y (N x M, ld N) (``layouts``).

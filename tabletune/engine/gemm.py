@@ -316,6 +316,7 @@ def _prefetch_k(x: torch.Tensor, per_split: int) -> int:
 _choice: dict[tuple[int, int, int, bool | str], Config | int | str | cublaslt.Algo | None] = {}
 _timings: dict[tuple[int, int, int, bool | str], dict] = {}  # key -> {choice: us} of every candidate timed alone
 _context_timings: dict[tuple[int, int, int, bool | str], dict] = {}  # ... timed with silu_mul after each call
+_current: dict[tuple, object] = {}  # (key, switches) -> ``current``'s answer; cleared when timings are stored
 
 
 def _timing_kinds(m: int) -> tuple[bool, bool]:
@@ -411,9 +412,15 @@ def _rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 def current(key: tuple) -> Config | int | str | cublaslt.Algo | None:
     """The fastest candidate timed for ``key`` under the A/B switches (``use_context``: which timings; ``use_lt``
-    off: no cuBLASLt heuristic kernel), else the choice recorded for it (None if none was made)."""
-    timed = {c: us for c, us in _scores(key).items() if use_lt or not isinstance(c, cublaslt.Algo)}
-    return min(timed, key=timed.get) if timed else _choice.get(key)
+    off: no cuBLASLt heuristic kernel), else the choice recorded for it (None if none was made). Remembered per
+    key and switches: eager steps call this for every GEMM."""
+    memo = (key, use_lt, use_context, CONTEXT_MIN_ROWS)
+    if memo not in _current:
+        if key not in _choice:
+            return None
+        timed = {c: us for c, us in _scores(key).items() if use_lt or not isinstance(c, cublaslt.Algo)}
+        _current[memo] = min(timed, key=timed.get) if timed else _choice[key]
+    return _current[memo]
 
 
 def candidates(m: int, gated: bool = False, w: torch.Tensor | None = None) -> dict:
@@ -497,6 +504,7 @@ def _fastest(key, w: torch.Tensor, width: int, cands: dict, reference):
     for store, timed in ((_timings, timings), (_context_timings, in_context)):
         if timed:
             store[key] = timed
+    _current.clear()
     scores = _scores(key)
     return min(scores, key=scores.get)
 

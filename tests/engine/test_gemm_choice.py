@@ -13,6 +13,12 @@ torch = pytest.importorskip("torch")
 from tabletune.engine import cublaslt as L, gemm as G  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def fresh_memo(monkeypatch):
+    """``gemm.current`` remembers its answers; every test here swaps the timings under it."""
+    monkeypatch.setattr(G, "_current", {})
+
+
 def test_structs_match_the_c_layout():
     assert ctypes.sizeof(L.AlgoStruct) == 64
     assert ctypes.sizeof(L.HeuristicResult) == 96  # algo 64, workspace 8, state 4, waves 4, reserved 16
@@ -167,6 +173,7 @@ def test_use_context_picks_from_the_timings_it_names(monkeypatch):
     monkeypatch.setattr(G, "use_context", False)
     assert G.current(key) is None
     monkeypatch.setattr(G, "_timings", {})
+    G._current.clear()  # what _fastest does when it stores timings
     assert G.current(key) == cfg  # only in-context timings: those
 
 
