@@ -225,6 +225,14 @@ def attention_compare(engine, points, context_len: int, reps: int = 15) -> tuple
                            lambda b: {"fixed-attn": {"kernels.attn_chooser": False}, "chosen-attn": {}}, reps)
 
 
+def parse_cells(text: str) -> list[tuple[int, int]]:
+    """"1:0,8:3" -> [(1, 0), (8, 3)]: the (b, k) cells a comparison times."""
+    try:
+        return [(int(b), int(k)) for b, k in (cell.split(":") for cell in text.split(","))]
+    except ValueError:
+        raise ValueError(f"cells {text!r}: expected b:k,b:k,...") from None
+
+
 def parse_prefetch_variant(text: str) -> dict:
     """"w2a4" -> the kernels' L2-hint settings (``wN``: ``attn_prefetch_wait`` N tiles, ``aN``:
     ``attn_prefetch_ahead`` N tiles; either may be left out)."""
@@ -488,43 +496,25 @@ def main(argv: list[str] | None = None) -> int:
     cfg = engine.target.cfg
     timed = []
     variant_rows = []  # the same-card A/B comparisons, each row tagged with its comparison
-    if args.prefetch_compare:
-        points = [tuple(int(v) for v in cell.split(":")) for cell in args.prefetch_compare.split(",")]
-        _, compared = prefetch_compare(engine, points, args.context, args.prefetch_modes.split(","),
-                                       tuple(int(v) for v in args.prefetch_programs.split(",")))
-        variant_rows += [dict(r, compare="prefetch") for r in compared]
-    if args.fusion_compare:
-        points = [tuple(int(v) for v in cell.split(":")) for cell in args.fusion_compare.split(",")]
-        _, compared = fusion_compare(engine, points, args.context)
-        variant_rows += [dict(r, compare="fusion") for r in compared]
-    if args.attn_compare:
-        points = [tuple(int(v) for v in cell.split(":")) for cell in args.attn_compare.split(",")]
-        _, compared = attention_compare(engine, points, args.context)
-        variant_rows += [dict(r, compare="attention") for r in compared]
-    if args.attn_prefetch_compare:
-        points = [tuple(int(v) for v in cell.split(":")) for cell in args.attn_prefetch_compare.split(",")]
-        _, compared = attn_prefetch_compare(engine, points, args.context, args.attn_prefetch_variants.split(","))
-        variant_rows += [dict(r, compare="attn-prefetch") for r in compared]
-    if args.attn_tile_compare:
-        points = [tuple(int(v) for v in cell.split(":")) for cell in args.attn_tile_compare.split(",")]
-        _, compared = attn_tile_compare(engine, points, args.context, args.attn_tile_variants.split(","))
-        variant_rows += [dict(r, compare="attn-tile") for r in compared]
-    if args.attn_step_compare:
-        points = [tuple(int(v) for v in cell.split(":")) for cell in args.attn_step_compare.split(",")]
-        _, compared = attn_step_compare(engine, points, args.context)
-        variant_rows += [dict(r, compare="attn-step") for r in compared]
-    if args.gemm_lt_compare:
-        points = [tuple(int(v) for v in cell.split(":")) for cell in args.gemm_lt_compare.split(",")]
-        _, compared = gemm_lt_compare(engine, points, args.context)
-        variant_rows += [dict(r, compare="gemm-lt") for r in compared]
-    if args.gemm_context_compare:
-        points = [tuple(int(v) for v in cell.split(":")) for cell in args.gemm_context_compare.split(",")]
-        _, compared = gemm_context_compare(engine, points, args.context)
-        variant_rows += [dict(r, compare="gemm-context") for r in compared]
-    if args.gemm_policy_compare:
-        points = [tuple(int(v) for v in cell.split(":")) for cell in args.gemm_policy_compare.split(",")]
-        _, compared = gemm_policy_compare(engine, points, args.context)
-        variant_rows += [dict(r, compare="gemm-policy") for r in compared]
+    ctx = args.context
+    comparisons = [  # (its b:k cells, the tag of its rows, how it runs on those cells), in this order
+        (args.prefetch_compare, "prefetch", lambda pts: prefetch_compare(
+            engine, pts, ctx, args.prefetch_modes.split(","), tuple(int(v) for v in args.prefetch_programs.split(",")))),
+        (args.fusion_compare, "fusion", lambda pts: fusion_compare(engine, pts, ctx)),
+        (args.attn_compare, "attention", lambda pts: attention_compare(engine, pts, ctx)),
+        (args.attn_prefetch_compare, "attn-prefetch", lambda pts: attn_prefetch_compare(
+            engine, pts, ctx, args.attn_prefetch_variants.split(","))),
+        (args.attn_tile_compare, "attn-tile", lambda pts: attn_tile_compare(
+            engine, pts, ctx, args.attn_tile_variants.split(","))),
+        (args.attn_step_compare, "attn-step", lambda pts: attn_step_compare(engine, pts, ctx)),
+        (args.gemm_lt_compare, "gemm-lt", lambda pts: gemm_lt_compare(engine, pts, ctx)),
+        (args.gemm_context_compare, "gemm-context", lambda pts: gemm_context_compare(engine, pts, ctx)),
+        (args.gemm_policy_compare, "gemm-policy", lambda pts: gemm_policy_compare(engine, pts, ctx)),
+    ]
+    for cells, tag, run in comparisons:
+        if cells:
+            _, compared = run(parse_cells(cells))
+            variant_rows += [dict(r, compare=tag) for r in compared]
     lt_lines, lt_rows = lt_summary()
     print("\n".join(lt_lines + context_summary()), flush=True)
     windows = {}  # b -> the GPU's clock / power while its row ran (None without nvidia-smi)
@@ -568,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
                                           in sorted(kernels._attn_choice.items(), key=lambda kv: kv[0][:3])))
     overlap_rows = []
     if args.overlap_compare:
-        points = [tuple(int(v) for v in cell.split(":")) for cell in args.overlap_compare.split(",")]
+        points = parse_cells(args.overlap_compare)
         carveouts = tuple(int(v) for v in args.overlap_carveouts.split(","))
         _, overlap_rows = overlap_compare(engine, points, args.context, carveouts)
     if args.diagnose:  # after the grid: a CUPTI session leaves ~0.7 us per kernel behind (engine 0.4 notes)

@@ -160,15 +160,20 @@ def test_lt_heuristics_survive_a_broken_library(monkeypatch, capsys):
     assert "no cuBLASLt heuristic kernels for M=16 N=64 K=32" in capsys.readouterr().out
 
 
+def _timed(monkeypatch, key, choice, alone: dict, in_context: dict) -> None:
+    """The chooser's state after timing ``key`` both ways and recording ``choice``, with in-context timing on."""
+    monkeypatch.setattr(G, "_choice", {key: choice})
+    monkeypatch.setattr(G, "_timings", {key: alone})
+    monkeypatch.setattr(G, "_context_timings", {key: in_context})
+    monkeypatch.setattr(G, "use_context", True)
+
+
 def test_use_context_picks_from_the_timings_it_names(monkeypatch):
     """The chooser's in-context timings (each call followed by a PDL kernel) and its timings alone can disagree;
     the switch decides which ones calls follow, and a kind that was not measured falls back to the other."""
     key = (80, 4096, 12288, False)
     cfg = G.Config(32, 64, 256, 2, 4, 4)
-    monkeypatch.setattr(G, "_choice", {key: cfg})
-    monkeypatch.setattr(G, "_timings", {key: {None: 20.0, cfg: 21.0}})
-    monkeypatch.setattr(G, "_context_timings", {key: {None: 22.5, cfg: 21.6}})
-    monkeypatch.setattr(G, "use_context", True)
+    _timed(monkeypatch, key, cfg, alone={None: 20.0, cfg: 21.0}, in_context={None: 22.5, cfg: 21.6})
     assert G.current(key) == cfg
     monkeypatch.setattr(G, "use_context", False)
     assert G.current(key) is None
@@ -182,10 +187,7 @@ def test_small_m_keeps_the_timings_alone(monkeypatch):
     default timing mode times each M only the way its calls will use."""
     key = (12, 4096, 4096, False)
     cfg = G.Config(16, 64, 256, 2, 4, 4)
-    monkeypatch.setattr(G, "_choice", {key: cfg})
-    monkeypatch.setattr(G, "_timings", {key: {None: 12.0, cfg: 11.5}})
-    monkeypatch.setattr(G, "_context_timings", {key: {None: 12.4, cfg: 12.6}})
-    monkeypatch.setattr(G, "use_context", True)
+    _timed(monkeypatch, key, cfg, alone={None: 12.0, cfg: 11.5}, in_context={None: 12.4, cfg: 12.6})
     assert G.CONTEXT_MIN_ROWS > 12 and G.current(key) == cfg
     monkeypatch.setattr(G, "CONTEXT_MIN_ROWS", 1)
     assert G.current(key) is None
