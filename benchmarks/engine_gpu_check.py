@@ -64,30 +64,27 @@ def check_kernels() -> None:
         ou = ops.rope_attention(qkv, start_f, slots, ku, vu, qn, kn, h, hkv, d, 1e6, 1e-6, d ** -0.5)
         print(f"rope+attention fused splits={splits}: out {rel(of, ou):.2e} k-cache {rel(kf, ku):.2e} "
               f"v-cache {rel(vf, vu):.2e}")
+    start_f = start + q
+    ku, vu = kc.clone(), vc.clone()  # the reference: PyTorch ops, new positions after the ones written above
+    ou = ops.rope_attention(qkv, start_f, slots, ku, vu, qn, kn, h, hkv, d, 1e6, 1e-6, d ** -0.5)
+    oa_ref = ops.attention(qa, kc, vc, start, slots, d ** -0.5)
+
+    def config_errors(c: kernels.AttnConfig) -> str:
+        """Attention (twice: the same bits?) and RoPE + attention at one launch config, against the reference."""
+        kf, vf = kc.clone(), vc.clone()
+        of = kernels.rope_attention(qkv, start_f, slots, kf, vf, qn, kn, h, hkv, d, 1e6, 1e-6, d ** -0.5, cfg=c)
+        oa = kernels.attention(qa, kc, vc, start, slots, d ** -0.5, cfg=c)
+        ob = kernels.attention(qa, kc, vc, start, slots, d ** -0.5, cfg=c)
+        return (f"{tuple(c)}: {rel(oa, oa_ref):.2e} repeat-identical {bool((oa == ob).all())}; "
+                f"rope+attention out {rel(of, ou):.2e} k-cache {rel(kf, ku):.2e}")
     for c in kernels.attn_candidates(b, hkv, torch.cuda.get_device_properties(0).multi_processor_count) + [
             kernels.AttnConfig(16, 128, 8, 3), kernels.AttnConfig(3, 64, 4, 4)]:  # the chooser's, and odd splits
-        kf, vf, ku, vu = kc.clone(), vc.clone(), kc.clone(), vc.clone()
-        start_f = start + q
-        of = kernels.rope_attention(qkv, start_f, slots, kf, vf, qn, kn, h, hkv, d, 1e6, 1e-6, d ** -0.5, cfg=c)
-        ou = ops.rope_attention(qkv, start_f, slots, ku, vu, qn, kn, h, hkv, d, 1e6, 1e-6, d ** -0.5)
-        oa = kernels.attention(qa, kc, vc, start, slots, d ** -0.5, cfg=c)
-        print(f"attention {tuple(c)}: {rel(oa, ops.attention(qa, kc, vc, start, slots, d ** -0.5)):.2e}; "
-              f"rope+attention out {rel(of, ou):.2e} k-cache {rel(kf, ku):.2e}")
+        print(f"attention {config_errors(c)}")
     for wait, ahead in ((1, 0), (2, 0), (0, 1), (0, 4), (2, 2), (8, 8)):  # L2 hints of the KV: results unchanged
         kernels.attn_prefetch_wait, kernels.attn_prefetch_ahead = wait, ahead
         try:
             for c in (kernels.AttnConfig(1), kernels.AttnConfig(4, 64, 4, 4), kernels.AttnConfig(16, 128, 8, 3)):
-                kf, vf, ku, vu = kc.clone(), vc.clone(), kc.clone(), vc.clone()
-                start_f = start + q
-                of = kernels.rope_attention(qkv, start_f, slots, kf, vf, qn, kn, h, hkv, d, 1e6, 1e-6, d ** -0.5,
-                                            cfg=c)
-                ou = ops.rope_attention(qkv, start_f, slots, ku, vu, qn, kn, h, hkv, d, 1e6, 1e-6, d ** -0.5)
-                oa = kernels.attention(qa, kc, vc, start, slots, d ** -0.5, cfg=c)
-                ob = kernels.attention(qa, kc, vc, start, slots, d ** -0.5, cfg=c)
-                print(f"attention KV hints w{wait}a{ahead} {tuple(c)}: "
-                      f"{rel(oa, ops.attention(qa, kc, vc, start, slots, d ** -0.5)):.2e} "
-                      f"repeat-identical {bool((oa == ob).all())}; rope+attention out {rel(of, ou):.2e} "
-                      f"k-cache {rel(kf, ku):.2e}")
+                print(f"attention KV hints w{wait}a{ahead} {config_errors(c)}")
         finally:
             kernels.attn_prefetch_wait = kernels.attn_prefetch_ahead = 0
     x = torch.randn(9, 4096, dtype=dt, device="cuda")
@@ -278,7 +275,8 @@ def check_cublaslt() -> None:
             raise RuntimeError(f"cublaslt {name} M={m}: {len(algos)} kernels, error {worst:.2e}, identical {same}")
 
 
-CHECKS = {"kernels": check_kernels, "cublaslt": check_cublaslt, "graphs": check_graph_replay, "lossless": check_lossless, "moe": check_moe}
+CHECKS = {"kernels": check_kernels, "cublaslt": check_cublaslt, "graphs": check_graph_replay,
+          "lossless": check_lossless, "moe": check_moe}
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
-from engine_roofline import capture_variants, engine_settings, kernel_breakdown, variant_compare  # noqa: E402
+from engine_roofline import (capture_variants, engine_settings, kernel_breakdown, parse_cells,  # noqa: E402
+                             variant_compare)
 
 from tabletune.engine.profiling import build_engine, write_diagnostic  # noqa: E402
 
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = {name: SETTINGS[name] for name in args.settings.split(",") if name in SETTINGS}
     if list(settings) != args.settings.split(","):
         raise SystemExit(f"engine_step_breakdown.py: --settings {args.settings!r}: names are {','.join(SETTINGS)}")
-    cells = [tuple(int(v) for v in c.split(":")) for c in args.cells.split(",")]
+    cells = parse_cells(args.cells)
     buckets = tuple(sorted({b for b, _ in cells}))
     engine = build_engine(args.model, "replay", max(k for _, k in cells), max(buckets), args.context,
                           buckets=buckets)

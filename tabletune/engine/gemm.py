@@ -331,6 +331,8 @@ def _scores(key: tuple) -> dict:
     the other kind where only that one was measured."""
     ctx, alone = _context_timings.get(key), _timings.get(key)
     return (ctx or alone or {}) if use_context and key[0] >= CONTEXT_MIN_ROWS else (alone or ctx or {})
+
+
 enabled = True
 CUBLASLT = "cublaslt"
 MAX_REL_ERR = 2e-2  # bf16 operands with fp32 accumulation land near 4e-3; a wrong kernel lands near 1
