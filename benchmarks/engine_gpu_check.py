@@ -87,6 +87,25 @@ def check_kernels() -> None:
                 print(f"attention KV hints w{wait}a{ahead} {config_errors(c)}")
         finally:
             kernels.attn_prefetch_wait = kernels.attn_prefetch_ahead = 0
+    q6 = 6  # programs of at most 16 query rows (kernels.attn_max_rows): the 24 rows of a KV head in two programs
+    qkv6 = torch.randn(b, q6, (h + 2 * hkv) * d, dtype=dt, device="cuda")
+    x6 = torch.randn(b, q6, h, d, dtype=dt, device="cuda")
+    ref6 = ops.attention(x6, kc, vc, start, slots, d ** -0.5)
+    for halve in (False, True):
+        kernels.attn_max_rows, kernels.attn_rows_halve_splits = 16, halve
+        try:
+            for splits in (None, 1, 4):
+                kf, vf, ku, vu = kc.clone(), vc.clone(), kc.clone(), vc.clone()
+                of = kernels.rope_attention(qkv6, start, slots, kf, vf, qn, kn, h, hkv, d, 1e6, 1e-6, d ** -0.5,
+                                            num_splits=splits)
+                ou = ops.rope_attention(qkv6, start, slots, ku, vu, qn, kn, h, hkv, d, 1e6, 1e-6, d ** -0.5)
+                oa = kernels.attention(x6, kc, vc, start, slots, d ** -0.5, num_splits=splits)
+                ob = kernels.attention(x6, kc, vc, start, slots, d ** -0.5, num_splits=splits)
+                print(f"attention 16-row programs q={q6} fewer-splits={halve} splits={splits}: {rel(oa, ref6):.2e} "
+                      f"repeat-identical {bool((oa == ob).all())}; rope+attention out {rel(of, ou):.2e} "
+                      f"k-cache {rel(kf, ku):.2e}")
+        finally:
+            kernels.attn_max_rows, kernels.attn_rows_halve_splits = 0, False
     x = torch.randn(9, 4096, dtype=dt, device="cuda")
     w = torch.randn(4096, 4096, dtype=dt, device="cuda") * 0.02
     for m in (1, 9, 200):

@@ -285,6 +285,17 @@ def attn_step_compare(engine, points, context_len: int, reps: int = 15) -> tuple
                            lambda b: {"no-step-choice": {"attn_step_force": {}}, "step-choice": {}}, reps)
 
 
+def attn_rows_compare(engine, points, context_len: int, reps: int = 15) -> tuple[list[str], list[dict]]:
+    """Each step's graph with every attention program taking all G x q query rows of its KV head (engine 0.7.dev5)
+    against programs of at most 16 rows (``kernels.attn_max_rows``), with the splits kept and divided by the head
+    groups."""
+    return variant_compare(engine, points, context_len,
+                           lambda b: {"rows-all": {"kernels.attn_max_rows": 0},
+                                      "rows16": {"kernels.attn_max_rows": 16, "kernels.attn_rows_halve_splits": False},
+                                      "rows16-fewer-splits": {"kernels.attn_max_rows": 16,
+                                                              "kernels.attn_rows_halve_splits": True}}, reps)
+
+
 def gemm_lt_compare(engine, points, context_len: int, reps: int = 15) -> tuple[list[str], list[dict]]:
     """Each step's graph with the GEMM choices made without cuBLASLt's heuristic kernels (``gemm.use_lt`` off: the
     fastest other candidate) against the choices made with them."""
@@ -458,6 +469,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="BLOCK_N/WARPS/STAGES[/SPLITS] (no SPLITS: kernels.wave_splits)")
     ap.add_argument("--attn-step-compare", default="", help="b:k,... cells to time without and with the in-step "
                     "attention choice")
+    ap.add_argument("--attn-rows-compare", default="", help="b:k,... cells to time with attention programs of all "
+                    "G x q rows and of at most 16 rows")
     ap.add_argument("--gemm-lt-compare", default="", help="b:k,... cells to time with the GEMM choices made "
                     "without and with cuBLASLt's heuristic kernels")
     ap.add_argument("--gemm-policy-compare", default="", help="b:k,... cells to time with the GEMM chooser's "
@@ -507,6 +520,7 @@ def main(argv: list[str] | None = None) -> int:
         (args.attn_tile_compare, "attn-tile", lambda pts: attn_tile_compare(
             engine, pts, ctx, args.attn_tile_variants.split(","))),
         (args.attn_step_compare, "attn-step", lambda pts: attn_step_compare(engine, pts, ctx)),
+        (args.attn_rows_compare, "attn-rows", lambda pts: attn_rows_compare(engine, pts, ctx)),
         (args.gemm_lt_compare, "gemm-lt", lambda pts: gemm_lt_compare(engine, pts, ctx)),
         (args.gemm_context_compare, "gemm-context", lambda pts: gemm_context_compare(engine, pts, ctx)),
         (args.gemm_policy_compare, "gemm-policy", lambda pts: gemm_policy_compare(engine, pts, ctx)),

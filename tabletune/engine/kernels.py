@@ -186,11 +186,13 @@ def qk_rope_cache_write(qkv, start_pos, slots, k_cache, v_cache, q_norm_w, k_nor
 
 @triton.jit
 def _attn_program(start_ptr, slots_ptr, k_cache_ptr, v_cache_ptr, QLEN, stride_slot, stride_head,
-                  NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+                  NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, HS: tl.constexpr):
     """This program's (sequence, KV head, split) and its key range lo .. hi-1 of the sequence's start + q keys
-    (splits of whole BLOCK_N tiles), with the sequence's K and V base pointers for that KV head."""
+    (splits of whole BLOCK_N tiles), with the sequence's K and V base pointers for that KV head; grid axis 1 counts
+    (KV head, head group) pairs, HS head groups a KV head, and ``hg`` is this program's group."""
     b = tl.program_id(0)
-    kvh = tl.program_id(1)
+    kvh = tl.program_id(1) // HS
+    hg = tl.program_id(1) % HS
     sp = tl.program_id(2)
     start = tl.load(start_ptr + b)
     slot = tl.load(slots_ptr + b).to(tl.int64)
@@ -200,7 +202,7 @@ def _attn_program(start_ptr, slots_ptr, k_cache_ptr, v_cache_ptr, QLEN, stride_s
     hi = tl.minimum(lo + chunk, kv_len)
     kbase = k_cache_ptr + slot * stride_slot + kvh * stride_head
     vbase = v_cache_ptr + slot * stride_slot + kvh * stride_head
-    return b, kvh, sp, start, lo, hi, kbase, vbase
+    return b, kvh, hg, sp, start, lo, hi, kbase, vbase
 
 
 @triton.jit
@@ -246,16 +248,18 @@ def _attn_tiles(q, kbase, vbase, lo, hi, limit, scale, D: tl.constexpr, BLOCK_M:
 
 
 @triton.jit
-def _attn_store(out_ptr, o_part, m_part, l_part, cnt_ptr, m_i, l_i, acc, b, kvh, sp, tok, rows, row_ok, QLEN,
-                H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Write the output rows (one split), or store this split's partial and let the last split merge them."""
+def _attn_store(out_ptr, o_part, m_part, l_part, cnt_ptr, m_i, l_i, acc, b, sp, tok, heads, row_ok, QLEN,
+                H: tl.constexpr, D: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Write the output rows (token ``tok``, query head ``heads`` each; one split), or store this split's partial
+    and let the last split of the (sequence, grid axis 1) pair merge them."""
     d = tl.arange(0, D)
-    o_off = ((b * QLEN + tok).to(tl.int64) * H + kvh * G + rows % G) * D
+    rows = tl.arange(0, BLOCK_M)
+    o_off = ((b * QLEN + tok).to(tl.int64) * H + heads) * D
     if NUM_SPLITS == 1:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(out_ptr + o_off[:, None] + d[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
     else:
-        pair = b * tl.num_programs(1) + kvh
+        pair = b * tl.num_programs(1) + tl.program_id(1)
         part = (pair * NUM_SPLITS + sp).to(tl.int64) * BLOCK_M
         tl.store(o_part + (part + rows)[:, None] * D + d[None, :], acc)
         tl.store(m_part + part + rows, m_i)
@@ -285,20 +289,23 @@ def _attn_kernel(q_ptr, k_cache_ptr, v_cache_ptr, start_ptr, slots_ptr, out_ptr,
                  QLEN, scale, stride_slot, stride_head,
                  H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, NUM_SPLITS: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr, PF_WAIT: tl.constexpr = 0,
-                 PF_AHEAD: tl.constexpr = 0, LINE: tl.constexpr = 64):
-    b, kvh, sp, start, lo, hi, kbase, vbase = _attn_program(start_ptr, slots_ptr, k_cache_ptr, v_cache_ptr, QLEN,
-                                                            stride_slot, stride_head, NUM_SPLITS, BLOCK_N)
+                 PF_AHEAD: tl.constexpr = 0, LINE: tl.constexpr = 64, GS: tl.constexpr = 0):
+    """Grid (B, Hkv * G / GS, splits): a program takes GS of its KV head's G query heads (GS = 0: all G)."""
+    HG: tl.constexpr = G if GS == 0 else GS
+    b, kvh, hg, sp, start, lo, hi, kbase, vbase = _attn_program(start_ptr, slots_ptr, k_cache_ptr, v_cache_ptr, QLEN,
+                                                                stride_slot, stride_head, NUM_SPLITS, BLOCK_N, G // HG)
     _prefetch_cached(kbase, vbase, lo, hi, start, PF_WAIT, D, BLOCK_N, LINE)
     _pdl_wait(USE_PDL)
     rows = tl.arange(0, BLOCK_M)
-    row_ok = rows < G * QLEN
-    tok = rows // G
+    row_ok = rows < HG * QLEN
+    tok = rows // HG
+    heads = kvh * G + hg * HG + rows % HG
     d = tl.arange(0, D)
-    q_off = ((b * QLEN + tok).to(tl.int64) * H + kvh * G + rows % G) * D
+    q_off = ((b * QLEN + tok).to(tl.int64) * H + heads) * D
     q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
     limit = start + tok
     m_i, l_i, acc = _attn_tiles(q, kbase, vbase, lo, hi, limit, scale, D, BLOCK_M, BLOCK_N, PF_AHEAD, LINE)
-    _attn_store(out_ptr, o_part, m_part, l_part, cnt_ptr, m_i, l_i, acc, b, kvh, sp, tok, rows, row_ok, QLEN, H, G, D,
+    _attn_store(out_ptr, o_part, m_part, l_part, cnt_ptr, m_i, l_i, acc, b, sp, tok, heads, row_ok, QLEN, H, D,
                 NUM_SPLITS, BLOCK_M)
 
 
@@ -330,14 +337,16 @@ def _rope_attn_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, start_ptr, slots_ptr, q
                       H: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                       NUM_SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QP: tl.constexpr,
                       HAS_NORM: tl.constexpr, USE_PDL: tl.constexpr, PF_WAIT: tl.constexpr = 0,
-                      PF_AHEAD: tl.constexpr = 0, LINE: tl.constexpr = 64):
+                      PF_AHEAD: tl.constexpr = 0, LINE: tl.constexpr = 64, GS: tl.constexpr = 0):
     """``_qk_rope_cache_kernel`` and ``_attn_kernel`` in one launch. A program of (sequence, KV head, split)
     applies qk-norm and RoPE to its G * q query rows itself; a program whose key range reaches the new
     positions (start .. start + q - 1) first writes the q new keys (normed, rotated) and values of its KV head
     into the cache, then waits at a barrier so that its own loads see them. Two programs may write the same new
-    key (a split boundary inside the new positions): with the same value."""
-    b, kvh, sp, start, lo, hi, kbase, vbase = _attn_program(start_ptr, slots_ptr, k_cache_ptr, v_cache_ptr, QLEN,
-                                                            stride_slot, stride_head, NUM_SPLITS, BLOCK_N)
+    key (a split boundary inside the new positions, or the head groups of one KV head): with the same value.
+    GS as in ``_attn_kernel``."""
+    HG: tl.constexpr = G if GS == 0 else GS
+    b, kvh, hg, sp, start, lo, hi, kbase, vbase = _attn_program(start_ptr, slots_ptr, k_cache_ptr, v_cache_ptr, QLEN,
+                                                                stride_slot, stride_head, NUM_SPLITS, BLOCK_N, G // HG)
     _prefetch_cached(kbase, vbase, lo, hi, start, PF_WAIT, D, BLOCK_N, LINE)
     _pdl_wait(USE_PDL)
     d = tl.arange(0, D)
@@ -354,13 +363,14 @@ def _rope_attn_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, start_ptr, slots_ptr, q
         tl.store(vbase + new_off, v_new.to(v_cache_ptr.dtype.element_ty), mask=t_ok[:, None])
         tl.debug_barrier()  # the new keys are stored before any thread of this program loads them
     rows = tl.arange(0, BLOCK_M)
-    row_ok = rows < G * QLEN
-    tok = tl.where(row_ok, rows // G, 0)
-    q = _rope_rows(qkv_ptr, b * QLEN + tok, kvh * G + rows % G, start + tok, qn_ptr, cos_ptr, sin_ptr, row_ok, eps,
+    row_ok = rows < HG * QLEN
+    tok = tl.where(row_ok, rows // HG, 0)
+    heads = kvh * G + hg * HG + rows % HG
+    q = _rope_rows(qkv_ptr, b * QLEN + tok, heads, start + tok, qn_ptr, cos_ptr, sin_ptr, row_ok, eps,
                    H, HKV, D, HAS_NORM).to(k_cache_ptr.dtype.element_ty)
     limit = start + tok
     m_i, l_i, acc = _attn_tiles(q, kbase, vbase, lo, hi, limit, scale, D, BLOCK_M, BLOCK_N, PF_AHEAD, LINE)
-    _attn_store(out_ptr, o_part, m_part, l_part, cnt_ptr, m_i, l_i, acc, b, kvh, sp, tok, rows, row_ok, QLEN, H, G, D,
+    _attn_store(out_ptr, o_part, m_part, l_part, cnt_ptr, m_i, l_i, acc, b, sp, tok, heads, row_ok, QLEN, H, D,
                 NUM_SPLITS, BLOCK_M)
 
 
@@ -412,12 +422,22 @@ def default_attn_config(batch_size: int, num_kv_heads: int) -> AttnConfig:
     return AttnConfig(num_splits_for(batch_size, num_kv_heads))
 
 
-def _attn_setup(b: int, qlen: int, h: int, hkv: int, d: int, dtype, device, splits: int):
-    """(G, BLOCK_M, split partials (o, m, l), output [B, q, H, D]) of an attention launch."""
+def heads_per_program(g: int, qlen: int, max_rows: int = 0) -> int:
+    """Query heads of a KV head's group of G that one attention program takes: all G (``max_rows`` 0, or G * q
+    rows within it), else the largest divisor of G whose rows (heads x q tokens) fit ``max_rows``, at least 1."""
+    if not max_rows or g * qlen <= max_rows:
+        return g
+    return max([gs for gs in range(1, g + 1) if g % gs == 0 and gs * qlen <= max_rows], default=1)
+
+
+def _attn_setup(b: int, qlen: int, h: int, hkv: int, d: int, dtype, device, splits: int, gs: int):
+    """(G, BLOCK_M, split partials (o, m, l), output [B, q, H, D]) of an attention launch whose programs take
+    ``gs`` query heads each."""
     g = h // hkv
-    block_m = max(16, triton.next_power_of_2(g * qlen))
-    assert b * hkv <= MAX_TICKETS
-    n_part = b * hkv * splits * block_m if splits > 1 else 1
+    block_m = max(16, triton.next_power_of_2(gs * qlen))
+    pairs = b * hkv * (g // gs)
+    assert pairs <= MAX_TICKETS
+    n_part = pairs * splits * block_m if splits > 1 else 1
     m_part = torch.empty(n_part, dtype=torch.float32, device=device)
     parts = (torch.empty(n_part, d, dtype=torch.float32, device=device), m_part, torch.empty_like(m_part))
     out = empty_rows(b * qlen, h * d, dtype, device).view(b, qlen, h, d)
@@ -427,6 +447,14 @@ def _attn_setup(b: int, qlen: int, h: int, hkv: int, d: int, dtype, device, spli
 ATTN_TILES = ((64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 8, 3))  # (keys a tile, warps, stages) the chooser times
 ATTN_ROTATE_BYTES = 192 << 20  # scratch KV the chooser rotates through (a step reads a layer's KV from HBM, not L2)
 
+# Query rows an attention program takes at most (0: every launch as up to engine 0.7.dev5, one program per
+# (sequence, KV head, split) for all G x q rows). 16: where G x q > 16 (q = 5-8 tokens for G = 4) the group's heads
+# are dealt to G / ``heads_per_program`` programs of at most 16 rows, each reading the same keys (H200: at q = 5 the
+# 20 rows of a program took a 32-row block and RoPE + attention went from 0.432 to 0.524 ms a step at b = 4).
+attn_max_rows = 0
+# With attn_max_rows: the key splits of such a launch divided by its head groups (False: kept), so that it runs
+# about as many programs as without them.
+attn_rows_halve_splits = False
 attn_chooser = True  # False: every launch runs ``default_attn_config`` (engine_roofline.py --attn-compare)
 # L2 hints of the KV (CUDA only; tiles of K and V, each 1, 2, 4 or 8; 0: off): ``attn_prefetch_wait`` tiles of each
 # program's cached keys before its PDL wait, while the launch before it drains; ``attn_prefetch_ahead``: in the
@@ -585,15 +613,31 @@ def attention(q, k_cache, v_cache, start_pos, slots, scale, num_splits: int | No
     (neither given, CUDA) the config ``choose_attention`` timed for this shape."""
     b, qlen, h, d = q.shape
     hkv = k_cache.shape[1]
-    c = _attn_config("attn", q, b, qlen, h, hkv, d, k_cache, num_splits, cfg)
-    g, block_m, (o_part, m_part, l_part), out = _attn_setup(b, qlen, h, hkv, d, q.dtype, q.device, c.splits)
+    c, gs = _head_groups(_attn_config("attn", q, b, qlen, h, hkv, d, k_cache, num_splits, cfg), h // hkv, qlen,
+                         num_splits, cfg)
+    g, block_m, (o_part, m_part, l_part), out = _attn_setup(b, qlen, h, hkv, d, q.dtype, q.device, c.splits, gs)
     pdl = pdl_enabled(q)
-    _attn_kernel[(b, hkv, c.splits)](
+    _attn_kernel[(b, hkv * (g // gs), c.splits)](
         q, k_cache, v_cache, start_pos, slots, out, o_part, m_part, l_part, counters(q.device), qlen, scale,
         k_cache.stride(0), k_cache.stride(1), H=h, G=g, D=d, NUM_SPLITS=c.splits, BLOCK_M=block_m,
         BLOCK_N=c.block_n, USE_PDL=pdl, num_warps=c.warps, num_stages=c.stages, **pdl_kwargs(pdl),
-        **_prefetch_args(q, k_cache))
+        **_prefetch_args(q, k_cache), **_gs_arg(g, gs))
     return out
+
+
+def _head_groups(c: AttnConfig, g: int, qlen: int, num_splits: int | None, cfg: AttnConfig | None
+                 ) -> tuple[AttnConfig, int]:
+    """The launch's config and query heads a program (``attn_max_rows``); with ``attn_rows_halve_splits`` the
+    splits of a launch split into head groups are divided by their number, unless given by the caller."""
+    gs = heads_per_program(g, qlen, attn_max_rows)
+    if gs < g and attn_rows_halve_splits and cfg is None and not num_splits:
+        c = c._replace(splits=max(1, c.splits * gs // g))
+    return c, gs
+
+
+def _gs_arg(g: int, gs: int) -> dict:
+    """The kernels' GS constexpr, left out when a program takes the whole group (the kernel as before)."""
+    return {} if gs == g else {"GS": gs}
 
 
 def rope_attention(qkv, start_pos, slots, k_cache, v_cache, q_norm_w, k_norm_w, num_heads, num_kv_heads,
@@ -603,18 +647,19 @@ def rope_attention(qkv, start_pos, slots, k_cache, v_cache, q_norm_w, k_norm_w, 
     ``attention``."""
     b, qlen, _ = qkv.shape
     hkv, d = num_kv_heads, head_dim
-    c = _attn_config("rope", qkv, b, qlen, num_heads, hkv, d, k_cache, num_splits, cfg)
+    c, gs = _head_groups(_attn_config("rope", qkv, b, qlen, num_heads, hkv, d, k_cache, num_splits, cfg),
+                         num_heads // hkv, qlen, num_splits, cfg)
     g, block_m, (o_part, m_part, l_part), out = _attn_setup(b, qlen, num_heads, hkv, d, k_cache.dtype, qkv.device,
-                                                            c.splits)
+                                                            c.splits, gs)
     has_norm = q_norm_w is not None
     cos, sin = rope_table(qkv.device, d, theta, k_cache.shape[2])
     pdl = pdl_enabled(qkv)
-    _rope_attn_kernel[(b, hkv, c.splits)](
+    _rope_attn_kernel[(b, hkv * (g // gs), c.splits)](
         qkv, k_cache, v_cache, start_pos, slots, q_norm_w if has_norm else qkv, k_norm_w if has_norm else qkv, cos,
         sin, out, o_part, m_part, l_part, counters(qkv.device), qlen, scale, k_cache.stride(0), k_cache.stride(1),
         eps, H=num_heads, HKV=hkv, G=g, D=d, NUM_SPLITS=c.splits, BLOCK_M=block_m, BLOCK_N=c.block_n,
         QP=max(2, triton.next_power_of_2(qlen)), HAS_NORM=has_norm, USE_PDL=pdl, num_warps=c.warps,
-        num_stages=c.stages, **pdl_kwargs(pdl), **_prefetch_args(qkv, k_cache))
+        num_stages=c.stages, **pdl_kwargs(pdl), **_prefetch_args(qkv, k_cache), **_gs_arg(g, gs))
     return out
 
 

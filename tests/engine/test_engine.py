@@ -247,6 +247,44 @@ print("ok")
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
 
 
+def test_attention_head_groups_match_torch_ops_in_interpreter():
+    """``kernels.attn_max_rows``: at q = 5 and 8 tokens with G = 4 heads a KV head the group's heads are dealt to
+    programs of at most 8 / 16 rows (2 or 4 head groups), with and without key splits and with halved splits; both
+    attention kernels match the PyTorch ops and leave every ticket at zero."""
+    pytest.importorskip("triton")
+    code = """
+import torch
+from tabletune.engine import kernels as K, ops as O
+assert [K.heads_per_program(4, q, 16) for q in (1, 4, 5, 8, 9, 17)] == [4, 4, 2, 2, 1, 1]
+assert K.heads_per_program(4, 8, 0) == 4 and K.heads_per_program(6, 3, 16) == 3
+torch.manual_seed(0)
+B, H, Hkv, D, S, L = 2, 8, 2, 16, 4, 140
+slots, start = torch.tensor([3, 1]), torch.tensor([9, 126])
+kc0, vc0 = torch.randn(S, Hkv, L, D), torch.randn(S, Hkv, L, D)
+qn, kn = torch.rand(D) + 0.5, torch.rand(D) + 0.5
+err = []
+for q in (5, 8):
+    qkv = torch.randn(B, q, (H + 2 * Hkv) * D)
+    x = torch.randn(B, q, H, D)
+    for max_rows, halve in ((16, False), (8, False), (16, True)):
+        K.attn_max_rows, K.attn_rows_halve_splits = max_rows, halve
+        for splits in (None, 1, 3):
+            cfg = None if splits is None else K.AttnConfig(splits, 32, 4, 3)
+            err.append((O.attention(x, kc0, vc0, start, slots, D ** -0.5)
+                        - K.attention(x, kc0, vc0, start, slots, D ** -0.5, cfg=cfg)).abs().max())
+            kca, vca, kcb, vcb = kc0.clone(), vc0.clone(), kc0.clone(), vc0.clone()
+            oa = O.rope_attention(qkv, start, slots, kca, vca, qn, kn, H, Hkv, D, 1e4, 1e-6, D ** -0.5)
+            ob = K.rope_attention(qkv, start, slots, kcb, vcb, qn, kn, H, Hkv, D, 1e4, 1e-6, D ** -0.5, cfg=cfg)
+            err += [(oa - ob).abs().max(), (kca - kcb).abs().max(), (vca - vcb).abs().max()]
+assert max(float(e) for e in err) < 1e-4, err
+assert int(K.counters(x.device).abs().sum()) == 0
+print("ok")
+"""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
+
+
 def test_attention_chooser_in_interpreter():
     """``kernels.choose_attention`` on the CPU (the interpreter runs the kernels; the GPU queries and the timer are
     stand-ins): it keeps the fastest candidate whose output matches, never one that is wrong however fast, times a
