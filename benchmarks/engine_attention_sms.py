@@ -70,11 +70,11 @@ def _attn_tma_persistent_kernel(q_ptr, k_desc, v_desc, start_ptr, slots_ptr, out
     for item in range(tl.program_id(0), ITEMS, tl.num_programs(0)):
         b = item // HKV
         kvh = item % HKV
-        start = tl.load(start_ptr + b)
-        slot = tl.load(slots_ptr + b)
+        start = tl.load(start_ptr + b).to(tl.int32)  # descriptor coordinates are 32-bit
+        slot = tl.load(slots_ptr + b).to(tl.int32)
         q_off = ((b * QLEN + tok).to(tl.int64) * H + kvh * G + rows % G) * D
         q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
-        base = ((slot * HKV + kvh) * LEN).to(tl.int32)
+        base = (slot * HKV + kvh) * LEN
         kv_len = start + QLEN
         limit = start + tok
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
