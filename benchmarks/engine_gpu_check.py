@@ -177,17 +177,20 @@ def check_lossless() -> None:
     cfg = PRESETS["tiny"]
     target = Decoder(cfg, torch.float32, "cuda")
     rng = random.Random(0)
-    prompts = [[rng.randrange(cfg.vocab_size) for _ in range(rng.randrange(3, 30))] for _ in range(12)]
+    # three prompt lengths, so that the prefill graphs (captured after a length's second prompt) replay too
+    prompts = [[rng.randrange(cfg.vocab_size) for _ in range(rng.choice((3, 11, 29)))] for _ in range(12)]
 
-    def run(drafter, table, overlap=0, fuse_norm=0):
+    def run(drafter, table, overlap=0, fuse_norm=0, prefill_graphs=512):
         d = make_drafter(drafter, target, 5, draft_cfg=PRESETS["tiny"])
         e = SpecEngine(target, d, EngineConfig(max_num_seqs=8, max_len=96, k_max=5, overlap_min_tokens=overlap,
-                                               fuse_norm_max_rows=fuse_norm))
+                                               fuse_norm_max_rows=fuse_norm, prefill_graph_max_len=prefill_graphs))
         reqs = [Request(list(p), 40, i) for i, p in enumerate(prompts)]
         st = Scheduler(e, table).run(reqs)
         return [r.output for r in reqs], st, len(e.graphs)
 
-    base, _, _ = run("ngram", DraftTable.fixed(0))
+    base, _, _ = run("ngram", DraftTable.fixed(0), prefill_graphs=0)  # no speculation, every prefill eager
+    out, _, _ = run("ngram", DraftTable.fixed(0))
+    print(f"lossless no speculation, graphed prefills: identical to eager prefills {out == base}")
     table = DraftTable.from_ranges([[1, 2, 5], [3, 4, 2], [5, 8, 3]])
     for dr in ("ngram", "eagle", "draft_model", "parallel_block"):
         out, st, ng = run(dr, table)
@@ -265,6 +268,46 @@ def check_graph_replay() -> None:
               f"replay==eager {bool((outs[0] == outs[2]).all())}")
 
 
+def check_prefill() -> None:
+    """8B-shape layers in bf16: a prompt prefilled eager, then (third time, its length's graph captured after the
+    second) from the prefill graph, into other slots: the same first token, hidden states and KV cache rows, bit
+    for bit; and a prompt of another length after it still matches its own eager prefill."""
+    from tabletune.engine.drafters import ReplayDrafter
+
+    torch.manual_seed(0)
+    target = Decoder(PRESETS["qwen3-8b"], torch.bfloat16, "cuda", num_layers=4)
+    e = SpecEngine(target, ReplayDrafter(), EngineConfig(max_num_seqs=8, max_len=600, k_max=3, buckets=(1, 8),
+                                                          ks=(0, 3)))
+    vocab = target.cfg.vocab_size
+    for n in (32, 7):
+        prompt = torch.randint(0, vocab, (n,)).tolist()
+        firsts, hiddens = [], []
+        for slot in range(3):
+            p = torch.tensor(prompt, device="cuda")
+            hidden, logits = e._prefill_target(p, torch.tensor([slot], device="cuda"))
+            hiddens.append(hidden.clone())
+            firsts.append(int(logits.argmax(-1)))
+        rows = [torch.stack([c[s, :, :n] for c in (*e.cache.k, *e.cache.v)]) for s in range(3)]
+        print(f"prefill n={n}: graph captured {n in e.prefill_graphs}; replay vs eager: first token "
+              f"{firsts[2] == firsts[0]}, hidden identical {bool((hiddens[2] == hiddens[0]).all())}, KV rows identical "
+              f"{bool((rows[2] == rows[0]).all())}; eager vs eager {bool((hiddens[1] == hiddens[0]).all())}")
+        if not (n in e.prefill_graphs and firsts[2] == firsts[0] and (hiddens[2] == hiddens[0]).all()
+                and (rows[2] == rows[0]).all()):
+            raise RuntimeError(f"prefill graph of {n} tokens differs from the eager prefill")
+    t0 = time.perf_counter()
+    for slot in range(8):
+        e.prefill(slot, prompt)
+    torch.cuda.synchronize()
+    graphed = (time.perf_counter() - t0) / 8
+    e.prefill_graph_max_len, e.prefill_graphs = 0, {}
+    t0 = time.perf_counter()
+    for slot in range(8):
+        e.prefill(slot, prompt)
+    torch.cuda.synchronize()
+    print(f"prefill of {len(prompt)} tokens, 4 layers: graph {graphed * 1e3:.2f} ms, eager "
+          f"{(time.perf_counter() - t0) / 8 * 1e3:.2f} ms")
+
+
 def check_cublaslt() -> None:
     """Every heuristic kernel cuBLASLt offers at a few decode shapes: error against torch, the same bits on a
     repeat and from a CUDA graph replay (the form the engine runs it in)."""
@@ -295,7 +338,7 @@ def check_cublaslt() -> None:
 
 
 CHECKS = {"kernels": check_kernels, "cublaslt": check_cublaslt, "graphs": check_graph_replay,
-          "lossless": check_lossless, "moe": check_moe}
+          "lossless": check_lossless, "prefill": check_prefill, "moe": check_moe}
 
 
 if __name__ == "__main__":

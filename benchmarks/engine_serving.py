@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import time
 
 import torch
@@ -32,7 +31,7 @@ from tabletune import fileio
 from tabletune.engine.drafters import ReplayDrafter
 from tabletune.engine.model import Decoder
 from tabletune.engine.presets import resolve
-from tabletune.engine.profiling import ENGINE_VERSION, RUNNER, device_name, time_steps
+from tabletune.engine.profiling import ENGINE_VERSION, RUNNER, command_line, device_name, time_steps
 from tabletune.engine.runner import EngineConfig, SpecEngine
 from tabletune.engine.scheduler import Request, Scheduler, steady_throughput
 from tabletune.optimizer import OptimizeOptions, optimize_table
@@ -95,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", default="benchmarks/results/engine_serving_h200")
     args = ap.parse_args(argv)
-    command = "python benchmarks/engine_serving.py " + " ".join(argv or sys.argv[1:])
+    command = command_line() if argv is None else "python benchmarks/engine_serving.py " + " ".join(argv)
     loads = [int(x) for x in args.loads.split(",")]
     max_load = max(loads)
     torch.manual_seed(0)

@@ -90,12 +90,19 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps
     return rms_norm(r, weight, eps), r
 
 
-def prefill_attention(q, k_cache, v_cache, start: int, slot: int, scale):
-    """One sequence's prompt: q [1, P, H, D] at positions start..start+P-1, keys 0..start+P-1 of ``slot``."""
+def prefill_attention(q, k_cache, v_cache, start: int, slot, scale):
+    """One sequence's prompt: q [1, P, H, D] at positions start..start+P-1, keys 0..start+P-1 of ``slot`` (an int,
+    or a one-element tensor on the cache's device, as a captured prefill takes it). From position 0 the causal
+    mask is SDPA's own (no mask tensor)."""
     _, plen, _, _ = q.shape
     end = start + plen
-    k = k_cache[slot, :, :end][None].to(q.dtype)
-    v = v_cache[slot, :, :end][None].to(q.dtype)
-    mask = torch.ones(plen, end, dtype=torch.bool, device=q.device).tril(diagonal=start)
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    if isinstance(slot, torch.Tensor):
+        k, v = (c.index_select(0, slot.view(1))[:, :, :end].to(q.dtype) for c in (k_cache, v_cache))
+    else:
+        k, v = (c[slot, :, :end][None].to(q.dtype) for c in (k_cache, v_cache))
+    if start == 0:
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, is_causal=True, scale=scale, enable_gqa=True)
+    else:
+        mask = torch.ones(plen, end, dtype=torch.bool, device=q.device).tril(diagonal=start)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     return out.transpose(1, 2)

@@ -4,7 +4,8 @@ All set-up happens in the constructor: KV caches, per-slot state, and on CUDA a
 graph for every (bucket, k), captured largest first into one memory pool (as
 nano-vllm does). A step only writes the slot ids and caps into a pinned host
 buffer, replays (the graph's first node uploads that buffer), and reads back one
-small tensor (the step's single host sync):
+small tensor (the step's single host sync). A prompt's prefill runs eager, or from a graph per prompt length
+once a length has come twice (``EngineConfig.prefill_graph_max_len``):
 
     step(b rows, k):  bucket B = bucket_for(b); rows b..B-1 point at the scratch slot
       drafts [B, k]     = drafter.propose(...)
@@ -15,6 +16,7 @@ small tensor (the step's single host sync):
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +25,8 @@ from tabletune.engine.drafters import Drafter
 from tabletune.engine.model import PREFETCH_MODES, Decoder, L2Prefetch
 from tabletune.engine.verify import verify
 from tabletune.padding import bucket_for, default_buckets
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -57,15 +61,34 @@ class EngineConfig:
     # lists, time the replays at the longest context the cache holds, keep the fastest (timed alone, the launches of
     # small buckets misled: docs/engine_notes.md, 0.7.dev3 and 0.7.dev4)
     attn_step_choice: bool = True
+    # The target's prompt forward (prefill) as a CUDA graph per prompt length up to this many tokens, captured on the
+    # first prompt of that length (at most PREFILL_GRAPHS lengths; longer prompts and further lengths run eager).
+    # Eager, a 32-token prefill of the 8B shape cost 36-45 ms on the H200, host-bound by its ~500 launches
+    # (docs/engine_notes.md, serving). 0: always eager. Used only where the step graphs are (use_graphs).
+    prefill_graph_max_len: int = 512
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.k_max < 0 or self.temperature < 0 or self.prefetch_max_batch < 0 \
-                or self.prefetch_programs < 1 or self.fuse_norm_max_rows < 0:
+                or self.prefetch_programs < 1 or self.fuse_norm_max_rows < 0 or self.prefill_graph_max_len < 0:
             raise ValueError(f"bad engine config {self}")
         if self.prefetch_mode not in PREFETCH_MODES:
             raise ValueError(f"prefetch_mode {self.prefetch_mode!r} not in {PREFETCH_MODES}")
         if self.max_len < self.k_max + 3:
             raise ValueError(f"max_len {self.max_len} too small for k_max {self.k_max}")
+
+
+PREFILL_GRAPHS = 16  # prompt lengths that get a prefill graph (each holds its own memory pool)
+
+
+@dataclass
+class PrefillGraph:
+    """The target's prefill of one prompt length, captured: write ``tokens`` and ``slot``, replay, read ``hidden``
+    [n, hidden] and ``logits`` [1, vocab] (the last position's, fp32); both are overwritten by the next replay."""
+    graph: torch.cuda.CUDAGraph
+    tokens: torch.Tensor  # [n] int64
+    slot: torch.Tensor  # [1] int64
+    hidden: torch.Tensor
+    logits: torch.Tensor
 
 
 @dataclass
@@ -109,7 +132,10 @@ class SpecEngine:
         drafter.setup(self)
         self.buffers = {b: self._buffers(b) for b in self.buckets}
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.prefill_graphs: dict[int, PrefillGraph] = {}  # prompt length -> its captured prefill
+        self._prefill_seen: dict[int, int] = {}  # prompt length -> prompts of that length prefilled so far
         use_graphs = self.device.type == "cuda" if cfg.use_graphs is None else cfg.use_graphs
+        self.prefill_graph_max_len = cfg.prefill_graph_max_len if use_graphs else 0
         if use_graphs:
             self.capture()
 
@@ -332,10 +358,7 @@ class SpecEngine:
         if not 0 < n <= self.cfg.max_len - self.k_max - 3:
             raise ValueError(f"prompt of {n} tokens does not fit max_len {self.cfg.max_len}")
         p = torch.tensor(prompt, dtype=torch.long, device=self.device)
-        zero = torch.zeros(1, dtype=torch.long, device=self.device)
-        hidden = self.target(p[None], zero, torch.tensor([slot], device=self.device), self.cache,
-                             prefill_at=(0, slot))[0]
-        logits = self.target.logits(hidden[-1:]).float()
+        hidden, logits = self._prefill_target(p, torch.tensor([slot], device=self.device))
         if self.temperature == 0:
             first = int(logits.argmax(-1))
         else:
@@ -346,6 +369,39 @@ class SpecEngine:
         self.history[slot, n] = first
         self.drafter.prefill(slot, p, first, hidden)
         return first
+
+    def _prefill_forward(self, tokens: torch.Tensor, slot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target over one prompt ``tokens`` [n] into cache slot ``slot`` [1]: (hidden [n, hidden], the last
+        position's logits [1, vocab] fp32)."""
+        zero = torch.zeros(1, dtype=torch.long, device=self.device)
+        hidden = self.target(tokens[None], zero, slot, self.cache, prefill_at=(0, slot))[0]
+        return hidden, self.target.logits(hidden[-1:]).float()
+
+    def _prefill_target(self, tokens: torch.Tensor, slot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_prefill_forward``, replayed from the prompt length's graph when it has one. Prompts of a length up to
+        ``prefill_graph_max_len`` run eager the first two times (the first makes the GEMM choices of its shapes);
+        after the second the graph is captured for the next ones, so one-off lengths cost no capture."""
+        n = tokens.shape[0]
+        pg = self.prefill_graphs.get(n)
+        if pg is not None:
+            pg.tokens.copy_(tokens)
+            pg.slot.copy_(slot)
+            pg.graph.replay()
+            return pg.hidden, pg.logits
+        out = self._prefill_forward(tokens, slot)
+        self._prefill_seen[n] = seen = self._prefill_seen.get(n, 0) + 1
+        if seen >= 2 and n <= self.prefill_graph_max_len and len(self.prefill_graphs) < PREFILL_GRAPHS:
+            static_tokens, static_slot = tokens.clone(), slot.clone()
+            try:
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):  # its own memory pool: replays between the steps' graphs, never inside
+                    hidden, logits = self._prefill_forward(static_tokens, static_slot)
+            except RuntimeError as exc:  # a forward that cannot be captured: eager from now on, serving goes on
+                log.warning("prefill of %d tokens not captured (%s); prompts run eager", n, exc)
+                self.prefill_graph_max_len = 0
+            else:
+                self.prefill_graphs[n] = PrefillGraph(g, static_tokens, static_slot, hidden, logits)
+        return out
 
     def set_context(self, num_rows: int, context_len: int, seed: int = 0) -> None:
         """Pretend slots 0..num_rows-1 hold context_len tokens (random history) — for timing."""

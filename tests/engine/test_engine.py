@@ -57,6 +57,39 @@ def test_cpu_engine_captures_no_graph(tiny):
     assert engine.cache.scratch_slot == engine.buckets[-1]
 
 
+def test_cpu_prefills_run_eager_and_capture_no_prefill_graph(tiny):
+    """The prefill graphs are CUDA-only: on the CPU prompts of a repeated length stay eager (and lossless)."""
+    target, prompts, base = tiny
+    engine = _engine(target, "ngram")
+    assert engine.prefill_graph_max_len == 0
+    out, _ = _serve(engine, prompts + [prompts[0]] * 3, DraftTable.fixed(2))
+    assert out[: len(prompts)] == base and out[len(prompts):] == [base[0]] * 3
+    assert engine.prefill_graphs == {}
+    with pytest.raises(ValueError, match="bad engine config"):
+        EngineConfig(prefill_graph_max_len=-1)
+
+
+def test_prefill_attention_takes_a_slot_tensor_and_sdpa_causal_from_position_0():
+    """ops.prefill_attention: the slot as an int and as a device tensor (a captured prefill's), from position 0
+    (SDPA's causal mask) and from position 2 (an explicit mask), against attention written out by hand."""
+    from tabletune.engine import ops
+
+    torch.manual_seed(0)
+    h, hkv, d, length = 4, 2, 16, 12
+    kc, vc = torch.randn(3, hkv, length, d), torch.randn(3, hkv, length, d)
+    for start, plen in ((0, 7), (2, 5)):
+        q = torch.randn(1, plen, h, d)
+        end = start + plen
+        k = kc[1, :, :end].repeat_interleave(h // hkv, 0)  # [H, end, D]
+        v = vc[1, :, :end].repeat_interleave(h // hkv, 0)
+        scores = torch.einsum("phd,hnd->hpn", q[0], k) * d ** -0.5
+        visible = torch.arange(end)[None, :] <= start + torch.arange(plen)[:, None]
+        ref = torch.einsum("hpn,hnd->phd", scores.masked_fill(~visible, float("-inf")).softmax(-1), v)[None]
+        for slot in (1, torch.tensor([1])):
+            got = ops.prefill_attention(q, kc, vc, start, slot, d ** -0.5)
+            assert torch.allclose(got, ref, atol=1e-5), (start, slot)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_graphs_captured_per_bucket_and_k():
     target = Decoder(PRESETS["tiny"], torch.float32, "cuda")
