@@ -277,7 +277,7 @@ def check_prefill() -> None:
     torch.manual_seed(0)
     target = Decoder(PRESETS["qwen3-8b"], torch.bfloat16, "cuda", num_layers=4)
     e = SpecEngine(target, ReplayDrafter(), EngineConfig(max_num_seqs=8, max_len=600, k_max=3, buckets=(1, 8),
-                                                          ks=(0, 3)))
+                                                          ks=(0, 3), prefill_graph_max_len=512))
     vocab = target.cfg.vocab_size
     for n in (32, 7):
         prompt = torch.randint(0, vocab, (n,)).tolist()

@@ -92,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k-max", type=int, default=7)
     ap.add_argument("--rounds", type=int, default=6, help="requests per load = rounds * load (at least 4)")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--prefill-graph-max-len", type=int, default=512,
+                    help="prompts up to this length prefill from a CUDA graph per length (EngineConfig; 0: eager)")
     ap.add_argument("--out", default="benchmarks/results/engine_serving_h200")
     args = ap.parse_args(argv)
     command = command_line() if argv is None else "python benchmarks/engine_serving.py " + " ".join(argv)
@@ -102,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     target = Decoder(resolve(args.model), torch.bfloat16 if cuda else torch.float32, args.device)
     make_predictable(target)
     cfg = EngineConfig(max_num_seqs=max_load, max_len=args.prompt_len + args.output_len + args.k_max + 16,
+                       prefill_graph_max_len=args.prefill_graph_max_len,
                        k_max=args.k_max, buckets=tuple(power_of_two_buckets(max_load)))
     engine = SpecEngine(target, ReplayDrafter(), cfg)
     mean_ctx = args.prompt_len + args.output_len // 2
