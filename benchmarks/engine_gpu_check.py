@@ -186,6 +186,7 @@ def check_lossless() -> None:
                                                fuse_norm_max_rows=fuse_norm, prefill_graph_max_len=prefill_graphs))
         reqs = [Request(list(p), 40, i) for i, p in enumerate(prompts)]
         st = Scheduler(e, table).run(reqs)
+        torch.cuda.synchronize()  # an error of this run's kernels shows here, not in the next engine's capture
         return [r.output for r in reqs], st, len(e.graphs)
 
     base, _, _ = run("ngram", DraftTable.fixed(0), prefill_graphs=0)  # no speculation, every prefill eager

@@ -393,17 +393,20 @@ class SpecEngine:
         out = self._prefill_forward(tokens, slot)
         self._prefill_seen[n] = seen = self._prefill_seen.get(n, 0) + 1
         if seen >= 2 and n <= self.prefill_graph_max_len and len(self.prefill_graphs) < PREFILL_GRAPHS:
-            static_tokens, static_slot = tokens.clone(), slot.clone()
             try:
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):  # its own memory pool: replays between the steps' graphs, never inside
-                    hidden, logits = self._prefill_forward(static_tokens, static_slot)
+                self.prefill_graphs[n] = self._capture_prefill(tokens.clone(), slot.clone())
             except RuntimeError as exc:  # a forward that cannot be captured: eager from now on, serving goes on
                 log.warning("prefill of %d tokens not captured (%s); prompts run eager", n, exc)
                 self.prefill_graph_max_len = 0
-            else:
-                self.prefill_graphs[n] = PrefillGraph(g, static_tokens, static_slot, hidden, logits)
         return out
+
+    def _capture_prefill(self, tokens: torch.Tensor, slot: torch.Tensor) -> PrefillGraph:
+        """``_prefill_forward`` of these static inputs captured as a CUDA graph, in its own memory pool (it replays
+        between the steps' graphs, never inside them)."""
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            hidden, logits = self._prefill_forward(tokens, slot)
+        return PrefillGraph(g, tokens, slot, hidden, logits)
 
     def set_context(self, num_rows: int, context_len: int, seed: int = 0) -> None:
         """Pretend slots 0..num_rows-1 hold context_len tokens (random history) — for timing."""

@@ -69,6 +69,60 @@ def test_cpu_prefills_run_eager_and_capture_no_prefill_graph(tiny):
         EngineConfig(prefill_graph_max_len=-1)
 
 
+class _ReplayedForward:
+    """A stand-in for a captured prefill on the CPU: replay() runs the forward again on the static inputs and
+    writes the results into the static outputs, as a CUDA graph replay would."""
+
+    def __init__(self, engine, tokens, slot):
+        self.engine, self.tokens, self.slot = engine, tokens, slot
+        self.hidden, self.logits = engine._prefill_forward(tokens, slot)
+        self.replays = 0
+
+    def replay(self):
+        hidden, logits = self.engine._prefill_forward(self.tokens, self.slot)
+        self.hidden.copy_(hidden)
+        self.logits.copy_(logits)
+        self.replays += 1
+
+
+def test_prefill_graph_bookkeeping_with_a_stand_in_graph(tiny, monkeypatch):
+    """The prefill graphs' bookkeeping (``SpecEngine._prefill_target``) with the capture replaced by a stand-in:
+    a length is captured after its second prompt, later prompts of that length replay with their own tokens and
+    slot (lossless), other lengths stay eager, and a capture that fails leaves every prefill eager."""
+    from tabletune.engine import runner
+
+    target, prompts, base = tiny
+    engine = _engine(target, "eagle")
+    engine.prefill_graph_max_len = 64
+    graphs = []
+
+    def capture(tokens, slot):
+        g = _ReplayedForward(engine, tokens, slot)
+        graphs.append(g)
+        return runner.PrefillGraph(g, tokens, slot, g.hidden, g.logits)
+    monkeypatch.setattr(engine, "_capture_prefill", capture)
+    n = len(prompts[0])
+    others = [p for p in prompts if len(p) != n]
+    same = [list(prompts[0])] * 3 + [[(t + 1) % 97 for t in prompts[0]]]  # a fourth prompt of that length
+    out, _ = _serve(engine, same + others, DraftTable.fixed(2))
+    eager, _ = _serve(_engine(target, "eagle"), same + others, DraftTable.fixed(2))
+    assert out == eager and out[:3] == [base[0]] * 3
+    seen, second = {}, []  # prompts are prefilled in request order: a length's graph comes at its second prompt
+    for p in same + others:
+        seen[len(p)] = seen.get(len(p), 0) + 1
+        second += [len(p)] if seen[len(p)] == 2 else []
+    assert list(engine.prefill_graphs) == second and second[0] == n
+    assert graphs[0].replays == 2  # the third and fourth prompt of length n
+    fails = _engine(target, "eagle")
+    fails.prefill_graph_max_len = 64
+
+    def broken(tokens, slot):
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(fails, "_capture_prefill", broken)
+    out2, _ = _serve(fails, same + others, DraftTable.fixed(2))
+    assert out2 == eager and fails.prefill_graphs == {} and fails.prefill_graph_max_len == 0
+
+
 def test_prefill_attention_takes_a_slot_tensor_and_sdpa_causal_from_position_0():
     """ops.prefill_attention: the slot as an int and as a device tensor (a captured prefill's), from position 0
     (SDPA's causal mask) and from position 2 (an explicit mask), against attention written out by hand."""
