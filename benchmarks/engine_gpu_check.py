@@ -124,6 +124,20 @@ def check_kernels() -> None:
         for cfg in ((bm, 32, 128, 1, 4, 6, False, 132), (bm, 64, 256, 1, 4, 4, False, 264)) if m <= 64 else ():
             _check_gemm("stream-K ", xm, w, cfg)
         print(f"gemm cuBLASLt M={m}: {rel(gemm._mm_lt(xm, w), xm @ w.t()):.2e}")
+    for m in (1, 9, 16):  # split-K partials added atomically into an accumulator: the fix-up's result, to the bit
+        xm, gm = torch.randn(m, 4096, dtype=dt, device="cuda"), torch.randn(m, 2 * 4096, dtype=dt, device="cuda")
+        r0, wn = torch.randn(m, 4096, dtype=dt, device="cuda"), torch.rand(4096, dtype=dt, device="cuda")
+        line = f"gemm atomic split-K M={m}:"
+        for cfg in (gemm.Config(16, 64, 256, 2, 4, 4), gemm.Config(16, 32, 128, 2, 4, 6), gemm.Config(16, 64, 128, 1, 4, 6)):
+            for gated, inp in ((False, xm), (True, gm)):
+                ref = gemm.triton_linear(inp, w, cfg, gated=gated)
+                acc = gemm._pointer_gemm(inp, w, cfg, kernels.accumulator(m, 4096, xm.device), gated, atomic=True)
+                same = bool((acc.to(dt) == ref).all())
+                ya, ra = kernels.add_rms_norm(r0, ref, wn, 1e-6)
+                yb, rb = kernels.add_rms_norm(r0, acc, wn, 1e-6)
+                line += (f" {tuple(cfg)[:4]}{' gated' if gated else ''} same bits {same}, norm same "
+                         f"{bool((ya == yb).all() and (ra == rb).all())}, zeroed {bool((acc == 0).all())};")
+        print(line)
     print(f"tickets all zero after the launches: {int(kernels.counters(x.device).abs().sum()) == 0}")
     dl = torch.randn_like(x)
     wn = torch.rand(4096, dtype=dt, device="cuda")
@@ -253,6 +267,17 @@ def check_graph_replay() -> None:
         outs = _replay_outputs((e4, e), b, k)
         print(f"graph RoPE unfused b={b} k={k}: same tokens as fused {bool((outs[0] == outs[1]).all())}")
     del e4
+    gemm.atomic_split = True  # split-K partials added atomically (o and down GEMMs): the same bits as the fix-up
+    try:
+        e6 = SpecEngine(target, ReplayDrafter(), EngineConfig(max_num_seqs=64, max_len=600, k_max=7,
+                                                               buckets=(1, 8, 64), ks=(0, 3, 7)))
+        for b, k in ((1, 0), (1, 7), (8, 3), (64, 7)):
+            outs = _replay_outputs((e6, e6, e), b, k)
+            print(f"graph atomic split-K b={b} k={k}: replay==replay {bool((outs[0] == outs[1]).all())} "
+                  f"same tokens as the fix-up {bool((outs[0] == outs[2]).all())}")
+        del e6
+    finally:
+        gemm.atomic_split = False
     for b, k in ((1, 0), (1, 7), (8, 3), (64, 7)):
         e.set_context(b, 500, seed=b)
         outs = []

@@ -296,6 +296,14 @@ def attn_rows_compare(engine, points, context_len: int, reps: int = 15) -> tuple
                                                               "kernels.attn_rows_halve_splits": True}}, reps)
 
 
+def gemm_atomic_compare(engine, points, context_len: int, reps: int = 15) -> tuple[list[str], list[dict]]:
+    """Each step's graph with the split-K fix-up of the o and down GEMMs against their partials added atomically
+    into an accumulator that the next add_rms_norm reads and zeroes (``gemm.atomic_split``; the same bits)."""
+    return variant_compare(engine, points, context_len,
+                           lambda b: {"fix-up": {"gemm.atomic_split": False},
+                                      "atomic": {"gemm.atomic_split": True}}, reps)
+
+
 def gemm_lt_compare(engine, points, context_len: int, reps: int = 15) -> tuple[list[str], list[dict]]:
     """Each step's graph with the GEMM choices made without cuBLASLt's heuristic kernels (``gemm.use_lt`` off: the
     fastest other candidate) against the choices made with them."""
@@ -471,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
                     "attention choice")
     ap.add_argument("--attn-rows-compare", default="", help="b:k,... cells to time with attention programs of all "
                     "G x q rows and of at most 16 rows")
+    ap.add_argument("--gemm-atomic-compare", default="", help="b:k,... cells to time with the split-K fix-up and "
+                    "with the partials added atomically (gemm.atomic_split)")
     ap.add_argument("--gemm-lt-compare", default="", help="b:k,... cells to time with the GEMM choices made "
                     "without and with cuBLASLt's heuristic kernels")
     ap.add_argument("--gemm-policy-compare", default="", help="b:k,... cells to time with the GEMM chooser's "
@@ -521,6 +531,7 @@ def main(argv: list[str] | None = None) -> int:
             engine, pts, ctx, args.attn_tile_variants.split(","))),
         (args.attn_step_compare, "attn-step", lambda pts: attn_step_compare(engine, pts, ctx)),
         (args.attn_rows_compare, "attn-rows", lambda pts: attn_rows_compare(engine, pts, ctx)),
+        (args.gemm_atomic_compare, "gemm-atomic", lambda pts: gemm_atomic_compare(engine, pts, ctx)),
         (args.gemm_lt_compare, "gemm-lt", lambda pts: gemm_lt_compare(engine, pts, ctx)),
         (args.gemm_context_compare, "gemm-context", lambda pts: gemm_context_compare(engine, pts, ctx)),
         (args.gemm_policy_compare, "gemm-policy", lambda pts: gemm_policy_compare(engine, pts, ctx)),

@@ -90,6 +90,13 @@ TIMING = os.environ.get("TABLETUNE_GEMM_TIMING", "auto")
 if TIMING not in TIMINGS:
     raise ValueError(f"TABLETUNE_GEMM_TIMING={TIMING!r}: one of {', '.join(TIMINGS)}")
 use_context = TIMING != "alone"
+# Split-K partials added atomically into an fp32 accumulator that the next add_rms_norm reads and zeroes
+# (``linear(..., accumulate=True)``: the o and down GEMMs of the decode layers), instead of the ticketed fix-up by the
+# split that finishes last, for Triton pointer configs of one or two splits (bit-identical: see
+# ``gemm_kernels._store_or_fix_up``). The fix-up puts a ticket round trip and a read of the partials on the tail of
+# every split-K GEMM. Off by default until measured (env TABLETUNE_GEMM_ATOMIC=1 or ``atomic_split``).
+atomic_split = os.environ.get("TABLETUNE_GEMM_ATOMIC", "0") == "1"
+ATOMIC_MAX_SPLIT = 2  # more splits would add in arrival order: not deterministic
 CONTEXT_MIN_ROWS = 17  # below this M calls follow the timings alone (where every candidate but cuBLAS is a PDL
 # kernel, in-context timing measured +1.4% to +4.5% in the step at M = 12-16 and -1.4% to -2.8% at M = 32-64)
 
@@ -194,26 +201,36 @@ def triton_linear(x: torch.Tensor, w: torch.Tensor, cfg, gated: bool = False) ->
 
 def _split_k(m: int, n: int, k: int, bm: int, bn: int, bk: int, split: int, y: torch.Tensor, accumulators: int = 1):
     """K columns a split (a multiple of bk), the split count that leaves none empty, the fp32 workspace of the
-    partials (``accumulators`` x n columns; y itself when there is one split) and the grid."""
+    partials (``accumulators`` x n columns; y itself when there is one split or no accumulator) and the grid."""
     per_split = triton.cdiv(triton.cdiv(k, split), bk) * bk
     split = triton.cdiv(k, per_split)
-    ws = torch.empty(split, m, accumulators * n, dtype=torch.float32, device=y.device) if split > 1 else y
+    ws = torch.empty(split, m, accumulators * n, dtype=torch.float32, device=y.device) \
+        if split > 1 and accumulators else y
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), split)
     assert grid[0] * grid[1] <= kernels.MAX_TICKETS
     return per_split, split, ws, grid
 
 
 def _pointer_gemm(x: torch.Tensor, w: torch.Tensor, cfg: Config, y: torch.Tensor, gated: bool = False,
-                  norm: "RowNorm | None" = None, squares_out: torch.Tensor | None = None, silu: bool = False
-                  ) -> torch.Tensor:
+                  norm: "RowNorm | None" = None, squares_out: torch.Tensor | None = None, silu: bool = False,
+                  atomic: bool = False) -> torch.Tensor:
     """``_gemm_kernel`` into y (with ``squares_out``: y is the residual stream, updated in place; ``norm``: rows
-    scaled by their 1 / rms; ``silu``: W is [gate | up] and y silu(gate) * up, half as wide)."""
+    scaled by their 1 / rms; ``silu``: W is [gate | up] and y silu(gate) * up, half as wide; ``atomic``: y is an
+    fp32 accumulator of zeros that every split adds into, at most ATOMIC_MAX_SPLIT splits, no workspace)."""
     bm, bn, bk, split, warps, stages = cfg[:6]
     m = x.shape[0]
     n, k = w.shape
     if silu:
         n //= 2
-    per_split, split, ws, grid = _split_k(m, n, k, bm, bn, bk, split, y, 2 if silu else 1)
+    if atomic:
+        if norm is not None or squares_out is not None or silu or y.dtype != torch.float32:
+            raise ValueError("the atomic split-K GEMM is plain or gated, into an fp32 accumulator")
+        per_split, split, _, grid = _split_k(m, n, k, bm, bn, bk, split, y, 0)
+        if split > ATOMIC_MAX_SPLIT:
+            raise ValueError(f"{split} splits would add in arrival order (at most {ATOMIC_MAX_SPLIT})")
+        ws = y
+    else:
+        per_split, split, ws, grid = _split_k(m, n, k, bm, bn, bk, split, y, 2 if silu else 1)
     ss_in, tiles, eps = (ws, 1, 0.0) if norm is None else (norm.squares.ss, norm.squares.tiles, norm.eps)
     pdl = kernels.pdl_enabled(x)
     _gemm_kernel[grid](x, w, y, ws, kernels.counters(x.device), m, n, k, per_split, ws[0].numel() if split > 1 else 0,
@@ -221,7 +238,7 @@ def _pointer_gemm(x: torch.Tensor, w: torch.Tensor, cfg: Config, y: torch.Tensor
                        BLOCK_K=bk, SPLIT=split, GATED=gated, USE_PDL=pdl,
                        PREFETCH_K=_prefetch_k(x, per_split) if pdl else 0, NORM=norm is not None, SILU=silu,
                        RESID=squares_out is not None, NT_P=_tiles_p2(norm), num_warps=warps, num_stages=stages,
-                       **kernels.pdl_kwargs(pdl))
+                       **kernels.pdl_kwargs(pdl), **({"ATOMIC": True} if atomic else {}))
     return y
 
 
@@ -565,8 +582,10 @@ def _zero_then(fn, m: int, n: int, like: torch.Tensor) -> torch.Tensor:
     return r
 
 
-def linear(x2d: torch.Tensor, w: torch.Tensor, gated: bool = False) -> torch.Tensor:
-    """x2d W^T (gated: silu(gate) * up of x2d = [gate | up], then W^T), in x2d's dtype."""
+def linear(x2d: torch.Tensor, w: torch.Tensor, gated: bool = False, accumulate: bool = False) -> torch.Tensor:
+    """x2d W^T (gated: silu(gate) * up of x2d = [gate | up], then W^T), in x2d's dtype. ``accumulate`` (the caller
+    hands the result to ``kernels.add_rms_norm`` and nothing else): with ``atomic_split`` and a Triton pointer
+    choice of at most ATOMIC_MAX_SPLIT splits, the fp32 ``kernels.accumulator`` the splits added into instead."""
     m = x2d.shape[0]
     if not (enabled and x2d.is_cuda and m <= MAX_CHOOSE_M):
         return torch.mm(kernels.silu_mul(x2d, w.dtype) if gated else x2d, w.t())
@@ -574,4 +593,19 @@ def linear(x2d: torch.Tensor, w: torch.Tensor, gated: bool = False) -> torch.Ten
         choice = current((m, w.shape[0], w.shape[1], gated))
     else:
         choice = choose(m, w, gated)
+    if accumulate and atomic_split and _atomic_ok(choice, w):
+        return _pointer_gemm(x2d, w, Config(*choice), kernels.accumulator(m, w.shape[0], x2d.device), gated,
+                             atomic=True)
     return _run(x2d, w, choice, gated)
+
+
+def _atomic_ok(choice, w: torch.Tensor) -> bool:
+    """Whether a choice can add its splits into an accumulator: a pointer config whose effective split count
+    (``_split_k``) is at most ATOMIC_MAX_SPLIT."""
+    if not isinstance(choice, tuple) or isinstance(choice, cublaslt.Algo):
+        return False
+    c = Config(*choice)
+    if c.tma or c.stream_k:
+        return False
+    k = w.shape[1]
+    return triton.cdiv(k, triton.cdiv(triton.cdiv(k, c.split), c.block_k) * c.block_k) <= ATOMIC_MAX_SPLIT

@@ -24,13 +24,15 @@ def _prefetch_l2(ptrs):
 def _gemm_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, K_PER_SPLIT, WS_STRIDE, ss_in_ptr, ss_out_ptr, NT_IN,
                  eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
                  GATED: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_K: tl.constexpr, NORM: tl.constexpr = False,
-                 SILU: tl.constexpr = False, RESID: tl.constexpr = False, NT_P: tl.constexpr = 1):
+                 SILU: tl.constexpr = False, RESID: tl.constexpr = False, NT_P: tl.constexpr = 1,
+                 ATOMIC: tl.constexpr = False):
     """The split-K GEMM. The fused-norm layers' variants (one row block) change only the epilogue, never the K loop:
     ``NORM``: x is the residual stream, W already carries the RMSNorm's weight (``gemm.fold_norm``) and the tile is
     scaled by each row's 1 / rms, from the NT_IN per-tile partial sums of squares at ``ss_in_ptr``. ``SILU``: W is
     [gate | up] (2N rows) and y = silu(x W_gate^T) * (x W_up^T) [M, N], two accumulators a program. ``RESID``: y is
     the residual stream, updated in place to y + x W^T, with this GEMM's per-tile sums of squares written to
-    ``ss_out_ptr`` (``_resid_out``)."""
+    ``ss_out_ptr`` (``_resid_out``). ``ATOMIC`` (plain or GATED, at most two splits): y is an fp32 accumulator of
+    zeros and each split adds its partial into it (``_store_or_fix_up``)."""
     pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -68,7 +70,7 @@ def _gemm_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, K_PER_SPLIT, WS_
         if SILU:
             acc_u += tl.dot(x, tl.trans(tl.load(w_ptr + w_off + N * K, mask=w_mask, other=0.0)))
     _store_or_fix_up(acc, y_ptr, ws_ptr, cnt_ptr, rows, cols, M, N, WS_STRIDE, BLOCK_M, BLOCK_N, SPLIT, RESID,
-                     ss_out_ptr, acc_u, NORM, SILU, inv, r_old)
+                     ss_out_ptr, acc_u, NORM, SILU, inv, r_old, ATOMIC)
 
 
 @triton.jit
@@ -105,14 +107,19 @@ def _epilogue(total, total_u, y_ptr, ss_out_ptr, rows, ok, out_off, inv, r_old, 
 @triton.jit
 def _store_or_fix_up(acc, y_ptr, ws_ptr, cnt_ptr, rows, cols, M, N, WS_STRIDE, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, RESID: tl.constexpr = False, ss_ptr=None,
-                     acc_u=None, NORM: tl.constexpr = False, SILU: tl.constexpr = False, inv=None, r_old=None):
+                     acc_u=None, NORM: tl.constexpr = False, SILU: tl.constexpr = False, inv=None, r_old=None,
+                     ATOMIC: tl.constexpr = False):
     """Write the tile (one split), or store this split's partial and let the last split add them in order, then
     ``_epilogue`` (the fused-norm variants; ``SILU``: a second accumulator, its partials N columns further on in a
-    workspace of 2N columns)."""
+    workspace of 2N columns). ``ATOMIC``: add the partial into y, an fp32 accumulator that holds zeros, and be done
+    (no workspace, ticket or fix-up). With one or two splits the sum is the fix-up's to the bit: 0 + a = a, and
+    a + b = b + a in either arrival order."""
     pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ok = (rows[:, None] < M) & (cols[None, :] < N)
     out_off = rows.to(tl.int64)[:, None] * N + cols[None, :]
-    if SPLIT == 1:
+    if ATOMIC:
+        tl.atomic_add(y_ptr + out_off, acc, mask=ok, sem="relaxed")
+    elif SPLIT == 1:
         _epilogue(acc, acc_u, y_ptr, ss_ptr, rows, ok, out_off, inv, r_old, BLOCK_M, RESID, NORM, SILU)
     else:
         tile = pid_m * tl.num_programs(1) + pid_n

@@ -685,14 +685,20 @@ def silu_mul(gate_up: torch.Tensor, out_dtype=None) -> torch.Tensor:
 
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, y_ptr, r_ptr, N, eps, BLOCK: tl.constexpr, HAS_DELTA: tl.constexpr,
-                         USE_PDL: tl.constexpr):
+                         USE_PDL: tl.constexpr, DELTA_ACC: tl.constexpr = False):
+    """``DELTA_ACC``: delta is an fp32 accumulator (``accumulator``): rounded to the residual's dtype, as the GEMM's
+    own store would have, and set back to zeros."""
     _pdl_wait(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
     r = tl.load(x_ptr + row * N + cols, mask=ok, other=0.0).to(tl.float32)
     if HAS_DELTA:
-        r += tl.load(d_ptr + row * N + cols, mask=ok, other=0.0).to(tl.float32)
+        dl = tl.load(d_ptr + row * N + cols, mask=ok, other=0.0)
+        if DELTA_ACC:
+            dl = dl.to(r_ptr.dtype.element_ty)
+            tl.store(d_ptr + row * N + cols, tl.zeros([BLOCK], tl.float32), mask=ok)
+        r += dl.to(tl.float32)
     r_lo = r.to(r_ptr.dtype.element_ty)
     tl.store(r_ptr + row * N + cols, r_lo, mask=ok)
     r = r_lo.to(tl.float32)
@@ -702,15 +708,41 @@ def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, y_ptr, r_ptr, N, eps, BLOCK: tl.co
 
 
 def add_rms_norm(x, delta, weight, eps):
-    """residual = x + delta (delta None: x); return (rms_norm(residual), residual)."""
+    """residual = x + delta (delta None: x); return (rms_norm(residual), residual). A delta that is an
+    ``accumulator`` is read, rounded to the residual's dtype and left at zeros."""
     n = x.shape[-1]
     r = torch.empty(x.shape, dtype=weight.dtype, device=x.device)
     y = empty_rows(x.numel() // n, n, weight.dtype, x.device).view(x.shape)
     pdl = pdl_enabled(x)
+    acc = is_accumulator(delta)
     _add_rms_norm_kernel[(x.numel() // n,)](x, x if delta is None else delta, weight, y, r, n, eps,
                                             BLOCK=triton.next_power_of_2(n), HAS_DELTA=delta is not None,
-                                            USE_PDL=pdl, num_warps=8, **pdl_kwargs(pdl))
+                                            USE_PDL=pdl, num_warps=8, **pdl_kwargs(pdl),
+                                            **({"DELTA_ACC": True} if acc else {}))
     return y, r
+
+
+# (M, N, device, lane) -> an fp32 buffer of zeros that one GEMM adds its split-K partials into (``gemm.linear`` with
+# ``accumulate``) and the add_rms_norm after it reads and zeroes again; kept, so CUDA graphs read and write it
+_accumulators: dict[tuple, torch.Tensor] = {}
+_accumulator_ptrs: set[int] = set()
+
+
+def accumulator(m: int, n: int, device: torch.device) -> torch.Tensor:
+    """The [m, n] fp32 accumulator of this ``lane`` (zeros whenever no GEMM has added into it since its consumer
+    ran); made outside graph capture (the warm-up step does), zeroed once."""
+    key = (m, n, device, lane)
+    if key not in _accumulators:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("an accumulator would be made inside CUDA graph capture: run one step eagerly first")
+        buf = _accumulators[key] = torch.zeros(m, n, dtype=torch.float32, device=device)
+        _accumulator_ptrs.add(buf.data_ptr())
+    return _accumulators[key]
+
+
+def is_accumulator(t: torch.Tensor | None) -> bool:
+    """Whether ``t`` is (a view from the start of) an ``accumulator``."""
+    return t is not None and t.dtype == torch.float32 and t.data_ptr() in _accumulator_ptrs
 
 
 def rms_norm(x, weight, eps):

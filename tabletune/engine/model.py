@@ -60,18 +60,19 @@ class DecoderLayer(nn.Module):
             self.w_down = _param(h, cfg.intermediate_size, dtype=dtype, device=device)
 
     def attn(self, ops, x, start_pos, slots, k_cache, v_cache, prefill_at: tuple[int, int] | None = None,
-             prefetch: L2Prefetch | None = None, fuse_rope: bool = True):
+             prefetch: L2Prefetch | None = None, fuse_rope: bool = True, accumulate: bool = False):
         """x [B, q, hidden] (normed) -> attention output [B, q, hidden].
 
         ``prefill_at = (start, slot)`` marks a one-sequence prompt (SDPA over the slot's keys; the slot an int, or
         a one-element device tensor in a captured prefill). ``fuse_rope``: a verify
         step (q >= 2 tokens a sequence) runs qk-norm, RoPE and the cache write inside the attention launch
         (``ops.rope_attention``); on the H200 that measured -2.2% to +0.1% at k >= 1, +0.9% and +1.4% at k = 0.
+        ``accumulate``: the o GEMM's result may be a ``kernels.accumulator`` (see ``linear``).
         """
         b, qlen, _ = x.shape
         o = self.attend(ops, linear(x, self.wqkv), start_pos, slots, k_cache, v_cache, prefill_at, prefetch,
                         fuse_rope)
-        return linear(o.reshape(b, qlen, -1), self.wo)
+        return linear(o.reshape(b, qlen, -1), self.wo, accumulate=accumulate)
 
     def attend(self, ops, qkv, start_pos, slots, k_cache, v_cache, prefill_at: tuple[int, int] | None = None,
                prefetch: L2Prefetch | None = None, fuse_rope: bool = True):
@@ -101,25 +102,27 @@ class DecoderLayer(nn.Module):
             self._folded[name] = gemm.fold_norm(getattr(self, name), norm)
         return self._folded[name]
 
-    def mlp(self, ops, x):
+    def mlp(self, ops, x, accumulate: bool = False):
+        """``accumulate``: the down GEMM's result may be a ``kernels.accumulator`` (see ``linear``)."""
         if self.cfg.is_moe:
             return moe_mlp(ops, x, self.router, self.w_gate_up, self.w_down, self.cfg.num_experts_per_tok)
         if x.is_cuda:  # silu(gate) * up inside the down GEMM (or before cuBLAS)
-            return linear(linear(x, self.w_gate_up), self.w_down, gated=True)
+            return linear(linear(x, self.w_gate_up), self.w_down, gated=True, accumulate=accumulate)
         return linear(ops.silu_mul(linear(x, self.w_gate_up), self.w_down.dtype), self.w_down)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, gated: bool = False) -> torch.Tensor:
-    """y = x W^T over the last dim; gated (CUDA only): y = (silu(gate) * up) W^T for x = [gate | up]."""
+def linear(x: torch.Tensor, w: torch.Tensor, gated: bool = False, accumulate: bool = False) -> torch.Tensor:
+    """y = x W^T over the last dim; gated (CUDA only): y = (silu(gate) * up) W^T for x = [gate | up];
+    ``accumulate``: see ``gemm.linear`` (only for a y that goes to ``add_rms_norm`` and nowhere else)."""
     x2 = x.reshape(-1, x.shape[-1])
-    y = gemm_linear(x2, w, gated) if x.is_cuda else torch.mm(x2, w.t())
+    y = gemm_linear(x2, w, gated, accumulate) if x.is_cuda else torch.mm(x2, w.t())
     return y.view(*x.shape[:-1], w.shape[0])
 
 
-def gemm_linear(x2: torch.Tensor, w: torch.Tensor, gated: bool = False) -> torch.Tensor:
+def gemm_linear(x2: torch.Tensor, w: torch.Tensor, gated: bool = False, accumulate: bool = False) -> torch.Tensor:
     from tabletune.engine import gemm
 
-    return gemm.linear(x2, w, gated)
+    return gemm.linear(x2, w, gated, accumulate)
 
 
 def moe_mlp(ops, x, router, w_gate_up, w_down, top_k):
@@ -219,11 +222,12 @@ class Decoder(nn.Module):
         if self.fuses_norm(x, prefill_at, fuse_norm_rows):
             return self._forward_fused_norm(x, start_pos, slots, cache, prefetch, fuse_rope)
         delta = None  # the first add+norm has nothing to add
+        acc = ops is not torch_ops  # the o and down results go to the Triton add_rms_norm only
         for i, layer in enumerate(self.layers):
             h, x = ops.add_rms_norm(x, delta, layer.in_norm, eps)
-            a = layer.attn(ops, h, start_pos, slots, cache.k[i], cache.v[i], prefill_at, prefetch, fuse_rope)
+            a = layer.attn(ops, h, start_pos, slots, cache.k[i], cache.v[i], prefill_at, prefetch, fuse_rope, acc)
             h, x = ops.add_rms_norm(x, a, layer.post_norm, eps)
-            delta = layer.mlp(ops, h)
+            delta = layer.mlp(ops, h, acc)
         if prefetch is not None:
             prefetch.join()
         return ops.add_rms_norm(x, delta, self.final_norm, eps)[0]

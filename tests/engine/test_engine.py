@@ -334,6 +334,45 @@ print("ok")
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
 
 
+def test_atomic_split_k_gemm_and_its_consumer_match_the_fix_up_bit_for_bit_in_interpreter():
+    """``gemm.atomic_split``: one or two K splits added atomically into an fp32 ``kernels.accumulator`` give the
+    fix-up's sum to the bit (plain and gated); ``add_rms_norm`` of that accumulator gives the same residual and
+    norm as of the GEMM's own output and leaves the accumulator at zeros; three splits and other kinds of choice
+    are refused."""
+    pytest.importorskip("triton")
+    code = """
+import torch
+from tabletune.engine import cublaslt, gemm as G, kernels as K
+torch.manual_seed(0)
+dev = torch.device("cpu")
+x, gu, w = torch.randn(5, 300), torch.randn(5, 600), torch.randn(70, 300)
+r0, nw = torch.randn(5, 70), torch.rand(70) + 0.5
+for cfg in (G.Config(16, 32, 64, 1, 4, 4), G.Config(16, 32, 64, 2, 4, 4), G.Config(16, 32, 128, 2, 4, 4)):
+    for gated, inp in ((False, x), (True, gu)):
+        ref = G.triton_linear(inp, w, cfg, gated=gated)
+        acc = K.accumulator(5, 70, dev)
+        assert K.is_accumulator(acc) and not K.is_accumulator(ref) and bool((acc == 0).all())
+        got = G._pointer_gemm(inp, w, cfg, acc, gated, atomic=True)
+        assert got.data_ptr() == acc.data_ptr() and torch.equal(got, ref), (cfg, gated)
+        ya, ra = K.add_rms_norm(r0, ref, nw, 1e-6)
+        yb, rb = K.add_rms_norm(r0, acc, nw, 1e-6)
+        assert torch.equal(ya, yb) and torch.equal(ra, rb) and bool((acc == 0).all())
+try:
+    G._pointer_gemm(x, w, G.Config(16, 32, 64, 3, 4, 4), K.accumulator(5, 70, dev), atomic=True)
+    raise SystemExit("three splits were not refused")
+except ValueError:
+    pass
+assert G._atomic_ok(G.Config(16, 32, 64, 2, 4, 4), w) and not G._atomic_ok(G.Config(16, 32, 64, 3, 4, 4), w)
+assert G._atomic_ok(G.Config(16, 32, 64, 8, 4, 4), torch.randn(70, 128))  # 8 asked, 2 effective: 128 / 64
+assert not any(G._atomic_ok(c, w) for c in (None, 64, G.CUBLASLT, G.Config(64, 128, 64, 2, 4, 4, True),
+                                             G.Config(16, 32, 64, 1, 4, 4, False, 132)))
+print("ok")
+"""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
+
+
 def test_attention_head_groups_match_torch_ops_in_interpreter():
     """``kernels.attn_max_rows``: at q = 5 and 8 tokens with G = 4 heads a KV head the group's heads are dealt to
     programs of at most 8 / 16 rows (2 or 4 head groups), with and without key splits and with halved splits; both
