@@ -84,15 +84,8 @@ def _attn_tma_persistent_kernel(q_ptr, k_desc, v_desc, start_ptr, slots_ptr, out
             k = k_desc.load([base + n0, 0])
             v = v_desc.load([base + n0, 0])
             cols = n0 + tl.arange(0, BLOCK_N)
-            sc = tl.dot(q, tl.trans(k)) * qk_scale
-            sc = tl.where((cols[None, :] <= limit[:, None]) & (cols[None, :] < kv_len), sc, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(sc, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp2(sc - m_safe[:, None])
-            alpha = tl.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
+            m_i, l_i, acc = kernels._online_softmax_step(
+                q, k, v, (cols[None, :] <= limit[:, None]) & (cols[None, :] < kv_len), qk_scale, m_i, l_i, acc)
         kernels._attn_store(out_ptr, out_ptr, out_ptr, out_ptr, out_ptr, m_i, l_i, acc, b, 0, tok,
                             kvh * G + rows % G, row_ok, QLEN, H, D, 1, BLOCK_M)
 

@@ -235,16 +235,23 @@ def _attn_tiles(q, kbase, vbase, lo, hi, limit, scale, D: tl.constexpr, BLOCK_M:
         kv_off = cols.to(tl.int64)[:, None] * D + d[None, :]
         k = tl.load(kbase + kv_off, mask=col_ok[:, None], other=0.0, eviction_policy="evict_first")
         v = tl.load(vbase + kv_off, mask=col_ok[:, None], other=0.0, eviction_policy="evict_first")
-        s = tl.dot(q, tl.trans(k)) * qk_scale
-        s = tl.where((cols[None, :] <= limit[:, None]) & col_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        m_i, l_i, acc = _online_softmax_step(q, k, v, (cols[None, :] <= limit[:, None]) & col_ok[None, :], qk_scale,
+                                             m_i, l_i, acc)
     return m_i, l_i, acc
+
+
+@triton.jit
+def _online_softmax_step(q, k, v, visible, qk_scale, m_i, l_i, acc):
+    """One K / V tile folded into the online softmax: scores q k^T (scaled to log2 units) where ``visible``
+    [rows, keys], else -inf; the running row max m, sum l and output acc, updated."""
+    s = tl.where(visible, tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
 
 
 @triton.jit
