@@ -199,11 +199,16 @@ def triton_linear(x: torch.Tensor, w: torch.Tensor, cfg, gated: bool = False) ->
     return y
 
 
+def _k_splits(k: int, split: int, bk: int) -> tuple[int, int]:
+    """(K columns a split, a multiple of bk; the split count that leaves none empty) for ``split`` asked."""
+    per_split = triton.cdiv(triton.cdiv(k, split), bk) * bk
+    return per_split, triton.cdiv(k, per_split)
+
+
 def _split_k(m: int, n: int, k: int, bm: int, bn: int, bk: int, split: int, y: torch.Tensor, accumulators: int = 1):
     """K columns a split (a multiple of bk), the split count that leaves none empty, the fp32 workspace of the
     partials (``accumulators`` x n columns; y itself when there is one split or no accumulator) and the grid."""
-    per_split = triton.cdiv(triton.cdiv(k, split), bk) * bk
-    split = triton.cdiv(k, per_split)
+    per_split, split = _k_splits(k, split, bk)
     ws = torch.empty(split, m, accumulators * n, dtype=torch.float32, device=y.device) \
         if split > 1 and accumulators else y
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), split)
@@ -605,7 +610,4 @@ def _atomic_ok(choice, w: torch.Tensor) -> bool:
     if not isinstance(choice, tuple) or isinstance(choice, cublaslt.Algo):
         return False
     c = Config(*choice)
-    if c.tma or c.stream_k:
-        return False
-    k = w.shape[1]
-    return triton.cdiv(k, triton.cdiv(triton.cdiv(k, c.split), c.block_k) * c.block_k) <= ATOMIC_MAX_SPLIT
+    return not (c.tma or c.stream_k) and _k_splits(w.shape[1], c.split, c.block_k)[1] <= ATOMIC_MAX_SPLIT
