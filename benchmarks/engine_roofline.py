@@ -449,6 +449,38 @@ def write_results(args, ceil, rows: list[dict], device: str, buckets, overlap_ro
     print("\n".join(md))
 
 
+# The same-card A/B comparisons, run in this order: (flag, whose value is the b:k cells to time; the tag of its rows
+# in the JSON; the flag's help; how it runs on those cells, given the engine, the cells, the context and the args).
+COMPARISONS = (
+    ("--prefetch-compare", "prefetch", "b:k,... cells to time with each L2 prefetch mode and without",
+     lambda engine, pts, ctx, args: prefetch_compare(engine, pts, ctx, args.prefetch_modes.split(","),
+                                                     tuple(int(v) for v in args.prefetch_programs.split(",")))),
+    ("--fusion-compare", "fusion", "b:k,... cells to time with RoPE fused into attention and without",
+     lambda engine, pts, ctx, args: fusion_compare(engine, pts, ctx)),
+    ("--attn-compare", "attention", "b:k,... cells to time with the fixed attention config and with the chosen ones",
+     lambda engine, pts, ctx, args: attention_compare(engine, pts, ctx)),
+    ("--attn-prefetch-compare", "attn-prefetch", "b:k,... cells to time without L2 hints of the KV and with each of "
+     "--attn-prefetch-variants",
+     lambda engine, pts, ctx, args: attn_prefetch_compare(engine, pts, ctx, args.attn_prefetch_variants.split(","))),
+    ("--attn-tile-compare", "attn-tile", "b:k,... cells to time with the start-up attention configs and with every "
+     "launch forced to each of --attn-tile-variants",
+     lambda engine, pts, ctx, args: attn_tile_compare(engine, pts, ctx, args.attn_tile_variants.split(","))),
+    ("--attn-step-compare", "attn-step", "b:k,... cells to time without and with the in-step attention choice",
+     lambda engine, pts, ctx, args: attn_step_compare(engine, pts, ctx)),
+    ("--attn-rows-compare", "attn-rows", "b:k,... cells to time with attention programs of all G x q rows and of at "
+     "most 16 rows", lambda engine, pts, ctx, args: attn_rows_compare(engine, pts, ctx)),
+    ("--gemm-atomic-compare", "gemm-atomic", "b:k,... cells to time with the split-K fix-up and with the partials "
+     "added atomically (gemm.atomic_split)", lambda engine, pts, ctx, args: gemm_atomic_compare(engine, pts, ctx)),
+    ("--gemm-lt-compare", "gemm-lt", "b:k,... cells to time with the GEMM choices made without and with cuBLASLt's "
+     "heuristic kernels", lambda engine, pts, ctx, args: gemm_lt_compare(engine, pts, ctx)),
+    ("--gemm-context-compare", "gemm-context", "b:k,... cells to time with the GEMM choices made from timings alone "
+     "and in context (set TABLETUNE_GEMM_TIMING=both)",
+     lambda engine, pts, ctx, args: gemm_context_compare(engine, pts, ctx)),
+    ("--gemm-policy-compare", "gemm-policy", "b:k,... cells to time with the GEMM chooser's picks and with cuBLAS "
+     "for every GEMM", lambda engine, pts, ctx, args: gemm_policy_compare(engine, pts, ctx)),
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-8b")
@@ -460,33 +492,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--buckets", default="", help="batch sizes to capture and time (default: 1, 2, 4, ..., max-batch)")
     ap.add_argument("--overlap-compare", default="", help="b:k,... cells to time with the two-stream forward too")
     ap.add_argument("--overlap-carveouts", default="0", help="SM carveouts for cuBLAS in the two-stream variants")
-    ap.add_argument("--prefetch-compare", default="", help="b:k,... cells to time with each L2 prefetch mode and without")
+    for flag, _, text, _ in COMPARISONS:
+        ap.add_argument(flag, default="", help=text)
     ap.add_argument("--prefetch-modes", default="lines,lines_evict_last,bulk")
     ap.add_argument("--prefetch-programs", default="16", help="program counts of the prefetch kernel to compare")
-    ap.add_argument("--fusion-compare", default="", help="b:k,... cells to time with RoPE fused into attention "
-                    "and without")
-    ap.add_argument("--attn-compare", default="", help="b:k,... cells to time with the fixed attention config "
-                    "and with the chosen ones")
-    ap.add_argument("--attn-prefetch-compare", default="", help="b:k,... cells to time without L2 hints of the KV "
-                    "and with each of --attn-prefetch-variants")
     ap.add_argument("--attn-prefetch-variants", default="w1,w2,a2,a4,w2a2,w2a4",
                     help="wN: N tiles hinted before the PDL wait; aN: the tile N ahead in the loop")
-    ap.add_argument("--attn-tile-compare", default="", help="b:k,... cells to time with the start-up attention "
-                    "configs and with every launch forced to each of --attn-tile-variants")
     ap.add_argument("--attn-tile-variants", default="64/4/3,64/4/4,128/8/3,64/8/3",
                     help="BLOCK_N/WARPS/STAGES[/SPLITS] (no SPLITS: kernels.wave_splits)")
-    ap.add_argument("--attn-step-compare", default="", help="b:k,... cells to time without and with the in-step "
-                    "attention choice")
-    ap.add_argument("--attn-rows-compare", default="", help="b:k,... cells to time with attention programs of all "
-                    "G x q rows and of at most 16 rows")
-    ap.add_argument("--gemm-atomic-compare", default="", help="b:k,... cells to time with the split-K fix-up and "
-                    "with the partials added atomically (gemm.atomic_split)")
-    ap.add_argument("--gemm-lt-compare", default="", help="b:k,... cells to time with the GEMM choices made "
-                    "without and with cuBLASLt's heuristic kernels")
-    ap.add_argument("--gemm-policy-compare", default="", help="b:k,... cells to time with the GEMM chooser's "
-                    "picks and with cuBLAS for every GEMM")
-    ap.add_argument("--gemm-context-compare", default="", help="b:k,... cells to time with the GEMM choices made "
-                    "from timings alone and in context (set TABLETUNE_GEMM_TIMING=both)")
     ap.add_argument("--no-attn-step-choice", action="store_true",
                     help="capture every step with the start-up attention configs (EngineConfig.attn_step_choice off)")
     ap.add_argument("--attn-prefetch", default="",
@@ -520,25 +533,10 @@ def main(argv: list[str] | None = None) -> int:
     timed = []
     variant_rows = []  # the same-card A/B comparisons, each row tagged with its comparison
     ctx = args.context
-    comparisons = [  # (its b:k cells, the tag of its rows, how it runs on those cells), in this order
-        (args.prefetch_compare, "prefetch", lambda pts: prefetch_compare(
-            engine, pts, ctx, args.prefetch_modes.split(","), tuple(int(v) for v in args.prefetch_programs.split(",")))),
-        (args.fusion_compare, "fusion", lambda pts: fusion_compare(engine, pts, ctx)),
-        (args.attn_compare, "attention", lambda pts: attention_compare(engine, pts, ctx)),
-        (args.attn_prefetch_compare, "attn-prefetch", lambda pts: attn_prefetch_compare(
-            engine, pts, ctx, args.attn_prefetch_variants.split(","))),
-        (args.attn_tile_compare, "attn-tile", lambda pts: attn_tile_compare(
-            engine, pts, ctx, args.attn_tile_variants.split(","))),
-        (args.attn_step_compare, "attn-step", lambda pts: attn_step_compare(engine, pts, ctx)),
-        (args.attn_rows_compare, "attn-rows", lambda pts: attn_rows_compare(engine, pts, ctx)),
-        (args.gemm_atomic_compare, "gemm-atomic", lambda pts: gemm_atomic_compare(engine, pts, ctx)),
-        (args.gemm_lt_compare, "gemm-lt", lambda pts: gemm_lt_compare(engine, pts, ctx)),
-        (args.gemm_context_compare, "gemm-context", lambda pts: gemm_context_compare(engine, pts, ctx)),
-        (args.gemm_policy_compare, "gemm-policy", lambda pts: gemm_policy_compare(engine, pts, ctx)),
-    ]
-    for cells, tag, run in comparisons:
+    for flag, tag, _, run in COMPARISONS:
+        cells = getattr(args, flag[2:].replace("-", "_"))
         if cells:
-            _, compared = run(parse_cells(cells))
+            _, compared = run(engine, parse_cells(cells), ctx, args)
             variant_rows += [dict(r, compare=tag) for r in compared]
     lt_lines, lt_rows = lt_summary()
     print("\n".join(lt_lines + context_summary()), flush=True)
