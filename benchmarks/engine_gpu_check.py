@@ -186,6 +186,9 @@ def check_moe() -> None:
         print(f"moe grouped_mm FAILED: {type(exc).__name__}: {exc}")
 
 
+DRAFTERS = ("ngram", "eagle", "draft_model", "parallel_block")  # the lossless part's drafters (``--drafters``)
+
+
 def check_lossless() -> None:
     torch.manual_seed(0)
     cfg = PRESETS["tiny"]
@@ -207,7 +210,7 @@ def check_lossless() -> None:
     out, _, _ = run("ngram", DraftTable.fixed(0))
     print(f"lossless no speculation, graphed prefills: identical to eager prefills {out == base}")
     table = DraftTable.from_ranges([[1, 2, 5], [3, 4, 2], [5, 8, 3]])
-    for dr in ("ngram", "eagle", "draft_model", "parallel_block"):
+    for dr in DRAFTERS:
         out, st, ng = run(dr, table)
         print(f"lossless {dr:15s} identical={out == base} graphs={ng} steps={st.num_steps} "
               f"accepted={st.counts.accepted}")
@@ -372,7 +375,11 @@ if __name__ == "__main__":
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default=",".join(CHECKS), help=f"comma-separated subset of {','.join(CHECKS)}")
-    parts = ap.parse_args().parts.split(",")
+    ap.add_argument("--drafters", default=",".join(DRAFTERS),
+                    help="the lossless part's drafters, in this order (a device-side assert ends the process, so "
+                         "one drafter at a time tells which engine raises it)")
+    args = ap.parse_args()
+    parts, DRAFTERS = args.parts.split(","), tuple(args.drafters.split(","))
     unknown = [p for p in parts if p not in CHECKS]
     if unknown:
         raise SystemExit(f"engine_gpu_check.py: --parts {','.join(unknown)} not in {','.join(CHECKS)}")
