@@ -187,6 +187,7 @@ def check_moe() -> None:
 
 
 DRAFTERS = ("ngram", "eagle", "draft_model", "parallel_block")  # the lossless part's drafters (``--drafters``)
+FREE_ENGINES = False  # ``--free-engines``: collect each engine of the lossless part (and sync) before the next is made
 
 
 def check_lossless() -> None:
@@ -204,7 +205,14 @@ def check_lossless() -> None:
         reqs = [Request(list(p), 40, i) for i, p in enumerate(prompts)]
         st = Scheduler(e, table).run(reqs)
         torch.cuda.synchronize()  # an error of this run's kernels shows here, not in the next engine's capture
-        return [r.output for r in reqs], st, len(e.graphs)
+        outputs, num_graphs = [r.output for r in reqs], len(e.graphs)
+        if FREE_ENGINES:
+            import gc
+
+            del e, d
+            gc.collect()
+            torch.cuda.synchronize()
+        return outputs, st, num_graphs
 
     base, _, _ = run("ngram", DraftTable.fixed(0), prefill_graphs=0)  # no speculation, every prefill eager
     out, _, _ = run("ngram", DraftTable.fixed(0))
@@ -378,8 +386,10 @@ if __name__ == "__main__":
     ap.add_argument("--drafters", default=",".join(DRAFTERS),
                     help="the lossless part's drafters, in this order (a device-side assert ends the process, so "
                          "one drafter at a time tells which engine raises it)")
+    ap.add_argument("--free-engines", action="store_true",
+                    help="lossless part: free each engine (gc.collect, sync) before the next one is made")
     args = ap.parse_args()
-    parts, DRAFTERS = args.parts.split(","), tuple(args.drafters.split(","))
+    parts, DRAFTERS, FREE_ENGINES = args.parts.split(","), tuple(args.drafters.split(",")), args.free_engines
     unknown = [p for p in parts if p not in CHECKS]
     if unknown:
         raise SystemExit(f"engine_gpu_check.py: --parts {','.join(unknown)} not in {','.join(CHECKS)}")
