@@ -278,17 +278,19 @@ def check_graph_replay() -> None:
         outs = _replay_outputs((e4, e), b, k)
         print(f"graph RoPE unfused b={b} k={k}: same tokens as fused {bool((outs[0] == outs[1]).all())}")
     del e4
-    gemm.atomic_split = True  # split-K partials added atomically (o and down GEMMs): the same bits as the fix-up
+    atomic = gemm.atomic_split  # the engine's split-K tail at M <= ATOMIC_MAX_ROWS; e6 runs the other one
+    gemm.atomic_split = not atomic
     try:
         e6 = SpecEngine(target, ReplayDrafter(), EngineConfig(max_num_seqs=64, max_len=600, k_max=7,
                                                                buckets=(1, 8, 64), ks=(0, 3, 7)))
         for b, k in ((1, 0), (1, 7), (8, 3), (64, 7)):
             outs = _replay_outputs((e6, e6, e), b, k)
-            print(f"graph atomic split-K b={b} k={k}: replay==replay {bool((outs[0] == outs[1]).all())} "
-                  f"same tokens as the fix-up {bool((outs[0] == outs[2]).all())}")
+            print(f"graph atomic split-K {'off' if atomic else 'on'} b={b} k={k}: replay==replay "
+                  f"{bool((outs[0] == outs[1]).all())} same tokens as {'on' if atomic else 'off'} "
+                  f"{bool((outs[0] == outs[2]).all())}")
         del e6
     finally:
-        gemm.atomic_split = False
+        gemm.atomic_split = atomic
     for b, k in ((1, 0), (1, 7), (8, 3), (64, 7)):
         e.set_context(b, 500, seed=b)
         outs = []

@@ -298,10 +298,11 @@ def attn_rows_compare(engine, points, context_len: int, reps: int = 15) -> tuple
 
 def gemm_atomic_compare(engine, points, context_len: int, reps: int = 15) -> tuple[list[str], list[dict]]:
     """Each step's graph with the split-K fix-up of the o and down GEMMs against their partials added atomically
-    into an accumulator that the next add_rms_norm reads and zeroes (``gemm.atomic_split``; the same bits)."""
+    into an accumulator that the next add_rms_norm reads and zeroes (``gemm.atomic_split``; the same bits), at
+    every M (the engine's default takes the atomics at M <= ``gemm.ATOMIC_MAX_ROWS`` only, from this A/B)."""
     return variant_compare(engine, points, context_len,
                            lambda b: {"fix-up": {"gemm.atomic_split": False},
-                                      "atomic": {"gemm.atomic_split": True}}, reps)
+                                      "atomic": {"gemm.atomic_split": True, "gemm.ATOMIC_MAX_ROWS": 1 << 20}}, reps)
 
 
 def gemm_lt_compare(engine, points, context_len: int, reps: int = 15) -> tuple[list[str], list[dict]]:

@@ -94,9 +94,12 @@ use_context = TIMING != "alone"
 # (``linear(..., accumulate=True)``: the o and down GEMMs of the decode layers), instead of the ticketed fix-up by the
 # split that finishes last, for Triton pointer configs of one or two splits (bit-identical: see
 # ``gemm_kernels._store_or_fix_up``). The fix-up puts a ticket round trip and a read of the partials on the tail of
-# every split-K GEMM. Off by default until measured (env TABLETUNE_GEMM_ATOMIC=1 or ``atomic_split``).
-atomic_split = os.environ.get("TABLETUNE_GEMM_ATOMIC", "0") == "1"
+# every split-K GEMM. On by default at M <= ATOMIC_MAX_ROWS (env TABLETUNE_GEMM_ATOMIC=0 or ``atomic_split`` off).
+# H200, one card, same-run A/B of the step graphs (engine_gemm_atomic_h200.md): -0.9% to -1.3% at the six cells of
+# M = 1-8 rows, +0.3% to +0.8% at M = 16, 40 and 64, 0.0% at M = 24.
+atomic_split = os.environ.get("TABLETUNE_GEMM_ATOMIC", "1") == "1"
 ATOMIC_MAX_SPLIT = 2  # more splits would add in arrival order: not deterministic
+ATOMIC_MAX_ROWS = 8  # the GEMMs of more rows keep the fix-up (slower with the atomics in the step above)
 CONTEXT_MIN_ROWS = 17  # below this M calls follow the timings alone (where every candidate but cuBLAS is a PDL
 # kernel, in-context timing measured +1.4% to +4.5% in the step at M = 12-16 and -1.4% to -2.8% at M = 32-64)
 
@@ -589,8 +592,9 @@ def _zero_then(fn, m: int, n: int, like: torch.Tensor) -> torch.Tensor:
 
 def linear(x2d: torch.Tensor, w: torch.Tensor, gated: bool = False, accumulate: bool = False) -> torch.Tensor:
     """x2d W^T (gated: silu(gate) * up of x2d = [gate | up], then W^T), in x2d's dtype. ``accumulate`` (the caller
-    hands the result to ``kernels.add_rms_norm`` and nothing else): with ``atomic_split`` and a Triton pointer
-    choice of at most ATOMIC_MAX_SPLIT splits, the fp32 ``kernels.accumulator`` the splits added into instead."""
+    hands the result to ``kernels.add_rms_norm`` and nothing else): with ``atomic_split``, at most ATOMIC_MAX_ROWS
+    rows and a Triton pointer choice of at most ATOMIC_MAX_SPLIT splits, the fp32 ``kernels.accumulator`` the splits
+    added into instead."""
     m = x2d.shape[0]
     if not (enabled and x2d.is_cuda and m <= MAX_CHOOSE_M):
         return torch.mm(kernels.silu_mul(x2d, w.dtype) if gated else x2d, w.t())
@@ -598,7 +602,7 @@ def linear(x2d: torch.Tensor, w: torch.Tensor, gated: bool = False, accumulate: 
         choice = current((m, w.shape[0], w.shape[1], gated))
     else:
         choice = choose(m, w, gated)
-    if accumulate and atomic_split and _atomic_ok(choice, w):
+    if accumulate and atomic_split and m <= ATOMIC_MAX_ROWS and _atomic_ok(choice, w):
         return _pointer_gemm(x2d, w, Config(*choice), kernels.accumulator(m, w.shape[0], x2d.device), gated,
                              atomic=True)
     return _run(x2d, w, choice, gated)
