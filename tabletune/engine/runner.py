@@ -145,8 +145,10 @@ class SpecEngine:
         host = torch.tensor([[self.cache.scratch_slot] * b, [self.k_max] * b], dtype=torch.long)
         if self.device.type == "cuda":
             host = host.pin_memory()
-        return StepBuffers(host.to(self.device), host, torch.zeros(b, self.k_max + 2, dtype=torch.long,
-                                                                   device=self.device))
+        # a copy on the CPU too (``to`` would hand back ``host`` itself), so that the inputs a step reads are only
+        # what was uploaded into them, as on the GPU
+        return StepBuffers(host.to(self.device, copy=True), host, torch.zeros(b, self.k_max + 2, dtype=torch.long,
+                                                                              device=self.device))
 
     # ---- the step ----------------------------------------------------------
 
@@ -271,8 +273,11 @@ class SpecEngine:
         for _ in range(reps):
             for c, g in graphs.items():
                 times[c].append(self.timed_ms(g.replay, b, context))
-        # the state as it was: the next capture's warm-up step must not start from the longest context
+        # the state as it was: the next capture's warm-up step runs eagerly on whatever slots ``buf.inputs`` names,
+        # so they go back to the scratch slot (the replays above uploaded rows 0 .. b-1; a warm-up on those would
+        # advance their cached length by up to k + 1 a capture, past max_len after enough of them)
         buf.host.copy_(saved)
+        buf.inputs.copy_(buf.host)
         self.reset_rows(b, 0)
         self.cached.copy_(saved_cached)
         medians = {c: sorted(t)[len(t) // 2] for c, t in times.items()}

@@ -123,6 +123,54 @@ def test_prefill_graph_bookkeeping_with_a_stand_in_graph(tiny, monkeypatch):
     assert out2 == eager and fails.prefill_graphs == {} and fails.prefill_graph_max_len == 0
 
 
+class _ReplayedStep:
+    """A stand-in for a captured step on the CPU: replay() uploads the host inputs and runs the step body, as the
+    graph's first node and the captured kernels would."""
+
+    def __init__(self, engine, b, k):
+        self.engine, self.buf, self.k = engine, engine.buffers[b], k
+
+    def replay(self):
+        self.buf.inputs.copy_(self.buf.host)
+        self.engine._step_body(self.buf, self.k)
+
+
+def test_in_step_attention_choice_puts_the_inputs_and_rows_back(tiny, monkeypatch):
+    """``SpecEngine._choose_attention_in_step`` (captures, then times each candidate's replay on rows 0 .. b-1),
+    with the capture and the timing replaced by stand-ins: after each (bucket, k) the device inputs name the
+    scratch slot again and rows 0 .. b-1 hold what they held before. Otherwise the next capture's eager warm-up ran
+    on rows 0 .. b-1 and advanced their cached length by up to k + 1 a capture, until the history write of a step
+    indexed past max_len (a device-side assert on the H200, at the fourth engine of the lossless check)."""
+    from types import SimpleNamespace
+
+    from tabletune.engine import kernels
+
+    target, _, _ = tiny
+    engine = _engine(target, "parallel_block")
+    b = engine.buckets[-1]
+    buf = engine.buffers[b]
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(multi_processor_count=132))
+    monkeypatch.setattr(kernels, "step_attn_candidates", lambda batch, kv_heads, sms: [None, (64, 4, 4, 1)])
+
+    def capture_step(b, k, pool=None, upload=True, stream=None):
+        engine._step_body(engine.buffers[b], k)  # the warm-up step capture_step runs before capturing
+        return _ReplayedStep(engine, b, k)
+
+    def timed_ms(run, num_rows, context_len):
+        engine.reset_rows(num_rows, context_len)
+        run()
+        return 1.0
+    monkeypatch.setattr(engine, "capture_step", capture_step)
+    monkeypatch.setattr(engine, "timed_ms", timed_ms)
+    scratch = torch.full((b,), engine.cache.scratch_slot, dtype=torch.long)
+    for _ in range(3):
+        for k in engine.ks:
+            engine._choose_attention_in_step(b, k, None, None, reps=2)
+            assert torch.equal(buf.inputs[0].cpu(), scratch) and torch.equal(buf.host[0], scratch), k
+            assert int(engine.cached[:b].abs().sum()) == 0, (k, engine.cached[:b].tolist())
+            assert set(engine.attn_step_force[(b, k)] or ()) <= {64, 4, 1}
+
+
 def test_prefill_attention_takes_a_slot_tensor_and_sdpa_causal_from_position_0():
     """ops.prefill_attention: the slot as an int and as a device tensor (a captured prefill's), from position 0
     (SDPA's causal mask) and from position 2 (an explicit mask), against attention written out by hand."""
