@@ -64,10 +64,9 @@ class EngineConfig:
     # The target's prompt forward (prefill) as a CUDA graph per prompt length up to this many tokens, captured after
     # the second prompt of that length (at most PREFILL_GRAPHS lengths; longer prompts and further lengths run
     # eager). Eager, a 32-token prefill of the 8B shape cost 36-45 ms on the H200, host-bound by its ~500 launches;
-    # graphed, closed-loop serving ran 1.1-3.1x faster (docs/engine_notes.md, serving). 0 (the default): always
-    # eager, until an H200 check that failed after graphed prefills (a device-side assert while the next engine was
-    # captured) is explained. Used only where the step graphs are (use_graphs).
-    prefill_graph_max_len: int = 0
+    # graphed, closed-loop serving ran 1.1-3.2x faster (docs/engine_notes.md, serving). 0: always eager. Used only
+    # where the step graphs are (use_graphs).
+    prefill_graph_max_len: int = 512
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.k_max < 0 or self.temperature < 0 or self.prefetch_max_batch < 0 \
