@@ -16,6 +16,8 @@ once a length has come twice (``EngineConfig.prefill_graph_max_len``):
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 from dataclasses import dataclass
 
@@ -79,6 +81,20 @@ class EngineConfig:
 
 
 PREFILL_GRAPHS = 16  # prompt lengths that get a prefill graph (each holds its own memory pool)
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """Python's garbage collector run first, then off for the block (a CUDA graph capture): an earlier engine's
+    graphs, freed by a collection that fell inside the capture, would invalidate it."""
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @dataclass
@@ -230,14 +246,8 @@ class SpecEngine:
 
     def capture(self) -> None:
         """A CUDA graph per (bucket, k), largest bucket first, sharing one memory pool."""
-        import gc
-
-        gc.collect()  # a graph freed by the collector during a capture would invalidate it
-        gc.disable()
-        try:
+        with _collector_paused():
             self._capture_all()
-        finally:
-            gc.enable()
 
     def _capture_all(self) -> None:
         pool = self.graph_pool = torch.cuda.graph_pool_handle()
@@ -408,7 +418,7 @@ class SpecEngine:
         """``_prefill_forward`` of these static inputs captured as a CUDA graph, in its own memory pool (it replays
         between the steps' graphs, never inside them)."""
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+        with _collector_paused(), torch.cuda.graph(g):
             hidden, logits = self._prefill_forward(tokens, slot)
         return PrefillGraph(g, tokens, slot, hidden, logits)
 
