@@ -95,8 +95,8 @@ use_context = TIMING != "alone"
 # split that finishes last, for Triton pointer configs of one or two splits (bit-identical: see
 # ``gemm_kernels._store_or_fix_up``). The fix-up puts a ticket round trip and a read of the partials on the tail of
 # every split-K GEMM. On by default at M <= ATOMIC_MAX_ROWS (env TABLETUNE_GEMM_ATOMIC=0 or ``atomic_split`` off).
-# H200, one card, same-run A/B of the step graphs (engine_gemm_atomic_h200.md): -0.9% to -1.3% at the six cells of
-# M = 1-8 rows, +0.3% to +0.8% at M = 16, 40 and 64, 0.0% at M = 24.
+# H200, one card, same-run A/B of the step graphs (benchmarks/results/engine_gemm_atomic_h200.log): -0.9% to -1.3%
+# at the six cells of M = 1-8 rows, +0.3% to +0.8% at M = 16, 40 and 64, 0.0% at M = 24.
 atomic_split = os.environ.get("TABLETUNE_GEMM_ATOMIC", "1") == "1"
 ATOMIC_MAX_SPLIT = 2  # more splits would add in arrival order: not deterministic
 ATOMIC_MAX_ROWS = 8  # the GEMMs of more rows keep the fix-up (slower with the atomics in the step above)
