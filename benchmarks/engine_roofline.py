@@ -319,6 +319,13 @@ def gemm_policy_compare(engine, points, context_len: int, reps: int = 15) -> tup
                            lambda b: {"chooser": {}, "cublas-only": {"gemm.enabled": False}}, reps)
 
 
+def gemm_triton_compare(engine, points, context_len: int, reps: int = 15) -> tuple[list[str], list[dict]]:
+    """Each step's graph with the GEMM chooser's picks against every GEMM on its fastest Triton config where one
+    was timed (``gemm.triton_only``: the PDL chain of the step kept at the cost of each GEMM's own time)."""
+    return variant_compare(engine, points, context_len,
+                           lambda b: {"chooser": {}, "triton-only": {"gemm.triton_only": True}}, reps)
+
+
 def gemm_context_compare(engine, points, context_len: int, reps: int = 15) -> tuple[list[str], list[dict]]:
     """Each step's graph with the GEMM choices made from timings alone against those made from timings in context
     (each candidate followed by a PDL kernel) at every M and at M >= ``gemm.CONTEXT_MIN_ROWS`` (the default); needs
@@ -411,7 +418,7 @@ def _window_text(w) -> str:
 
 def write_results(args, ceil, rows: list[dict], device: str, buckets, overlap_rows: list[dict] = (),
                   readings=(), variant_rows: list[dict] = (), step_choices: list[dict] = (),
-                  gemm_lt: list[dict] = ()) -> None:
+                  gemm_lt: list[dict] = (), gemm_steps: list[dict] = ()) -> None:
     worst = {name: (max((r[key] for r in rows if r["batch_size"] <= 32), default=0.0), max(r[key] for r in rows))
              for name, key in (("wall", "ratio"), ("gpu", "gpu_ratio"), ("serial", "serial_ratio"))}
     n32 = sum(r["ratio"] <= 1.3 for r in rows if r["batch_size"] <= 32)
@@ -427,7 +434,7 @@ def write_results(args, ceil, rows: list[dict], device: str, buckets, overlap_ro
                                    for c in readings],
               "command": command_line(), "rows": rows, "overlap_rows": list(overlap_rows),
               "variant_rows": list(variant_rows), "attn_step_choices": list(step_choices),
-              "gemm_lt_choices": list(gemm_lt)}
+              "gemm_lt_choices": list(gemm_lt), "gemm_step_choices": list(gemm_steps)}
     fileio.write_json(args.out + ".json", result)
     md = [f"# step / roofline floor, {args.model}, context {args.context}, {device}", "",
           f"copy {ceil.bandwidth_gb_s:.0f} GB/s, bf16 matmul {ceil.matrix_tflop_s:.0f} TFLOP/s; "
@@ -477,6 +484,9 @@ COMPARISONS = (
     ("--gemm-context-compare", "gemm-context", "b:k,... cells to time with the GEMM choices made from timings alone "
      "and in context (set TABLETUNE_GEMM_TIMING=both)",
      lambda engine, pts, ctx, args: gemm_context_compare(engine, pts, ctx)),
+    ("--gemm-triton-compare", "gemm-triton", "b:k,... cells to time with the GEMM chooser's picks and with the "
+     "fastest Triton config for every GEMM (gemm.triton_only)",
+     lambda engine, pts, ctx, args: gemm_triton_compare(engine, pts, ctx)),
     ("--gemm-policy-compare", "gemm-policy", "b:k,... cells to time with the GEMM chooser's picks and with cuBLAS "
      "for every GEMM", lambda engine, pts, ctx, args: gemm_policy_compare(engine, pts, ctx)),
 )
@@ -503,6 +513,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="BLOCK_N/WARPS/STAGES[/SPLITS] (no SPLITS: kernels.wave_splits)")
     ap.add_argument("--no-attn-step-choice", action="store_true",
                     help="capture every step with the start-up attention configs (EngineConfig.attn_step_choice off)")
+    ap.add_argument("--gemm-step-choice", action="store_true",
+                    help="capture the steps whose GEMM picks break the PDL chain with gemm.triton_only too and keep "
+                         "the faster (EngineConfig.gemm_step_choice)")
     ap.add_argument("--attn-prefetch", default="",
                     help="the grid (and every capture) with these KV hints, e.g. w2a4 (default: the engine's)")
     ap.add_argument("--no-grid", action="store_true", help="only the comparisons (capture b, k, time nothing else)")
@@ -522,7 +535,8 @@ def main(argv: list[str] | None = None) -> int:
     args.max_batch = max(buckets)
     t0 = time.perf_counter()
     engine = build_engine(args.model, "replay", args.k_max, args.max_batch, args.context, buckets=buckets,
-                          fuse_norm_max_rows=args.fuse_norm_max_rows, attn_step_choice=not args.no_attn_step_choice)
+                          fuse_norm_max_rows=args.fuse_norm_max_rows, attn_step_choice=not args.no_attn_step_choice,
+                          gemm_step_choice=args.gemm_step_choice)
     print(f"built + captured {len(engine.graphs)} graphs in {time.perf_counter() - t0:.1f} s", flush=True)
     step_choices = [{"batch_size": b, "k": k, "kept": _tile_text(engine.attn_step_force.get((b, k))),
                      "ms": {_tile_text(c): round(ms, 4) for c, ms in medians.items()}}
@@ -530,6 +544,12 @@ def main(argv: list[str] | None = None) -> int:
     for row in step_choices:
         print(f"in-step attention b={row['batch_size']} k={row['k']}: kept {row['kept']}; "
               + ", ".join(f"{c} {ms:.3f} ms" for c, ms in row["ms"].items()), flush=True)
+    for (b, k), medians in sorted(engine.gemm_step_ms.items()):
+        print(f"in-step GEMMs b={b} k={k}: kept {'triton-only' if engine.gemm_step_triton[(b, k)] else 'chooser'}; "
+              f"chooser {medians[False]:.3f} ms, triton-only {medians[True]:.3f} ms", flush=True)
+    gemm_steps = [{"batch_size": b, "k": k, "kept": "triton-only" if engine.gemm_step_triton[(b, k)] else "chooser",
+                   "ms": {"chooser": round(m[False], 4), "triton-only": round(m[True], 4)}}
+                  for (b, k), m in sorted(engine.gemm_step_ms.items())]
     cfg = engine.target.cfg
     timed = []
     variant_rows = []  # the same-card A/B comparisons, each row tagged with its comparison
@@ -597,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
             print(line, flush=True)
     if rows:
         write_results(args, ceil, rows, device_name(engine), buckets, overlap_rows, readings, variant_rows,
-                      step_choices, lt_rows)
+                      step_choices, lt_rows, gemm_steps)
     else:
         fileio.write_json(args.out + ".json", {"device": device_name(engine), "command": command_line(),
                                                "variant_rows": variant_rows, "overlap_rows": overlap_rows,

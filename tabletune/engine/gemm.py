@@ -80,6 +80,13 @@ SMEM_BYTES = 200 * 1024  # H100/H200: 227 KB per block; leave room for the epilo
 # alone (1-7%) and lost or tied inside the step (-0.1% to +5.1%, docs/engine_notes.md, 0.7.dev5)
 LT_ALGOS = int(os.environ.get("TABLETUNE_LT_ALGOS", "0"))
 use_lt = True  # False: calls take the fastest candidate that is not a cuBLASLt heuristic kernel (A/B)
+# True: calls take the fastest Triton config timed for a shape (gated shapes: a Triton config or silu_mul followed by
+# the plain shape's pick), where one was timed, and cuBLAS's only where none was. Every Triton kernel here waits on
+# and releases its neighbours by PDL, cuBLAS's kernels do neither, so a step of cuBLAS GEMMs loses that overlap
+# (H200 replay traces, b = 16: 0.21 ms idle and no overlap with cuBLAS at every GEMM of k = 4, 0.03 ms idle and
+# 3.6 ms of overlapped kernel time with Triton's at k = 3; benchmarks/results/engine_step_breakdown_h200_v7dev7.log).
+# For A/B (engine_roofline.py --gemm-triton-compare) and the in-step choice (EngineConfig.gemm_step_choice).
+triton_only = False
 # How a candidate is timed: "alone" (10 calls back to back, engine <= 0.7.dev4), "context" (each call followed by
 # silu_mul, the small PDL kernel that follows gate_up in the step: a GEMM that lets no PDL kernel after it start
 # early, as cuBLAS's do not, pays for that here as it does in the step), "auto" (the default: in context from
@@ -439,15 +446,36 @@ def _rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 def current(key: tuple) -> Config | int | str | cublaslt.Algo | None:
     """The fastest candidate timed for ``key`` under the A/B switches (``use_context``: which timings; ``use_lt``
-    off: no cuBLASLt heuristic kernel), else the choice recorded for it (None if none was made). Remembered per
-    key and switches: eager steps call this for every GEMM."""
-    memo = (key, use_lt, use_context, CONTEXT_MIN_ROWS)
+    off: no cuBLASLt heuristic kernel; ``triton_only``: a Triton config where one was timed), else the choice
+    recorded for it (None if none was made). Remembered per key and switches: eager steps call this for every
+    GEMM."""
+    memo = (key, use_lt, use_context, CONTEXT_MIN_ROWS, triton_only)
     if memo not in _current:
         if key not in _choice:
             return None
         timed = {c: us for c, us in _scores(key).items() if use_lt or not isinstance(c, cublaslt.Algo)}
+        if triton_only:
+            timed = {c: us for c, us in timed.items() if _is_triton(c) or (c is None and key[3] is True)} or timed
         _current[memo] = min(timed, key=timed.get) if timed else _choice[key]
     return _current[memo]
+
+
+def _is_triton(choice) -> bool:
+    """Whether a choice is one of this module's Triton configs (a ``Config``; cuBLASLt's ``Algo`` is a tuple too)."""
+    return isinstance(choice, tuple) and not isinstance(choice, cublaslt.Algo)
+
+
+def pdl_breaks(rows: set[int]) -> list[tuple]:
+    """The chosen GEMM shapes of these row counts whose pick under the current switches is not a Triton kernel
+    although a Triton config was timed for them: what ``triton_only`` would change (empty: nothing)."""
+    out = []
+    for key in sorted((k for k in _choice if k[0] in rows and k[3] in (True, False)), key=str):
+        pick = current(key)
+        if _is_triton(pick) or (pick is None and key[3] is True):
+            continue
+        if any(_is_triton(c) for c in _scores(key)):
+            out.append(key)
+    return out
 
 
 def candidates(m: int, gated: bool = False, w: torch.Tensor | None = None) -> dict:

@@ -124,7 +124,8 @@ def serial_headroom(cfg: ModelConfig, batch_size: int, k: int, context_len: int,
 def build_engine(model: str, drafter: str, k_max: int, max_batch: int, context_len: int, device: str = "cuda",
                  draft_model: str = "qwen3-0.6b", dtype=torch.bfloat16, weights: str | None = None,
                  buckets: tuple[int, ...] = (), temperature: float = 0.0, max_len: int | None = None,
-                 fuse_norm_max_rows: int = 0, attn_step_choice: bool = True) -> SpecEngine:
+                 fuse_norm_max_rows: int = 0, attn_step_choice: bool = True,
+                 gemm_step_choice: bool = False) -> SpecEngine:
     """Target (random weights unless ``weights`` names a safetensors folder) + drafter + engine."""
     cfg = resolve(model)
     torch.manual_seed(0)
@@ -135,7 +136,7 @@ def build_engine(model: str, drafter: str, k_max: int, max_batch: int, context_l
     d = make_drafter(drafter, target, k_max, draft_cfg=draft_cfg)
     ecfg = EngineConfig(max_num_seqs=max_batch, max_len=max_len or context_len + k_max + 16, k_max=k_max,
                         temperature=temperature, buckets=buckets, fuse_norm_max_rows=fuse_norm_max_rows,
-                        attn_step_choice=attn_step_choice)
+                        attn_step_choice=attn_step_choice, gemm_step_choice=gemm_step_choice)
     return SpecEngine(target, d, ecfg)
 
 

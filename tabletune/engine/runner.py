@@ -63,6 +63,11 @@ class EngineConfig:
     # lists, time the replays at the longest context the cache holds, keep the fastest (timed alone, the launches of
     # small buckets misled: docs/engine_notes.md, 0.7.dev3 and 0.7.dev4)
     attn_step_choice: bool = True
+    # CUDA graphs of steps of CONTEXT_MIN_ROWS .. MAX_TRITON_M target rows whose GEMM choices include a kernel
+    # that is not Triton's where a Triton config was timed (gemm.pdl_breaks): capture the step again with
+    # gemm.triton_only (every such GEMM on its fastest Triton config, which keeps the PDL chain of the step's
+    # kernels), time both replays as the attention choice does, keep the faster. Off until measured on the H200.
+    gemm_step_choice: bool = False
     # The target's prompt forward (prefill) as a CUDA graph per prompt length up to this many tokens, captured after
     # the second prompt of that length (at most PREFILL_GRAPHS lengths; longer prompts and further lengths run
     # eager). Eager, a 32-token prefill of the 8B shape cost 36-45 ms on the H200, host-bound by its ~500 launches;
@@ -137,6 +142,10 @@ class SpecEngine:
         # capture_step applies it, so later captures of that step run the same tiles
         self.attn_step_force: dict[tuple[int, int], tuple | None] = {}
         self.attn_step_ms: dict[tuple[int, int], dict] = {}  # (bucket, k) -> candidate -> median replay ms
+        # (bucket, k) -> whether its graph was captured with gemm.triton_only (the in-step GEMM choice), and the
+        # median replay ms of both ways
+        self.gemm_step_triton: dict[tuple[int, int], bool] = {}
+        self.gemm_step_ms: dict[tuple[int, int], dict] = {}
         self._side: torch.cuda.Stream | None = None  # second stream (two-stream forward, L2 prefetch), made on first use
         self.buckets = list(cfg.buckets or default_buckets(cfg.max_num_seqs))
         self.ks = list(cfg.ks or range(cfg.k_max + 1))
@@ -256,6 +265,8 @@ class SpecEngine:
             for k in self.ks:
                 self.graphs[(b, k)] = self._choose_attention_in_step(b, k, pool, stream) \
                     if self.cfg.attn_step_choice else self.capture_step(b, k, pool, stream=stream)
+                if self.cfg.gemm_step_choice:
+                    self.graphs[(b, k)] = self._choose_gemms_in_step(b, k, self.graphs[(b, k)], pool, stream)
         self.cached.zero_()
         torch.cuda.synchronize()
 
@@ -273,12 +284,42 @@ class SpecEngine:
         for c in cands:
             self.attn_step_force[(b, k)] = c
             graphs[c] = self.capture_step(b, k, pool, stream=stream)
+        medians = self._replay_medians(b, k, graphs, reps)
+        best = min(medians, key=medians.get)
+        self.attn_step_force[(b, k)] = best
+        self.attn_step_ms[(b, k)] = medians
+        return graphs[best]
+
+    def _choose_gemms_in_step(self, b: int, k: int, graph: torch.cuda.CUDAGraph, pool, stream, reps: int = 9
+                              ) -> torch.cuda.CUDAGraph:
+        """``graph`` (the step of (b, k) as captured) or the same step captured with ``gemm.triton_only``,
+        whichever replays faster (``_replay_medians``), for steps of CONTEXT_MIN_ROWS .. MAX_TRITON_M target rows
+        where that switch changes a GEMM (``gemm.pdl_breaks`` of the target's and the drafter's row counts);
+        the outcome is recorded in ``gemm_step_triton`` for later captures of the step."""
+        from tabletune.engine import gemm
+
+        rows = b * (k + 1)
+        self.gemm_step_triton[(b, k)] = False
+        if not gemm.CONTEXT_MIN_ROWS <= rows <= gemm.MAX_TRITON_M or not gemm.pdl_breaks({rows, b}):
+            return graph
+        self.gemm_step_triton[(b, k)] = True
+        graphs = {False: graph, True: self.capture_step(b, k, pool, stream=stream)}
+        medians = self._replay_medians(b, k, graphs, reps)
+        best = min(medians, key=medians.get)
+        self.gemm_step_triton[(b, k)] = best
+        self.gemm_step_ms[(b, k)] = medians
+        return graphs[best]
+
+    def _replay_medians(self, b: int, k: int, graphs: dict, reps: int) -> dict:
+        """Median GPU ms of each graph of the step of (b, k), replayed in turn ``reps`` times from the same state
+        (rows 0 .. b-1 at the longest context the cache holds); the inputs, rows and cached lengths put back
+        after."""
         buf = self.buffers[b]
         context = self.cfg.max_len - self.k_max - 3
         saved, saved_cached = buf.host.clone(), self.cached.clone()
         buf.host[0], buf.host[1] = torch.arange(b), k
         self.set_context(b, context)
-        times = {c: [] for c in cands}
+        times = {c: [] for c in graphs}
         for _ in range(reps):
             for c, g in graphs.items():
                 times[c].append(self.timed_ms(g.replay, b, context))
@@ -289,11 +330,7 @@ class SpecEngine:
         buf.inputs.copy_(buf.host)
         self.reset_rows(b, 0)
         self.cached.copy_(saved_cached)
-        medians = {c: sorted(t)[len(t) // 2] for c, t in times.items()}
-        best = min(medians, key=medians.get)
-        self.attn_step_force[(b, k)] = best
-        self.attn_step_ms[(b, k)] = medians
-        return graphs[best]
+        return {c: sorted(t)[len(t) // 2] for c, t in times.items()}
 
     def timed_ms(self, run, num_rows: int, context_len: int) -> float:
         """GPU time (ms, CUDA events) of ``run()`` (a graph replay or a launch), rows 0 .. num_rows-1 first put back
@@ -313,14 +350,9 @@ class SpecEngine:
         It is first run once on a side stream, so that kernel compiles and GEMM choices happen outside
         the capture; ``upload``: the copy of the host inputs is the graph's first node.
         """
-        from tabletune.engine import kernels
-
         buf = self.buffers[b]
         stream = stream or torch.cuda.Stream()
-        force = kernels.attn_force
-        if force is None:  # a tile forced from outside (a benchmark's variant) wins over the in-step choice
-            kernels.attn_force = self.attn_step_force.get((b, k))
-        try:
+        with self.step_choices(b, k):
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 self._step_body(buf, k)
@@ -330,9 +362,24 @@ class SpecEngine:
                 if upload:
                     buf.inputs.copy_(buf.host, non_blocking=True)
                 self._step_body(buf, k)
-        finally:
-            kernels.attn_force = force
         return g
+
+    @contextlib.contextmanager
+    def step_choices(self, b: int, k: int):
+        """The in-step choices recorded for (b, k) applied for the block (a capture of that step): its attention
+        tiles (``kernels.attn_force``) and GEMM switch (``gemm.triton_only``), each unless a benchmark's variant
+        set it from outside; both as they were after."""
+        from tabletune.engine import gemm, kernels
+
+        force, triton_only = kernels.attn_force, gemm.triton_only
+        if force is None:
+            kernels.attn_force = self.attn_step_force.get((b, k))
+        if not triton_only:
+            gemm.triton_only = self.gemm_step_triton.get((b, k), False)
+        try:
+            yield
+        finally:
+            kernels.attn_force, gemm.triton_only = force, triton_only
 
     def launch(self, slots: list[int], k: int, caps: list[int] | None = None, min_rows: int = 0) -> StepBuffers:
         """Fill the static inputs and run the step (replay on CUDA); no sync."""

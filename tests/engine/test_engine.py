@@ -171,6 +171,58 @@ def test_in_step_attention_choice_puts_the_inputs_and_rows_back(tiny, monkeypatc
             assert set(engine.attn_step_force[(b, k)] or ()) <= {64, 4, 1}
 
 
+def test_in_step_gemm_choice_keeps_the_faster_capture_and_records_it(tiny, monkeypatch):
+    """``SpecEngine._choose_gemms_in_step`` with stand-in captures and timings: a step whose GEMM picks the switch
+    would change is captured again under ``gemm.triton_only`` (applied by ``step_choices``, as ``capture_step``
+    does), the faster replay is kept and recorded, and the inputs, rows and the switch are as they were after;
+    steps the switch does not change, or outside CONTEXT_MIN_ROWS .. MAX_TRITON_M rows, are not captured again."""
+    from tabletune.engine import gemm
+
+    target, _, _ = tiny
+    engine = _engine(target, "ngram")
+    b = engine.buckets[-1]
+    buf = engine.buffers[b]
+    monkeypatch.setattr(gemm, "CONTEXT_MIN_ROWS", 2 * b)
+    changed = []
+    monkeypatch.setattr(gemm, "pdl_breaks", lambda rows: sorted(rows) if changed else [])
+    captured = []
+
+    def capture_step(b, k, pool=None, upload=True, stream=None):
+        with engine.step_choices(b, k):
+            engine._step_body(engine.buffers[b], k)  # the warm-up step capture_step runs before capturing
+            step = _ReplayedStep(engine, b, k)
+            step.triton_only = gemm.triton_only
+        captured.append((b, k, step.triton_only))
+        return step
+    faster = [True]
+
+    def timed_ms(run, num_rows, context_len):
+        engine.reset_rows(num_rows, context_len)
+        run()
+        return 1.0 if run.__self__.triton_only == faster[0] else 2.0
+    monkeypatch.setattr(engine, "capture_step", capture_step)
+    monkeypatch.setattr(engine, "timed_ms", timed_ms)
+    scratch = torch.full((b,), engine.cache.scratch_slot, dtype=torch.long)
+    first = capture_step(b, 1)
+    assert engine._choose_gemms_in_step(b, 1, first, None, None, reps=2) is first  # nothing to change
+    changed.append(True)
+    assert engine._choose_gemms_in_step(b, 0, first, None, None, reps=2) is first  # b rows < CONTEXT_MIN_ROWS
+    assert captured == [(b, 1, False)] and engine.gemm_step_triton == {(b, 1): False, (b, 0): False}
+    for k, fast in ((1, True), (2, False)):
+        faster[0] = fast
+        kept = engine._choose_gemms_in_step(b, k, first, None, None, reps=3)
+        assert captured[-1] == (b, k, True) and kept.triton_only is fast
+        assert engine.gemm_step_triton[(b, k)] is fast and set(engine.gemm_step_ms[(b, k)]) == {False, True}
+        assert torch.equal(buf.inputs[0].cpu(), scratch) and torch.equal(buf.host[0], scratch), k
+        assert int(engine.cached[:b].abs().sum()) == 0, (k, engine.cached[:b].tolist())
+        assert gemm.triton_only is False
+    with engine.step_choices(b, 1):
+        assert gemm.triton_only is True
+        with engine.step_choices(b, 2):  # set from outside: kept
+            assert gemm.triton_only is True
+    assert gemm.triton_only is False
+
+
 def test_prefill_attention_takes_a_slot_tensor_and_sdpa_causal_from_position_0():
     """ops.prefill_attention: the slot as an int and as a device tensor (a captured prefill's), from position 0
     (SDPA's causal mask) and from position 2 (an explicit mask), against attention written out by hand."""

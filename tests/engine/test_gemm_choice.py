@@ -142,6 +142,30 @@ def test_use_lt_off_takes_the_fastest_other_candidate(monkeypatch):
     assert G.current((2, 8, 8, False)) is None  # never chosen
 
 
+def test_triton_only_takes_the_fastest_triton_config_where_one_was_timed(monkeypatch):
+    """``gemm.triton_only``: each shape's fastest Triton config instead of a faster cuBLAS / cuBLASLt pick; a gated
+    shape may keep the unfused path (silu_mul, then the plain shape's pick); a shape with no Triton timing keeps
+    its pick. ``pdl_breaks`` names exactly the shapes of the given row counts that the switch changes."""
+    algo = L.Algo(2, 1, 2, 4, 3, 0, (7,) * 8)
+    fast, slow = G.Config(64, 128, 64, 2, 4, 6, True), G.Config(64, 64, 128, 1, 4, 6)
+    k80, k80g, k80lt, k96, k8 = ((80, 4096, 4096, False), (80, 4096, 12288, True), (80, 6144, 4096, False),
+                                 (96, 4096, 4096, False), (8, 4096, 4096, False))
+    monkeypatch.setattr(G, "_choice", {k80: None, k80g: None, k80lt: algo, k96: 128, k8: fast})
+    monkeypatch.setattr(G, "_context_timings", {
+        k80: {None: 20.0, 128: 21.0, slow: 26.0, fast: 23.0},
+        k80g: {None: 50.0, G.Config(64, 64, 128, 2, 4, 4): 80.0},
+        k80lt: {algo: 14.0, G.CUBLASLT: 15.0, slow: 17.0},
+        k96: {128: 30.0, G.CUBLASLT: 31.0}})
+    monkeypatch.setattr(G, "_timings", {k8: {fast: 9.0, None: 8.0}})
+    assert [G.current(k) for k in (k80, k80g, k80lt, k96)] == [None, None, algo, 128]
+    assert G.current(k8) is None  # timed alone below CONTEXT_MIN_ROWS: cuBLAS was faster
+    assert G.pdl_breaks({80}) == [k80, k80lt]
+    assert G.pdl_breaks({8, 96}) == [k8]  # 96 rows: no Triton config timed
+    monkeypatch.setattr(G, "triton_only", True)
+    assert [G.current(k) for k in (k80, k80g, k80lt, k96, k8)] == [fast, None, slow, 128, fast]
+    assert G.pdl_breaks({8, 80, 96}) == []
+
+
 def test_candidates_offer_cublaslt_kernels_for_cuda_weights_only(monkeypatch):
     algo = L.Algo(0, 1, 2, 1, 3, 0, (0,) * 8)
     monkeypatch.setattr(G, "_lt_heuristics", lambda m, w: [algo])
