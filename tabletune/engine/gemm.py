@@ -84,7 +84,8 @@ use_lt = True  # False: calls take the fastest candidate that is not a cuBLASLt 
 # the plain shape's pick), where one was timed, and cuBLAS's only where none was. Every Triton kernel here waits on
 # and releases its neighbours by PDL, cuBLAS's kernels do neither, so a step of cuBLAS GEMMs loses that overlap
 # (H200 replay traces, b = 16: 0.21 ms idle and no overlap with cuBLAS at every GEMM of k = 4, 0.03 ms idle and
-# 3.6 ms of overlapped kernel time with Triton's at k = 3; benchmarks/results/engine_step_breakdown_h200_v7dev7.log).
+# 3.6 ms of overlapped kernel time with Triton's at k = 3; at b = 1 gate_up turns cuBLAS from k = 4 and the replay
+# grows by 0.17 ms for 0.04 ms more kernel time; benchmarks/results/engine_step_breakdown_h200_v7dev7.log).
 # For A/B (engine_roofline.py --gemm-triton-compare) and the in-step choice (EngineConfig.gemm_step_choice).
 triton_only = False
 # How a candidate is timed: "alone" (10 calls back to back, engine <= 0.7.dev4), "context" (each call followed by

@@ -175,14 +175,14 @@ def test_in_step_gemm_choice_keeps_the_faster_capture_and_records_it(tiny, monke
     """``SpecEngine._choose_gemms_in_step`` with stand-in captures and timings: a step whose GEMM picks the switch
     would change is captured again under ``gemm.triton_only`` (applied by ``step_choices``, as ``capture_step``
     does), the faster replay is kept and recorded, and the inputs, rows and the switch are as they were after;
-    steps the switch does not change, or outside CONTEXT_MIN_ROWS .. MAX_TRITON_M rows, are not captured again."""
+    steps the switch does not change, or of more than MAX_TRITON_M rows, are not captured again."""
     from tabletune.engine import gemm
 
     target, _, _ = tiny
     engine = _engine(target, "ngram")
     b = engine.buckets[-1]
     buf = engine.buffers[b]
-    monkeypatch.setattr(gemm, "CONTEXT_MIN_ROWS", 2 * b)
+    monkeypatch.setattr(gemm, "MAX_TRITON_M", 3 * b)
     changed = []
     monkeypatch.setattr(gemm, "pdl_breaks", lambda rows: sorted(rows) if changed else [])
     captured = []
@@ -206,8 +206,8 @@ def test_in_step_gemm_choice_keeps_the_faster_capture_and_records_it(tiny, monke
     first = capture_step(b, 1)
     assert engine._choose_gemms_in_step(b, 1, first, None, None, reps=2) is first  # nothing to change
     changed.append(True)
-    assert engine._choose_gemms_in_step(b, 0, first, None, None, reps=2) is first  # b rows < CONTEXT_MIN_ROWS
-    assert captured == [(b, 1, False)] and engine.gemm_step_triton == {(b, 1): False, (b, 0): False}
+    assert engine._choose_gemms_in_step(b, 3, first, None, None, reps=2) is first  # 4 b rows > MAX_TRITON_M
+    assert captured == [(b, 1, False)] and engine.gemm_step_triton == {(b, 1): False, (b, 3): False}
     for k, fast in ((1, True), (2, False)):
         faster[0] = fast
         kept = engine._choose_gemms_in_step(b, k, first, None, None, reps=3)
