@@ -198,10 +198,11 @@ def check_lossless() -> None:
     # three prompt lengths, so that the prefill graphs (captured after a length's second prompt) replay too
     prompts = [[rng.randrange(cfg.vocab_size) for _ in range(rng.choice((3, 11, 29)))] for _ in range(12)]
 
-    def run(drafter, table, overlap=0, fuse_norm=0, prefill_graphs=512):
+    def run(drafter, table, overlap=0, fuse_norm=0, prefill_graphs=512, gemm_step_choice=False):
         d = make_drafter(drafter, target, 5, draft_cfg=PRESETS["tiny"])
         e = SpecEngine(target, d, EngineConfig(max_num_seqs=8, max_len=96, k_max=5, overlap_min_tokens=overlap,
-                                               fuse_norm_max_rows=fuse_norm, prefill_graph_max_len=prefill_graphs))
+                                               fuse_norm_max_rows=fuse_norm, prefill_graph_max_len=prefill_graphs,
+                                               gemm_step_choice=gemm_step_choice))
         reqs = [Request(list(p), 40, i) for i, p in enumerate(prompts)]
         st = Scheduler(e, table).run(reqs)
         torch.cuda.synchronize()  # an error of this run's kernels shows here, not in the next engine's capture
@@ -227,6 +228,17 @@ def check_lossless() -> None:
     for dr in ("ngram", "eagle"):  # the fused-norm layers on every step of <= 16 rows
         out, st, ng = run(dr, table, fuse_norm=16)
         print(f"lossless {dr} fused-norm identical={out == base} graphs={ng} steps={st.num_steps}")
+    from tabletune.engine import gemm
+
+    triton_only = gemm.triton_only
+    try:
+        gemm.triton_only = True  # every GEMM of every capture on its fastest Triton config
+        out, st, ng = run("eagle", table)
+        print(f"lossless eagle triton-only GEMMs identical={out == base} graphs={ng} steps={st.num_steps}")
+    finally:
+        gemm.triton_only = triton_only
+    out, st, ng = run("eagle", table, gemm_step_choice=True)
+    print(f"lossless eagle in-step GEMM choice identical={out == base} graphs={ng} steps={st.num_steps}")
 
 
 def _replay_outputs(engines, b: int, k: int) -> list[torch.Tensor]:
