@@ -544,12 +544,12 @@ def main(argv: list[str] | None = None) -> int:
     for row in step_choices:
         print(f"in-step attention b={row['batch_size']} k={row['k']}: kept {row['kept']}; "
               + ", ".join(f"{c} {ms:.3f} ms" for c, ms in row["ms"].items()), flush=True)
-    for (b, k), medians in sorted(engine.gemm_step_ms.items()):
-        print(f"in-step GEMMs b={b} k={k}: kept {'triton-only' if engine.gemm_step_triton[(b, k)] else 'chooser'}; "
-              f"chooser {medians[False]:.3f} ms, triton-only {medians[True]:.3f} ms", flush=True)
     gemm_steps = [{"batch_size": b, "k": k, "kept": "triton-only" if engine.gemm_step_triton[(b, k)] else "chooser",
                    "ms": {"chooser": round(m[False], 4), "triton-only": round(m[True], 4)}}
                   for (b, k), m in sorted(engine.gemm_step_ms.items())]
+    for row in gemm_steps:
+        print(f"in-step GEMMs b={row['batch_size']} k={row['k']}: kept {row['kept']}; "
+              + ", ".join(f"{c} {ms:.3f} ms" for c, ms in row["ms"].items()), flush=True)
     cfg = engine.target.cfg
     timed = []
     variant_rows = []  # the same-card A/B comparisons, each row tagged with its comparison

@@ -456,7 +456,7 @@ def current(key: tuple) -> Config | int | str | cublaslt.Algo | None:
             return None
         timed = {c: us for c, us in _scores(key).items() if use_lt or not isinstance(c, cublaslt.Algo)}
         if triton_only:
-            timed = {c: us for c, us in timed.items() if _is_triton(c) or (c is None and key[3] is True)} or timed
+            timed = {c: us for c, us in timed.items() if _in_pdl_chain(c, key)} or timed
         _current[memo] = min(timed, key=timed.get) if timed else _choice[key]
     return _current[memo]
 
@@ -466,15 +466,18 @@ def _is_triton(choice) -> bool:
     return isinstance(choice, tuple) and not isinstance(choice, cublaslt.Algo)
 
 
+def _in_pdl_chain(choice, key: tuple) -> bool:
+    """Whether ``choice`` for ``key`` runs as PDL kernels: a Triton config, or for a gated shape the unfused path
+    (silu_mul, then the plain shape's own pick)."""
+    return _is_triton(choice) or (choice is None and key[3] is True)
+
+
 def pdl_breaks(rows: set[int]) -> list[tuple]:
     """The chosen GEMM shapes of these row counts whose pick under the current switches is not a Triton kernel
     although a Triton config was timed for them: what ``triton_only`` would change (empty: nothing)."""
     out = []
     for key in sorted((k for k in _choice if k[0] in rows and k[3] in (True, False)), key=str):
-        pick = current(key)
-        if _is_triton(pick) or (pick is None and key[3] is True):
-            continue
-        if any(_is_triton(c) for c in _scores(key)):
+        if not _in_pdl_chain(current(key), key) and any(_is_triton(c) for c in _scores(key)):
             out.append(key)
     return out
 
@@ -640,7 +643,7 @@ def linear(x2d: torch.Tensor, w: torch.Tensor, gated: bool = False, accumulate: 
 def _atomic_ok(choice, w: torch.Tensor) -> bool:
     """Whether a choice can add its splits into an accumulator: a pointer config whose effective split count
     (``_split_k``) is at most ATOMIC_MAX_SPLIT."""
-    if not isinstance(choice, tuple) or isinstance(choice, cublaslt.Algo):
+    if not _is_triton(choice):
         return False
     c = Config(*choice)
     return not (c.tma or c.stream_k) and _k_splits(w.shape[1], c.split, c.block_k)[1] <= ATOMIC_MAX_SPLIT
