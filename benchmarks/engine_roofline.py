@@ -513,9 +513,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="BLOCK_N/WARPS/STAGES[/SPLITS] (no SPLITS: kernels.wave_splits)")
     ap.add_argument("--no-attn-step-choice", action="store_true",
                     help="capture every step with the start-up attention configs (EngineConfig.attn_step_choice off)")
-    ap.add_argument("--gemm-step-choice", action="store_true",
-                    help="capture the steps whose GEMM picks break the PDL chain with gemm.triton_only too and keep "
-                         "the faster (EngineConfig.gemm_step_choice)")
+    ap.add_argument("--no-gemm-step-choice", action="store_true",
+                    help="capture every step with the GEMM chooser's picks only (EngineConfig.gemm_step_choice off: "
+                         "no second capture with gemm.triton_only)")
     ap.add_argument("--attn-prefetch", default="",
                     help="the grid (and every capture) with these KV hints, e.g. w2a4 (default: the engine's)")
     ap.add_argument("--no-grid", action="store_true", help="only the comparisons (capture b, k, time nothing else)")
@@ -536,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     engine = build_engine(args.model, "replay", args.k_max, args.max_batch, args.context, buckets=buckets,
                           fuse_norm_max_rows=args.fuse_norm_max_rows, attn_step_choice=not args.no_attn_step_choice,
-                          gemm_step_choice=args.gemm_step_choice)
+                          gemm_step_choice=not args.no_gemm_step_choice)
     print(f"built + captured {len(engine.graphs)} graphs in {time.perf_counter() - t0:.1f} s", flush=True)
     step_choices = [{"batch_size": b, "k": k, "kept": _tile_text(engine.attn_step_force.get((b, k))),
                      "ms": {_tile_text(c): round(ms, 4) for c, ms in medians.items()}}

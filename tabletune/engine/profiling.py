@@ -29,7 +29,7 @@ from tabletune.engine.model import Decoder
 from tabletune.engine.presets import ModelConfig, resolve
 from tabletune.engine.runner import EngineConfig, SpecEngine
 
-ENGINE_VERSION = "0.7.dev7"  # docs/engine_notes.md: each version's H200 numbers
+ENGINE_VERSION = "0.7.dev8"  # docs/engine_notes.md: each version's H200 numbers
 RUNNER = "builtin/cudagraph-per-(bucket,k)"
 
 
@@ -125,7 +125,7 @@ def build_engine(model: str, drafter: str, k_max: int, max_batch: int, context_l
                  draft_model: str = "qwen3-0.6b", dtype=torch.bfloat16, weights: str | None = None,
                  buckets: tuple[int, ...] = (), temperature: float = 0.0, max_len: int | None = None,
                  fuse_norm_max_rows: int = 0, attn_step_choice: bool = True,
-                 gemm_step_choice: bool = False) -> SpecEngine:
+                 gemm_step_choice: bool = True) -> SpecEngine:
     """Target (random weights unless ``weights`` names a safetensors folder) + drafter + engine."""
     cfg = resolve(model)
     torch.manual_seed(0)

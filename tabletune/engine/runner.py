@@ -63,13 +63,16 @@ class EngineConfig:
     # lists, time the replays at the longest context the cache holds, keep the fastest (timed alone, the launches of
     # small buckets misled: docs/engine_notes.md, 0.7.dev3 and 0.7.dev4)
     attn_step_choice: bool = True
-    # CUDA graphs of steps of at most gemm.MAX_TRITON_M target rows whose GEMM choices include a kernel that is not
-    # Triton's where a Triton config was timed (gemm.pdl_breaks): capture the step again with gemm.triton_only (every
-    # such GEMM on its fastest Triton config, which keeps the PDL chain of the step's kernels), time both replays as
-    # the attention choice does, keep the faster. H200 traces (engine_step_breakdown_h200_v7dev7.log): from k = 3 to
-    # k = 4 gate_up turned cuBLAS at b = 1 and every GEMM at b = 16, and the replay grew by 0.17 / 0.39 ms where the
-    # kernels alone grew by 0.04 / 0.17 ms. Off until measured (engine_roofline.py --gemm-triton-compare).
-    gemm_step_choice: bool = False
+    # CUDA graphs of steps of at most gemm_step_max_rows target rows whose GEMM choices include a kernel that is
+    # not Triton's where a Triton config was timed (gemm.pdl_breaks): capture the step again with gemm.triton_only
+    # (every such GEMM on its fastest Triton config, which keeps the PDL chain of the step's kernels), time both
+    # replays as the attention choice does, keep the faster. H200 traces (engine_step_breakdown_h200_v7dev7.log):
+    # from k = 3 to k = 4 gate_up turned cuBLAS at b = 1 and every GEMM at b = 16, and the replay grew by 0.17 /
+    # 0.39 ms where the kernels alone grew by 0.04 / 0.17 ms. Measured on the 8B shape (engine 0.7.dev8 in
+    # docs/engine_notes.md): Triton-only replayed faster at 18 of the 39 steps of <= 64 rows (by more than 1% at
+    # 12, by at most 0.10 ms or 2.1%) and slower at all 23 steps of more rows (by 2.8% up to 2.1 ms): the cap.
+    gemm_step_choice: bool = True
+    gemm_step_max_rows: int = 64
     # The target's prompt forward (prefill) as a CUDA graph per prompt length up to this many tokens, captured after
     # the second prompt of that length (at most PREFILL_GRAPHS lengths; longer prompts and further lengths run
     # eager). Eager, a 32-token prefill of the 8B shape cost 36-45 ms on the H200, host-bound by its ~500 launches;
@@ -295,14 +298,14 @@ class SpecEngine:
     def _choose_gemms_in_step(self, b: int, k: int, graph: torch.cuda.CUDAGraph, pool, stream, reps: int = 9
                               ) -> torch.cuda.CUDAGraph:
         """``graph`` (the step of (b, k) as captured) or the same step captured with ``gemm.triton_only``,
-        whichever replays faster (``_replay_medians``), for steps of at most MAX_TRITON_M target rows where that
-        switch changes a GEMM (``gemm.pdl_breaks`` of the target's and the drafter's row counts);
+        whichever replays faster (``_replay_medians``), for steps of at most ``gemm_step_max_rows`` (and
+        MAX_TRITON_M) target rows where that switch changes a GEMM (``gemm.pdl_breaks`` of the target's and the drafter's row counts);
         the outcome is recorded in ``gemm_step_triton`` for later captures of the step."""
         from tabletune.engine import gemm
 
         rows = b * (k + 1)
         self.gemm_step_triton[(b, k)] = False
-        if rows > gemm.MAX_TRITON_M or not gemm.pdl_breaks({rows, b}):
+        if rows > min(gemm.MAX_TRITON_M, self.cfg.gemm_step_max_rows) or not gemm.pdl_breaks({rows, b}):
             return graph
         self.gemm_step_triton[(b, k)] = True
         graphs = {False: graph, True: self.capture_step(b, k, pool, stream=stream)}

@@ -175,7 +175,8 @@ def test_in_step_gemm_choice_keeps_the_faster_capture_and_records_it(tiny, monke
     """``SpecEngine._choose_gemms_in_step`` with stand-in captures and timings: a step whose GEMM picks the switch
     would change is captured again under ``gemm.triton_only`` (applied by ``step_choices``, as ``capture_step``
     does), the faster replay is kept and recorded, and the inputs, rows and the switch are as they were after;
-    steps the switch does not change, or of more than MAX_TRITON_M rows, are not captured again."""
+    steps the switch does not change, or of more than MAX_TRITON_M or ``gemm_step_max_rows`` rows, are not captured
+    again."""
     from tabletune.engine import gemm
 
     target, _, _ = tiny
@@ -221,6 +222,12 @@ def test_in_step_gemm_choice_keeps_the_faster_capture_and_records_it(tiny, monke
         with engine.step_choices(b, 2):  # set from outside: kept
             assert gemm.triton_only is True
     assert gemm.triton_only is False
+    object.__setattr__(engine.cfg, "gemm_step_max_rows", 2 * b)  # k = 1: 2 b rows, at the cap; k = 2: 3 b, over
+    num_captured = len(captured)
+    assert engine._choose_gemms_in_step(b, 2, first, None, None, reps=2) is first
+    assert len(captured) == num_captured and engine.gemm_step_triton[(b, 2)] is False
+    engine._choose_gemms_in_step(b, 1, first, None, None, reps=2)
+    assert len(captured) == num_captured + 1
 
 
 def test_prefill_attention_takes_a_slot_tensor_and_sdpa_causal_from_position_0():
