@@ -513,6 +513,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="BLOCK_N/WARPS/STAGES[/SPLITS] (no SPLITS: kernels.wave_splits)")
     ap.add_argument("--no-attn-step-choice", action="store_true",
                     help="capture every step with the start-up attention configs (EngineConfig.attn_step_choice off)")
+    ap.add_argument("--gemm-step-choice", action="store_true",
+                    help="the default since engine 0.7.dev8 (accepted so that the commands of older results run)")
     ap.add_argument("--no-gemm-step-choice", action="store_true",
                     help="capture every step with the GEMM chooser's picks only (EngineConfig.gemm_step_choice off: "
                          "no second capture with gemm.triton_only)")
