@@ -72,7 +72,7 @@ class EngineConfig:
     # docs/engine_notes.md): Triton-only replayed faster at 18 of the 39 steps of <= 64 rows (by more than 1% at
     # 12, by at most 0.10 ms or 2.1%) and slower at all 23 steps of more rows (by 2.8% up to 2.1 ms): the cap.
     gemm_step_choice: bool = True
-    gemm_step_max_rows: int = 64
+    gemm_step_max_rows: int = 64  # 0: no step
     # The target's prompt forward (prefill) as a CUDA graph per prompt length up to this many tokens, captured after
     # the second prompt of that length (at most PREFILL_GRAPHS lengths; longer prompts and further lengths run
     # eager). Eager, a 32-token prefill of the 8B shape cost 36-45 ms on the H200, host-bound by its ~500 launches;
@@ -299,8 +299,8 @@ class SpecEngine:
                               ) -> torch.cuda.CUDAGraph:
         """``graph`` (the step of (b, k) as captured) or the same step captured with ``gemm.triton_only``,
         whichever replays faster (``_replay_medians``), for steps of at most ``gemm_step_max_rows`` (and
-        MAX_TRITON_M) target rows where that switch changes a GEMM (``gemm.pdl_breaks`` of the target's and the drafter's row counts);
-        the outcome is recorded in ``gemm_step_triton`` for later captures of the step."""
+        MAX_TRITON_M) target rows where that switch changes a GEMM (``gemm.pdl_breaks`` of the target's and the
+        drafter's row counts); the outcome is recorded in ``gemm_step_triton`` for later captures of the step."""
         from tabletune.engine import gemm
 
         rows = b * (k + 1)

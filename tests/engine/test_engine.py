@@ -1,5 +1,6 @@
 """The reference engine on the CPU: lossless speculation, counters, CUDA graphs off, a real model."""
 
+import dataclasses
 import os
 import random
 import subprocess
@@ -222,7 +223,7 @@ def test_in_step_gemm_choice_keeps_the_faster_capture_and_records_it(tiny, monke
         with engine.step_choices(b, 2):  # set from outside: kept
             assert gemm.triton_only is True
     assert gemm.triton_only is False
-    object.__setattr__(engine.cfg, "gemm_step_max_rows", 2 * b)  # k = 1: 2 b rows, at the cap; k = 2: 3 b, over
+    engine.cfg = dataclasses.replace(engine.cfg, gemm_step_max_rows=2 * b)  # k = 1: 2 b rows, at the cap; k = 2: over
     num_captured = len(captured)
     assert engine._choose_gemms_in_step(b, 2, first, None, None, reps=2) is first
     assert len(captured) == num_captured and engine.gemm_step_triton[(b, 2)] is False
