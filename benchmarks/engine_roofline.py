@@ -305,14 +305,6 @@ def gemm_atomic_compare(engine, points, context_len: int, reps: int = 15) -> tup
                                       "atomic": {"gemm.atomic_split": True, "gemm.ATOMIC_MAX_ROWS": 1 << 20}}, reps)
 
 
-def gemm_preload_compare(engine, points, context_len: int, reps: int = 15) -> tuple[list[str], list[dict]]:
-    """Each step's graph with the pointer GEMMs as the engine has them (the first weight columns hinted into L2
-    before the PDL wait) against the first W block loaded into registers before the wait (``gemm.preload_w``; the
-    same sums, so the same tokens)."""
-    return variant_compare(engine, points, context_len,
-                           lambda b: {"l2-hint": {"gemm.preload_w": False}, "preload": {"gemm.preload_w": True}}, reps)
-
-
 def gemm_lt_compare(engine, points, context_len: int, reps: int = 15) -> tuple[list[str], list[dict]]:
     """Each step's graph with the GEMM choices made without cuBLASLt's heuristic kernels (``gemm.use_lt`` off: the
     fastest other candidate) against the choices made with them."""
@@ -485,9 +477,6 @@ COMPARISONS = (
      lambda engine, pts, ctx, args: attn_step_compare(engine, pts, ctx)),
     ("--attn-rows-compare", "attn-rows", "b:k,... cells to time with attention programs of all G x q rows and of at "
      "most 16 rows", lambda engine, pts, ctx, args: attn_rows_compare(engine, pts, ctx)),
-    ("--gemm-preload-compare", "gemm-preload", "b:k,... cells to time with the L2 hint and with the first W block "
-     "loaded before the PDL wait (gemm.preload_w)",
-     lambda engine, pts, ctx, args: gemm_preload_compare(engine, pts, ctx)),
     ("--gemm-atomic-compare", "gemm-atomic", "b:k,... cells to time with the split-K fix-up and with the partials "
      "added atomically (gemm.atomic_split)", lambda engine, pts, ctx, args: gemm_atomic_compare(engine, pts, ctx)),
     ("--gemm-lt-compare", "gemm-lt", "b:k,... cells to time with the GEMM choices made without and with cuBLASLt's "

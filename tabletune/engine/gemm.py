@@ -106,11 +106,6 @@ use_context = TIMING != "alone"
 # H200, one card, same-run A/B of the step graphs (benchmarks/results/engine_gemm_atomic_h200.log): -0.9% to -1.3%
 # at the six cells of M = 1-8 rows, +0.3% to +0.8% at M = 16, 40 and 64, 0.0% at M = 24.
 atomic_split = os.environ.get("TABLETUNE_GEMM_ATOMIC", "1") == "1"
-# The pointer kernel's first W block loaded into registers before its PDL wait and its product peeled off the K
-# loop (``_gemm_kernel``'s PRELOAD; not the SILU epilogue): the same sums in the same order, with the first weight
-# bytes on their way while the previous kernel ends. Off by default until measured in the step (env
-# TABLETUNE_GEMM_PRELOAD=1; A/B: engine_roofline.py --gemm-preload-compare).
-preload_w = os.environ.get("TABLETUNE_GEMM_PRELOAD", "0") == "1"
 ATOMIC_MAX_SPLIT = 2  # more splits would add in arrival order: not deterministic
 ATOMIC_MAX_ROWS = 8  # the GEMMs of more rows keep the fix-up (slower with the atomics in the step above)
 CONTEXT_MIN_ROWS = 17  # below this M calls follow the timings alone (where every candidate but cuBLAS is a PDL
@@ -261,14 +256,12 @@ def _pointer_gemm(x: torch.Tensor, w: torch.Tensor, cfg: Config, y: torch.Tensor
         per_split, split, ws, grid = _split_k(m, n, k, bm, bn, bk, split, y, 2 if silu else 1)
     ss_in, tiles, eps = (ws, 1, 0.0) if norm is None else (norm.squares.ss, norm.squares.tiles, norm.eps)
     pdl = kernels.pdl_enabled(x)
-    preload = preload_w and not silu
     _gemm_kernel[grid](x, w, y, ws, kernels.counters(x.device), m, n, k, per_split, ws[0].numel() if split > 1 else 0,
                        ss_in, ws if squares_out is None else squares_out, tiles, eps, BLOCK_M=bm, BLOCK_N=bn,
                        BLOCK_K=bk, SPLIT=split, GATED=gated, USE_PDL=pdl,
-                       PREFETCH_K=_prefetch_k(x, per_split) if pdl and not preload else 0, NORM=norm is not None,
-                       SILU=silu, RESID=squares_out is not None, NT_P=_tiles_p2(norm), num_warps=warps,
-                       num_stages=stages, **kernels.pdl_kwargs(pdl), **({"ATOMIC": True} if atomic else {}),
-                       **({"PRELOAD": True} if preload else {}))
+                       PREFETCH_K=_prefetch_k(x, per_split) if pdl else 0, NORM=norm is not None, SILU=silu,
+                       RESID=squares_out is not None, NT_P=_tiles_p2(norm), num_warps=warps, num_stages=stages,
+                       **kernels.pdl_kwargs(pdl), **({"ATOMIC": True} if atomic else {}))
     return y
 
 

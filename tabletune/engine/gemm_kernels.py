@@ -25,28 +25,22 @@ def _gemm_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, K_PER_SPLIT, WS_
                  eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
                  GATED: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_K: tl.constexpr, NORM: tl.constexpr = False,
                  SILU: tl.constexpr = False, RESID: tl.constexpr = False, NT_P: tl.constexpr = 1,
-                 ATOMIC: tl.constexpr = False, PRELOAD: tl.constexpr = False):
+                 ATOMIC: tl.constexpr = False):
     """The split-K GEMM. The fused-norm layers' variants (one row block) change only the epilogue, never the K loop:
     ``NORM``: x is the residual stream, W already carries the RMSNorm's weight (``gemm.fold_norm``) and the tile is
     scaled by each row's 1 / rms, from the NT_IN per-tile partial sums of squares at ``ss_in_ptr``. ``SILU``: W is
     [gate | up] (2N rows) and y = silu(x W_gate^T) * (x W_up^T) [M, N], two accumulators a program. ``RESID``: y is
     the residual stream, updated in place to y + x W^T, with this GEMM's per-tile sums of squares written to
     ``ss_out_ptr`` (``_resid_out``). ``ATOMIC`` (plain or GATED, at most two splits): y is an fp32 accumulator of
-    zeros and each split adds its partial into it (``_store_or_fix_up``). ``PRELOAD`` (not SILU): the program's
-    first W block is loaded into registers before the PDL wait (weights never depend on the previous kernel) and
-    its product is the loop's first iteration, peeled: the same sums in the same order."""
+    zeros and each split adds its partial into it (``_store_or_fix_up``)."""
     pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     k_lo = pid_s * K_PER_SPLIT
     k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
     w_rows = tl.minimum(cols, N - 1).to(tl.int64)
-    kk = tl.arange(0, BLOCK_K)
-    if PRELOAD:
-        w0 = tl.load(w_ptr + cols.to(tl.int64)[:, None] * K + (k_lo + kk)[None, :],
-                     mask=(cols[:, None] < N) & ((k_lo + kk) < k_hi)[None, :], other=0.0)
     if USE_PDL:
-        if PREFETCH_K > 0 and not PRELOAD:  # weights do not depend on the previous kernel: pull the first ones into L2 while it ends
+        if PREFETCH_K > 0:  # weights do not depend on the previous kernel: pull the first ones into L2 while it ends
             pk = tl.minimum(k_lo + tl.arange(0, PREFETCH_K // 64) * 64, K - 1)  # one address per 128-byte line
             _prefetch_l2(w_ptr + w_rows[:, None] * K + pk[None, :])
             if SILU:
@@ -57,15 +51,19 @@ def _gemm_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, K_PER_SPLIT, WS_
     inv = _inv_rms(ss_in_ptr, NT_IN, K, eps, BLOCK_M, NT_P) if NORM else None
     r_old = tl.load(y_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :],
                     mask=(rows[:, None] < M) & (cols[None, :] < N), other=0.0) if RESID else None
+    kk = tl.arange(0, BLOCK_K)
+    x_stride = 2 * K if GATED else K
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32) if SILU else acc
-    k_first = k_lo
-    if PRELOAD:
-        acc += tl.dot(_x_block(x_ptr, rows, k_lo, kk, k_hi, M, K, GATED, w_ptr.dtype.element_ty), tl.trans(w0))
-        k_first = k_lo + BLOCK_K
-    for k0 in range(k_first, k_hi, BLOCK_K):
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         k_ok = (k0 + kk) < k_hi
-        x = _x_block(x_ptr, rows, k0, kk, k_hi, M, K, GATED, w_ptr.dtype.element_ty)
+        x_mask = (rows[:, None] < M) & k_ok[None, :]
+        x_off = rows.to(tl.int64)[:, None] * x_stride + (k0 + kk)[None, :]
+        x = tl.load(x_ptr + x_off, mask=x_mask, other=0.0)
+        if GATED:
+            g = x.to(tl.float32)
+            u = tl.load(x_ptr + x_off + K, mask=x_mask, other=0.0).to(tl.float32)
+            x = (g / (1.0 + tl.exp(-g)) * u).to(w_ptr.dtype.element_ty)
         w_mask = (cols[:, None] < N) & k_ok[None, :]
         w_off = cols.to(tl.int64)[:, None] * K + (k0 + kk)[None, :]
         acc += tl.dot(x, tl.trans(tl.load(w_ptr + w_off, mask=w_mask, other=0.0)))
@@ -73,19 +71,6 @@ def _gemm_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, K_PER_SPLIT, WS_
             acc_u += tl.dot(x, tl.trans(tl.load(w_ptr + w_off + N * K, mask=w_mask, other=0.0)))
     _store_or_fix_up(acc, y_ptr, ws_ptr, cnt_ptr, rows, cols, M, N, WS_STRIDE, BLOCK_M, BLOCK_N, SPLIT, RESID,
                      ss_out_ptr, acc_u, NORM, SILU, inv, r_old, ATOMIC)
-
-
-@triton.jit
-def _x_block(x_ptr, rows, k0, kk, k_hi, M, K, GATED: tl.constexpr, dtype: tl.constexpr):
-    """x's block of columns k0 .. k0 + BLOCK_K (GATED: silu(gate) * up of an x of width 2K, rounded to ``dtype``)."""
-    x_mask = (rows[:, None] < M) & ((k0 + kk) < k_hi)[None, :]
-    x_off = rows.to(tl.int64)[:, None] * (2 * K if GATED else K) + (k0 + kk)[None, :]
-    x = tl.load(x_ptr + x_off, mask=x_mask, other=0.0)
-    if GATED:
-        g = x.to(tl.float32)
-        u = tl.load(x_ptr + x_off + K, mask=x_mask, other=0.0).to(tl.float32)
-        x = (g / (1.0 + tl.exp(-g)) * u).to(dtype)
-    return x
 
 
 @triton.jit
