@@ -114,7 +114,11 @@ CONTEXT_MIN_ROWS = 17  # below this M calls follow the timings alone (where ever
 
 class Config(NamedTuple):
     """A Triton GEMM config; ``tma``: the TMA kernel (plain, not gated) instead of pointer loads; ``stream_k``:
-    if not 0, the stream-K kernel (plain) with that many persistent programs (``split`` unused)."""
+    if not 0, the stream-K kernel (plain) with that many persistent programs (``split`` unused). With ``tma``:
+    ``swap`` computes the tile as W x^T and ``warp_spec`` asks Triton to warp-specialize the K loop; no chooser
+    config sets either (H200: W x^T no faster than the plain tile and slower than cuBLAS at M = 64-256;
+    warp specialization in Triton 3.6 failed to compile or gave wrong sums on sm_90;
+    benchmarks/engine_gemm_midm.py, docs/engine_notes.md, session 15)."""
     block_m: int
     block_n: int
     block_k: int
