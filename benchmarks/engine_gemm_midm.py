@@ -1,5 +1,5 @@
-"""Mid-M decode GEMMs (GPU diagnostic): the TMA kernel as the chooser has it, with its tile computed as W x^T
-(``Config.swap``), and with Triton's warp specialization of the K loop (``Config.warp_spec``), against cuBLAS.
+"""Mid-M decode GEMMs (GPU diagnostic): the TMA kernel as the chooser has it and with its tile computed as W x^T
+(``Config.swap``), against cuBLAS.
 
 At M = 64-256 rows (b = 16-32 with k >= 3) the N = 4096 / 6144 projections run at 1.4-2.3x their weight-streaming
 time on cuBLAS and the Triton configs are slower still (benchmarks/results/engine_gemm_sweep_h200.md: o at M = 128
@@ -24,31 +24,32 @@ from tabletune import fileio
 from tabletune.engine import gemm
 from tabletune.engine.presets import resolve
 
-FAMILIES = ("tma", "tma_ws", "swap", "swap_ws")
+FAMILIES = ("tma", "swap")
 
 
-def configs(warp_spec: bool = False) -> list[gemm.Config]:
-    """The TMA candidates: the chooser's mid-M tiles, and W x^T tiles of 64-256 tokens; splits 1, 2, 4; with
-    ``warp_spec`` each also with warp specialization (Triton 3.6 on the H200: some fail to compile, others give
-    wrong sums or illegal addresses, which end the CUDA context)."""
+def configs() -> list[gemm.Config]:
+    """The TMA candidates: the chooser's mid-M tiles, and W x^T tiles of 64-256 tokens; splits 1, 2, 4.
+
+    Session 15 also timed each with the K loop as ``tl.range(..., warp_specialize=True)`` (Triton 3.6 on the H200:
+    some configs failed to compile, others gave wrong sums or an illegal address that ended the CUDA context;
+    benchmarks/results/engine_gemm_midm_h200_warp_spec.log), an option since removed."""
     plain = [(128, 128, 64, 8, 4), (64, 128, 64, 4, 6), (128, 256, 64, 8, 3)]
     swap = [(64, 128, 64, 4, 6), (128, 128, 64, 8, 4), (128, 64, 64, 4, 6), (256, 128, 64, 8, 3), (256, 64, 64, 4, 4)]
     out = []
     for tiles, is_swap in ((plain, False), (swap, True)):
         for bm, bn, bk, warps, stages in tiles:
             for split in (1, 2, 4):
-                for ws in (False, True) if warp_spec else (False,):
-                    out.append(gemm.Config(bm, bn, bk, split, warps, stages, True, 0, is_swap, ws))
+                out.append(gemm.Config(bm, bn, bk, split, warps, stages, True, 0, is_swap))
     return [c for c in out if gemm.fits_smem(c)]
 
 
 def family(c: gemm.Config) -> str:
-    return ("swap" if c.swap else "tma") + ("_ws" if c.warp_spec else "")
+    return "swap" if c.swap else "tma"
 
 
 def sweep(args, shapes: dict) -> list[dict]:
     rows = []
-    cands = configs(args.warp_spec)
+    cands = configs()
     for name, (n, kk) in shapes.items():
         ws = [torch.randn(n, kk, dtype=torch.bfloat16, device="cuda") for _ in range(3)]
         i = [0]
@@ -65,7 +66,7 @@ def sweep(args, shapes: dict) -> list[dict]:
             for c in cands:
                 try:
                     err = gemm._rel_err(gemm.triton_linear(xs[m], ws[0], c), ref)
-                except Exception as exc:  # a config this Triton cannot compile (warp specialization on sm_90)
+                except Exception as exc:  # a config this Triton cannot compile or launch
                     print(f"{name} M={m} {tuple(c)}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}",
                           flush=True)
                     continue
@@ -98,7 +99,8 @@ def ncu_calls(args, shapes: dict) -> None:
                                                                                    device="cuda")
     for f, cfg in [("cublas", None)] + list(row["configs"].items()):
         for _ in range(3):
-            y = torch.mm(x, w.t()) if cfg is None else gemm.triton_linear(x, w, gemm.Config(*cfg))
+            y = torch.mm(x, w.t()) if cfg is None else gemm.triton_linear(
+                x, w, gemm.Config(*cfg[:len(gemm.Config._fields)]))  # session 15's JSON has one more field
         torch.cuda.synchronize()
         print(f"ncu calls: {f} {cfg} -> {tuple(y.shape)}", flush=True)
 
@@ -109,7 +111,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ms", default="64,80,96,128,160,192,224,256")
     ap.add_argument("--proj", default="", help="comma-separated projections (default: all four)")
     ap.add_argument("--stream-tbs", type=float, default=4.47, help="weight streaming rate for the reference column")
-    ap.add_argument("--warp-spec", action="store_true", help="also the warp-specialized configs (see configs())")
     ap.add_argument("--ncu", default="", help="PROJ:M: only the calls for ncu, configs from --from")
     ap.add_argument("--from", dest="source", default="")
     ap.add_argument("--out", default="gemm_midm")

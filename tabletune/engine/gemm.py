@@ -115,10 +115,8 @@ CONTEXT_MIN_ROWS = 17  # below this M calls follow the timings alone (where ever
 class Config(NamedTuple):
     """A Triton GEMM config; ``tma``: the TMA kernel (plain, not gated) instead of pointer loads; ``stream_k``:
     if not 0, the stream-K kernel (plain) with that many persistent programs (``split`` unused). With ``tma``:
-    ``swap`` computes the tile as W x^T and ``warp_spec`` asks Triton to warp-specialize the K loop; no chooser
-    config sets either (H200: W x^T no faster than the plain tile and slower than cuBLAS at M = 64-256;
-    warp specialization in Triton 3.6 failed to compile or gave wrong sums on sm_90;
-    benchmarks/engine_gemm_midm.py, docs/engine_notes.md, session 15)."""
+    ``swap`` computes the tile as W x^T; no chooser config sets it (H200: no faster than the plain tile and
+    slower than cuBLAS at M = 64-256; benchmarks/engine_gemm_midm.py, docs/engine_notes.md, session 15)."""
     block_m: int
     block_n: int
     block_k: int
@@ -128,7 +126,6 @@ class Config(NamedTuple):
     tma: bool = False
     stream_k: int = 0
     swap: bool = False
-    warp_spec: bool = False
 
 
 def fits_smem(c: Config, weight_tiles: int = 1) -> bool:
@@ -217,8 +214,8 @@ def triton_linear(x: torch.Tensor, w: torch.Tensor, cfg, gated: bool = False) ->
 
 
 def _tma_flags(cfg: Config) -> dict:
-    """The TMA kernel's optional constexprs, only where set (so the default configs keep their compiled kernel)."""
-    return {**({"SWAP": True} if cfg.swap else {}), **({"WARP_SPEC": True} if cfg.warp_spec else {})}
+    """The TMA kernel's optional constexpr, only where set (so the default configs keep their compiled kernel)."""
+    return {"SWAP": True} if cfg.swap else {}
 
 
 def _k_splits(k: int, split: int, bk: int) -> tuple[int, int]:

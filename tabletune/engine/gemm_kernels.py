@@ -156,13 +156,12 @@ def _inv_rms(ss_ptr, NT, K, eps, BLOCK_M: tl.constexpr, NT_P: tl.constexpr):
 @triton.jit
 def _gemm_tma_kernel(x_desc, w_desc, y_ptr, ws_ptr, cnt_ptr, M, N, K, K_PER_SPLIT, WS_STRIDE,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-                     USE_PDL: tl.constexpr, SWAP: tl.constexpr = False, WARP_SPEC: tl.constexpr = False):
+                     USE_PDL: tl.constexpr, SWAP: tl.constexpr = False):
     """The split-K GEMM with x and W tiles fetched by the tensor-memory accelerator (Hopper TMA, through host
     tensor descriptors): rows past M and columns past K come back as zeros, so the K loop has no masks and
     the software pipeline keeps ``num_stages`` bulk copies in flight. ``SWAP``: the tile is computed as
     W x^T ([BLOCK_N, BLOCK_M]: the weight rows on the MMA's M side, the tokens on its N side, as cuBLAS's decode
-    kernels do) and transposed for the store. ``WARP_SPEC``: the K loop asks Triton for warp specialization
-    (producer and MMA partitions)."""
+    kernels do) and transposed for the store."""
     pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     k_lo = pid_s * K_PER_SPLIT
     k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
@@ -170,7 +169,7 @@ def _gemm_tma_kernel(x_desc, w_desc, y_ptr, ws_ptr, cnt_ptr, M, N, K, K_PER_SPLI
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     acc = tl.zeros([BLOCK_N, BLOCK_M] if SWAP else [BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in tl.range(k_lo, k_hi, BLOCK_K, warp_specialize=WARP_SPEC):
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         x = x_desc.load([pid_m * BLOCK_M, k0])
         w = w_desc.load([pid_n * BLOCK_N, k0])
         if SWAP:

@@ -400,8 +400,7 @@ for cfg in ((64, 64, 64, 1, 4, 4), (16, 32, 64, 3, 4, 4), (16, 32, 32, 8, 4, 4))
     err.append((G.triton_linear(gu, w, cfg, gated=True) - O.silu_mul(gu) @ w.T).abs().max())
 x, w = torch.randn(130, 256), torch.randn(200, 256)  # the TMA kernel: rows past M and columns past N zero-filled
 for cfg in ((64, 128, 64, 1, 4, 6, True), (128, 128, 64, 3, 8, 5, True),  # split-K 1 and 3 (of 4 K tiles)
-            (64, 128, 64, 1, 4, 6, True, 0, True), (128, 64, 64, 3, 8, 5, True, 0, True),  # the same, W x^T
-            (64, 128, 64, 2, 4, 6, True, 0, True, True)):  # and warp-specialized (a hint: no-op here)
+            (64, 128, 64, 1, 4, 6, True, 0, True), (128, 64, 64, 3, 8, 5, True, 0, True)):  # the same, W x^T
     err.append((G.triton_linear(x, w, cfg) - x @ w.T).abs().max())
 # stream-K, 5 k-blocks per tile: 5 tiles of 16 columns over 3 or 7 programs (tiles split, programs spanning
 # tiles), over 64 programs (more than the 25 iterations: empty ranges); 2 row blocks x 3 column blocks over 4
