@@ -27,8 +27,10 @@ from tabletune.engine.presets import resolve
 FAMILIES = ("tma", "swap")
 
 
-def configs() -> list[gemm.Config]:
-    """The TMA candidates: the chooser's mid-M tiles, and W x^T tiles of 64-256 tokens; splits 1, 2, 4.
+def configs(lean: bool = False) -> list[gemm.Config]:
+    """The TMA candidates: the chooser's mid-M tiles, and W x^T tiles of 64-256 tokens; splits 1, 2, 4. ``lean``:
+    also tiles of at most ~100 KB of pipeline, so that two or three programs share an SM (more programs in flight
+    to even out the tail), plain and W x^T.
 
     Session 15 also timed each with the K loop as ``tl.range(..., warp_specialize=True)`` (Triton 3.6 on the H200:
     some configs failed to compile, others gave wrong sums or an illegal address that ended the CUDA context;
@@ -36,6 +38,9 @@ def configs() -> list[gemm.Config]:
     plain = [(128, 128, 64, 8, 4), (64, 128, 64, 4, 6), (128, 256, 64, 8, 3)]
     swap = [(64, 128, 64, 4, 6), (128, 128, 64, 8, 4), (128, 64, 64, 4, 6), (256, 128, 64, 8, 3), (256, 64, 64, 4, 4)]
     out = []
+    if lean:
+        small = [(64, 128, 64, 4, 3), (64, 64, 64, 4, 4), (128, 64, 64, 4, 3), (128, 128, 64, 8, 2)]
+        plain, swap = plain + small, swap + small
     for tiles, is_swap in ((plain, False), (swap, True)):
         for bm, bn, bk, warps, stages in tiles:
             for split in (1, 2, 4):
@@ -49,7 +54,7 @@ def family(c: gemm.Config) -> str:
 
 def sweep(args, shapes: dict) -> list[dict]:
     rows = []
-    cands = configs()
+    cands = configs(args.lean)
     for name, (n, kk) in shapes.items():
         ws = [torch.randn(n, kk, dtype=torch.bfloat16, device="cuda") for _ in range(3)]
         i = [0]
@@ -111,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ms", default="64,80,96,128,160,192,224,256")
     ap.add_argument("--proj", default="", help="comma-separated projections (default: all four)")
     ap.add_argument("--stream-tbs", type=float, default=4.47, help="weight streaming rate for the reference column")
+    ap.add_argument("--lean", action="store_true", help="also the small-pipeline tiles (see configs())")
     ap.add_argument("--ncu", default="", help="PROJ:M: only the calls for ncu, configs from --from")
     ap.add_argument("--from", dest="source", default="")
     ap.add_argument("--out", default="gemm_midm")
