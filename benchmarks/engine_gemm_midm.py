@@ -24,6 +24,8 @@ from tabletune import fileio
 from tabletune.engine import gemm
 from tabletune.engine.presets import resolve
 
+from engine_gemm_sweep import rotating_weights  # a sibling script: benchmarks/ is sys.path[0] when run
+
 FAMILIES = ("tma", "swap")
 
 
@@ -56,12 +58,7 @@ def sweep(args, shapes: dict) -> list[dict]:
     rows = []
     cands = configs(args.lean)
     for name, (n, kk) in shapes.items():
-        ws = [torch.randn(n, kk, dtype=torch.bfloat16, device="cuda") for _ in range(3)]
-        i = [0]
-
-        def pick():
-            i[0] = (i[0] + 1) % len(ws)
-            return ws[i[0]]
+        ws, pick = rotating_weights(n, kk)
         for m in (int(v) for v in args.ms.split(",")):
             pads = sorted({m, -(-m // 64) * 64, -(-m // 128) * 128})
             xs = {mm: torch.randn(mm, kk, dtype=torch.bfloat16, device="cuda") for mm in pads}

@@ -23,6 +23,18 @@ from tabletune.engine import cublaslt, gemm
 from tabletune.engine.presets import resolve
 
 
+def rotating_weights(n: int, k: int, copies: int = 3):
+    """``copies`` random bf16 weights [n, k] and a function that returns the next one in turn, so that timed calls
+    read W from HBM rather than from L2 (3 copies of the 8B layer's smallest W, 33.5 MB, exceed the 50 MB L2)."""
+    ws = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
+    i = [0]
+
+    def pick() -> torch.Tensor:
+        i[0] = (i[0] + 1) % len(ws)
+        return ws[i[0]]
+    return ws, pick
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-8b")
@@ -38,12 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         shapes["lm_head"] = (cfg.vocab_size, cfg.hidden_size)
     rows, lines = [], []
     for name, (n, kk) in shapes.items():
-        ws = [torch.randn(n, kk, dtype=torch.bfloat16, device="cuda") for _ in range(3)]
-        i = [0]
-
-        def pick():
-            i[0] = (i[0] + 1) % len(ws)
-            return ws[i[0]]
+        ws, pick = rotating_weights(n, kk)
         for m in (int(v) for v in args.ms.split(",")):
             xs = {mm: torch.randn(mm, kk, dtype=torch.bfloat16, device="cuda")
                   for mm in {m, -(-m // 64) * 64, -(-m // 128) * 128}}
