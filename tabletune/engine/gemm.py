@@ -209,13 +209,8 @@ def triton_linear(x: torch.Tensor, w: torch.Tensor, cfg, gated: bool = False) ->
     _gemm_tma_kernel[grid](TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]),
                            y, ws, kernels.counters(x.device), m, n, k, per_split, m * n, BLOCK_M=bm, BLOCK_N=bn,
                            BLOCK_K=bk, SPLIT=split, USE_PDL=pdl, num_warps=warps, num_stages=stages,
-                           **kernels.pdl_kwargs(pdl), **_tma_flags(cfg))
+                           SWAP=cfg.swap, **kernels.pdl_kwargs(pdl))
     return y
-
-
-def _tma_flags(cfg: Config) -> dict:
-    """The TMA kernel's optional constexpr, only where set (so the default configs keep their compiled kernel)."""
-    return {"SWAP": True} if cfg.swap else {}
 
 
 def _k_splits(k: int, split: int, bk: int) -> tuple[int, int]:
