@@ -1,0 +1,112 @@
+"""The Gluon wgmma GEMM (``tabletune.engine.gemm_wgmma``) against cuBLAS at the decode shapes of M = 16-256 rows
+(GPU diagnostic, Hopper).
+
+For each projection of the model's layer and each M: cuBLAS at M and at M padded to 64 / 128 rows (the faster),
+the engine's chooser pick (``gemm.linear`` after its own timing), and every ``gemm_wgmma.configs(M)`` candidate,
+each checked against torch on two fresh inputs first (relative error, and the second call catches a ticket counter
+left set by the first). Timing as ``engine_gemm_midm.py``: 10 calls captured in a CUDA graph over 3 copies of the
+weight (L2-cold), best of 5 replays. The best candidate is timed again launched with PDL (``pdl``: back to back,
+so each call's first W tiles are asked for while the previous call ends, as they would be after the kernel before
+it in the step).
+
+    python benchmarks/engine_gemm_wgmma.py --out $OUT/gemm_wgmma
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from tabletune import fileio
+from tabletune.engine import gemm, gemm_wgmma
+from tabletune.engine.presets import resolve
+
+from engine_gemm_sweep import rotating_weights  # a sibling script: benchmarks/ is sys.path[0] when run
+
+
+def check(m: int, n: int, k: int, w: torch.Tensor, cfg, use_pdl: bool = False) -> float:
+    """The larger relative error of two calls on fresh inputs (NaN or inf anywhere: inf)."""
+    worst = 0.0
+    for _ in range(2):
+        x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+        y = gemm_wgmma.wgmma_linear(x, w, cfg, use_pdl)
+        torch.cuda.synchronize()
+        if not torch.isfinite(y).all():
+            return float("inf")
+        worst = max(worst, gemm._rel_err(y, torch.mm(x.float(), w.float().t())))
+    return worst
+
+
+def sweep(args, shapes: dict) -> list[dict]:
+    rows = []
+    for name, (n, kk) in shapes.items():
+        ws, pick = rotating_weights(n, kk)
+        for m in (int(v) for v in args.ms.split(",")):
+            pads = sorted({m, -(-m // 64) * 64, -(-m // 128) * 128})
+            xs = {mm: torch.randn(mm, kk, dtype=torch.bfloat16, device="cuda") for mm in pads}
+            cublas = min(gemm._time_us(lambda mm=mm: torch.mm(xs[mm], pick().t())) for mm in pads)
+            engine = gemm._time_us(lambda: gemm.linear(xs[m], pick())) if args.engine else float("nan")
+            best, best_cfg, failed = float("inf"), None, []
+            for cfg in gemm_wgmma.configs(m):
+                t0 = time.time()
+                try:
+                    err = check(m, n, kk, ws[0], cfg)
+                except Exception as exc:  # a config this Triton cannot compile or launch: say so, go on
+                    failed.append(f"{tuple(cfg)}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+                    continue
+                if err > gemm.MAX_REL_ERR:
+                    failed.append(f"{tuple(cfg)}: relative error {err:.2e}")
+                    continue
+                us = gemm._time_us(lambda: gemm_wgmma.wgmma_linear(xs[m], pick(), cfg))
+                if args.verbose:
+                    print(f"  {name} M={m} {tuple(cfg)}: {us:.1f} us (err {err:.1e}, {time.time() - t0:.1f} s)",
+                          flush=True)
+                if us < best:
+                    best, best_cfg = us, cfg
+            pdl = float("inf")
+            if best_cfg and check(m, n, kk, ws[0], best_cfg, use_pdl=True) <= gemm.MAX_REL_ERR:
+                pdl = gemm._time_us(lambda: gemm_wgmma.wgmma_linear(xs[m], pick(), best_cfg, use_pdl=True))
+            nbytes = n * kk * 2
+            row = {"proj": name, "m": m, "n": n, "k": kk, "stream_us": round(nbytes / args.stream_tbs / 1e6, 2),
+                   "cublas_us": round(cublas, 2), "engine_us": round(engine, 2), "wgmma_us": round(best, 2),
+                   "wgmma_pdl_us": round(pdl, 2), "config": list(best_cfg) if best_cfg else None,
+                   "failed": failed}
+            rows.append(row)
+            print(f"{name:8s} M={m:4d}: stream {row['stream_us']:5.1f}  cublas {cublas:6.1f}  engine {engine:6.1f}  "
+                  f"wgmma {best:6.1f} ({nbytes / best / 1e6:4.2f} TB/s) pdl {pdl:6.1f}  {tuple(best_cfg or ())}"
+                  + (f"  [{len(failed)} failed: {failed[0]}]" if failed else ""), flush=True)
+        del ws
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen3-8b")
+    ap.add_argument("--ms", default="16,32,64,96,128,192,256")
+    ap.add_argument("--proj", default="", help="comma-separated projections (default: all four)")
+    ap.add_argument("--stream-tbs", type=float, default=4.47, help="weight streaming rate for the reference column")
+    ap.add_argument("--verbose", action="store_true", help="print every candidate's time")
+    ap.add_argument("--engine", action="store_true", help="also time the engine's own pick (its chooser runs first)")
+    ap.add_argument("--out", default="gemm_wgmma")
+    args = ap.parse_args(argv)
+    if not gemm_wgmma.available():
+        raise SystemExit("this Triton has no Gluon")
+    shapes = resolve(args.model).layer_gemm_shapes()
+    if args.proj:
+        shapes = {p: shapes[p] for p in args.proj.split(",")}
+    rows = sweep(args, shapes)
+    fileio.write_json(args.out + ".json", {"model": args.model, "gpu": torch.cuda.get_device_name(),
+                                           "triton": __import__("triton").__version__, "rows": rows})
+    lines = ["| proj | M | streaming | cuBLAS | engine pick | wgmma | wgmma, PDL | config (W rows, K, split, stages, "
+             "warps) |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['proj']} | {r['m']} | {r['stream_us']} | {r['cublas_us']} | {r['engine_us']} | "
+                     f"{r['wgmma_us']} | {r['wgmma_pdl_us']} | {r['config']} |")
+    fileio.write_text(args.out + ".md", "\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

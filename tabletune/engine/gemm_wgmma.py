@@ -1,0 +1,230 @@
+"""A hand-scheduled Hopper GEMM for the mid-M decode shapes (Gluon: TMA + asynchronous wgmma), y = x W^T.
+
+At M = 17-256 rows the decode GEMMs still mostly stream W (the 8B layer at M = 128: 86 us of weights at 4.4 TB/s
+against 46 us of matmul at 790 TFLOP/s), yet cuBLAS runs them at 1.3-2.0x their streaming time and ncu shows one
+CTA an SM, SMs without a CTA a quarter of the kernel and DRAM half busy (docs/engine_notes.md, session 15). The
+Triton TMA kernel, with its tile as x W^T or W x^T, was slower than cuBLAS at every such shape. This kernel is
+written a level lower, in Gluon, so that the schedule is ours rather than the compiler's:
+
+- **Tile as W x^T.** The weight rows are the MMA's M side (BLOCK_W = 64 or 128: one or two m64 wgmma rows a warp
+  group) and all M tokens its N side (BLOCK_T = M rounded up to 16, at most 256: one wgmma N), so each program
+  reads its W rows once and x, which every program shares, from L2.
+- **A ring of STAGES shared-memory slots**, each filled by two TMA copies (a [BLOCK_W, BLOCK_K] W tile and a
+  [BLOCK_T, BLOCK_K] x tile) that complete on the slot's mbarrier. The wgmma of slot i runs asynchronously; once
+  the one before it has finished, its slot is refilled with the tile STAGES iterations ahead, so STAGES - 1 W
+  tiles are always in flight behind the tensor cores.
+- **W before the PDL wait.** Weights never depend on the previous kernel, so the first STAGES W tiles are asked
+  for before ``griddepcontrol.wait``; only the x tiles wait for the kernel that writes x.
+- **Split-K with the ticket fix-up** of ``gemm_kernels._store_or_fix_up``: SPLIT programs a W tile, partials in an
+  fp32 workspace [SPLIT, M, N], the program that draws the last ticket adds them in split order (deterministic)
+  and resets the counter.
+
+Gluon tensors have power-of-two shapes, so the token side is M rounded up to one: at M = 160 the tensor cores do
+256 rows of work (the W tiles, which set the time while the GEMM streams W, are the same).
+
+The host side (``wgmma_linear``, ``configs``) checks shapes, builds the TMA descriptors and launches. Gluon is
+experimental in Triton (its API changed between 3.5 and 3.9): ``available()`` says whether this Triton has it;
+nothing else in the engine imports this module unless asked to.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+
+try:  # Gluon: Triton >= 3.5, Hopper / Blackwell targets
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                   warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    _GLUON = True
+except ImportError:  # pragma: no cover - an older Triton
+    _GLUON = False
+
+MAX_T = 256  # one wgmma N (tokens) at most
+SMEM_BYTES = 200 * 1024
+MAX_TICKETS = 4096
+
+
+class WgmmaConfig(NamedTuple):
+    """Tile rows of W (64 or 128), K columns a stage, K splits a W tile, ring slots, warps (4: one warp group)."""
+    block_w: int
+    block_k: int
+    split: int
+    stages: int
+    warps: int
+
+
+def available() -> bool:
+    return _GLUON
+
+
+def block_t(m: int) -> int:
+    """Token columns of the tile: M rounded up to a power of two, at least 16 (one wgmma N; Gluon tensors have
+    power-of-two shapes; TMA zero-fills the rows past M without reading them)."""
+    return max(16, triton.next_power_of_2(m))
+
+
+def fits(cfg: WgmmaConfig, m: int) -> bool:
+    """Whether the ring fits shared memory and the accumulator a warp group's registers (<= 128 fp32 a thread)."""
+    bt = block_t(m)
+    ring = cfg.stages * (cfg.block_w + bt) * cfg.block_k * 2
+    acc_regs = cfg.block_w * bt // (cfg.warps * 32)
+    # one warp group's 64 x 256 tile spilled (ptxas, sm_90a: 236 bytes in the split-K epilogue); 128 x 128 did not
+    wide = bt == MAX_T and cfg.warps == 4
+    return bt <= MAX_T and ring <= SMEM_BYTES and acc_regs <= 128 and cfg.block_w >= 16 * cfg.warps and not wide
+
+
+def k_iters_per_split(k: int, cfg: WgmmaConfig) -> tuple[int, int]:
+    """(BLOCK_K iterations a split, splits that leave none empty) for ``cfg.split`` asked."""
+    iters = triton.cdiv(k, cfg.block_k)
+    per = triton.cdiv(iters, cfg.split)
+    return per, triton.cdiv(iters, per)
+
+
+def configs(m: int) -> list[WgmmaConfig]:
+    """Candidates at M rows: W tiles of 64 / 128 rows, 64 / 128 K columns, 1-8 splits, the deepest ring that fits
+    (at most 8 slots), one warp group or two (tiles of more than 128 x 128)."""
+    out = []
+    for bw in (64, 128):
+        for bk in (64, 128):
+            warps = 8 if bw * block_t(m) // 128 > 128 else 4
+            stage_bytes = (bw + block_t(m)) * bk * 2
+            stages = min(8, SMEM_BYTES // stage_bytes)
+            for split in (1, 2, 3, 4, 6, 8):
+                cfg = WgmmaConfig(bw, bk, split, stages, warps)
+                if stages >= 2 and fits(cfg, m):
+                    out.append(cfg)
+    return out
+
+
+if _GLUON:
+    @gluon.jit
+    def _gdc_wait():
+        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False,
+                                  pack=1)
+
+    @gluon.jit
+    def _gdc_launch_dependents():
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+    @gluon.jit
+    def _load_stage(desc, coord_0, coord_1, bar, dest, pred):
+        mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
+        tma.async_copy_global_to_shared(desc, [coord_0, coord_1], bar, dest, pred=pred)
+
+    @gluon.jit
+    def _wgmma_kernel(w_desc, x_desc, y_ptr, ws_ptr, cnt_ptr, M, N, ITERS, ITERS_PER_SPLIT, SPLIT,
+                      HAS_SPLIT: gl.constexpr, STAGES: gl.constexpr, USE_PDL: gl.constexpr,
+                      num_warps: gl.constexpr):
+        BLOCK_W: gl.constexpr = w_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = w_desc.block_type.shape[1]
+        BLOCK_T: gl.constexpr = x_desc.block_type.shape[0]
+        pid_w = gl.program_id(0)
+        pid_s = gl.program_id(1)
+        off_w = pid_w * BLOCK_W
+        it_lo = pid_s * ITERS_PER_SPLIT
+        n_iters = gl.minimum(ITERS_PER_SPLIT, ITERS - it_lo)
+
+        w_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_W, BLOCK_K], w_desc.layout)
+        x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_T, BLOCK_K], x_desc.layout)
+        w_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        x_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(w_bars.index(s), count=1)
+            mbarrier.init(x_bars.index(s), count=1)
+        fence_async_shared()
+
+        # weights never depend on the previous kernel: the first STAGES W tiles go out before the PDL wait
+        for s in gl.static_range(STAGES):
+            _load_stage(w_desc, off_w, (it_lo + s) * BLOCK_K, w_bars.index(s), w_ring.index(s), s < n_iters)
+        if USE_PDL:
+            _gdc_wait()
+            _gdc_launch_dependents()
+        for s in gl.static_range(STAGES):
+            _load_stage(x_desc, 0, (it_lo + s) * BLOCK_K, x_bars.index(s), x_ring.index(s), s < n_iters)
+
+        # [BLOCK_W, BLOCK_T]: one m64 x BLOCK_T wgmma a warp group and 64 W rows
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                              instr_shape=[16, BLOCK_T, 16])
+        acc = gl.zeros([BLOCK_W, BLOCK_T], gl.float32, layout=mma_layout)
+        for i in range(n_iters):
+            slot = i % STAGES
+            phase = (i // STAGES) & 1
+            mbarrier.wait(w_bars.index(slot), phase)
+            mbarrier.wait(x_bars.index(slot), phase)
+            acc = warpgroup_mma(w_ring.index(slot), x_ring.index(slot).permute((1, 0)), acc, is_async=True)
+            # the wgmma of iteration i - 1 is done: its slot takes the tiles of iteration i - 1 + STAGES
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            j = i - 1 + STAGES
+            refill = (i >= 1) & (j < n_iters)
+            sp = j % STAGES
+            _load_stage(w_desc, off_w, (it_lo + j) * BLOCK_K, w_bars.index(sp), w_ring.index(sp), refill)
+            _load_stage(x_desc, 0, (it_lo + j) * BLOCK_K, x_bars.index(sp), x_ring.index(sp), refill)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        for t in gl.static_range(STAGES):
+            mbarrier.invalidate(w_bars.index(t))
+            mbarrier.invalidate(x_bars.index(t))
+
+        # the store: consecutive threads take consecutive W rows (consecutive columns of y's row t)
+        SPT: gl.constexpr = BLOCK_W // 32
+        out_layout: gl.constexpr = gl.BlockedLayout([SPT, 1], [32, 1], [1, num_warps], [0, 1])
+        tile = gl.convert_layout(acc, out_layout)
+        rw = off_w + gl.arange(0, BLOCK_W, layout=gl.SliceLayout(1, out_layout))
+        rt = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, out_layout))
+        ok = (rw[:, None] < N) & (rt[None, :] < M)
+        out_off = rt[None, :] * N + rw[:, None]
+        if HAS_SPLIT:
+            ws_stride = M * N
+            gl.store(ws_ptr + pid_s * ws_stride + out_off, tile, mask=ok)
+            gl.thread_barrier()  # every thread's partial is stored before the ticket (release below)
+            ticket = gl.atomic_add(cnt_ptr + pid_w, 1, sem="acq_rel")
+            if ticket == SPLIT - 1:
+                total = gl.zeros([BLOCK_W, BLOCK_T], gl.float32, layout=out_layout)
+                for q in range(SPLIT):  # split order: the sum does not depend on who finishes last
+                    total += gl.load(ws_ptr + q * ws_stride + out_off, mask=ok, other=0.0, cache_modifier=".cg")
+                gl.store(y_ptr + out_off, total.to(y_ptr.dtype.element_ty), mask=ok)
+                gl.atomic_xchg(cnt_ptr + pid_w, 0)
+        else:
+            gl.store(y_ptr + out_off, tile.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def _tickets(device: torch.device) -> torch.Tensor:
+    if device not in _counters:
+        _counters[device] = torch.zeros(MAX_TICKETS, dtype=torch.int32, device=device)
+    return _counters[device]
+
+
+def wgmma_linear(x: torch.Tensor, w: torch.Tensor, cfg: WgmmaConfig, use_pdl: bool = False) -> torch.Tensor:
+    """x [M, K] bf16 -> x W^T [M, N] bf16 with ``_wgmma_kernel`` (Hopper, M <= 256, K a multiple of 8)."""
+    if not _GLUON:
+        raise RuntimeError(f"this Triton ({triton.__version__}) has no Gluon")
+    m, k = x.shape
+    n = w.shape[0]
+    cfg = WgmmaConfig(*cfg)
+    if not fits(cfg, m):
+        raise ValueError(f"wgmma config {tuple(cfg)} does not fit M={m}")
+    if w.shape[1] != k or x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16:
+        raise ValueError(f"wgmma_linear: x {tuple(x.shape)} {x.dtype}, w {tuple(w.shape)} {w.dtype}")
+    bt = block_t(m)
+    per, split = k_iters_per_split(k, cfg)
+    tiles = triton.cdiv(n, cfg.block_w)
+    assert tiles <= MAX_TICKETS
+    w_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_w, cfg.block_k], gl.bfloat16)
+    x_layout = gl.NVMMASharedLayout.get_default_for([bt, cfg.block_k], gl.bfloat16)
+    w_desc = TensorDescriptor(w, list(w.shape), list(w.stride()), [cfg.block_w, cfg.block_k], w_layout)
+    x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [bt, cfg.block_k], x_layout)
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    ws = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
+    extra = {"launch_pdl": True} if use_pdl else {}
+    _wgmma_kernel[(tiles, split)](w_desc, x_desc, y, ws, _tickets(x.device), m, n, triton.cdiv(k, cfg.block_k),
+                                  per, split, HAS_SPLIT=split > 1, STAGES=cfg.stages, USE_PDL=use_pdl,
+                                  num_warps=cfg.warps, **extra)
+    return y
