@@ -10,6 +10,10 @@ so each call's first W tiles are asked for while the previous call ends, as they
 it in the step).
 
     python benchmarks/engine_gemm_wgmma.py --out $OUT/gemm_wgmma
+
+``--fixed-cost M``: the o projection's N = 4096 rows at K = 512 ... 16384 columns (4-134 MB of W) and M rows, cuBLAS
+and the best candidate of each K (alone and launched with PDL), and a least-squares line time = fixed + bytes / rate
+through each: the intercept is what one launch costs beyond streaming its weights.
 """
 
 from __future__ import annotations
@@ -81,6 +85,42 @@ def sweep(args, shapes: dict) -> list[dict]:
     return rows
 
 
+def fit_line(bytes_: list[float], us: list[float]) -> tuple[float, float]:
+    """(intercept us, slope TB/s) of the least-squares line us = a + bytes / rate."""
+    n = len(us)
+    mx, my = sum(bytes_) / n, sum(us) / n
+    slope = sum((x - mx) * (y - my) for x, y in zip(bytes_, us)) / sum((x - mx) ** 2 for x in bytes_)
+    return my - slope * mx, 1e-6 / slope
+
+
+def fixed_cost(args, m: int) -> dict:
+    n, ks = 4096, (512, 1024, 2048, 4096, 8192, 16384)
+    rows = []
+    for kk in ks:
+        ws, pick = rotating_weights(n, kk)
+        x = torch.randn(m, kk, dtype=torch.bfloat16, device="cuda")
+        cublas = gemm._time_us(lambda: torch.mm(x, pick().t()))
+        best, best_cfg = float("inf"), None
+        for cfg in gemm_wgmma.configs(m):
+            if check(m, n, kk, ws[0], cfg) > gemm.MAX_REL_ERR:
+                continue
+            us = gemm._time_us(lambda: gemm_wgmma.wgmma_linear(x, pick(), cfg))
+            if us < best:
+                best, best_cfg = us, cfg
+        pdl = gemm._time_us(lambda: gemm_wgmma.wgmma_linear(x, pick(), best_cfg, use_pdl=True))
+        rows.append({"k": kk, "w_bytes": n * kk * 2, "cublas_us": round(cublas, 2), "wgmma_us": round(best, 2),
+                     "wgmma_pdl_us": round(pdl, 2), "config": list(best_cfg)})
+        print(f"fixed cost M={m} K={kk:6d} ({n * kk * 2 / 1e6:6.1f} MB): cublas {cublas:6.1f} us, wgmma {best:6.1f} "
+              f"us, wgmma PDL {pdl:6.1f} us {tuple(best_cfg)}", flush=True)
+        del ws
+    fits = {}
+    for col in ("cublas_us", "wgmma_us", "wgmma_pdl_us"):
+        a, rate = fit_line([r["w_bytes"] for r in rows], [r[col] for r in rows])
+        fits[col] = {"fixed_us": round(a, 2), "rate_tb_s": round(rate, 3)}
+        print(f"fixed cost M={m} {col:13s}: {a:5.2f} us + bytes / {rate:4.2f} TB/s", flush=True)
+    return {"m": m, "n": n, "rows": rows, "fits": fits}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-8b")
@@ -89,10 +129,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stream-tbs", type=float, default=4.47, help="weight streaming rate for the reference column")
     ap.add_argument("--verbose", action="store_true", help="print every candidate's time")
     ap.add_argument("--engine", action="store_true", help="also time the engine's own pick (its chooser runs first)")
+    ap.add_argument("--fixed-cost", default="", help="comma-separated M: only the fixed-cost sweep over K")
     ap.add_argument("--out", default="gemm_wgmma")
     args = ap.parse_args(argv)
     if not gemm_wgmma.available():
         raise SystemExit("this Triton has no Gluon")
+    if args.fixed_cost:
+        runs = [fixed_cost(args, int(m)) for m in args.fixed_cost.split(",")]
+        fileio.write_json(args.out + ".json", {"gpu": torch.cuda.get_device_name(), "runs": runs})
+        return 0
     shapes = resolve(args.model).layer_gemm_shapes()
     if args.proj:
         shapes = {p: shapes[p] for p in args.proj.split(",")}
