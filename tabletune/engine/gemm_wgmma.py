@@ -40,6 +40,9 @@ try:  # Gluon: Triton >= 3.5, Hopper / Blackwell targets
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                    warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    # Triton 3.9 renamed the TMA load (the old name raises); 3.6, the device's, has only the old one
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # renamed in 3.9 too
     _GLUON = True
 except ImportError:  # pragma: no cover - an older Triton
     _GLUON = False
@@ -115,7 +118,7 @@ if _GLUON:
     @gluon.jit
     def _load_stage(desc, coord_0, coord_1, bar, dest, pred):
         mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
-        tma.async_copy_global_to_shared(desc, [coord_0, coord_1], bar, dest, pred=pred)
+        _tma_load(desc, [coord_0, coord_1], bar, dest, pred=pred)
 
     @gluon.jit
     def _wgmma_kernel(w_desc, x_desc, y_ptr, ws_ptr, cnt_ptr, M, N, ITERS, ITERS_PER_SPLIT, SPLIT,
@@ -181,7 +184,7 @@ if _GLUON:
         if HAS_SPLIT:
             ws_stride = M * N
             gl.store(ws_ptr + pid_s * ws_stride + out_off, tile, mask=ok)
-            gl.thread_barrier()  # every thread's partial is stored before the ticket (release below)
+            _cta_barrier()  # every thread's partial is stored before the ticket (release below)
             ticket = gl.atomic_add(cnt_ptr + pid_w, 1, sem="acq_rel")
             if ticket == SPLIT - 1:
                 total = gl.zeros([BLOCK_W, BLOCK_T], gl.float32, layout=out_layout)

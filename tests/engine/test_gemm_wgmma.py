@@ -1,0 +1,77 @@
+"""The Gluon wgmma GEMM's host side, and its sm_90 code compiled on the CPU (no GPU needed to compile)."""
+
+import re
+
+import pytest
+from hypothesis import given, strategies as st
+
+torch = pytest.importorskip("torch")
+gemm_wgmma = pytest.importorskip("tabletune.engine.gemm_wgmma")
+
+
+@given(m=st.integers(1, 256))
+def test_every_candidate_fits_and_covers_m(m):
+    cfgs = gemm_wgmma.configs(m)
+    assert cfgs, f"no candidate at M={m}"
+    bt = gemm_wgmma.block_t(m)
+    assert bt >= m and bt & (bt - 1) == 0 and bt >= 16
+    for cfg in cfgs:
+        assert gemm_wgmma.fits(cfg, m)
+        assert cfg.stages * (cfg.block_w + bt) * cfg.block_k * 2 <= gemm_wgmma.SMEM_BYTES
+
+
+@given(k=st.integers(1, 64).map(lambda v: v * 256), split=st.sampled_from([1, 2, 3, 4, 6, 8]),
+       block_k=st.sampled_from([64, 128]))
+def test_splits_cover_k_and_none_is_empty(k, split, block_k):
+    per, n = gemm_wgmma.k_iters_per_split(k, gemm_wgmma.WgmmaConfig(64, block_k, split, 4, 4))
+    iters = -(-k // block_k)
+    assert n <= split and per * n >= iters and per * (n - 1) < iters  # the last split has at least one iteration
+
+
+def test_one_warp_group_never_holds_a_64_x_256_tile():
+    # ptxas spilled that tile's split-K epilogue on sm_90a
+    assert not gemm_wgmma.fits(gemm_wgmma.WgmmaConfig(64, 64, 2, 4, 4), 256)
+    assert gemm_wgmma.fits(gemm_wgmma.WgmmaConfig(128, 64, 2, 4, 8), 256)
+
+
+def _ptx(m: int, cfg, use_pdl: bool) -> str:
+    """The kernel compiled for sm_90 by the installed Triton, with the launch's argument types."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    gl = gemm_wgmma.gl
+    bt = gemm_wgmma.block_t(m)
+
+    def desc(rows, block):
+        t = torch.empty(rows, 4096, dtype=torch.bfloat16)
+        layout = gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)
+        return mangle_type(gemm_wgmma.TensorDescriptor(t, [rows, 4096], [4096, 1], block, layout))
+
+    fn = gemm_wgmma._wgmma_kernel
+    names = fn.arg_names
+    const = dict(HAS_SPLIT=cfg.split > 1, STAGES=cfg.stages, USE_PDL=use_pdl, num_warps=cfg.warps)
+    types = {"w_desc": desc(4096, [cfg.block_w, cfg.block_k]), "x_desc": desc(m, [bt, cfg.block_k]),
+             "y_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "ITERS": "i32",
+             "ITERS_PER_SPLIT": "i32", "SPLIT": "i32"}
+    src = GluonASTSource(fn, {n: "constexpr" if n in const else types[n] for n in names},
+                         constexprs={(names.index(k),): v for k, v in const.items()})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=cfg.warps)).asm["ptx"]
+
+
+@pytest.mark.parametrize("m,cfg", [(16, gemm_wgmma.WgmmaConfig(64, 128, 1, 8, 4)),
+                                   (128, gemm_wgmma.WgmmaConfig(128, 64, 3, 6, 4))])
+def test_sm90_code_is_tma_and_async_wgmma_with_weights_before_the_pdl_wait(m, cfg):
+    if not gemm_wgmma.available():
+        pytest.skip("this Triton has no Gluon")
+    ptx = _ptx(m, cfg, use_pdl=True)
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n%dk16\.f32\.bf16\.bf16" % gemm_wgmma.block_t(m), ptx)
+    assert "wgmma.wait_group" in ptx
+    loads = [mt.start() for mt in re.finditer(r"cp\.async\.bulk\.tensor\.2d", ptx)]
+    wait = ptx.find("griddepcontrol.wait")
+    assert loads and wait > 0
+    # the first STAGES W tiles are asked for before the wait; the x tiles (written by the previous kernel) after
+    assert sum(pos < wait for pos in loads) == cfg.stages
+    assert "atom.global" in ptx or "red.global" in ptx or cfg.split == 1  # the ticket of the split-K fix-up
+    assert "griddepcontrol.wait" not in _ptx(m, cfg, use_pdl=False)
