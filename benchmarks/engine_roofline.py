@@ -22,7 +22,7 @@ import time
 import torch
 
 from tabletune import fileio
-from tabletune.engine import cublaslt, gemm, kernels
+from tabletune.engine import cublaslt, gemm, gemm_wgmma, kernels
 from tabletune.engine.gpu_monitor import GpuMonitor, GpuWindow
 from tabletune.engine.profiling import (ENGINE_VERSION, Ceilings, build_engine, command_line, device_name,
                                         measure_ceilings, serial_floor_ms, step_floor_ms, time_replays_gpu, time_steps)
@@ -326,6 +326,14 @@ def gemm_triton_compare(engine, points, context_len: int, reps: int = 15) -> tup
                            lambda b: {"chooser": {}, "triton-only": {"gemm.triton_only": True}}, reps)
 
 
+def gemm_wgmma_compare(engine, points, context_len: int, reps: int = 15) -> tuple[list[str], list[dict]]:
+    """Each step's graph with the GEMM choices made without the Gluon wgmma kernel (``gemm.use_wgmma`` off: the
+    fastest other candidate) against the choices made with it (run with TABLETUNE_GEMM_WGMMA=1, so that the
+    chooser timed it)."""
+    return variant_compare(engine, points, context_len,
+                           lambda b: {"no-wgmma": {"gemm.use_wgmma": False}, "wgmma": {}}, reps)
+
+
 def gemm_context_compare(engine, points, context_len: int, reps: int = 15) -> tuple[list[str], list[dict]]:
     """Each step's graph with the GEMM choices made from timings alone against those made from timings in context
     (each candidate followed by a PDL kernel) at every M and at M >= ``gemm.CONTEXT_MIN_ROWS`` (the default); needs
@@ -373,6 +381,8 @@ def _choice_label(c) -> str:
         return c.label()
     if c is None or isinstance(c, (int, str)):
         return "cublas" if c is None else f"cublas on {c} rows" if isinstance(c, int) else c
+    if isinstance(c, gemm_wgmma.WgmmaConfig):
+        return "wgmma" + str(tuple(c))
     return ("triton-tma" if c.tma else "triton-stream-k" if c.stream_k else "triton") + str(tuple(c[:6]))
 
 
@@ -487,6 +497,9 @@ COMPARISONS = (
     ("--gemm-triton-compare", "gemm-triton", "b:k,... cells to time with the GEMM chooser's picks and with the "
      "fastest Triton config for every GEMM (gemm.triton_only)",
      lambda engine, pts, ctx, args: gemm_triton_compare(engine, pts, ctx)),
+    ("--gemm-wgmma-compare", "gemm-wgmma", "b:k,... cells to time with the GEMM choices made without and with the "
+     "Gluon wgmma kernel (set TABLETUNE_GEMM_WGMMA=1)",
+     lambda engine, pts, ctx, args: gemm_wgmma_compare(engine, pts, ctx)),
     ("--gemm-policy-compare", "gemm-policy", "b:k,... cells to time with the GEMM chooser's picks and with cuBLAS "
      "for every GEMM", lambda engine, pts, ctx, args: gemm_policy_compare(engine, pts, ctx)),
 )

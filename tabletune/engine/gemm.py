@@ -67,7 +67,7 @@ from typing import NamedTuple
 import torch
 import triton
 
-from tabletune.engine import cublaslt, kernels
+from tabletune.engine import cublaslt, gemm_wgmma, kernels
 from tabletune.engine.gemm_kernels import _gemm_kernel, _gemm_stream_k_kernel, _gemm_tma_kernel
 from tabletune.engine.model import FUSED_NORM_MAX_M
 
@@ -106,6 +106,13 @@ use_context = TIMING != "alone"
 # H200, one card, same-run A/B of the step graphs (benchmarks/results/engine_gemm_atomic_h200.log): -0.9% to -1.3%
 # at the six cells of M = 1-8 rows, +0.3% to +0.8% at M = 16, 40 and 64, 0.0% at M = 24.
 atomic_split = os.environ.get("TABLETUNE_GEMM_ATOMIC", "1") == "1"
+# The Gluon wgmma kernel (``gemm_wgmma``: TMA ring, asynchronous wgmma with the tile as W x^T, the W tiles asked for
+# before the PDL wait) as a candidate for plain bf16 shapes of at most gemm_wgmma.MAX_T rows on Hopper. Off unless
+# env TABLETUNE_GEMM_WGMMA=1 (it adds ~24 timed candidates a shape at start-up) until an A/B in the step says it pays:
+# alone it was within a few % of cuBLAS at M <= 64 and slower from M = 96 (H200,
+# benchmarks/results/engine_gemm_wgmma_h200.md). ``use_wgmma`` off: calls take the fastest other candidate (A/B).
+WGMMA = os.environ.get("TABLETUNE_GEMM_WGMMA", "0") == "1"
+use_wgmma = True
 ATOMIC_MAX_SPLIT = 2  # more splits would add in arrival order: not deterministic
 ATOMIC_MAX_ROWS = 8  # the GEMMs of more rows keep the fix-up (slower with the atomics in the step above)
 CONTEXT_MIN_ROWS = 17  # below this M calls follow the timings alone (where every candidate but cuBLAS is a PDL
@@ -427,6 +434,8 @@ def _mm_lt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def _run(x: torch.Tensor, w: torch.Tensor, choice, gated: bool = False) -> torch.Tensor:
+    if isinstance(choice, gemm_wgmma.WgmmaConfig):
+        return gemm_wgmma.wgmma_linear(x, w, choice, kernels.pdl_enabled(x))
     if isinstance(choice, cublaslt.Algo):
         return cublaslt.matmul(x, w, choice) if cublaslt.usable(x, w) else torch.mm(x, w.t())
     if isinstance(choice, tuple):
@@ -453,11 +462,12 @@ def current(key: tuple) -> Config | int | str | cublaslt.Algo | None:
     off: no cuBLASLt heuristic kernel; ``triton_only``: a Triton config where one was timed), else the choice
     recorded for it (None if none was made). Remembered per key and switches: eager steps call this for every
     GEMM."""
-    memo = (key, use_lt, use_context, CONTEXT_MIN_ROWS, triton_only)
+    memo = (key, use_lt, use_context, CONTEXT_MIN_ROWS, triton_only, use_wgmma)
     if memo not in _current:
         if key not in _choice:
             return None
-        timed = {c: us for c, us in _scores(key).items() if use_lt or not isinstance(c, cublaslt.Algo)}
+        timed = {c: us for c, us in _scores(key).items() if (use_lt or not isinstance(c, cublaslt.Algo))
+                 and (use_wgmma or not isinstance(c, gemm_wgmma.WgmmaConfig))}
         if triton_only:
             timed = {c: us for c, us in timed.items() if _in_pdl_chain(c, key)} or timed
         _current[memo] = min(timed, key=timed.get) if timed else _choice[key]
@@ -465,7 +475,8 @@ def current(key: tuple) -> Config | int | str | cublaslt.Algo | None:
 
 
 def _is_triton(choice) -> bool:
-    """Whether a choice is one of this module's Triton configs (a ``Config``; cuBLASLt's ``Algo`` is a tuple too)."""
+    """Whether a choice is one of this module's Triton configs (a ``Config`` or a ``gemm_wgmma.WgmmaConfig``, both PDL
+    kernels; cuBLASLt's ``Algo`` is a tuple too)."""
     return isinstance(choice, tuple) and not isinstance(choice, cublaslt.Algo)
 
 
@@ -500,7 +511,16 @@ def candidates(m: int, gated: bool = False, w: torch.Tensor | None = None) -> di
                 cands[algo] = lambda x, w_, algo=algo: cublaslt.matmul(x, w_, algo)
     for cfg in _configs(m, gated, tma_available()) if m <= MAX_TRITON_M else ():
         cands[cfg] = lambda x, w_, cfg=cfg: triton_linear(x, w_, cfg, gated)
+    if WGMMA and not gated and _wgmma_ok(m, w):
+        for cfg in gemm_wgmma.configs(m):
+            cands[cfg] = lambda x, w_, cfg=cfg: gemm_wgmma.wgmma_linear(x, w_, cfg, kernels.pdl_enabled(x))
     return cands
+
+
+def _wgmma_ok(m: int, w: torch.Tensor | None) -> bool:
+    """Whether the wgmma kernel can run x [M, K] W^T: Gluon in this Triton, a bf16 W on a Hopper GPU, M <= MAX_T."""
+    return (w is not None and w.is_cuda and w.dtype == torch.bfloat16 and m <= gemm_wgmma.MAX_T
+            and gemm_wgmma.available() and torch.cuda.get_device_capability(w.device)[0] == 9)
 
 
 def _lt_heuristics(m: int, w: torch.Tensor) -> list[cublaslt.Algo]:
@@ -646,7 +666,7 @@ def linear(x2d: torch.Tensor, w: torch.Tensor, gated: bool = False, accumulate: 
 def _atomic_ok(choice, w: torch.Tensor) -> bool:
     """Whether a choice can add its splits into an accumulator: a pointer config whose effective split count
     (``_split_k``) is at most ATOMIC_MAX_SPLIT."""
-    if not _is_triton(choice):
+    if not isinstance(choice, Config):
         return False
-    c = Config(*choice)
+    c = choice
     return not (c.tma or c.stream_k) and _k_splits(w.shape[1], c.split, c.block_k)[1] <= ATOMIC_MAX_SPLIT
