@@ -107,11 +107,13 @@ use_context = TIMING != "alone"
 # at the six cells of M = 1-8 rows, +0.3% to +0.8% at M = 16, 40 and 64, 0.0% at M = 24.
 atomic_split = os.environ.get("TABLETUNE_GEMM_ATOMIC", "1") == "1"
 # The Gluon wgmma kernel (``gemm_wgmma``: TMA ring, asynchronous wgmma with the tile as W x^T, the W tiles asked for
-# before the PDL wait) as a candidate for plain bf16 shapes of at most gemm_wgmma.MAX_T rows on Hopper. Off unless
-# env TABLETUNE_GEMM_WGMMA=1 (it adds ~24 timed candidates a shape at start-up) until an A/B in the step says it pays:
-# alone it was within a few % of cuBLAS at M <= 64 and slower from M = 96 (H200,
-# benchmarks/results/engine_gemm_wgmma_h200.md). ``use_wgmma`` off: calls take the fastest other candidate (A/B).
-WGMMA = os.environ.get("TABLETUNE_GEMM_WGMMA", "0") == "1"
+# before the PDL wait) as a candidate for plain bf16 shapes of WGMMA_MIN_ROWS..WGMMA_MAX_ROWS rows on Hopper (env
+# TABLETUNE_GEMM_WGMMA=0: never). H200, two same-process A/Bs of the step graphs (all 48 cells of b <= 32, engine
+# 0.7.dev9; benchmarks/results/engine_gemm_wgmma_ab_h200*.log): -1% to -5% at M = 8-32 (12 and 15 cells), within
+# +-0.5% from M = 40, but +0.3% to +1.8% at M = 2-6, where it wins alone and loses in the step; hence the bounds.
+# ``use_wgmma`` off: calls take the fastest other candidate (A/B).
+WGMMA = os.environ.get("TABLETUNE_GEMM_WGMMA", "1") == "1"
+WGMMA_MIN_ROWS, WGMMA_MAX_ROWS = 8, 64
 use_wgmma = True
 ATOMIC_MAX_SPLIT = 2  # more splits would add in arrival order: not deterministic
 ATOMIC_MAX_ROWS = 8  # the GEMMs of more rows keep the fix-up (slower with the atomics in the step above)
@@ -518,8 +520,9 @@ def candidates(m: int, gated: bool = False, w: torch.Tensor | None = None) -> di
 
 
 def _wgmma_ok(m: int, w: torch.Tensor | None) -> bool:
-    """Whether the wgmma kernel can run x [M, K] W^T: Gluon in this Triton, a bf16 W on a Hopper GPU, M <= MAX_T."""
-    return (w is not None and w.is_cuda and w.dtype == torch.bfloat16 and m <= gemm_wgmma.MAX_T
+    """Whether the chooser times the wgmma kernel for x [M, K] W^T: Gluon in this Triton, a bf16 W on a Hopper GPU,
+    WGMMA_MIN_ROWS <= M <= WGMMA_MAX_ROWS."""
+    return (w is not None and w.is_cuda and w.dtype == torch.bfloat16 and WGMMA_MIN_ROWS <= m <= WGMMA_MAX_ROWS
             and gemm_wgmma.available() and torch.cuda.get_device_capability(w.device)[0] == 9)
 
 
