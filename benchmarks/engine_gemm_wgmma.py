@@ -13,7 +13,8 @@ it in the step).
 
 ``--fixed-cost M``: the o projection's N = 4096 rows at K = 512 ... 16384 columns (4-134 MB of W) and M rows, cuBLAS
 and the best candidate of each K (alone and launched with PDL), and a least-squares line time = fixed + bytes / rate
-through each: the intercept is what one launch costs beyond streaming its weights.
+through each: the intercept is what one launch costs beyond streaming its weights. The weights rotate through
+copies of at least 180 MB, so that every point reads W from HBM.
 """
 
 from __future__ import annotations
@@ -97,7 +98,8 @@ def fixed_cost(args, m: int) -> dict:
     n, ks = 4096, (512, 1024, 2048, 4096, 8192, 16384)
     rows = []
     for kk in ks:
-        ws, pick = rotating_weights(n, kk)
+        # copies enough for 3x the 60 MB L2 (the session-16 run used 3 copies: its K <= 2048 points read W from L2)
+        ws, pick = rotating_weights(n, kk, copies=max(3, -(-180_000_000 // (n * kk * 2))))
         x = torch.randn(m, kk, dtype=torch.bfloat16, device="cuda")
         cublas = gemm._time_us(lambda: torch.mm(x, pick().t()))
         best, best_cfg = float("inf"), None

@@ -108,12 +108,16 @@ use_context = TIMING != "alone"
 atomic_split = os.environ.get("TABLETUNE_GEMM_ATOMIC", "1") == "1"
 # The Gluon wgmma kernel (``gemm_wgmma``: TMA ring, asynchronous wgmma with the tile as W x^T, the W tiles asked for
 # before the PDL wait) as a candidate for plain bf16 shapes of WGMMA_MIN_ROWS..WGMMA_MAX_ROWS rows on Hopper (env
-# TABLETUNE_GEMM_WGMMA=0: never). H200, two same-process A/Bs of the step graphs (all 48 cells of b <= 32, engine
-# 0.7.dev9; benchmarks/results/engine_gemm_wgmma_ab_h200*.log): -1% to -5% at M = 8-32 (12 and 15 cells), within
-# +-0.5% from M = 40, but +0.3% to +1.8% at M = 2-6, where it wins alone and loses in the step; hence the bounds.
+# TABLETUNE_GEMM_WGMMA=0: never; docs/engine_notes.md, session 16). H200: alone it is within ~10% of cuBLAS up to
+# 64 rows and slower from 96 (benchmarks/results/engine_gemm_wgmma_h200.md). In the step, two same-process A/Bs of
+# all 48 cells of b <= 32 (``engine_roofline.py --gemm-wgmma-compare``): -1% to -5% at M = 8-32, within +-0.5% from
+# 40 rows, +0.3% to +1.8% at 2-6 rows; builds of 0.7.dev8 and with the kernel on one card: -1.9% to -3.6% at the
+# M = 20-28 cells (4, 4-6) and (8, 2), where 0.7.dev8's step times bent upwards. The A/Bs' baseline shared the
+# in-step GEMM choice made with the kernel available, so the M = 8-16 gains are not counted: the chooser times it
+# from CONTEXT_MIN_ROWS, where candidates are timed followed by a PDL kernel, as in the step.
 # ``use_wgmma`` off: calls take the fastest other candidate (A/B).
 WGMMA = os.environ.get("TABLETUNE_GEMM_WGMMA", "1") == "1"
-WGMMA_MIN_ROWS, WGMMA_MAX_ROWS = 8, 64
+WGMMA_MIN_ROWS, WGMMA_MAX_ROWS = 17, 64
 use_wgmma = True
 ATOMIC_MAX_SPLIT = 2  # more splits would add in arrival order: not deterministic
 ATOMIC_MAX_ROWS = 8  # the GEMMs of more rows keep the fix-up (slower with the atomics in the step above)

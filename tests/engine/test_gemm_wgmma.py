@@ -75,3 +75,21 @@ def test_sm90_code_is_tma_and_async_wgmma_with_weights_before_the_pdl_wait(m, cf
     assert sum(pos < wait for pos in loads) == cfg.stages
     assert "atom.global" in ptx or "red.global" in ptx or cfg.split == 1  # the ticket of the split-K fix-up
     assert "griddepcontrol.wait" not in _ptx(m, cfg, use_pdl=False)
+
+
+def test_the_chooser_takes_a_wgmma_config_only_where_allowed(monkeypatch):
+    gemm = pytest.importorskip("tabletune.engine.gemm")
+    key = (24, 4096, 4096, False)
+    wg, ptr = gemm_wgmma.WgmmaConfig(64, 128, 1, 8, 4), gemm.Config(32, 64, 128, 2, 4, 6)
+    monkeypatch.setitem(gemm._choice, key, wg)
+    monkeypatch.setitem(gemm._context_timings, key, {wg: 10.0, ptr: 12.0, None: 11.0})
+    monkeypatch.setattr(gemm, "_current", {})
+    assert gemm.current(key) == wg and gemm._is_triton(wg)  # a PDL kernel: part of the step's chain
+    monkeypatch.setattr(gemm, "use_wgmma", False)
+    assert gemm.current(key) is None  # cuBLAS, the fastest of the others
+    monkeypatch.setattr(gemm, "triton_only", True)
+    assert gemm.current(key) == ptr
+    w = torch.zeros(4096, 4096, dtype=torch.bfloat16)
+    assert not gemm._atomic_ok(wg, w)  # no accumulator variant
+    assert not gemm._wgmma_ok(24, w)  # a CPU tensor: never a candidate
+    assert gemm.WGMMA_MIN_ROWS == gemm.CONTEXT_MIN_ROWS  # timed in context, as it runs in the step
