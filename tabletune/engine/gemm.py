@@ -108,7 +108,7 @@ use_context = TIMING != "alone"
 atomic_split = os.environ.get("TABLETUNE_GEMM_ATOMIC", "1") == "1"
 # The Gluon wgmma kernel (``gemm_wgmma``: TMA ring, asynchronous wgmma with the tile as W x^T, the W tiles asked for
 # before the PDL wait) as a candidate for plain bf16 shapes of WGMMA_MIN_ROWS..WGMMA_MAX_ROWS rows on Hopper (env
-# TABLETUNE_GEMM_WGMMA=0: never; docs/engine_notes.md, session 16). H200: alone it is within ~10% of cuBLAS up to
+# TABLETUNE_GEMM_WGMMA=0: never; docs/engine_notes.md, session 16). H200: alone it is within 13% of cuBLAS up to
 # 64 rows and slower from 96 (benchmarks/results/engine_gemm_wgmma_h200.md). In the step, two same-process A/Bs of
 # all 48 cells of b <= 32 (``engine_roofline.py --gemm-wgmma-compare``): -1% to -5% at M = 8-32, within +-0.5% from
 # 40 rows, +0.3% to +1.8% at 2-6 rows; builds of 0.7.dev8 and with the kernel on one card: -1.9% to -3.6% at the
@@ -526,8 +526,13 @@ def candidates(m: int, gated: bool = False, w: torch.Tensor | None = None) -> di
 def _wgmma_ok(m: int, w: torch.Tensor | None) -> bool:
     """Whether the chooser times the wgmma kernel for x [M, K] W^T: Gluon in this Triton, a bf16 W on a Hopper GPU,
     WGMMA_MIN_ROWS <= M <= WGMMA_MAX_ROWS."""
-    return (w is not None and w.is_cuda and w.dtype == torch.bfloat16 and WGMMA_MIN_ROWS <= m <= WGMMA_MAX_ROWS
-            and gemm_wgmma.available() and torch.cuda.get_device_capability(w.device)[0] == 9)
+    if not (w is not None and w.is_cuda and w.dtype == torch.bfloat16 and WGMMA_MIN_ROWS <= m <= WGMMA_MAX_ROWS
+            and gemm_wgmma.available()):
+        return False
+    try:
+        return torch.cuda.get_device_capability(w.device)[0] == 9
+    except (AttributeError, AssertionError, RuntimeError):  # no CUDA device behind w (a stand-in, no driver)
+        return False
 
 
 def _lt_heuristics(m: int, w: torch.Tensor) -> list[cublaslt.Algo]:
