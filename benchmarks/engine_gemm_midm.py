@@ -22,9 +22,9 @@ import torch
 
 from tabletune import fileio
 from tabletune.engine import gemm
-from tabletune.engine.presets import resolve
 
-from engine_gemm_sweep import rotating_weights  # a sibling script: benchmarks/ is sys.path[0] when run
+# a sibling script: benchmarks/ is sys.path[0] when run
+from engine_gemm_sweep import add_layer_shape_args, layer_shapes, rotating_weights
 
 FAMILIES = ("tma", "swap")
 
@@ -109,18 +109,13 @@ def ncu_calls(args, shapes: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="qwen3-8b")
-    ap.add_argument("--ms", default="64,80,96,128,160,192,224,256")
-    ap.add_argument("--proj", default="", help="comma-separated projections (default: all four)")
-    ap.add_argument("--stream-tbs", type=float, default=4.47, help="weight streaming rate for the reference column")
+    add_layer_shape_args(ap, ms="64,80,96,128,160,192,224,256")
     ap.add_argument("--lean", action="store_true", help="also the small-pipeline tiles (see configs())")
     ap.add_argument("--ncu", default="", help="PROJ:M: only the calls for ncu, configs from --from")
     ap.add_argument("--from", dest="source", default="")
     ap.add_argument("--out", default="gemm_midm")
     args = ap.parse_args(argv)
-    shapes = resolve(args.model).layer_gemm_shapes()
-    if args.proj:
-        shapes = {p: shapes[p] for p in args.proj.split(",")}
+    shapes = layer_shapes(args)
     if args.ncu:
         ncu_calls(args, shapes)
         return 0

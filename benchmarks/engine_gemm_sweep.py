@@ -35,6 +35,21 @@ def rotating_weights(n: int, k: int, copies: int = 3):
     return ws, pick
 
 
+def add_layer_shape_args(ap: argparse.ArgumentParser, ms: str) -> None:
+    """The flags of the per-projection GEMM benchmarks (engine_gemm_midm.py, engine_gemm_wgmma.py): model, M list,
+    projections and the streaming rate of their reference column."""
+    ap.add_argument("--model", default="qwen3-8b")
+    ap.add_argument("--ms", default=ms)
+    ap.add_argument("--proj", default="", help="comma-separated projections (default: all four)")
+    ap.add_argument("--stream-tbs", type=float, default=4.47, help="weight streaming rate for the reference column")
+
+
+def layer_shapes(args) -> dict[str, tuple[int, int]]:
+    """(N, K) of the layer's projections that ``--proj`` names (all four by default)."""
+    shapes = resolve(args.model).layer_gemm_shapes()
+    return {p: shapes[p] for p in args.proj.split(",")} if args.proj else shapes
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-8b")

@@ -26,9 +26,9 @@ import torch
 
 from tabletune import fileio
 from tabletune.engine import gemm, gemm_wgmma
-from tabletune.engine.presets import resolve
 
-from engine_gemm_sweep import rotating_weights  # a sibling script: benchmarks/ is sys.path[0] when run
+# a sibling script: benchmarks/ is sys.path[0] when run
+from engine_gemm_sweep import add_layer_shape_args, layer_shapes, rotating_weights
 
 
 def check(m: int, n: int, k: int, w: torch.Tensor, cfg, use_pdl: bool = False) -> float:
@@ -125,10 +125,7 @@ def fixed_cost(args, m: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="qwen3-8b")
-    ap.add_argument("--ms", default="16,32,64,96,128,192,256")
-    ap.add_argument("--proj", default="", help="comma-separated projections (default: all four)")
-    ap.add_argument("--stream-tbs", type=float, default=4.47, help="weight streaming rate for the reference column")
+    add_layer_shape_args(ap, ms="16,32,64,96,128,192,256")
     ap.add_argument("--verbose", action="store_true", help="print every candidate's time")
     ap.add_argument("--engine", action="store_true", help="also time the engine's own pick (its chooser runs first)")
     ap.add_argument("--fixed-cost", default="", help="comma-separated M: only the fixed-cost sweep over K")
@@ -140,9 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = [fixed_cost(args, int(m)) for m in args.fixed_cost.split(",")]
         fileio.write_json(args.out + ".json", {"gpu": torch.cuda.get_device_name(), "runs": runs})
         return 0
-    shapes = resolve(args.model).layer_gemm_shapes()
-    if args.proj:
-        shapes = {p: shapes[p] for p in args.proj.split(",")}
+    shapes = layer_shapes(args)
     rows = sweep(args, shapes)
     fileio.write_json(args.out + ".json", {"model": args.model, "gpu": torch.cuda.get_device_name(),
                                            "triton": __import__("triton").__version__, "rows": rows})

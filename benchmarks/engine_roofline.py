@@ -326,12 +326,45 @@ def gemm_triton_compare(engine, points, context_len: int, reps: int = 15) -> tup
                            lambda b: {"chooser": {}, "triton-only": {"gemm.triton_only": True}}, reps)
 
 
+TRITON_ONLY = "/triton-only"
+
+
+def with_own_step_choice(variants: dict) -> dict:
+    """Each variant twice, with the start-up's record of in-step GEMM choices emptied: as captured, and under
+    ``gemm.triton_only`` (``best_of_step_choice`` keeps the faster, as ``_choose_gemms_in_step`` would at a start-up
+    with that variant's settings). Without this every variant inherits the choice made for the engine's own
+    settings."""
+    out = {}
+    for name, settings in variants.items():
+        out[name] = {**settings, "gemm_step_triton": {}}
+        out[name + TRITON_ONLY] = {**settings, "gemm_step_triton": {}, "gemm.triton_only": True}
+    return out
+
+
+def best_of_step_choice(row: dict, names: list[str], max_rows: int) -> dict[str, float]:
+    """variant -> ms of its faster capture in a ``variant_compare`` row of ``with_own_step_choice`` variants (the
+    Triton-only capture counts only for steps of at most ``max_rows`` target rows, as at start-up)."""
+    def ms(name):
+        return row[f"{name}_ms"] if f"{name}_ms" in row else row[name]["ms"]
+    small = row["batch_size"] * (row["k"] + 1) <= max_rows
+    return {n: min(ms(n), ms(n + TRITON_ONLY)) if small else ms(n) for n in names}
+
+
 def gemm_wgmma_compare(engine, points, context_len: int, reps: int = 15) -> tuple[list[str], list[dict]]:
     """Each step's graph with the GEMM choices made without the Gluon wgmma kernel (``gemm.use_wgmma`` off: the
-    fastest other candidate) against the choices made with it (run with TABLETUNE_GEMM_WGMMA=1, so that the
-    chooser timed it)."""
-    return variant_compare(engine, points, context_len,
-                           lambda b: {"no-wgmma": {"gemm.use_wgmma": False}, "wgmma": {}}, reps)
+    fastest other candidate) against the choices made with it (``gemm.WGMMA`` on: the chooser timed it), each
+    variant with its own in-step GEMM choice (``with_own_step_choice``)."""
+    names = ["no-wgmma", "wgmma"]
+    lines, rows = variant_compare(engine, points, context_len, lambda b: with_own_step_choice(
+        {"no-wgmma": {"gemm.use_wgmma": False}, "wgmma": {}}), reps)
+    for row in rows:
+        best = best_of_step_choice(row, names, engine.cfg.gemm_step_max_rows if engine.cfg.gemm_step_choice else 0)
+        row["own_step_choice_ms"] = {n: round(v, 4) for n, v in best.items()}
+        lines.append(f"b={row['batch_size']:3d} k={row['k']}, each with its own in-step choice: no-wgmma "
+                     f"{best['no-wgmma']:.3f} ms; wgmma {best['wgmma']:.3f} ms "
+                     f"({(best['wgmma'] / best['no-wgmma'] - 1) * 100:+.1f}%)")
+        print(lines[-1], flush=True)
+    return lines, rows
 
 
 def gemm_context_compare(engine, points, context_len: int, reps: int = 15) -> tuple[list[str], list[dict]]:
@@ -498,7 +531,7 @@ COMPARISONS = (
      "fastest Triton config for every GEMM (gemm.triton_only)",
      lambda engine, pts, ctx, args: gemm_triton_compare(engine, pts, ctx)),
     ("--gemm-wgmma-compare", "gemm-wgmma", "b:k,... cells to time with the GEMM choices made without and with the "
-     "Gluon wgmma kernel (set TABLETUNE_GEMM_WGMMA=1)",
+     "Gluon wgmma kernel, each with its own in-step GEMM choice",
      lambda engine, pts, ctx, args: gemm_wgmma_compare(engine, pts, ctx)),
     ("--gemm-policy-compare", "gemm-policy", "b:k,... cells to time with the GEMM chooser's picks and with cuBLAS "
      "for every GEMM", lambda engine, pts, ctx, args: gemm_policy_compare(engine, pts, ctx)),

@@ -1,6 +1,12 @@
 import pathlib
 
 import pytest
+from hypothesis import settings
+
+# No per-example deadline: these properties are about results, and on a busy two-core machine one example can take
+# longer than hypothesis's 200 ms (seen once: a JSON fuzz example at 266 ms while another process compiled)
+settings.register_profile("tabletune", deadline=None)
+settings.load_profile("tabletune")
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STARTER = ROOT / "profiles" / "starter"

@@ -7,7 +7,7 @@ Triton TMA kernel, with its tile as x W^T or W x^T, was slower than cuBLAS at ev
 written a level lower, in Gluon, so that the schedule is ours rather than the compiler's:
 
 - **Tile as W x^T.** The weight rows are the MMA's M side (BLOCK_W = 64 or 128: one or two m64 wgmma rows a warp
-  group) and all M tokens its N side (BLOCK_T = M rounded up to 16, at most 256: one wgmma N), so each program
+  group) and all M tokens its N side (BLOCK_T = M rounded up to a power of two, 16-256: one wgmma N), so each program
   reads its W rows once and x, which every program shares, from L2.
 - **A ring of STAGES shared-memory slots**, each filled by two TMA copies (a [BLOCK_W, BLOCK_K] W tile and a
   [BLOCK_T, BLOCK_K] x tile) that complete on the slot's mbarrier. The wgmma of slot i runs asynchronously; once
@@ -19,12 +19,17 @@ written a level lower, in Gluon, so that the schedule is ours rather than the co
   fp32 workspace [SPLIT, M, N], the program that draws the last ticket adds them in split order (deterministic)
   and resets the counter.
 
-Gluon tensors have power-of-two shapes, so the token side is M rounded up to one: at M = 160 the tensor cores do
-256 rows of work (the W tiles, which set the time while the GEMM streams W, are the same).
+Gluon tensors have power-of-two shapes, hence BLOCK_T: at M = 160 the tensor cores do 256 rows of work (the W
+tiles, which set the time while the GEMM streams W, are the same).
+
+Measured on the H200 (docs/engine_notes.md, session 16): alone within 13% of cuBLAS up to 64 rows and slower from
+96 (split-K's partials cost more than the programs they add); in the step -2% to -5% at the M = 20-32 cells, so
+``gemm`` times it as a candidate at 17-64 rows. Its W tiles before the PDL wait leave the ~4-5 us fixed cost of a
+launch where it was.
 
 The host side (``wgmma_linear``, ``configs``) checks shapes, builds the TMA descriptors and launches. Gluon is
-experimental in Triton (its API changed between 3.5 and 3.9): ``available()`` says whether this Triton has it;
-nothing else in the engine imports this module unless asked to.
+experimental in Triton (two names changed between 3.6 and 3.9, shimmed below): ``available()`` says whether this
+Triton has it, and ``gemm`` never times the kernel where it has not.
 """
 
 from __future__ import annotations
