@@ -117,7 +117,11 @@ atomic_split = os.environ.get("TABLETUNE_GEMM_ATOMIC", "1") == "1"
 # from CONTEXT_MIN_ROWS, where candidates are timed followed by a PDL kernel, as in the step.
 # ``use_wgmma`` off: calls take the fastest other candidate (A/B).
 WGMMA = os.environ.get("TABLETUNE_GEMM_WGMMA", "1") == "1"
-WGMMA_MIN_ROWS, WGMMA_MAX_ROWS = 17, 64
+WGMMA_MAX_ROWS = 64
+_min_rows = os.environ.get("TABLETUNE_GEMM_WGMMA_MIN_ROWS", "17")  # for A/Bs of fewer rows
+if not _min_rows.isdigit() or not 1 <= int(_min_rows) <= WGMMA_MAX_ROWS:
+    raise ValueError(f"TABLETUNE_GEMM_WGMMA_MIN_ROWS={_min_rows!r}: a whole number from 1 to {WGMMA_MAX_ROWS}")
+WGMMA_MIN_ROWS = int(_min_rows)
 use_wgmma = True
 ATOMIC_MAX_SPLIT = 2  # more splits would add in arrival order: not deterministic
 ATOMIC_MAX_ROWS = 8  # the GEMMs of more rows keep the fix-up (slower with the atomics in the step above)
