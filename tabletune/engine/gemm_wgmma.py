@@ -39,7 +39,9 @@ from typing import NamedTuple
 import torch
 import triton
 
-try:  # Gluon: Triton >= 3.5, Hopper / Blackwell targets
+from tabletune.engine import kernels  # the ticket buffers, one per stream lane
+
+try:  # Gluon (run with Triton 3.6, compiled with 3.9 too)
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
@@ -54,7 +56,6 @@ except ImportError:  # pragma: no cover - an older Triton
 
 MAX_T = 256  # one wgmma N (tokens) at most
 SMEM_BYTES = 200 * 1024
-MAX_TICKETS = 4096
 
 
 class WgmmaConfig(NamedTuple):
@@ -201,15 +202,6 @@ if _GLUON:
             gl.store(y_ptr + out_off, tile.to(y_ptr.dtype.element_ty), mask=ok)
 
 
-_counters: dict[torch.device, torch.Tensor] = {}
-
-
-def _tickets(device: torch.device) -> torch.Tensor:
-    if device not in _counters:
-        _counters[device] = torch.zeros(MAX_TICKETS, dtype=torch.int32, device=device)
-    return _counters[device]
-
-
 def wgmma_linear(x: torch.Tensor, w: torch.Tensor, cfg: WgmmaConfig, use_pdl: bool = False) -> torch.Tensor:
     """x [M, K] bf16 -> x W^T [M, N] bf16 with ``_wgmma_kernel`` (Hopper, M <= 256, K a multiple of 8)."""
     if not _GLUON:
@@ -224,15 +216,15 @@ def wgmma_linear(x: torch.Tensor, w: torch.Tensor, cfg: WgmmaConfig, use_pdl: bo
     bt = block_t(m)
     per, split = k_iters_per_split(k, cfg)
     tiles = triton.cdiv(n, cfg.block_w)
-    assert tiles <= MAX_TICKETS
+    assert tiles <= kernels.MAX_TICKETS
     w_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_w, cfg.block_k], gl.bfloat16)
     x_layout = gl.NVMMASharedLayout.get_default_for([bt, cfg.block_k], gl.bfloat16)
     w_desc = TensorDescriptor(w, list(w.shape), list(w.stride()), [cfg.block_w, cfg.block_k], w_layout)
     x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [bt, cfg.block_k], x_layout)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     ws = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
-    extra = {"launch_pdl": True} if use_pdl else {}
-    _wgmma_kernel[(tiles, split)](w_desc, x_desc, y, ws, _tickets(x.device), m, n, triton.cdiv(k, cfg.block_k),
-                                  per, split, HAS_SPLIT=split > 1, STAGES=cfg.stages, USE_PDL=use_pdl,
-                                  num_warps=cfg.warps, **extra)
+    tickets = kernels.counters(x.device)  # taken after the PDL wait: the kernel before has reset its own
+    _wgmma_kernel[(tiles, split)](w_desc, x_desc, y, ws, tickets, m, n, triton.cdiv(k, cfg.block_k), per, split,
+                                  HAS_SPLIT=split > 1, STAGES=cfg.stages, USE_PDL=use_pdl, num_warps=cfg.warps,
+                                  **kernels.pdl_kwargs(use_pdl))
     return y
