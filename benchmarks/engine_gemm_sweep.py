@@ -35,6 +35,14 @@ def rotating_weights(n: int, k: int, copies: int = 3):
     return ws, pick
 
 
+def padded_cublas(m: int, k: int, pick) -> tuple[dict[int, torch.Tensor], float]:
+    """Random x of M rows and of M padded to 64 / 128 rows ({rows: x}), and cuBLAS's best us over those row counts
+    against the rotating weights ``pick`` (the chooser's padded-cuBLAS candidates)."""
+    xs = {mm: torch.randn(mm, k, dtype=torch.bfloat16, device="cuda")
+          for mm in sorted({m, -(-m // 64) * 64, -(-m // 128) * 128})}
+    return xs, min(gemm._time_us(lambda mm=mm: torch.mm(xs[mm], pick().t())) for mm in xs)
+
+
 def add_layer_shape_args(ap: argparse.ArgumentParser, ms: str) -> None:
     """The flags of the per-projection GEMM benchmarks (engine_gemm_midm.py, engine_gemm_wgmma.py): model, M list,
     projections and the streaming rate of their reference column."""

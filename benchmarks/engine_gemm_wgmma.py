@@ -28,7 +28,7 @@ from tabletune import fileio
 from tabletune.engine import gemm, gemm_wgmma
 
 # a sibling script: benchmarks/ is sys.path[0] when run
-from engine_gemm_sweep import add_layer_shape_args, layer_shapes, rotating_weights
+from engine_gemm_sweep import add_layer_shape_args, layer_shapes, padded_cublas, rotating_weights
 
 
 def check(m: int, n: int, k: int, w: torch.Tensor, cfg, use_pdl: bool = False) -> float:
@@ -49,9 +49,7 @@ def sweep(args, shapes: dict) -> list[dict]:
     for name, (n, kk) in shapes.items():
         ws, pick = rotating_weights(n, kk)
         for m in (int(v) for v in args.ms.split(",")):
-            pads = sorted({m, -(-m // 64) * 64, -(-m // 128) * 128})
-            xs = {mm: torch.randn(mm, kk, dtype=torch.bfloat16, device="cuda") for mm in pads}
-            cublas = min(gemm._time_us(lambda mm=mm: torch.mm(xs[mm], pick().t())) for mm in pads)
+            xs, cublas = padded_cublas(m, kk, pick)
             engine = gemm._time_us(lambda: gemm.linear(xs[m], pick())) if args.engine else float("nan")
             best, best_cfg, failed = float("inf"), None, []
             for cfg in gemm_wgmma.configs(m):

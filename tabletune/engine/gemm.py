@@ -682,7 +682,7 @@ def linear(x2d: torch.Tensor, w: torch.Tensor, gated: bool = False, accumulate: 
 def _atomic_ok(choice, w: torch.Tensor) -> bool:
     """Whether a choice can add its splits into an accumulator: a pointer config whose effective split count
     (``_split_k``) is at most ATOMIC_MAX_SPLIT."""
-    if not isinstance(choice, Config):
+    if not _is_triton(choice) or isinstance(choice, gemm_wgmma.WgmmaConfig):
         return False
-    c = choice
+    c = Config(*choice)
     return not (c.tma or c.stream_k) and _k_splits(w.shape[1], c.split, c.block_k)[1] <= ATOMIC_MAX_SPLIT
