@@ -113,12 +113,14 @@ atomic_split = os.environ.get("TABLETUNE_GEMM_ATOMIC", "1") == "1"
 # all 48 cells of b <= 32 (``engine_roofline.py --gemm-wgmma-compare``): -1% to -5% at M = 8-32, within +-0.5% from
 # 40 rows, +0.3% to +1.8% at 2-6 rows; builds of 0.7.dev8 and with the kernel on one card: -1.9% to -3.6% at the
 # M = 20-28 cells (4, 4-6) and (8, 2), where 0.7.dev8's step times bent upwards. The A/Bs' baseline shared the
-# in-step GEMM choice made with the kernel available, so the M = 8-16 gains are not counted: the chooser times it
-# from CONTEXT_MIN_ROWS, where candidates are timed followed by a PDL kernel, as in the step.
+# in-step GEMM choice made with the kernel available. The fair A/B (session 17: each variant with its own in-step
+# choice, the kernel offered from 8 rows, benchmarks/results/engine_gemm_wgmma_ab_h200_fair.log): -0.8% to -2.3%
+# at the M = 10-14 cells (2, 4-6), (4, 2), -0.4% to +0.5% at M = 8 and 16 (noise: the M = 1-2 cells +-0.1%), so
+# from WGMMA_MIN_ROWS = 9 it is a candidate; below CONTEXT_MIN_ROWS it is timed alone, as every candidate there.
 # ``use_wgmma`` off: calls take the fastest other candidate (A/B).
 WGMMA = os.environ.get("TABLETUNE_GEMM_WGMMA", "1") == "1"
 WGMMA_MAX_ROWS = 64
-_min_rows = os.environ.get("TABLETUNE_GEMM_WGMMA_MIN_ROWS", "17")  # for A/Bs of fewer rows
+_min_rows = os.environ.get("TABLETUNE_GEMM_WGMMA_MIN_ROWS", "9")  # for A/Bs of fewer rows
 if not _min_rows.isdigit() or not 1 <= int(_min_rows) <= WGMMA_MAX_ROWS:
     raise ValueError(f"TABLETUNE_GEMM_WGMMA_MIN_ROWS={_min_rows!r}: a whole number from 1 to {WGMMA_MAX_ROWS}")
 WGMMA_MIN_ROWS = int(_min_rows)

@@ -29,7 +29,7 @@ from tabletune.engine.model import Decoder
 from tabletune.engine.presets import ModelConfig, resolve
 from tabletune.engine.runner import EngineConfig, SpecEngine
 
-ENGINE_VERSION = "0.7.dev9"  # docs/engine_notes.md: each version's H200 numbers
+ENGINE_VERSION = "0.7.dev10"  # docs/engine_notes.md: each version's H200 numbers
 RUNNER = "builtin/cudagraph-per-(bucket,k)"
 
 
