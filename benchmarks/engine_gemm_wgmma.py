@@ -4,7 +4,8 @@
 For each projection of the model's layer and each M: cuBLAS at M and at M padded to 64 / 128 rows (the faster),
 the engine's chooser pick (``gemm.linear`` after its own timing), and every ``gemm_wgmma.configs(M)`` candidate,
 each checked against torch on two fresh inputs first (relative error, and the second call catches a ticket counter
-left set by the first). Timing as ``engine_gemm_midm.py``: 10 calls captured in a CUDA graph over 3 copies of the
+left set by the first); the best split-K config and the best stream-K config (``WgmmaConfig.programs``) are
+reported too. Timing as ``engine_gemm_midm.py``: 10 calls captured in a CUDA graph over 3 copies of the
 weight (L2-cold), best of 5 replays. The best candidate is timed again launched with PDL (``pdl``: back to back,
 so each call's first W tiles are asked for while the previous call ends, as they would be after the kernel before
 it in the step).
@@ -52,6 +53,7 @@ def sweep(args, shapes: dict) -> list[dict]:
             xs, cublas = padded_cublas(m, kk, pick)
             engine = gemm._time_us(lambda: gemm.linear(xs[m], pick())) if args.engine else float("nan")
             best, best_cfg, failed = float("inf"), None, []
+            family = {"split": (float("inf"), None), "stream_k": (float("inf"), None)}  # best of each kernel
             for cfg in gemm_wgmma.configs(m):
                 t0 = time.time()
                 try:
@@ -68,6 +70,9 @@ def sweep(args, shapes: dict) -> list[dict]:
                           flush=True)
                 if us < best:
                     best, best_cfg = us, cfg
+                fam = "stream_k" if cfg.programs else "split"
+                if us < family[fam][0]:
+                    family[fam] = (us, cfg)
             pdl = float("inf")
             if best_cfg and check(m, n, kk, ws[0], best_cfg, use_pdl=True) <= gemm.MAX_REL_ERR:
                 pdl = gemm._time_us(lambda: gemm_wgmma.wgmma_linear(xs[m], pick(), best_cfg, use_pdl=True))
@@ -75,10 +80,13 @@ def sweep(args, shapes: dict) -> list[dict]:
             row = {"proj": name, "m": m, "n": n, "k": kk, "stream_us": round(nbytes / args.stream_tbs / 1e6, 2),
                    "cublas_us": round(cublas, 2), "engine_us": round(engine, 2), "wgmma_us": round(best, 2),
                    "wgmma_pdl_us": round(pdl, 2), "config": list(best_cfg) if best_cfg else None,
+                   **{f"{fam}_us": round(us, 2) for fam, (us, _) in family.items()},
+                   **{f"{fam}_config": list(c) if c else None for fam, (_, c) in family.items()},
                    "failed": failed}
             rows.append(row)
             print(f"{name:8s} M={m:4d}: stream {row['stream_us']:5.1f}  cublas {cublas:6.1f}  engine {engine:6.1f}  "
-                  f"wgmma {best:6.1f} ({nbytes / best / 1e6:4.2f} TB/s) pdl {pdl:6.1f}  {tuple(best_cfg or ())}"
+                  f"wgmma {best:6.1f} ({nbytes / best / 1e6:4.2f} TB/s) pdl {pdl:6.1f}  {tuple(best_cfg or ())}  "
+                  f"split {family['split'][0]:6.1f} stream-K {family['stream_k'][0]:6.1f}"
                   + (f"  [{len(failed)} failed: {failed[0]}]" if failed else ""), flush=True)
         del ws
     return rows

@@ -524,7 +524,7 @@ def candidates(m: int, gated: bool = False, w: torch.Tensor | None = None) -> di
     for cfg in _configs(m, gated, tma_available()) if m <= MAX_TRITON_M else ():
         cands[cfg] = lambda x, w_, cfg=cfg: triton_linear(x, w_, cfg, gated)
     if WGMMA and not gated and _wgmma_ok(m, w):
-        for cfg in gemm_wgmma.configs(m):
+        for cfg in gemm_wgmma.configs(m, torch.cuda.get_device_properties(w.device).multi_processor_count):
             cands[cfg] = lambda x, w_, cfg=cfg: gemm_wgmma.wgmma_linear(x, w_, cfg, kernels.pdl_enabled(x))
     return cands
 

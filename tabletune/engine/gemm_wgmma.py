@@ -55,16 +55,19 @@ except ImportError:  # pragma: no cover - an older Triton
     _GLUON = False
 
 MAX_T = 256  # one wgmma N (tokens) at most
+STREAM_K_SMS = 132  # H200 / H100 SXM: streaming multiprocessors, one stream-K program each
 SMEM_BYTES = 200 * 1024
 
 
 class WgmmaConfig(NamedTuple):
-    """Tile rows of W (64 or 128), K columns a stage, K splits a W tile, ring slots, warps (4: one warp group)."""
+    """Tile rows of W (64 or 128), K columns a stage, K splits a W tile, ring slots, warps (4: one warp group);
+    ``programs`` > 0: the stream-K kernel with that many persistent programs (``split`` is then 1, unused)."""
     block_w: int
     block_k: int
     split: int
     stages: int
     warps: int
+    programs: int = 0
 
 
 def available() -> bool:
@@ -94,9 +97,10 @@ def k_iters_per_split(k: int, cfg: WgmmaConfig) -> tuple[int, int]:
     return per, triton.cdiv(iters, per)
 
 
-def configs(m: int) -> list[WgmmaConfig]:
+def configs(m: int, num_sms: int = STREAM_K_SMS) -> list[WgmmaConfig]:
     """Candidates at M rows: W tiles of 64 / 128 rows, 64 / 128 K columns, 1-8 splits, the deepest ring that fits
-    (at most 8 slots), one warp group or two (tiles of more than 128 x 128)."""
+    (at most 8 slots), one warp group or two (tiles of more than 128 x 128); and for each tile the stream-K kernel
+    with one persistent program an SM (``num_sms``: the ring fills most of an SM's shared memory)."""
     out = []
     for bw in (64, 128):
         for bk in (64, 128):
@@ -107,7 +111,26 @@ def configs(m: int) -> list[WgmmaConfig]:
                 cfg = WgmmaConfig(bw, bk, split, stages, warps)
                 if stages >= 2 and fits(cfg, m):
                     out.append(cfg)
+            cfg = WgmmaConfig(bw, bk, 1, stages, warps, num_sms)
+            if stages >= 2 and fits(cfg, m):
+                out.append(cfg)
     return out
+
+
+def stream_k_ranges(tiles: int, k_blocks: int, programs: int) -> list[tuple[int, int]]:
+    """[lo, hi) of the I = tiles * k_blocks iterations (tile-major) that each stream-K program runs, as the kernel
+    computes them: program p takes [p*I // P, (p+1)*I // P)."""
+    iters = tiles * k_blocks
+    return [(p * iters // programs, (p + 1) * iters // programs) for p in range(programs)]
+
+
+def stream_k_contributors(tile: int, k_blocks: int, iters: int, programs: int) -> tuple[int, int, int]:
+    """(first, last, tickets) of a tile in the stream-K kernel: the programs first..last run some of its
+    iterations, and ``tickets`` of them (those with a non-empty range) store a partial and take a ticket when the
+    tile is not one program's alone. Iteration i belongs to program ((i + 1) * P - 1) // I."""
+    first = ((tile * k_blocks + 1) * programs - 1) // iters
+    last = ((tile + 1) * k_blocks * programs - 1) // iters
+    return first, last, min(last - first + 1, k_blocks)
 
 
 if _GLUON:
@@ -202,6 +225,107 @@ if _GLUON:
             gl.store(y_ptr + out_off, tile.to(y_ptr.dtype.element_ty), mask=ok)
 
 
+    @gluon.jit
+    def _stream_k_store(acc, y_ptr, ws_ptr, cnt_ptr, pid, tile, tile_lo, it_lo, it_hi, iters, M, N, KB, PROGRAMS,
+                        BLOCK_W: gl.constexpr, BLOCK_T: gl.constexpr, num_warps: gl.constexpr):
+        """One finished segment of ``tile``: stored whole when this program ran all its K iterations, else kept
+        as a partial (slot 0: the program's first segment, 1: its last) and, by the program that draws the
+        tile's last ticket, added up in program order with the others and stored."""
+        SPT: gl.constexpr = BLOCK_W // 32
+        out_layout: gl.constexpr = gl.BlockedLayout([SPT, 1], [32, 1], [1, num_warps], [0, 1])
+        part = gl.convert_layout(acc, out_layout)
+        lw = gl.arange(0, BLOCK_W, layout=gl.SliceLayout(1, out_layout))
+        rt = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, out_layout))
+        rw = tile * BLOCK_W + lw
+        ok = (rw[:, None] < N) & (rt[None, :] < M)
+        out_off = rt[None, :] * N + rw[:, None]
+        whole = (it_lo <= tile * KB) & (it_hi >= (tile + 1) * KB)
+        if whole:
+            gl.store(y_ptr + out_off, part.to(y_ptr.dtype.element_ty), mask=ok)
+        else:
+            slot_off = lw[:, None] * BLOCK_T + rt[None, :]  # within a [BLOCK_W, BLOCK_T] workspace slot
+            slot = (tile != tile_lo).to(gl.int32)
+            gl.store(ws_ptr + (pid * 2 + slot) * (BLOCK_W * BLOCK_T) + slot_off, part)
+            _cta_barrier()  # every thread's partial is stored before the ticket (release below)
+            ticket = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+            first = ((tile * KB + 1) * PROGRAMS - 1) // iters
+            last = ((tile + 1) * KB * PROGRAMS - 1) // iters
+            if ticket == gl.minimum(last - first + 1, KB) - 1:
+                total = gl.zeros([BLOCK_W, BLOCK_T], gl.float32, layout=out_layout)
+                for q in range(first, last + 1):  # program order: the sum does not depend on who finishes last
+                    q_lo = q * iters // PROGRAMS
+                    if (q + 1) * iters // PROGRAMS > q_lo:
+                        q_slot = (q_lo < tile * KB).to(gl.int32)  # the tile is q's last segment
+                        total += gl.load(ws_ptr + (q * 2 + q_slot) * (BLOCK_W * BLOCK_T) + slot_off,
+                                         cache_modifier=".cg")
+                gl.store(y_ptr + out_off, total.to(y_ptr.dtype.element_ty), mask=ok)
+                gl.atomic_xchg(cnt_ptr + tile, 0)
+
+    @gluon.jit
+    def _wgmma_stream_k_kernel(w_desc, x_desc, y_ptr, ws_ptr, cnt_ptr, M, N, KB, PROGRAMS,
+                               STAGES: gl.constexpr, USE_PDL: gl.constexpr, num_warps: gl.constexpr):
+        """Stream-K: PROGRAMS persistent programs share the I = tiles * KB iterations (tile-major: iteration i is
+        W tile i // KB, k-block i % KB); program p runs [p*I // P, (p+1)*I // P) through one ring, so the TMA
+        copies of the next tile's first k-blocks are in flight while a tile's last wgmma and its store run."""
+        BLOCK_W: gl.constexpr = w_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = w_desc.block_type.shape[1]
+        BLOCK_T: gl.constexpr = x_desc.block_type.shape[0]
+        pid = gl.program_id(0)
+        iters = gl.cdiv(N, BLOCK_W) * KB
+        it_lo = pid * iters // PROGRAMS
+        it_hi = (pid + 1) * iters // PROGRAMS
+        n_iters = it_hi - it_lo
+        tile_lo = it_lo // KB
+
+        w_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_W, BLOCK_K], w_desc.layout)
+        x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_T, BLOCK_K], x_desc.layout)
+        w_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        x_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(w_bars.index(s), count=1)
+            mbarrier.init(x_bars.index(s), count=1)
+        fence_async_shared()
+
+        for s in gl.static_range(STAGES):  # W before the PDL wait, as in _wgmma_kernel
+            i = it_lo + s
+            _load_stage(w_desc, (i // KB) * BLOCK_W, (i % KB) * BLOCK_K, w_bars.index(s), w_ring.index(s),
+                        s < n_iters)
+        if USE_PDL:
+            _gdc_wait()
+            _gdc_launch_dependents()
+        for s in gl.static_range(STAGES):
+            _load_stage(x_desc, 0, ((it_lo + s) % KB) * BLOCK_K, x_bars.index(s), x_ring.index(s), s < n_iters)
+
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                              instr_shape=[16, BLOCK_T, 16])
+        acc = gl.zeros([BLOCK_W, BLOCK_T], gl.float32, layout=mma_layout)
+        for r in range(n_iters):
+            i = it_lo + r
+            kb = i % KB
+            slot = r % STAGES
+            phase = (r // STAGES) & 1
+            mbarrier.wait(w_bars.index(slot), phase)
+            mbarrier.wait(x_bars.index(slot), phase)
+            # a segment starts at the program's first iteration or at a tile's first k-block: acc starts over
+            acc = warpgroup_mma(w_ring.index(slot), x_ring.index(slot).permute((1, 0)), acc,
+                                use_acc=(r > 0) & (kb > 0), is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            j = r - 1 + STAGES
+            refill = (r >= 1) & (j < n_iters)
+            sp = j % STAGES
+            ij = it_lo + j
+            _load_stage(w_desc, (ij // KB) * BLOCK_W, (ij % KB) * BLOCK_K, w_bars.index(sp), w_ring.index(sp),
+                        refill)
+            _load_stage(x_desc, 0, (ij % KB) * BLOCK_K, x_bars.index(sp), x_ring.index(sp), refill)
+            if (kb == KB - 1) | (r == n_iters - 1):  # the segment's last k-block: store it
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+                _stream_k_store(acc, y_ptr, ws_ptr, cnt_ptr, pid, i // KB, tile_lo, it_lo, it_hi, iters, M, N, KB,
+                                PROGRAMS, BLOCK_W, BLOCK_T, num_warps)
+        for t in gl.static_range(STAGES):
+            mbarrier.invalidate(w_bars.index(t))
+            mbarrier.invalidate(x_bars.index(t))
+
+
 def wgmma_linear(x: torch.Tensor, w: torch.Tensor, cfg: WgmmaConfig, use_pdl: bool = False) -> torch.Tensor:
     """x [M, K] bf16 -> x W^T [M, N] bf16 with ``_wgmma_kernel`` (Hopper, M <= 256, K a multiple of 8)."""
     if not _GLUON:
@@ -222,8 +346,14 @@ def wgmma_linear(x: torch.Tensor, w: torch.Tensor, cfg: WgmmaConfig, use_pdl: bo
     w_desc = TensorDescriptor(w, list(w.shape), list(w.stride()), [cfg.block_w, cfg.block_k], w_layout)
     x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [bt, cfg.block_k], x_layout)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    ws = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
     tickets = kernels.counters(x.device)  # taken after the PDL wait: the kernel before has reset its own
+    if cfg.programs:
+        ws = torch.empty(cfg.programs, 2, cfg.block_w, bt, dtype=torch.float32, device=x.device)
+        _wgmma_stream_k_kernel[(cfg.programs,)](w_desc, x_desc, y, ws, tickets, m, n, triton.cdiv(k, cfg.block_k),
+                                                cfg.programs, STAGES=cfg.stages, USE_PDL=use_pdl,
+                                                num_warps=cfg.warps, **kernels.pdl_kwargs(use_pdl))
+        return y
+    ws = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
     _wgmma_kernel[(tiles, split)](w_desc, x_desc, y, ws, tickets, m, n, triton.cdiv(k, cfg.block_k), per, split,
                                   HAS_SPLIT=split > 1, STAGES=cfg.stages, USE_PDL=use_pdl, num_warps=cfg.warps,
                                   **kernels.pdl_kwargs(use_pdl))

@@ -49,19 +49,23 @@ def _ptx(m: int, cfg, use_pdl: bool) -> str:
         layout = gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)
         return mangle_type(gemm_wgmma.TensorDescriptor(t, [rows, 4096], [4096, 1], block, layout))
 
-    fn = gemm_wgmma._wgmma_kernel
+    fn = gemm_wgmma._wgmma_stream_k_kernel if cfg.programs else gemm_wgmma._wgmma_kernel
     names = fn.arg_names
-    const = dict(HAS_SPLIT=cfg.split > 1, STAGES=cfg.stages, USE_PDL=use_pdl, num_warps=cfg.warps)
+    const = dict(STAGES=cfg.stages, USE_PDL=use_pdl, num_warps=cfg.warps)
+    if not cfg.programs:
+        const["HAS_SPLIT"] = cfg.split > 1
     types = {"w_desc": desc(4096, [cfg.block_w, cfg.block_k]), "x_desc": desc(m, [bt, cfg.block_k]),
              "y_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "ITERS": "i32",
-             "ITERS_PER_SPLIT": "i32", "SPLIT": "i32"}
+             "ITERS_PER_SPLIT": "i32", "SPLIT": "i32", "KB": "i32", "PROGRAMS": "i32"}
     src = GluonASTSource(fn, {n: "constexpr" if n in const else types[n] for n in names},
                          constexprs={(names.index(k),): v for k, v in const.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=cfg.warps)).asm["ptx"]
 
 
 @pytest.mark.parametrize("m,cfg", [(16, gemm_wgmma.WgmmaConfig(64, 128, 1, 8, 4)),
-                                   (128, gemm_wgmma.WgmmaConfig(128, 64, 3, 6, 4))])
+                                   (128, gemm_wgmma.WgmmaConfig(128, 64, 3, 6, 4)),
+                                   (16, gemm_wgmma.WgmmaConfig(64, 128, 1, 8, 4, 132)),
+                                   (64, gemm_wgmma.WgmmaConfig(128, 64, 1, 8, 4, 132))])
 def test_sm90_code_is_tma_and_async_wgmma_with_weights_before_the_pdl_wait(m, cfg):
     if not gemm_wgmma.available():
         pytest.skip("this Triton has no Gluon")
@@ -73,7 +77,8 @@ def test_sm90_code_is_tma_and_async_wgmma_with_weights_before_the_pdl_wait(m, cf
     assert loads and wait > 0
     # the first STAGES W tiles are asked for before the wait; the x tiles (written by the previous kernel) after
     assert sum(pos < wait for pos in loads) == cfg.stages
-    assert "atom.global" in ptx or "red.global" in ptx or cfg.split == 1  # the ticket of the split-K fix-up
+    # the ticket of the split-K or stream-K fix-up
+    assert "atom.global" in ptx or "red.global" in ptx or (cfg.split == 1 and not cfg.programs)
     assert "griddepcontrol.wait" not in _ptx(m, cfg, use_pdl=False)
 
 
