@@ -19,6 +19,11 @@ written a level lower, in Gluon, so that the schedule is ours rather than the co
   fp32 workspace [SPLIT, M, N], the program that draws the last ticket adds them in split order (deterministic)
   and resets the counter.
 
+- **Stream-K** (``WgmmaConfig.programs`` = P, opt-in: STREAM_K): P persistent programs, one an SM, share the
+  tiles x k-blocks iterations evenly and stream their share through one ring, so that no SM idles in a last
+  part-empty wave and the next tile's first W tiles are in flight while a tile is stored; tiles split between
+  programs are added up in program order by the last ticket (as ``gemm_kernels._gemm_stream_k_kernel``).
+
 Gluon tensors have power-of-two shapes, hence BLOCK_T: at M = 160 the tensor cores do 256 rows of work (the W
 tiles, which set the time while the GEMM streams W, are the same).
 
@@ -34,6 +39,7 @@ Triton has it, and ``gemm`` never times the kernel where it has not.
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
@@ -56,6 +62,10 @@ except ImportError:  # pragma: no cover - an older Triton
 
 MAX_T = 256  # one wgmma N (tokens) at most
 STREAM_K_SMS = 132  # H200 / H100 SXM: streaming multiprocessors, one stream-K program each
+# The stream-K kernel as a chooser candidate (env TABLETUNE_GEMM_WGMMA_STREAM_K=1; off by default): its first
+# version ran 1.6-4x slower than the split-K kernel on the H200 (a branch in its K loop serialised the wgmmas) and
+# the rewrite without one has not run on a GPU yet (docs/engine_notes.md, session 17).
+STREAM_K = os.environ.get("TABLETUNE_GEMM_WGMMA_STREAM_K", "0") == "1"
 SMEM_BYTES = 200 * 1024
 
 
@@ -97,10 +107,12 @@ def k_iters_per_split(k: int, cfg: WgmmaConfig) -> tuple[int, int]:
     return per, triton.cdiv(iters, per)
 
 
-def configs(m: int, num_sms: int = STREAM_K_SMS) -> list[WgmmaConfig]:
+def configs(m: int, num_sms: int = STREAM_K_SMS, stream_k: bool | None = None) -> list[WgmmaConfig]:
     """Candidates at M rows: W tiles of 64 / 128 rows, 64 / 128 K columns, 1-8 splits, the deepest ring that fits
-    (at most 8 slots), one warp group or two (tiles of more than 128 x 128); and for each tile the stream-K kernel
-    with one persistent program an SM (``num_sms``: the ring fills most of an SM's shared memory)."""
+    (at most 8 slots), one warp group or two (tiles of more than 128 x 128); with ``stream_k`` (default: the
+    module's STREAM_K) also, for each tile, the stream-K kernel with one persistent program an SM (``num_sms``:
+    the ring fills most of an SM's shared memory)."""
+    stream_k = STREAM_K if stream_k is None else stream_k
     out = []
     for bw in (64, 128):
         for bk in (64, 128):
@@ -112,7 +124,7 @@ def configs(m: int, num_sms: int = STREAM_K_SMS) -> list[WgmmaConfig]:
                 if stages >= 2 and fits(cfg, m):
                     out.append(cfg)
             cfg = WgmmaConfig(bw, bk, 1, stages, warps, num_sms)
-            if stages >= 2 and fits(cfg, m):
+            if stream_k and stages >= 2 and fits(cfg, m):
                 out.append(cfg)
     return out
 
@@ -298,29 +310,32 @@ if _GLUON:
 
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                               instr_shape=[16, BLOCK_T, 16])
-        acc = gl.zeros([BLOCK_W, BLOCK_T], gl.float32, layout=mma_layout)
-        for r in range(n_iters):
-            i = it_lo + r
-            kb = i % KB
-            slot = r % STAGES
-            phase = (r // STAGES) & 1
-            mbarrier.wait(w_bars.index(slot), phase)
-            mbarrier.wait(x_bars.index(slot), phase)
-            # a segment starts at the program's first iteration or at a tile's first k-block: acc starts over
-            acc = warpgroup_mma(w_ring.index(slot), x_ring.index(slot).permute((1, 0)), acc,
-                                use_acc=(r > 0) & (kb > 0), is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-            j = r - 1 + STAGES
-            refill = (r >= 1) & (j < n_iters)
-            sp = j % STAGES
-            ij = it_lo + j
-            _load_stage(w_desc, (ij // KB) * BLOCK_W, (ij % KB) * BLOCK_K, w_bars.index(sp), w_ring.index(sp),
-                        refill)
-            _load_stage(x_desc, 0, (ij % KB) * BLOCK_K, x_bars.index(sp), x_ring.index(sp), refill)
-            if (kb == KB - 1) | (r == n_iters - 1):  # the segment's last k-block: store it
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-                _stream_k_store(acc, y_ptr, ws_ptr, cnt_ptr, pid, i // KB, tile_lo, it_lo, it_hi, iters, M, N, KB,
-                                PROGRAMS, BLOCK_W, BLOCK_T, num_warps)
+        # segments: the tiles this range touches, each from its first k-block here to its last; the ring index r
+        # runs on across them (no branch in the K loop: a runtime use_acc or an if there serialised the wgmmas)
+        tile_hi = gl.where(n_iters > 0, gl.cdiv(it_hi, KB), tile_lo)
+        r = 0
+        for tile in range(tile_lo, tile_hi):
+            kb_lo = gl.maximum(it_lo - tile * KB, 0)
+            kb_hi = gl.minimum(it_hi - tile * KB, KB)
+            acc = gl.zeros([BLOCK_W, BLOCK_T], gl.float32, layout=mma_layout)
+            for kb in range(kb_lo, kb_hi):
+                slot = r % STAGES
+                phase = (r // STAGES) & 1
+                mbarrier.wait(w_bars.index(slot), phase)
+                mbarrier.wait(x_bars.index(slot), phase)
+                acc = warpgroup_mma(w_ring.index(slot), x_ring.index(slot).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+                j = r - 1 + STAGES
+                refill = (r >= 1) & (j < n_iters)
+                sp = j % STAGES
+                ij = it_lo + j
+                _load_stage(w_desc, (ij // KB) * BLOCK_W, (ij % KB) * BLOCK_K, w_bars.index(sp), w_ring.index(sp),
+                            refill)
+                _load_stage(x_desc, 0, (ij % KB) * BLOCK_K, x_bars.index(sp), x_ring.index(sp), refill)
+                r += 1
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            _stream_k_store(acc, y_ptr, ws_ptr, cnt_ptr, pid, tile, tile_lo, it_lo, it_hi, iters, M, N, KB,
+                            PROGRAMS, BLOCK_W, BLOCK_T, num_warps)
         for t in gl.static_range(STAGES):
             mbarrier.invalidate(w_bars.index(t))
             mbarrier.invalidate(x_bars.index(t))

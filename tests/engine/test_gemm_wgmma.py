@@ -98,3 +98,27 @@ def test_the_chooser_takes_a_wgmma_config_only_where_allowed(monkeypatch):
     assert not gemm._atomic_ok(wg, w)  # no accumulator variant
     assert not gemm._wgmma_ok(24, w)  # a CPU tensor: never a candidate
     assert gemm.WGMMA_MIN_ROWS == 9  # the fair A/B's range: M = 10-14 gained, M = 8 did not
+
+
+def test_stream_k_candidates_only_when_asked(monkeypatch):
+    assert not any(c.programs for c in gemm_wgmma.configs(32, stream_k=False))
+    sk = [c for c in gemm_wgmma.configs(32, num_sms=114, stream_k=True) if c.programs]
+    assert sk and all(c.programs == 114 and c.split == 1 and gemm_wgmma.fits(c, 32) for c in sk)
+    monkeypatch.setattr(gemm_wgmma, "STREAM_K", False)
+    assert not any(c.programs for c in gemm_wgmma.configs(32))
+
+
+@given(tiles=st.integers(1, 400), k_blocks=st.integers(1, 200), programs=st.sampled_from([1, 7, 114, 132, 264]))
+def test_stream_k_ranges_cover_every_iteration_once_and_tickets_count_the_partials(tiles, k_blocks, programs):
+    ranges = gemm_wgmma.stream_k_ranges(tiles, k_blocks, programs)
+    iters = tiles * k_blocks
+    assert ranges[0][0] == 0 and ranges[-1][1] == iters
+    assert all(a[1] == b[0] and a[0] <= a[1] for a, b in zip(ranges, ranges[1:]))
+    for t in range(tiles):
+        lo, hi = t * k_blocks, (t + 1) * k_blocks
+        touching = [p for p, (a, b) in enumerate(ranges) if a < b and a < hi and b > lo]  # runs some of it
+        first, last, tickets = gemm_wgmma.stream_k_contributors(t, k_blocks, iters, programs)
+        assert touching[0] == first and touching[-1] == last
+        whole = len(touching) == 1 and ranges[first][0] <= lo and ranges[first][1] >= hi
+        # a tile one program covers is stored directly; otherwise every program touching it takes one ticket
+        assert whole or tickets == len(touching)
