@@ -63,8 +63,9 @@ except ImportError:  # pragma: no cover - an older Triton
 MAX_T = 256  # one wgmma N (tokens) at most
 STREAM_K_SMS = 132  # H200 / H100 SXM: streaming multiprocessors, one stream-K program each
 # The stream-K kernel as a chooser candidate (env TABLETUNE_GEMM_WGMMA_STREAM_K=1; off by default): its first
-# version ran 1.6-4x slower than the split-K kernel on the H200 (a branch in its K loop serialised the wgmmas) and
-# the rewrite without one has not run on a GPU yet (docs/engine_notes.md, session 17).
+# version, whose K loop held the store behind a branch and a runtime use_acc, was correct but ran 1.2-4.3x slower
+# than the split-K kernel on the H200 (cause not established); the rewrite without either has not run on a GPU yet
+# (docs/engine_notes.md, session 17).
 STREAM_K = os.environ.get("TABLETUNE_GEMM_WGMMA_STREAM_K", "0") == "1"
 SMEM_BYTES = 200 * 1024
 
@@ -311,7 +312,8 @@ if _GLUON:
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                               instr_shape=[16, BLOCK_T, 16])
         # segments: the tiles this range touches, each from its first k-block here to its last; the ring index r
-        # runs on across them (no branch in the K loop: a runtime use_acc or an if there serialised the wgmmas)
+        # runs on across them, and the K loop holds no branch (the first version's, with a runtime use_acc, ran
+        # 1.2-4.3x slower than the split-K kernel)
         tile_hi = gl.where(n_iters > 0, gl.cdiv(it_hi, KB), tile_lo)
         r = 0
         for tile in range(tile_lo, tile_hi):
