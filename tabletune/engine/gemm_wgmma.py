@@ -27,10 +27,10 @@ written a level lower, in Gluon, so that the schedule is ours rather than the co
 Gluon tensors have power-of-two shapes, hence BLOCK_T: at M = 160 the tensor cores do 256 rows of work (the W
 tiles, which set the time while the GEMM streams W, are the same).
 
-Measured on the H200 (docs/engine_notes.md, session 16): alone within 13% of cuBLAS up to 64 rows and slower from
-96 (split-K's partials cost more than the programs they add); in the step -2% to -5% at the M = 20-32 cells, so
-``gemm`` times it as a candidate at 17-64 rows. Its W tiles before the PDL wait leave the ~4-5 us fixed cost of a
-launch where it was.
+Measured on the H200 (docs/engine_notes.md, sessions 16-17): alone within 13% of cuBLAS up to 64 rows and slower
+from 96 (split-K's partials cost more than the programs they add); in the step -1.7% to -3.6% at the M = 20-32
+cells and -0.8% to -2.3% at M = 10-14, so ``gemm`` times it as a candidate at 9-64 rows. Its W tiles before the PDL
+wait save ~1-1.4 us a launch against the same kernel alone; a launch still costs 2.6-3.2 us beyond streaming W.
 
 The host side (``wgmma_linear``, ``configs``) checks shapes, builds the TMA descriptors and launches. Gluon is
 experimental in Triton (two names changed between 3.6 and 3.9, shimmed below): ``available()`` says whether this
