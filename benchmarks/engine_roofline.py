@@ -367,6 +367,23 @@ def gemm_wgmma_compare(engine, points, context_len: int, reps: int = 15) -> tupl
     return lines, rows
 
 
+def gemm_stream_k_compare(engine, points, context_len: int, reps: int = 15) -> tuple[list[str], list[dict]]:
+    """Each step's graph with the GEMM choices made without the stream-K wgmma configs (``gemm.use_stream_k`` off)
+    against those made with them, each variant with its own in-step GEMM choice; the chooser times them only with
+    TABLETUNE_GEMM_WGMMA_STREAM_K=1 at start-up (else the two variants are the same)."""
+    names = ["no-stream-k", "stream-k"]
+    lines, rows = variant_compare(engine, points, context_len, lambda b: with_own_step_choice(
+        {"no-stream-k": {"gemm.use_stream_k": False}, "stream-k": {}}), reps)
+    for row in rows:
+        best = best_of_step_choice(row, names, engine.cfg.gemm_step_max_rows if engine.cfg.gemm_step_choice else 0)
+        row["own_step_choice_ms"] = {n: round(v, 4) for n, v in best.items()}
+        lines.append(f"b={row['batch_size']:3d} k={row['k']}, each with its own in-step choice: no-stream-k "
+                     f"{best['no-stream-k']:.3f} ms; stream-k {best['stream-k']:.3f} ms "
+                     f"({(best['stream-k'] / best['no-stream-k'] - 1) * 100:+.1f}%)")
+        print(lines[-1], flush=True)
+    return lines, rows
+
+
 def gemm_context_compare(engine, points, context_len: int, reps: int = 15) -> tuple[list[str], list[dict]]:
     """Each step's graph with the GEMM choices made from timings alone against those made from timings in context
     (each candidate followed by a PDL kernel) at every M and at M >= ``gemm.CONTEXT_MIN_ROWS`` (the default); needs
@@ -533,6 +550,9 @@ COMPARISONS = (
     ("--gemm-wgmma-compare", "gemm-wgmma", "b:k,... cells to time with the GEMM choices made without and with the "
      "Gluon wgmma kernel, each with its own in-step GEMM choice",
      lambda engine, pts, ctx, args: gemm_wgmma_compare(engine, pts, ctx)),
+    ("--gemm-stream-k-compare", "gemm-stream-k", "b:k,... cells to time with the GEMM choices made without and "
+     "with the stream-K wgmma configs (set TABLETUNE_GEMM_WGMMA_STREAM_K=1), each with its own in-step GEMM choice",
+     lambda engine, pts, ctx, args: gemm_stream_k_compare(engine, pts, ctx)),
     ("--gemm-policy-compare", "gemm-policy", "b:k,... cells to time with the GEMM chooser's picks and with cuBLAS "
      "for every GEMM", lambda engine, pts, ctx, args: gemm_policy_compare(engine, pts, ctx)),
 )

@@ -125,6 +125,7 @@ if not _min_rows.isdigit() or not 1 <= int(_min_rows) <= WGMMA_MAX_ROWS:
     raise ValueError(f"TABLETUNE_GEMM_WGMMA_MIN_ROWS={_min_rows!r}: a whole number from 1 to {WGMMA_MAX_ROWS}")
 WGMMA_MIN_ROWS = int(_min_rows)
 use_wgmma = True
+use_stream_k = True  # off: calls take the fastest candidate other than the stream-K wgmma configs (A/B)
 ATOMIC_MAX_SPLIT = 2  # more splits would add in arrival order: not deterministic
 ATOMIC_MAX_ROWS = 8  # the GEMMs of more rows keep the fix-up (slower with the atomics in the step above)
 CONTEXT_MIN_ROWS = 17  # below this M calls follow the timings alone (where every candidate but cuBLAS is a PDL
@@ -471,15 +472,17 @@ def _rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 def current(key: tuple) -> Config | int | str | cublaslt.Algo | None:
     """The fastest candidate timed for ``key`` under the A/B switches (``use_context``: which timings; ``use_lt``
-    off: no cuBLASLt heuristic kernel; ``triton_only``: a Triton config where one was timed), else the choice
+    off: no cuBLASLt heuristic kernel; ``use_wgmma`` / ``use_stream_k`` off: no wgmma config / no stream-K one;
+    ``triton_only``: a Triton config where one was timed), else the choice
     recorded for it (None if none was made). Remembered per key and switches: eager steps call this for every
     GEMM."""
-    memo = (key, use_lt, use_context, CONTEXT_MIN_ROWS, triton_only, use_wgmma)
+    memo = (key, use_lt, use_context, CONTEXT_MIN_ROWS, triton_only, use_wgmma, use_stream_k)
     if memo not in _current:
         if key not in _choice:
             return None
         timed = {c: us for c, us in _scores(key).items() if (use_lt or not isinstance(c, cublaslt.Algo))
-                 and (use_wgmma or not isinstance(c, gemm_wgmma.WgmmaConfig))}
+                 and (use_wgmma or not isinstance(c, gemm_wgmma.WgmmaConfig))
+                 and (use_stream_k or not (isinstance(c, gemm_wgmma.WgmmaConfig) and c.programs))}
         if triton_only:
             timed = {c: us for c, us in timed.items() if _in_pdl_chain(c, key)} or timed
         _current[memo] = min(timed, key=timed.get) if timed else _choice[key]

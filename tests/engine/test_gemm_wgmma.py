@@ -122,3 +122,17 @@ def test_stream_k_ranges_cover_every_iteration_once_and_tickets_count_the_partia
         whole = len(touching) == 1 and ranges[first][0] <= lo and ranges[first][1] >= hi
         # a tile one program covers is stored directly; otherwise every program touching it takes one ticket
         assert whole or tickets == len(touching)
+
+
+def test_the_stream_k_switch_leaves_the_other_wgmma_configs(monkeypatch):
+    gemm = pytest.importorskip("tabletune.engine.gemm")
+    key = (24, 4096, 4096, False)
+    sk, wg = gemm_wgmma.WgmmaConfig(64, 128, 1, 8, 4, 132), gemm_wgmma.WgmmaConfig(64, 128, 1, 8, 4)
+    monkeypatch.setitem(gemm._choice, key, sk)
+    monkeypatch.setitem(gemm._context_timings, key, {sk: 9.0, wg: 10.0, None: 11.0})
+    monkeypatch.setattr(gemm, "_current", {})
+    assert gemm.current(key) == sk
+    monkeypatch.setattr(gemm, "use_stream_k", False)
+    assert gemm.current(key) == wg  # the split-K kernel, next fastest
+    monkeypatch.setattr(gemm, "use_wgmma", False)
+    assert gemm.current(key) is None
