@@ -63,11 +63,14 @@ except ImportError:  # pragma: no cover - an older Triton
 MAX_T = 256  # one wgmma N (tokens) at most
 STREAM_K_SMS = 132  # H200 / H100 SXM: streaming multiprocessors, one stream-K program each
 # The stream-K kernel as a chooser candidate (env TABLETUNE_GEMM_WGMMA_STREAM_K=1; off by default): its first
-# version, whose K loop held the store behind a branch and a runtime use_acc, was correct but ran 1.2-4.3x slower
-# than the split-K kernel on the H200 (cause not established); the rewrite without either has not run on a GPU yet
-# (docs/engine_notes.md, session 17).
+# version was correct but ran 1.2-4.3x slower than the split-K kernel on the H200, more so with more tokens and
+# taller W tiles. Its partial tiles were stored and read W-row-major while a warp's threads run along W rows, so
+# every 4-byte access was a sector of its own (found in the code after the device time ran out; the likely cause).
+# The rewrite (coalesced partials, no branch in the K loop, a ring sized beside the epilogue's scratch, 256-row W
+# tiles) has not run on a GPU yet (docs/engine_notes.md, session 17).
 STREAM_K = os.environ.get("TABLETUNE_GEMM_WGMMA_STREAM_K", "0") == "1"
 SMEM_BYTES = 200 * 1024
+SMEM_LIMIT = 227 * 1024  # Hopper: shared memory a block may opt in to
 
 
 class WgmmaConfig(NamedTuple):
@@ -92,10 +95,14 @@ def block_t(m: int) -> int:
 
 
 def fits(cfg: WgmmaConfig, m: int) -> bool:
-    """Whether the ring fits shared memory and the accumulator a warp group's registers (<= 128 fp32 a thread)."""
+    """Whether the ring fits shared memory and the accumulator a warp group's registers (<= 128 fp32 a thread; for
+    the stream-K kernel, whose epilogue runs inside its loop: <= 64, and the ring beside the epilogue's scratch)."""
     bt = block_t(m)
     ring = cfg.stages * (cfg.block_w + bt) * cfg.block_k * 2
     acc_regs = cfg.block_w * bt // (cfg.warps * 32)
+    if cfg.programs:
+        return (bt <= 128 and ring + cfg.block_w * bt * 2 + 1024 <= SMEM_LIMIT and acc_regs <= 64
+                and cfg.block_w >= 16 * cfg.warps and cfg.split == 1)
     # one warp group's 64 x 256 tile spilled (ptxas, sm_90a: 236 bytes in the split-K epilogue); 128 x 128 did not
     wide = bt == MAX_T and cfg.warps == 4
     return bt <= MAX_T and ring <= SMEM_BYTES and acc_regs <= 128 and cfg.block_w >= 16 * cfg.warps and not wide
@@ -111,8 +118,7 @@ def k_iters_per_split(k: int, cfg: WgmmaConfig) -> tuple[int, int]:
 def configs(m: int, num_sms: int = STREAM_K_SMS, stream_k: bool | None = None) -> list[WgmmaConfig]:
     """Candidates at M rows: W tiles of 64 / 128 rows, 64 / 128 K columns, 1-8 splits, the deepest ring that fits
     (at most 8 slots), one warp group or two (tiles of more than 128 x 128); with ``stream_k`` (default: the
-    module's STREAM_K) also, for each tile, the stream-K kernel with one persistent program an SM (``num_sms``:
-    the ring fills most of an SM's shared memory)."""
+    module's STREAM_K) also ``stream_k_configs``."""
     stream_k = STREAM_K if stream_k is None else stream_k
     out = []
     for bw in (64, 128):
@@ -124,9 +130,29 @@ def configs(m: int, num_sms: int = STREAM_K_SMS, stream_k: bool | None = None) -
                 cfg = WgmmaConfig(bw, bk, split, stages, warps)
                 if stages >= 2 and fits(cfg, m):
                     out.append(cfg)
-            cfg = WgmmaConfig(bw, bk, 1, stages, warps, num_sms)
-            if stream_k and stages >= 2 and fits(cfg, m):
-                out.append(cfg)
+    return out + (stream_k_configs(m, num_sms) if stream_k else [])
+
+
+def stream_k_configs(m: int, num_sms: int = STREAM_K_SMS) -> list[WgmmaConfig]:
+    """The stream-K kernel's candidates: one persistent program an SM (``num_sms``), W tiles of 64, 128 or 256 rows
+    (one warp group for 64, two above), 64 / 128 K columns, at most 64 fp32 accumulators a thread and the deepest
+    ring (3-8 slots) that fits beside the epilogue's layout-conversion scratch, which stays live inside the loop
+    (sm_90a ptxas: 128 x 64 tiles of one warp group spilled 16-56 bytes at 64 tokens, 536-928 at 128; 256 x 64
+    tiles with 5 slots needed 232 KB of shared memory).
+
+    Every program reads the x tile of each K block from L2 beside its W tile, so the bytes an SM loads are about
+    W's times (1 + BLOCK_T / BLOCK_W): 2x at 64 rows and 64 tokens. Taller W tiles cut that but leave fewer tiles
+    than SMs on the N = 4096-6144 shapes, which stream-K spreads over every SM anyway."""
+    bt = block_t(m)
+    out = []
+    for bw in (64, 128, 256):
+        warps = 4 if bw == 64 else 8
+        if bw * bt // (warps * 32) > 64 or bt > 128:
+            continue
+        for bk in (64, 128):
+            stages = min(8, (SMEM_LIMIT - bw * bt * 2 - 1024) // ((bw + bt) * bk * 2))
+            if stages >= 3:
+                out.append(WgmmaConfig(bw, bk, 1, stages, warps, num_sms))
     return out
 
 
@@ -256,7 +282,9 @@ if _GLUON:
         if whole:
             gl.store(y_ptr + out_off, part.to(y_ptr.dtype.element_ty), mask=ok)
         else:
-            slot_off = lw[:, None] * BLOCK_T + rt[None, :]  # within a [BLOCK_W, BLOCK_T] workspace slot
+            # within a workspace slot, token-major ([BLOCK_T, BLOCK_W]) like the tile's threads, which run along
+            # W rows: stores and loads coalesce (W-row-major, each warp's accesses were BLOCK_T * 4 bytes apart)
+            slot_off = rt[None, :] * BLOCK_W + lw[:, None]
             slot = (tile != tile_lo).to(gl.int32)
             gl.store(ws_ptr + (pid * 2 + slot) * (BLOCK_W * BLOCK_T) + slot_off, part)
             _cta_barrier()  # every thread's partial is stored before the ticket (release below)
@@ -312,8 +340,7 @@ if _GLUON:
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                               instr_shape=[16, BLOCK_T, 16])
         # segments: the tiles this range touches, each from its first k-block here to its last; the ring index r
-        # runs on across them, and the K loop holds no branch (the first version's, with a runtime use_acc, ran
-        # 1.2-4.3x slower than the split-K kernel)
+        # runs on across them, and the K loop holds no branch
         tile_hi = gl.where(n_iters > 0, gl.cdiv(it_hi, KB), tile_lo)
         r = 0
         for tile in range(tile_lo, tile_hi):

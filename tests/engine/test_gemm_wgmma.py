@@ -36,6 +36,10 @@ def test_one_warp_group_never_holds_a_64_x_256_tile():
 
 def _ptx(m: int, cfg, use_pdl: bool) -> str:
     """The kernel compiled for sm_90 by the installed Triton, with the launch's argument types."""
+    return _compiled(m, cfg, use_pdl).asm["ptx"]
+
+
+def _compiled(m: int, cfg, use_pdl: bool):
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -59,7 +63,7 @@ def _ptx(m: int, cfg, use_pdl: bool) -> str:
              "ITERS_PER_SPLIT": "i32", "SPLIT": "i32", "KB": "i32", "PROGRAMS": "i32"}
     src = GluonASTSource(fn, {n: "constexpr" if n in const else types[n] for n in names},
                          constexprs={(names.index(k),): v for k, v in const.items()})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=cfg.warps)).asm["ptx"]
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=cfg.warps))
 
 
 @pytest.mark.parametrize("m,cfg", [(16, gemm_wgmma.WgmmaConfig(64, 128, 1, 8, 4)),
@@ -136,3 +140,16 @@ def test_the_stream_k_switch_leaves_the_other_wgmma_configs(monkeypatch):
     assert gemm.current(key) == wg  # the split-K kernel, next fastest
     monkeypatch.setattr(gemm, "use_wgmma", False)
     assert gemm.current(key) is None
+
+
+@pytest.mark.parametrize("m", [16, 64])
+def test_every_stream_k_candidate_compiles_within_a_blocks_shared_memory(m):
+    # its epilogue runs inside the loop, so the layout-conversion scratch sits beside the ring (a 256 x 64 tile
+    # with 5 slots needed 232 KB at 64 tokens before the ring was sized for it)
+    if not gemm_wgmma.available():
+        pytest.skip("this Triton has no Gluon")
+    cfgs = gemm_wgmma.stream_k_configs(m)
+    assert {c.block_w for c in cfgs} == {64, 128, 256}
+    for cfg in cfgs:
+        assert gemm_wgmma.fits(cfg, m)
+        assert _compiled(m, cfg, use_pdl=True).metadata.shared <= gemm_wgmma.SMEM_LIMIT, tuple(cfg)
