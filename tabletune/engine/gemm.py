@@ -120,6 +120,9 @@ atomic_split = os.environ.get("TABLETUNE_GEMM_ATOMIC", "1") == "1"
 # ``use_wgmma`` off: calls take the fastest other candidate (A/B).
 WGMMA = os.environ.get("TABLETUNE_GEMM_WGMMA", "1") == "1"
 WGMMA_MAX_ROWS = 64
+# The stream-K wgmma configs (opt-in, gemm_wgmma.STREAM_K) are candidates up to this many rows: at M = 80-128 (b = 16,
+# k = 4-7) the chooser picks cuBLAS, whose kernels stay outside the step's PDL chain, and the split-K kernel lost there
+WGMMA_STREAM_K_MAX_ROWS = 128
 _min_rows = os.environ.get("TABLETUNE_GEMM_WGMMA_MIN_ROWS", "9")  # for A/Bs of fewer rows
 if not _min_rows.isdigit() or not 1 <= int(_min_rows) <= WGMMA_MAX_ROWS:
     raise ValueError(f"TABLETUNE_GEMM_WGMMA_MIN_ROWS={_min_rows!r}: a whole number from 1 to {WGMMA_MAX_ROWS}")
@@ -527,15 +530,24 @@ def candidates(m: int, gated: bool = False, w: torch.Tensor | None = None) -> di
     for cfg in _configs(m, gated, tma_available()) if m <= MAX_TRITON_M else ():
         cands[cfg] = lambda x, w_, cfg=cfg: triton_linear(x, w_, cfg, gated)
     if WGMMA and not gated and _wgmma_ok(m, w):
-        for cfg in gemm_wgmma.configs(m, torch.cuda.get_device_properties(w.device).multi_processor_count):
+        sms = _num_sms(w)
+        cfgs = gemm_wgmma.configs(m, sms, stream_k=False) if m <= WGMMA_MAX_ROWS else []
+        if gemm_wgmma.STREAM_K and m <= WGMMA_STREAM_K_MAX_ROWS:
+            cfgs += gemm_wgmma.stream_k_configs(m, sms)
+        for cfg in cfgs:
             cands[cfg] = lambda x, w_, cfg=cfg: gemm_wgmma.wgmma_linear(x, w_, cfg, kernels.pdl_enabled(x))
     return cands
 
 
+def _num_sms(w: torch.Tensor) -> int:
+    return torch.cuda.get_device_properties(w.device).multi_processor_count
+
+
 def _wgmma_ok(m: int, w: torch.Tensor | None) -> bool:
     """Whether the chooser times the wgmma kernel for x [M, K] W^T: Gluon in this Triton, a bf16 W on a Hopper GPU,
-    WGMMA_MIN_ROWS <= M <= WGMMA_MAX_ROWS."""
-    if not (w is not None and w.is_cuda and w.dtype == torch.bfloat16 and WGMMA_MIN_ROWS <= m <= WGMMA_MAX_ROWS
+    WGMMA_MIN_ROWS <= M <= WGMMA_MAX_ROWS (WGMMA_STREAM_K_MAX_ROWS with the stream-K kernel on)."""
+    top = max(WGMMA_MAX_ROWS, WGMMA_STREAM_K_MAX_ROWS if gemm_wgmma.STREAM_K else 0)
+    if not (w is not None and w.is_cuda and w.dtype == torch.bfloat16 and WGMMA_MIN_ROWS <= m <= top
             and gemm_wgmma.available()):
         return False
     try:

@@ -153,3 +153,18 @@ def test_every_stream_k_candidate_compiles_within_a_blocks_shared_memory(m):
     for cfg in cfgs:
         assert gemm_wgmma.fits(cfg, m)
         assert _compiled(m, cfg, use_pdl=True).metadata.shared <= gemm_wgmma.SMEM_LIMIT, tuple(cfg)
+
+
+def test_the_chooser_offers_stream_k_alone_above_the_split_k_rows(monkeypatch):
+    gemm = pytest.importorskip("tabletune.engine.gemm")
+    monkeypatch.setattr(gemm, "_wgmma_ok", lambda m, w: True)  # stands in for a bf16 weight on a Hopper GPU
+    monkeypatch.setattr(gemm, "_num_sms", lambda w: 132)
+
+    def wgmma_cands(m):
+        return [c for c in gemm.candidates(m) if isinstance(c, gemm_wgmma.WgmmaConfig)]
+    monkeypatch.setattr(gemm_wgmma, "STREAM_K", True)
+    assert {bool(c.programs) for c in wgmma_cands(32)} == {True, False}
+    assert wgmma_cands(96) and all(c.programs == 132 for c in wgmma_cands(96))  # split-K lost from 96 rows
+    monkeypatch.setattr(gemm_wgmma, "STREAM_K", False)
+    assert not any(c.programs for c in wgmma_cands(32)) and wgmma_cands(32)
+    assert wgmma_cands(96) == []
