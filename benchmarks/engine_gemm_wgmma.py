@@ -54,7 +54,7 @@ def sweep(args, shapes: dict) -> list[dict]:
             engine = gemm._time_us(lambda: gemm.linear(xs[m], pick())) if args.engine else float("nan")
             best, best_cfg, failed = float("inf"), None, []
             family = {"split": (float("inf"), None), "stream_k": (float("inf"), None)}  # best of each kernel
-            for cfg in gemm_wgmma.configs(m, stream_k=True):
+            for cfg in gemm_wgmma.configs(m) + gemm_wgmma.stream_k_configs(m):
                 t0 = time.time()
                 try:
                     err = check(m, n, kk, ws[0], cfg)

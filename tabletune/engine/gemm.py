@@ -531,7 +531,7 @@ def candidates(m: int, gated: bool = False, w: torch.Tensor | None = None) -> di
         cands[cfg] = lambda x, w_, cfg=cfg: triton_linear(x, w_, cfg, gated)
     if WGMMA and not gated and _wgmma_ok(m, w):
         sms = _num_sms(w)
-        cfgs = gemm_wgmma.configs(m, sms, stream_k=False) if m <= WGMMA_MAX_ROWS else []
+        cfgs = gemm_wgmma.configs(m) if m <= WGMMA_MAX_ROWS else []
         if gemm_wgmma.STREAM_K and m <= WGMMA_STREAM_K_MAX_ROWS:
             cfgs += gemm_wgmma.stream_k_configs(m, sms)
         for cfg in cfgs:

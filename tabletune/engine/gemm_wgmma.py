@@ -115,11 +115,9 @@ def k_iters_per_split(k: int, cfg: WgmmaConfig) -> tuple[int, int]:
     return per, triton.cdiv(iters, per)
 
 
-def configs(m: int, num_sms: int = STREAM_K_SMS, stream_k: bool | None = None) -> list[WgmmaConfig]:
-    """Candidates at M rows: W tiles of 64 / 128 rows, 64 / 128 K columns, 1-8 splits, the deepest ring that fits
-    (at most 8 slots), one warp group or two (tiles of more than 128 x 128); with ``stream_k`` (default: the
-    module's STREAM_K) also ``stream_k_configs``."""
-    stream_k = STREAM_K if stream_k is None else stream_k
+def configs(m: int) -> list[WgmmaConfig]:
+    """The split-K kernel's candidates at M rows: W tiles of 64 / 128 rows, 64 / 128 K columns, 1-8 splits, the
+    deepest ring that fits (at most 8 slots), one warp group or two (tiles of more than 128 x 128)."""
     out = []
     for bw in (64, 128):
         for bk in (64, 128):
@@ -130,7 +128,7 @@ def configs(m: int, num_sms: int = STREAM_K_SMS, stream_k: bool | None = None) -
                 cfg = WgmmaConfig(bw, bk, split, stages, warps)
                 if stages >= 2 and fits(cfg, m):
                     out.append(cfg)
-    return out + (stream_k_configs(m, num_sms) if stream_k else [])
+    return out
 
 
 def stream_k_configs(m: int, num_sms: int = STREAM_K_SMS) -> list[WgmmaConfig]:
@@ -189,6 +187,51 @@ if _GLUON:
         _tma_load(desc, [coord_0, coord_1], bar, dest, pred=pred)
 
     @gluon.jit
+    def _init_bars(w_bars, x_bars, STAGES: gl.constexpr):
+        """One mbarrier a ring slot for its W copy and one for its x copy."""
+        for s in gl.static_range(STAGES):
+            mbarrier.init(w_bars.index(s), count=1)
+            mbarrier.init(x_bars.index(s), count=1)
+        fence_async_shared()
+
+    @gluon.jit
+    def _invalidate_bars(w_bars, x_bars, STAGES: gl.constexpr):
+        for t in gl.static_range(STAGES):
+            mbarrier.invalidate(w_bars.index(t))
+            mbarrier.invalidate(x_bars.index(t))
+
+    @gluon.jit
+    def _ring_mma(acc, r, w_ring, x_ring, w_bars, x_bars, STAGES: gl.constexpr):
+        """Iteration r of the ring: wait for its slot's W and x tiles, start their wgmma asynchronously, and wait
+        for the wgmma of iteration r - 1, whose slot may then be refilled."""
+        slot = r % STAGES
+        phase = (r // STAGES) & 1
+        mbarrier.wait(w_bars.index(slot), phase)
+        mbarrier.wait(x_bars.index(slot), phase)
+        acc = warpgroup_mma(w_ring.index(slot), x_ring.index(slot).permute((1, 0)), acc, is_async=True)
+        return warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+
+    @gluon.jit
+    def _refill(w_desc, x_desc, w_row, k_col, j, pred, w_ring, x_ring, w_bars, x_bars, STAGES: gl.constexpr):
+        """Slot j % STAGES takes the W tile at (w_row, k_col) and the x tile at (0, k_col) (when ``pred``)."""
+        sp = j % STAGES
+        _load_stage(w_desc, w_row, k_col, w_bars.index(sp), w_ring.index(sp), pred)
+        _load_stage(x_desc, 0, k_col, x_bars.index(sp), x_ring.index(sp), pred)
+
+    @gluon.jit
+    def _out_tile(acc, off_w, M, N, BLOCK_W: gl.constexpr, BLOCK_T: gl.constexpr, num_warps: gl.constexpr):
+        """acc in the store's layout (consecutive threads take consecutive W rows: consecutive columns of y's row
+        t), its W rows within the tile, its tokens, the in-bounds mask and the offsets in y."""
+        SPT: gl.constexpr = BLOCK_W // 32
+        out_layout: gl.constexpr = gl.BlockedLayout([SPT, 1], [32, 1], [1, num_warps], [0, 1])
+        tile = gl.convert_layout(acc, out_layout)
+        lw = gl.arange(0, BLOCK_W, layout=gl.SliceLayout(1, out_layout))
+        rt = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, out_layout))
+        rw = off_w + lw
+        ok = (rw[:, None] < N) & (rt[None, :] < M)
+        return tile, lw, rt, ok, rt[None, :] * N + rw[:, None]
+
+    @gluon.jit
     def _wgmma_kernel(w_desc, x_desc, y_ptr, ws_ptr, cnt_ptr, M, N, ITERS, ITERS_PER_SPLIT, SPLIT,
                       HAS_SPLIT: gl.constexpr, STAGES: gl.constexpr, USE_PDL: gl.constexpr,
                       num_warps: gl.constexpr):
@@ -205,10 +248,7 @@ if _GLUON:
         x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_T, BLOCK_K], x_desc.layout)
         w_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         x_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for s in gl.static_range(STAGES):
-            mbarrier.init(w_bars.index(s), count=1)
-            mbarrier.init(x_bars.index(s), count=1)
-        fence_async_shared()
+        _init_bars(w_bars, x_bars, STAGES)
 
         # weights never depend on the previous kernel: the first STAGES W tiles go out before the PDL wait
         for s in gl.static_range(STAGES):
@@ -224,38 +264,22 @@ if _GLUON:
                                                               instr_shape=[16, BLOCK_T, 16])
         acc = gl.zeros([BLOCK_W, BLOCK_T], gl.float32, layout=mma_layout)
         for i in range(n_iters):
-            slot = i % STAGES
-            phase = (i // STAGES) & 1
-            mbarrier.wait(w_bars.index(slot), phase)
-            mbarrier.wait(x_bars.index(slot), phase)
-            acc = warpgroup_mma(w_ring.index(slot), x_ring.index(slot).permute((1, 0)), acc, is_async=True)
+            acc = _ring_mma(acc, i, w_ring, x_ring, w_bars, x_bars, STAGES)
             # the wgmma of iteration i - 1 is done: its slot takes the tiles of iteration i - 1 + STAGES
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
             j = i - 1 + STAGES
-            refill = (i >= 1) & (j < n_iters)
-            sp = j % STAGES
-            _load_stage(w_desc, off_w, (it_lo + j) * BLOCK_K, w_bars.index(sp), w_ring.index(sp), refill)
-            _load_stage(x_desc, 0, (it_lo + j) * BLOCK_K, x_bars.index(sp), x_ring.index(sp), refill)
+            _refill(w_desc, x_desc, off_w, (it_lo + j) * BLOCK_K, j, (i >= 1) & (j < n_iters), w_ring, x_ring,
+                    w_bars, x_bars, STAGES)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        for t in gl.static_range(STAGES):
-            mbarrier.invalidate(w_bars.index(t))
-            mbarrier.invalidate(x_bars.index(t))
+        _invalidate_bars(w_bars, x_bars, STAGES)
 
-        # the store: consecutive threads take consecutive W rows (consecutive columns of y's row t)
-        SPT: gl.constexpr = BLOCK_W // 32
-        out_layout: gl.constexpr = gl.BlockedLayout([SPT, 1], [32, 1], [1, num_warps], [0, 1])
-        tile = gl.convert_layout(acc, out_layout)
-        rw = off_w + gl.arange(0, BLOCK_W, layout=gl.SliceLayout(1, out_layout))
-        rt = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, out_layout))
-        ok = (rw[:, None] < N) & (rt[None, :] < M)
-        out_off = rt[None, :] * N + rw[:, None]
+        tile, _, _, ok, out_off = _out_tile(acc, off_w, M, N, BLOCK_W, BLOCK_T, num_warps)
         if HAS_SPLIT:
             ws_stride = M * N
             gl.store(ws_ptr + pid_s * ws_stride + out_off, tile, mask=ok)
             _cta_barrier()  # every thread's partial is stored before the ticket (release below)
             ticket = gl.atomic_add(cnt_ptr + pid_w, 1, sem="acq_rel")
             if ticket == SPLIT - 1:
-                total = gl.zeros([BLOCK_W, BLOCK_T], gl.float32, layout=out_layout)
+                total = gl.zeros_like(tile)
                 for q in range(SPLIT):  # split order: the sum does not depend on who finishes last
                     total += gl.load(ws_ptr + q * ws_stride + out_off, mask=ok, other=0.0, cache_modifier=".cg")
                 gl.store(y_ptr + out_off, total.to(y_ptr.dtype.element_ty), mask=ok)
@@ -270,14 +294,7 @@ if _GLUON:
         """One finished segment of ``tile``: stored whole when this program ran all its K iterations, else kept
         as a partial (slot 0: the program's first segment, 1: its last) and, by the program that draws the
         tile's last ticket, added up in program order with the others and stored."""
-        SPT: gl.constexpr = BLOCK_W // 32
-        out_layout: gl.constexpr = gl.BlockedLayout([SPT, 1], [32, 1], [1, num_warps], [0, 1])
-        part = gl.convert_layout(acc, out_layout)
-        lw = gl.arange(0, BLOCK_W, layout=gl.SliceLayout(1, out_layout))
-        rt = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, out_layout))
-        rw = tile * BLOCK_W + lw
-        ok = (rw[:, None] < N) & (rt[None, :] < M)
-        out_off = rt[None, :] * N + rw[:, None]
+        part, lw, rt, ok, out_off = _out_tile(acc, tile * BLOCK_W, M, N, BLOCK_W, BLOCK_T, num_warps)
         whole = (it_lo <= tile * KB) & (it_hi >= (tile + 1) * KB)
         if whole:
             gl.store(y_ptr + out_off, part.to(y_ptr.dtype.element_ty), mask=ok)
@@ -292,7 +309,7 @@ if _GLUON:
             first = ((tile * KB + 1) * PROGRAMS - 1) // iters
             last = ((tile + 1) * KB * PROGRAMS - 1) // iters
             if ticket == gl.minimum(last - first + 1, KB) - 1:
-                total = gl.zeros([BLOCK_W, BLOCK_T], gl.float32, layout=out_layout)
+                total = gl.zeros_like(part)
                 for q in range(first, last + 1):  # program order: the sum does not depend on who finishes last
                     q_lo = q * iters // PROGRAMS
                     if (q + 1) * iters // PROGRAMS > q_lo:
@@ -322,10 +339,7 @@ if _GLUON:
         x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_T, BLOCK_K], x_desc.layout)
         w_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         x_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for s in gl.static_range(STAGES):
-            mbarrier.init(w_bars.index(s), count=1)
-            mbarrier.init(x_bars.index(s), count=1)
-        fence_async_shared()
+        _init_bars(w_bars, x_bars, STAGES)
 
         for s in gl.static_range(STAGES):  # W before the PDL wait, as in _wgmma_kernel
             i = it_lo + s
@@ -348,26 +362,16 @@ if _GLUON:
             kb_hi = gl.minimum(it_hi - tile * KB, KB)
             acc = gl.zeros([BLOCK_W, BLOCK_T], gl.float32, layout=mma_layout)
             for kb in range(kb_lo, kb_hi):
-                slot = r % STAGES
-                phase = (r // STAGES) & 1
-                mbarrier.wait(w_bars.index(slot), phase)
-                mbarrier.wait(x_bars.index(slot), phase)
-                acc = warpgroup_mma(w_ring.index(slot), x_ring.index(slot).permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+                acc = _ring_mma(acc, r, w_ring, x_ring, w_bars, x_bars, STAGES)
                 j = r - 1 + STAGES
-                refill = (r >= 1) & (j < n_iters)
-                sp = j % STAGES
                 ij = it_lo + j
-                _load_stage(w_desc, (ij // KB) * BLOCK_W, (ij % KB) * BLOCK_K, w_bars.index(sp), w_ring.index(sp),
-                            refill)
-                _load_stage(x_desc, 0, (ij % KB) * BLOCK_K, x_bars.index(sp), x_ring.index(sp), refill)
+                _refill(w_desc, x_desc, (ij // KB) * BLOCK_W, (ij % KB) * BLOCK_K, j, (r >= 1) & (j < n_iters),
+                        w_ring, x_ring, w_bars, x_bars, STAGES)
                 r += 1
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             _stream_k_store(acc, y_ptr, ws_ptr, cnt_ptr, pid, tile, tile_lo, it_lo, it_hi, iters, M, N, KB,
                             PROGRAMS, BLOCK_W, BLOCK_T, num_warps)
-        for t in gl.static_range(STAGES):
-            mbarrier.invalidate(w_bars.index(t))
-            mbarrier.invalidate(x_bars.index(t))
+        _invalidate_bars(w_bars, x_bars, STAGES)
 
 
 def wgmma_linear(x: torch.Tensor, w: torch.Tensor, cfg: WgmmaConfig, use_pdl: bool = False) -> torch.Tensor:

@@ -104,12 +104,11 @@ def test_the_chooser_takes_a_wgmma_config_only_where_allowed(monkeypatch):
     assert gemm.WGMMA_MIN_ROWS == 9  # the fair A/B's range: M = 10-14 gained, M = 8 did not
 
 
-def test_stream_k_candidates_only_when_asked(monkeypatch):
-    assert not any(c.programs for c in gemm_wgmma.configs(32, stream_k=False))
-    sk = [c for c in gemm_wgmma.configs(32, num_sms=114, stream_k=True) if c.programs]
-    assert sk and all(c.programs == 114 and c.split == 1 and gemm_wgmma.fits(c, 32) for c in sk)
-    monkeypatch.setattr(gemm_wgmma, "STREAM_K", False)
+def test_stream_k_candidates_are_their_own(monkeypatch):
+    # the split-K list never holds a stream-K config; whether the chooser times them: the chooser test below
     assert not any(c.programs for c in gemm_wgmma.configs(32))
+    sk = gemm_wgmma.stream_k_configs(32, num_sms=114)
+    assert sk and all(c.programs == 114 and c.split == 1 and gemm_wgmma.fits(c, 32) for c in sk)
 
 
 @given(tiles=st.integers(1, 400), k_blocks=st.integers(1, 200), programs=st.sampled_from([1, 7, 114, 132, 264]))
