@@ -350,38 +350,35 @@ def best_of_step_choice(row: dict, names: list[str], max_rows: int) -> dict[str,
     return {n: min(ms(n), ms(n + TRITON_ONLY)) if small else ms(n) for n in names}
 
 
+def own_choice_compare(engine, points, context_len: int, off: str, on: str, off_settings: dict, reps: int = 15
+                       ) -> tuple[list[str], list[dict]]:
+    """Each step's graph with variant ``off`` (``off_settings``) against ``on`` (the engine's settings), each
+    with its own in-step GEMM choice (``with_own_step_choice``); a line per cell compares the faster capture of
+    each (``best_of_step_choice``)."""
+    lines, rows = variant_compare(engine, points, context_len,
+                                  lambda b: with_own_step_choice({off: off_settings, on: {}}), reps)
+    for row in rows:
+        best = best_of_step_choice(row, [off, on], engine.cfg.gemm_step_max_rows if engine.cfg.gemm_step_choice else 0)
+        row["own_step_choice_ms"] = {n: round(v, 4) for n, v in best.items()}
+        lines.append(f"b={row['batch_size']:3d} k={row['k']}, each with its own in-step choice: {off} "
+                     f"{best[off]:.3f} ms; {on} {best[on]:.3f} ms ({(best[on] / best[off] - 1) * 100:+.1f}%)")
+        print(lines[-1], flush=True)
+    return lines, rows
+
+
 def gemm_wgmma_compare(engine, points, context_len: int, reps: int = 15) -> tuple[list[str], list[dict]]:
     """Each step's graph with the GEMM choices made without the Gluon wgmma kernel (``gemm.use_wgmma`` off: the
     fastest other candidate) against the choices made with it (``gemm.WGMMA`` on: the chooser timed it), each
-    variant with its own in-step GEMM choice (``with_own_step_choice``)."""
-    names = ["no-wgmma", "wgmma"]
-    lines, rows = variant_compare(engine, points, context_len, lambda b: with_own_step_choice(
-        {"no-wgmma": {"gemm.use_wgmma": False}, "wgmma": {}}), reps)
-    for row in rows:
-        best = best_of_step_choice(row, names, engine.cfg.gemm_step_max_rows if engine.cfg.gemm_step_choice else 0)
-        row["own_step_choice_ms"] = {n: round(v, 4) for n, v in best.items()}
-        lines.append(f"b={row['batch_size']:3d} k={row['k']}, each with its own in-step choice: no-wgmma "
-                     f"{best['no-wgmma']:.3f} ms; wgmma {best['wgmma']:.3f} ms "
-                     f"({(best['wgmma'] / best['no-wgmma'] - 1) * 100:+.1f}%)")
-        print(lines[-1], flush=True)
-    return lines, rows
+    variant with its own in-step GEMM choice."""
+    return own_choice_compare(engine, points, context_len, "no-wgmma", "wgmma", {"gemm.use_wgmma": False}, reps)
 
 
 def gemm_stream_k_compare(engine, points, context_len: int, reps: int = 15) -> tuple[list[str], list[dict]]:
     """Each step's graph with the GEMM choices made without the stream-K wgmma configs (``gemm.use_stream_k`` off)
     against those made with them, each variant with its own in-step GEMM choice; the chooser times them only with
     TABLETUNE_GEMM_WGMMA_STREAM_K=1 at start-up (else the two variants are the same)."""
-    names = ["no-stream-k", "stream-k"]
-    lines, rows = variant_compare(engine, points, context_len, lambda b: with_own_step_choice(
-        {"no-stream-k": {"gemm.use_stream_k": False}, "stream-k": {}}), reps)
-    for row in rows:
-        best = best_of_step_choice(row, names, engine.cfg.gemm_step_max_rows if engine.cfg.gemm_step_choice else 0)
-        row["own_step_choice_ms"] = {n: round(v, 4) for n, v in best.items()}
-        lines.append(f"b={row['batch_size']:3d} k={row['k']}, each with its own in-step choice: no-stream-k "
-                     f"{best['no-stream-k']:.3f} ms; stream-k {best['stream-k']:.3f} ms "
-                     f"({(best['stream-k'] / best['no-stream-k'] - 1) * 100:+.1f}%)")
-        print(lines[-1], flush=True)
-    return lines, rows
+    return own_choice_compare(engine, points, context_len, "no-stream-k", "stream-k", {"gemm.use_stream_k": False},
+                              reps)
 
 
 def gemm_context_compare(engine, points, context_len: int, reps: int = 15) -> tuple[list[str], list[dict]]:
