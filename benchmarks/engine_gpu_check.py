@@ -17,9 +17,9 @@ import traceback
 
 import torch
 
-from tabletune.engine import cublaslt, gemm, kernels, ops
+from tabletune.engine import cublaslt, gemm, gemm_wgmma, kernels, ops
 from tabletune.engine.drafters import make_drafter
-from tabletune.engine.model import Decoder, moe_mlp
+from tabletune.engine.model import FUSED_NORM_MAX_M, Decoder, moe_mlp
 from tabletune.engine.presets import PRESETS
 from tabletune.engine.runner import EngineConfig, SpecEngine
 from tabletune.engine.scheduler import Request, Scheduler
@@ -147,13 +147,18 @@ def check_kernels() -> None:
     gu = torch.randn(9, 2 * 1000, dtype=dt, device="cuda")
     print(f"silu_mul {rel(kernels.silu_mul(gu), ops.silu_mul(gu)):.2e}")
     wgu = torch.randn(2 * 2048, 4096, dtype=dt, device="cuda") * 0.02
-    for m in (1, 9, 16):  # the fused-norm layer's GEMMs: residual epilogue, then the norm (+ silu) epilogue
+    for m in (1, 9, 16, 40):  # the fused-norm layer's GEMMs: residual epilogue, then the norm (+ silu) epilogue
         xm, r0 = torch.randn(m, 4096, dtype=dt, device="cuda"), torch.randn(m, 4096, dtype=dt, device="cuda")
         gm = torch.randn(m, 2 * 4096, dtype=dt, device="cuda")
-        for cfg in (gemm.Config(16, 64, 256, 2, 4, 4), gemm.Config(16, 32, 128, 1, 4, 6),
-                    gemm.Config(16, 64, 128, 8, 4, 6)):
-            line = f"fused-norm M={m} cfg={tuple(cfg)[:6]}:"
-            for gated, inp, prod in ((False, xm, xm @ w.t()), (True, gm, ops.silu_mul(gm) @ w.t())):
+        # candidates that fit the SILU variant (two W tiles a slot), with one split and with three
+        wgmma_cfgs = tuple(c for c in gemm_wgmma.fused_configs(m, silu=True) if c.split in (1, 3)
+                           and c.block_k == 64) if gemm._hopper_bf16(w) else ()
+        pointer = (gemm.Config(16, 64, 256, 2, 4, 4), gemm.Config(16, 32, 128, 1, 4, 6),
+                   gemm.Config(16, 64, 128, 8, 4, 6)) if m <= gemm.FUSED_ROWS else ()
+        for cfg in pointer + wgmma_cfgs:
+            wg = isinstance(cfg, gemm_wgmma.WgmmaConfig)  # the wgmma kernel's epilogues (no gated variant)
+            line = f"fused-norm M={m} {'wgmma' if wg else 'pointer'} cfg={tuple(cfg)[:6]}:"
+            for gated, inp, prod in ((False, xm, xm @ w.t()),) + (() if wg else ((True, gm, ops.silu_mul(gm) @ w.t()),)):
                 hn, r_ref = ops.add_rms_norm(r0, prod, wn, 1e-6)
                 r = r0.clone()
                 norm = gemm.RowNorm(gemm.residual_linear(inp, w, cfg, r, gated=gated), 1e-6)
@@ -284,8 +289,9 @@ def check_graph_replay() -> None:
         print(f"graph L2 prefetch ({e3.prefetch_mode}) b={b} k={k}: replay==replay {bool((outs[0] == outs[1]).all())} "
               f"same tokens as without {bool((outs[0] == outs[2]).all())}")
     del e3
-    e5 = engine(gemm_step_choice=False, fuse_norm_max_rows=16)
-    for b, k in ((1, 0), (1, 7), (8, 0)):  # <= 16 rows: the fused-norm layers (bf16: a near-tie may round otherwise)
+    e5 = engine(gemm_step_choice=False, fuse_norm_max_rows=FUSED_NORM_MAX_M)
+    # the fused-norm layers (bf16: a near-tie may round otherwise); 32 and 64 rows: the wgmma kernel's epilogues only
+    for b, k in ((1, 0), (1, 7), (8, 0), (8, 3), (16, 3)):
         outs = _replay_outputs((e5, e5, e), b, k)
         print(f"graph fused-norm b={b} k={k}: replay==replay {bool((outs[0] == outs[1]).all())} "
               f"same tokens as the standard layers in {float((outs[0][:, 1] == outs[2][:, 1]).float().mean()):.0%} "

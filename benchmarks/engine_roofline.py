@@ -210,11 +210,14 @@ def prefetch_compare(engine, points, context_len: int, modes, programs=(16,), re
 
 def fusion_compare(engine, points, context_len: int, reps: int = 15) -> tuple[list[str], list[dict]]:
     """RoPE + cache write as their own launch (engine 0.5) against inside the attention launch (0.6), and with the
-    fused-norm layers too (``EngineConfig.fuse_norm_max_rows``, steps of <= 16 rows)."""
+    fused-norm layers too (``EngineConfig.fuse_norm_max_rows``: steps of <= model.FUSED_NORM_MAX_M rows, 16 where
+    the wgmma kernel's fused epilogues cannot run)."""
+    from tabletune.engine.model import FUSED_NORM_MAX_M
+
     return variant_compare(engine, points, context_len,
                            lambda b: {"unfused": {"fuse_rope": False, "fuse_norm_max_rows": 0},
                                       "fused": {"fuse_rope": True, "fuse_norm_max_rows": 0},
-                                      "fused+norm": {"fuse_rope": True, "fuse_norm_max_rows": 16}},
+                                      "fused+norm": {"fuse_rope": True, "fuse_norm_max_rows": FUSED_NORM_MAX_M}},
                            reps)
 
 

@@ -69,7 +69,7 @@ import triton
 
 from tabletune.engine import cublaslt, gemm_wgmma, kernels
 from tabletune.engine.gemm_kernels import _gemm_kernel, _gemm_stream_k_kernel, _gemm_tma_kernel
-from tabletune.engine.model import FUSED_NORM_MAX_M
+from tabletune.engine.model import FUSED_NORM_MAX_M, FUSED_POINTER_M
 
 MAX_TRITON_M = 512
 MAX_CHOOSE_M = 4096  # above this, cuBLAS at M without timing
@@ -129,6 +129,12 @@ if not _min_rows.isdigit() or not 1 <= int(_min_rows) <= WGMMA_MAX_ROWS:
 WGMMA_MIN_ROWS = int(_min_rows)
 use_wgmma = True
 use_stream_k = True  # off: calls take the fastest candidate other than the stream-K wgmma configs (A/B)
+# The fused-norm layers' GEMMs (norm_linear / residual_linear, EngineConfig.fuse_norm_max_rows) also on the wgmma
+# kernel, whose NORM / SILU / RESID epilogues are those of the pointer kernel (env TABLETUNE_GEMM_WGMMA_FUSED=0: the
+# pointer kernel's only). The fused-norm layers lost on the H200 because the pointer kernel's gate_up (+ silu) ran
+# ~7 us behind cuBLAS at N = 24576, more than the three launches a layer they save (docs/engine_notes.md, 0.7.dev2);
+# the wgmma kernel's plain gate_up is at or under cuBLAS's at 16 rows (session 17).
+WGMMA_FUSED = os.environ.get("TABLETUNE_GEMM_WGMMA_FUSED", "1") == "1"
 ATOMIC_MAX_SPLIT = 2  # more splits would add in arrival order: not deterministic
 ATOMIC_MAX_ROWS = 8  # the GEMMs of more rows keep the fix-up (slower with the atomics in the step above)
 CONTEXT_MIN_ROWS = 17  # below this M calls follow the timings alone (where every candidate but cuBLAS is a PDL
@@ -285,8 +291,8 @@ def _pointer_gemm(x: torch.Tensor, w: torch.Tensor, cfg: Config, y: torch.Tensor
 
 
 class RowSquares(NamedTuple):
-    """Per-row sums of squares of the residual stream, as ``tiles`` column-tile partials ss[tile, row] of 16 rows
-    (written by a residual-epilogue GEMM, ``residual_linear``)."""
+    """Per-row sums of squares of the residual stream, as ``tiles`` column-tile partials ss[tile, row] of
+    ``squares_rows(M)`` rows (written by a residual-epilogue GEMM, ``residual_linear``)."""
     ss: torch.Tensor
     tiles: int
 
@@ -302,7 +308,19 @@ def _tiles_p2(norm: RowNorm | None) -> int:
     return 1 if norm is None else triton.next_power_of_2(norm.squares.tiles)
 
 
-FUSED_ROWS = FUSED_NORM_MAX_M  # one row block covers every fused-norm step; RowSquares partials are this many rows
+FUSED_ROWS = FUSED_POINTER_M  # the pointer kernel's fused-norm GEMMs: one row block of this many rows
+
+
+def fused_max_rows(w: torch.Tensor) -> int:
+    """Rows up to which the fused-norm layers can run with weights like ``w``: FUSED_NORM_MAX_M where the wgmma
+    kernel's epilogues can (WGMMA_FUSED, Hopper, bf16), else the pointer kernel's FUSED_ROWS."""
+    return FUSED_NORM_MAX_M if WGMMA_FUSED and _hopper_bf16(w) else FUSED_ROWS
+
+
+def squares_rows(m: int) -> int:
+    """Rows a ``RowSquares`` tile holds for M rows: the GEMM's token tile (16 for the pointer kernel's one row block,
+    ``gemm_wgmma.block_t`` for the wgmma kernel's, the same at M <= 16)."""
+    return gemm_wgmma.block_t(m)
 
 
 def fold_norm(w: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
@@ -310,9 +328,18 @@ def fold_norm(w: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
     return (w.float() * norm_weight.float()[None, :]).to(w.dtype)
 
 
-def _check_fused(name: str, x: torch.Tensor, w: torch.Tensor, cfg: Config, gated: bool = False) -> None:
+def _fused_config(cfg) -> "Config | gemm_wgmma.WgmmaConfig":
+    """A fused-norm GEMM's config: a ``gemm_wgmma.WgmmaConfig`` as it is, any other tuple as a pointer ``Config``."""
+    return cfg if isinstance(cfg, gemm_wgmma.WgmmaConfig) else Config(*cfg)
+
+
+def _check_fused(name: str, x: torch.Tensor, w: torch.Tensor, cfg, gated: bool = False) -> None:
     m, width = x.shape
-    if cfg.tma or cfg.stream_k or cfg.block_m != FUSED_ROWS or m > FUSED_ROWS:
+    if isinstance(cfg, gemm_wgmma.WgmmaConfig):
+        if cfg.programs or gated or m > FUSED_NORM_MAX_M:
+            raise ValueError(f"{name}: a split-K wgmma config (not gated) for at most {FUSED_NORM_MAX_M} rows, not "
+                             f"{cfg} for M={m} (gated={gated})")
+    elif cfg.tma or cfg.stream_k or cfg.block_m != FUSED_ROWS or m > FUSED_ROWS:
         raise ValueError(f"{name}: a pointer config of {FUSED_ROWS} rows for at most {FUSED_ROWS} rows, not {cfg} "
                          f"for M={m}")
     if width != w.shape[1] * (2 if gated else 1) or not x.is_contiguous():
@@ -320,30 +347,38 @@ def _check_fused(name: str, x: torch.Tensor, w: torch.Tensor, cfg: Config, gated
 
 
 def norm_linear(x: torch.Tensor, w: torch.Tensor, cfg, norm: RowNorm, silu: bool = False) -> torch.Tensor:
-    """RMSNorm(x) W^T [M, N] for the residual stream x [M, K] (M <= 16), with W = ``fold_norm``(W, norm weight)
+    """RMSNorm(x) W^T [M, N] for the residual stream x [M, K] (M <= 16 on a pointer ``Config`` of 16 rows, up to
+    FUSED_NORM_MAX_M on a split-K ``gemm_wgmma.WgmmaConfig``), with W = ``fold_norm``(W, norm weight)
     and the rows' 1 / rms from ``norm.squares``, applied to the finished tile. ``silu``: W is [gate | up] (2N rows)
     and the result silu(RMSNorm(x) W_gate^T) * (RMSNorm(x) W_up^T) [M, N], as ``kernels.silu_mul`` rounds it."""
-    cfg = Config(*cfg)
+    cfg = _fused_config(cfg)
     _check_fused("norm_linear", x, w, cfg)
     if silu and w.shape[0] % 2:
         raise ValueError(f"norm_linear: a [gate | up] W has an even row count, not {w.shape[0]}")
     n = w.shape[0] // 2 if silu else w.shape[0]
-    return _pointer_gemm(x, w, cfg, torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device), norm=norm,
-                         silu=silu)
+    y = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
+    if isinstance(cfg, gemm_wgmma.WgmmaConfig):
+        return gemm_wgmma.wgmma_fused_linear(x, w, cfg, y, kernels.pdl_enabled(x),
+                                             norm=(norm.squares.ss, norm.squares.tiles, norm.eps), silu=silu)
+    return _pointer_gemm(x, w, cfg, y, norm=norm, silu=silu)
 
 
 def residual_linear(x: torch.Tensor, w: torch.Tensor, cfg, residual: torch.Tensor, gated: bool = False
                     ) -> RowSquares:
     """residual += x W^T in place (gated: (silu(gate) * up) W^T for x = [gate | up]), rounded as
     ``kernels.add_rms_norm`` rounds the residual add, and the rows' sums of squares for the next GEMM's norm."""
-    cfg = Config(*cfg)
+    cfg = _fused_config(cfg)
     _check_fused("residual_linear", x, w, cfg, gated)
     m, n = x.shape[0], w.shape[0]
     if residual.shape != (m, n) or not residual.is_contiguous():
         raise ValueError(f"residual_linear: residual {tuple(residual.shape)}, not a contiguous [{m}, {n}]")
-    tiles = triton.cdiv(n, cfg.block_n)
-    ss = torch.empty(tiles * FUSED_ROWS, dtype=torch.float32, device=x.device)
-    _pointer_gemm(x, w, cfg, residual, gated, squares_out=ss)
+    wgmma = isinstance(cfg, gemm_wgmma.WgmmaConfig)
+    tiles = triton.cdiv(n, cfg.block_w if wgmma else cfg.block_n)
+    ss = torch.empty(tiles * squares_rows(m), dtype=torch.float32, device=x.device)
+    if wgmma:
+        gemm_wgmma.wgmma_fused_linear(x, w, cfg, residual, kernels.pdl_enabled(x), squares_out=ss)
+    else:
+        _pointer_gemm(x, w, cfg, residual, gated, squares_out=ss)
     return RowSquares(ss, tiles)
 
 
@@ -547,8 +582,12 @@ def _wgmma_ok(m: int, w: torch.Tensor | None) -> bool:
     """Whether the chooser times the wgmma kernel for x [M, K] W^T: Gluon in this Triton, a bf16 W on a Hopper GPU,
     WGMMA_MIN_ROWS <= M <= WGMMA_MAX_ROWS (WGMMA_STREAM_K_MAX_ROWS with the stream-K kernel on)."""
     top = max(WGMMA_MAX_ROWS, WGMMA_STREAM_K_MAX_ROWS if gemm_wgmma.STREAM_K else 0)
-    if not (w is not None and w.is_cuda and w.dtype == torch.bfloat16 and WGMMA_MIN_ROWS <= m <= top
-            and gemm_wgmma.available()):
+    return WGMMA_MIN_ROWS <= m <= top and _hopper_bf16(w)
+
+
+def _hopper_bf16(w: torch.Tensor | None) -> bool:
+    """Whether the wgmma kernel can run x W^T: Gluon in this Triton, a bf16 W on a Hopper GPU."""
+    if not (w is not None and w.is_cuda and w.dtype == torch.bfloat16 and gemm_wgmma.available()):
         return False
     try:
         return torch.cuda.get_device_capability(w.device)[0] == 9
@@ -628,10 +667,11 @@ FUSED_KINDS = ("norm", "norm-silu", "resid")  # the fused-norm layers' GEMMs: qk
 FUSED_CANDIDATES = 4  # the fastest plain pointer configs of 16 rows that each fused variant is timed with
 
 
-def choose_fused(m: int, w: torch.Tensor, kind: str) -> Config:
-    """The fastest pointer config of 16 rows for the fused-norm layers' GEMM ``kind`` of x [M, K] W^T, M <= 16:
-    the variant itself is timed (``norm_linear`` with 1 / rms = 1, ``norm_linear(silu=True)``,
-    ``residual_linear`` on a zero residual) over ``fused_configs`` of what ``choose`` timed at this shape."""
+def choose_fused(m: int, w: torch.Tensor, kind: str) -> "Config | gemm_wgmma.WgmmaConfig":
+    """The fastest config for the fused-norm layers' GEMM ``kind`` of x [M, K] W^T, M <= 16: the variant itself is
+    timed (``norm_linear`` with 1 / rms = 1, ``norm_linear(silu=True)``, ``residual_linear`` on a zero residual)
+    over ``fused_configs`` of what ``choose`` timed at this shape (pointer configs of 16 rows) and, with
+    WGMMA_FUSED on a Hopper GPU, ``gemm_wgmma.fused_configs`` (the wgmma kernel's fused epilogues)."""
     if kind not in FUSED_KINDS:
         raise ValueError(f"choose_fused: kind {kind!r}, not one of {FUSED_KINDS}")
     n, k = w.shape
@@ -642,7 +682,7 @@ def choose_fused(m: int, w: torch.Tensor, kind: str) -> Config:
         choose(m, w)
         timed = _scores((m, n, k, False)) or dict.fromkeys((Config(*t) for t in _skinny(FUSED_ROWS, False)), 0.0)
         eps = 1e-6
-        unit = RowNorm(RowSquares(torch.full((FUSED_ROWS,), k * (1.0 - eps), device=w.device), 1), eps)  # 1/rms = 1
+        unit = RowNorm(RowSquares(torch.full((squares_rows(m),), k * (1.0 - eps), device=w.device), 1), eps)  # 1/rms = 1
         if kind == "resid":
             def run(c):
                 return lambda x, w_: _zero_then(lambda r: residual_linear(x, w_, c, r), x.shape[0], n, x)
@@ -650,7 +690,10 @@ def choose_fused(m: int, w: torch.Tensor, kind: str) -> Config:
             def run(c):
                 return lambda x, w_: norm_linear(x, w_, c, unit, silu=kind == "norm-silu")
         reference = (lambda x, w_: kernels.silu_mul(torch.mm(x, w_.t()))) if kind == "norm-silu" else _reference(False)
-        _choice[key] = _fastest(key, w, k, {c: run(c) for c in fused_configs(timed, kind)}, reference)
+        cands = {c: run(c) for c in fused_configs(timed, kind)} if m <= FUSED_ROWS else {}
+        if WGMMA_FUSED and _hopper_bf16(w):
+            cands.update({c: run(c) for c in gemm_wgmma.fused_configs(m, kind == "norm-silu")})
+        _choice[key] = _fastest(key, w, k, cands, reference)
     return _choice[key]
 
 

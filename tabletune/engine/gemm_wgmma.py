@@ -94,15 +94,16 @@ def block_t(m: int) -> int:
     return max(16, triton.next_power_of_2(m))
 
 
-def fits(cfg: WgmmaConfig, m: int) -> bool:
+def fits(cfg: WgmmaConfig, m: int, weight_tiles: int = 1) -> bool:
     """Whether the ring fits shared memory and the accumulator a warp group's registers (<= 128 fp32 a thread; for
-    the stream-K kernel, whose epilogue runs inside its loop: <= 64, and the ring beside the epilogue's scratch)."""
+    the stream-K kernel, whose epilogue runs inside its loop: <= 64, and the ring beside the epilogue's scratch).
+    ``weight_tiles`` = 2: the SILU variant, two W tiles a slot and two accumulators."""
     bt = block_t(m)
-    ring = cfg.stages * (cfg.block_w + bt) * cfg.block_k * 2
-    acc_regs = cfg.block_w * bt // (cfg.warps * 32)
+    ring = cfg.stages * (weight_tiles * cfg.block_w + bt) * cfg.block_k * 2
+    acc_regs = weight_tiles * cfg.block_w * bt // (cfg.warps * 32)
     if cfg.programs:
         return (bt <= 128 and ring + cfg.block_w * bt * 2 + 1024 <= SMEM_LIMIT and acc_regs <= 64
-                and cfg.block_w >= 16 * cfg.warps and cfg.split == 1)
+                and cfg.block_w >= 16 * cfg.warps and cfg.split == 1 and weight_tiles == 1)
     # one warp group's 64 x 256 tile spilled (ptxas, sm_90a: 236 bytes in the split-K epilogue); 128 x 128 did not
     wide = bt == MAX_T and cfg.warps == 4
     return bt <= MAX_T and ring <= SMEM_BYTES and acc_regs <= 128 and cfg.block_w >= 16 * cfg.warps and not wide
@@ -127,6 +128,31 @@ def configs(m: int) -> list[WgmmaConfig]:
             for split in (1, 2, 3, 4, 6, 8):
                 cfg = WgmmaConfig(bw, bk, split, stages, warps)
                 if stages >= 2 and fits(cfg, m):
+                    out.append(cfg)
+    return out
+
+
+FUSED_SPLITS = (1, 2, 3, 4)
+FUSED_MAX_T = 64  # the fused-norm layers' token tile at most (gemm: model.FUSED_NORM_MAX_M rows)
+
+
+def fused_configs(m: int, silu: bool = False) -> list[WgmmaConfig]:
+    """The fused-norm layers' candidates (``wgmma_fused_linear``, M <= FUSED_MAX_T: one token tile): W tiles of 64 / 128
+    rows, 64 / 128 K columns, FUSED_SPLITS splits, one warp group, the deepest ring that fits (at least 3 slots;
+    SILU: two W tiles a slot), and at most 32 accumulators a thread a W tile, 64 in all: ptxas (sm_90a) spilled
+    104-1052 bytes for 128 x 64 tiles at 64 tokens and none for the tiles kept. Kept small: each is a compile per
+    variant at start-up."""
+    tiles = 2 if silu else 1
+    bt = block_t(m)
+    out = []
+    for bw in (64, 128):
+        if bw * bt > 4096 or tiles * bw * bt > 8192:
+            continue
+        for bk in (64, 128):
+            stages = min(8, SMEM_BYTES // ((tiles * bw + block_t(m)) * bk * 2))
+            for split in FUSED_SPLITS:
+                cfg = WgmmaConfig(bw, bk, split, stages, 4)
+                if stages >= 3 and fits(cfg, m, tiles):
                     out.append(cfg)
     return out
 
@@ -212,11 +238,45 @@ if _GLUON:
         return warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
 
     @gluon.jit
-    def _refill(w_desc, x_desc, w_row, k_col, j, pred, w_ring, x_ring, w_bars, x_bars, STAGES: gl.constexpr):
-        """Slot j % STAGES takes the W tile at (w_row, k_col) and the x tile at (0, k_col) (when ``pred``)."""
+    def _ring_mma2(acc, acc_u, r, w_ring, x_ring, w_bars, x_bars, STAGES: gl.constexpr):
+        """``_ring_mma`` for the SILU variant: the slot holds the gate tile and the up tile (ring entries 2 slot and
+        2 slot + 1) against one x tile, two asynchronous wgmmas, and waits for the two of iteration r - 1."""
+        slot = r % STAGES
+        phase = (r // STAGES) & 1
+        mbarrier.wait(w_bars.index(slot), phase)
+        mbarrier.wait(x_bars.index(slot), phase)
+        xt = x_ring.index(slot).permute((1, 0))
+        acc = warpgroup_mma(w_ring.index(2 * slot), xt, acc, is_async=True)
+        acc_u = warpgroup_mma(w_ring.index(2 * slot + 1), xt, acc_u, is_async=True)
+        return warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc_u))
+
+    @gluon.jit
+    def _load_w(w_desc, w_row, k_col, up_row, bar, w_ring, slot, pred, NW: gl.constexpr):
+        """The W copies of ring slot ``slot`` on one barrier: the tile at (w_row, k_col) into ring entry NW slot
+        and, for NW = 2 (SILU), the up half's tile at (up_row, k_col) into the entry after it."""
+        mbarrier.expect(bar, NW * w_desc.block_type.nbytes, pred=pred)
+        _tma_load(w_desc, [w_row, k_col], bar, w_ring.index(NW * slot), pred=pred)
+        if NW == 2:
+            _tma_load(w_desc, [up_row, k_col], bar, w_ring.index(NW * slot + 1), pred=pred)
+
+    @gluon.jit
+    def _refill(w_desc, x_desc, w_row, k_col, up_row, j, pred, w_ring, x_ring, w_bars, x_bars,
+                STAGES: gl.constexpr, NW: gl.constexpr):
+        """Slot j % STAGES takes the W tile(s) at (w_row, k_col) (``_load_w``) and the x tile at (0, k_col) (when
+        ``pred``)."""
         sp = j % STAGES
-        _load_stage(w_desc, w_row, k_col, w_bars.index(sp), w_ring.index(sp), pred)
+        _load_w(w_desc, w_row, k_col, up_row, w_bars.index(sp), w_ring, sp, pred, NW)
         _load_stage(x_desc, 0, k_col, x_bars.index(sp), x_ring.index(sp), pred)
+
+    @gluon.jit
+    def _out_index(off_w, M, N, BLOCK_W: gl.constexpr, BLOCK_T: gl.constexpr, out_layout: gl.constexpr):
+        """For a tile in ``out_layout``: its W rows within the tile, its tokens, the in-bounds mask and the offsets
+        in y [M, N]."""
+        lw = gl.arange(0, BLOCK_W, layout=gl.SliceLayout(1, out_layout))
+        rt = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, out_layout))
+        rw = off_w + lw
+        ok = (rw[:, None] < N) & (rt[None, :] < M)
+        return lw, rt, ok, rt[None, :] * N + rw[:, None]
 
     @gluon.jit
     def _out_tile(acc, off_w, M, N, BLOCK_W: gl.constexpr, BLOCK_T: gl.constexpr, num_warps: gl.constexpr):
@@ -224,27 +284,68 @@ if _GLUON:
         t), its W rows within the tile, its tokens, the in-bounds mask and the offsets in y."""
         SPT: gl.constexpr = BLOCK_W // 32
         out_layout: gl.constexpr = gl.BlockedLayout([SPT, 1], [32, 1], [1, num_warps], [0, 1])
-        tile = gl.convert_layout(acc, out_layout)
-        lw = gl.arange(0, BLOCK_W, layout=gl.SliceLayout(1, out_layout))
+        lw, rt, ok, out_off = _out_index(off_w, M, N, BLOCK_W, BLOCK_T, out_layout)
+        return gl.convert_layout(acc, out_layout), lw, rt, ok, out_off
+
+    @gluon.jit
+    def _inv_rms(ss_ptr, NT, K, eps, BLOCK_T: gl.constexpr, NT_P: gl.constexpr, out_layout: gl.constexpr):
+        """1 / rms of each token from the NT per-tile partial sums of squares ss[t, token] of the GEMM that wrote the
+        residual stream (``_fused_out``'s RESID, or ``gemm_kernels._resid_out``: tiles of BLOCK_T rows, 16 there), summed
+        in chunks of 32 tiles, as ``gemm_kernels._inv_rms``; in the layout of the tile's token axis."""
+        CHUNK: gl.constexpr = 32 if NT_P > 32 else NT_P
         rt = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, out_layout))
-        rw = off_w + lw
-        ok = (rw[:, None] < N) & (rt[None, :] < M)
-        return tile, lw, rt, ok, rt[None, :] * N + rw[:, None]
+        ss = gl.zeros([BLOCK_T], gl.float32, layout=gl.SliceLayout(0, out_layout))
+        for t0 in gl.static_range(0, NT_P, CHUNK):
+            t = t0 + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, out_layout))
+            ss += gl.sum(gl.load(ss_ptr + t[:, None] * BLOCK_T + rt[None, :], mask=t[:, None] < NT, other=0.0),
+                         axis=0)
+        return 1.0 / gl.sqrt(ss / K + eps)
+
+    @gluon.jit
+    def _fused_out(total, total_u, y_ptr, ss_out_ptr, pid_w, rt, ok, out_off, inv, r_old, BLOCK_T: gl.constexpr,
+                   NORM: gl.constexpr, SILU: gl.constexpr, RESID: gl.constexpr):
+        """A finished fp32 tile (all splits added) to y, with the fused-norm layers' epilogues in the roundings of
+        ``gemm_kernels._epilogue``: each token scaled by its 1 / rms (NORM), silu(gate) * up with both products
+        rounded to y's dtype first (SILU), the residual add r = bf16(r + bf16(tile)) in place with this tile's
+        sum of r^2 per token into ss[pid_w, token] (RESID), or a plain store."""
+        if NORM:
+            total = total * inv[None, :]
+            if SILU:
+                total_u = total_u * inv[None, :]
+        if SILU:
+            g = total.to(y_ptr.dtype.element_ty).to(gl.float32)
+            total = g / (1.0 + gl.exp(-g)) * total_u.to(y_ptr.dtype.element_ty).to(gl.float32)
+        if RESID:
+            r = (r_old.to(gl.float32) + total.to(y_ptr.dtype.element_ty).to(gl.float32)).to(y_ptr.dtype.element_ty)
+            gl.store(y_ptr + out_off, r, mask=ok)
+            rf = gl.where(ok, r.to(gl.float32), 0.0)
+            gl.store(ss_out_ptr + pid_w * BLOCK_T + rt, gl.sum(rf * rf, axis=0))
+        else:
+            gl.store(y_ptr + out_off, total.to(y_ptr.dtype.element_ty), mask=ok)
 
     @gluon.jit
     def _wgmma_kernel(w_desc, x_desc, y_ptr, ws_ptr, cnt_ptr, M, N, ITERS, ITERS_PER_SPLIT, SPLIT,
+                      ss_in_ptr, ss_out_ptr, NT_IN, K, eps,
                       HAS_SPLIT: gl.constexpr, STAGES: gl.constexpr, USE_PDL: gl.constexpr,
+                      NORM: gl.constexpr, SILU: gl.constexpr, RESID: gl.constexpr, NT_P: gl.constexpr,
                       num_warps: gl.constexpr):
+        """The split-K kernel. The fused-norm layers' variants (M <= FUSED_MAX_T, one token tile) add to it what
+        ``gemm_kernels._gemm_kernel``'s do: ``NORM`` (x is the residual stream, W carries the norm's weight, each
+        token of the finished tile scaled by its 1 / rms from the NT_IN partial sums of squares at ss_in_ptr; K is
+        x's width), ``SILU`` (W is [gate | up], 2N rows: two W tiles a ring slot and two accumulators; y =
+        silu(gate) * up, N columns) and ``RESID`` (y is the residual stream, updated in place, with this GEMM's
+        per-tile sums of squares at ss_out_ptr). Plain calls pass NORM = SILU = RESID = False."""
         BLOCK_W: gl.constexpr = w_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = w_desc.block_type.shape[1]
         BLOCK_T: gl.constexpr = x_desc.block_type.shape[0]
+        NW: gl.constexpr = 2 if SILU else 1
         pid_w = gl.program_id(0)
         pid_s = gl.program_id(1)
         off_w = pid_w * BLOCK_W
         it_lo = pid_s * ITERS_PER_SPLIT
         n_iters = gl.minimum(ITERS_PER_SPLIT, ITERS - it_lo)
 
-        w_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_W, BLOCK_K], w_desc.layout)
+        w_ring = gl.allocate_shared_memory(w_desc.dtype, [NW * STAGES, BLOCK_W, BLOCK_K], w_desc.layout)
         x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_T, BLOCK_K], x_desc.layout)
         w_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         x_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -252,41 +353,69 @@ if _GLUON:
 
         # weights never depend on the previous kernel: the first STAGES W tiles go out before the PDL wait
         for s in gl.static_range(STAGES):
-            _load_stage(w_desc, off_w, (it_lo + s) * BLOCK_K, w_bars.index(s), w_ring.index(s), s < n_iters)
+            _load_w(w_desc, off_w, (it_lo + s) * BLOCK_K, N + off_w, w_bars.index(s), w_ring, s, s < n_iters, NW)
         if USE_PDL:
             _gdc_wait()
             _gdc_launch_dependents()
         for s in gl.static_range(STAGES):
             _load_stage(x_desc, 0, (it_lo + s) * BLOCK_K, x_bars.index(s), x_ring.index(s), s < n_iters)
+        # the epilogue's own reads (1 / rms, the residual tile), issued before the K loop: their latency hides there
+        out_layout: gl.constexpr = gl.BlockedLayout([BLOCK_W // 32, 1], [32, 1], [1, num_warps], [0, 1])
+        # (the residual tile only at 16 tokens: held through the loop at 64 it made ptxas spill, sm_90a)
+        inv = _inv_rms(ss_in_ptr, NT_IN, K, eps, BLOCK_T, NT_P, out_layout) if NORM else None
+        EARLY_RESID: gl.constexpr = RESID and BLOCK_T <= 16
+        if EARLY_RESID:
+            _, _, r_ok, r_off = _out_index(off_w, M, N, BLOCK_W, BLOCK_T, out_layout)
+            r_old = gl.load(y_ptr + r_off, mask=r_ok, other=0.0)
+        else:
+            r_old = None
 
         # [BLOCK_W, BLOCK_T]: one m64 x BLOCK_T wgmma a warp group and 64 W rows
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                               instr_shape=[16, BLOCK_T, 16])
         acc = gl.zeros([BLOCK_W, BLOCK_T], gl.float32, layout=mma_layout)
+        acc_u = gl.zeros([BLOCK_W, BLOCK_T], gl.float32, layout=mma_layout) if SILU else None
         for i in range(n_iters):
-            acc = _ring_mma(acc, i, w_ring, x_ring, w_bars, x_bars, STAGES)
+            if SILU:
+                acc, acc_u = _ring_mma2(acc, acc_u, i, w_ring, x_ring, w_bars, x_bars, STAGES)
+            else:
+                acc = _ring_mma(acc, i, w_ring, x_ring, w_bars, x_bars, STAGES)
             # the wgmma of iteration i - 1 is done: its slot takes the tiles of iteration i - 1 + STAGES
             j = i - 1 + STAGES
-            _refill(w_desc, x_desc, off_w, (it_lo + j) * BLOCK_K, j, (i >= 1) & (j < n_iters), w_ring, x_ring,
-                    w_bars, x_bars, STAGES)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            _refill(w_desc, x_desc, off_w, (it_lo + j) * BLOCK_K, N + off_w, j, (i >= 1) & (j < n_iters), w_ring,
+                    x_ring, w_bars, x_bars, STAGES, NW)
+        if SILU:
+            acc, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_u))
+        else:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         _invalidate_bars(w_bars, x_bars, STAGES)
 
-        tile, _, _, ok, out_off = _out_tile(acc, off_w, M, N, BLOCK_W, BLOCK_T, num_warps)
+        tile, lw, rt, ok, out_off = _out_tile(acc, off_w, M, N, BLOCK_W, BLOCK_T, num_warps)
+        tile_u = gl.convert_layout(acc_u, out_layout) if SILU else None
+        if RESID and not EARLY_RESID:
+            r_old = gl.load(y_ptr + out_off, mask=ok, other=0.0)
         if HAS_SPLIT:
-            ws_stride = M * N
-            gl.store(ws_ptr + pid_s * ws_stride + out_off, tile, mask=ok)
+            ws_stride = M * N * NW
+            ws_off = rt[None, :] * (N * NW) + (off_w + lw)[:, None]  # SILU: the up partials N columns further on
+            gl.store(ws_ptr + pid_s * ws_stride + ws_off, tile, mask=ok)
+            if SILU:
+                gl.store(ws_ptr + pid_s * ws_stride + ws_off + N, tile_u, mask=ok)
             _cta_barrier()  # every thread's partial is stored before the ticket (release below)
             ticket = gl.atomic_add(cnt_ptr + pid_w, 1, sem="acq_rel")
             if ticket == SPLIT - 1:
                 total = gl.zeros_like(tile)
+                total_u = gl.zeros_like(tile) if SILU else None
                 for q in range(SPLIT):  # split order: the sum does not depend on who finishes last
-                    total += gl.load(ws_ptr + q * ws_stride + out_off, mask=ok, other=0.0, cache_modifier=".cg")
-                gl.store(y_ptr + out_off, total.to(y_ptr.dtype.element_ty), mask=ok)
+                    total += gl.load(ws_ptr + q * ws_stride + ws_off, mask=ok, other=0.0, cache_modifier=".cg")
+                    if SILU:
+                        total_u += gl.load(ws_ptr + q * ws_stride + ws_off + N, mask=ok, other=0.0,
+                                           cache_modifier=".cg")
+                _fused_out(total, total_u, y_ptr, ss_out_ptr, pid_w, rt, ok, out_off, inv, r_old, BLOCK_T, NORM,
+                           SILU, RESID)
                 gl.atomic_xchg(cnt_ptr + pid_w, 0)
         else:
-            gl.store(y_ptr + out_off, tile.to(y_ptr.dtype.element_ty), mask=ok)
-
+            _fused_out(tile, tile_u, y_ptr, ss_out_ptr, pid_w, rt, ok, out_off, inv, r_old, BLOCK_T, NORM, SILU,
+                       RESID)
 
     @gluon.jit
     def _stream_k_store(acc, y_ptr, ws_ptr, cnt_ptr, pid, tile, tile_lo, it_lo, it_hi, iters, M, N, KB, PROGRAMS,
@@ -365,8 +494,8 @@ if _GLUON:
                 acc = _ring_mma(acc, r, w_ring, x_ring, w_bars, x_bars, STAGES)
                 j = r - 1 + STAGES
                 ij = it_lo + j
-                _refill(w_desc, x_desc, (ij // KB) * BLOCK_W, (ij % KB) * BLOCK_K, j, (r >= 1) & (j < n_iters),
-                        w_ring, x_ring, w_bars, x_bars, STAGES)
+                _refill(w_desc, x_desc, (ij // KB) * BLOCK_W, (ij % KB) * BLOCK_K, 0, j, (r >= 1) & (j < n_iters),
+                        w_ring, x_ring, w_bars, x_bars, STAGES, 1)
                 r += 1
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             _stream_k_store(acc, y_ptr, ws_ptr, cnt_ptr, pid, tile, tile_lo, it_lo, it_hi, iters, M, N, KB,
@@ -376,24 +505,49 @@ if _GLUON:
 
 def wgmma_linear(x: torch.Tensor, w: torch.Tensor, cfg: WgmmaConfig, use_pdl: bool = False) -> torch.Tensor:
     """x [M, K] bf16 -> x W^T [M, N] bf16 with ``_wgmma_kernel`` (Hopper, M <= 256, K a multiple of 8)."""
+    cfg = WgmmaConfig(*cfg)
+    return _launch(x, w, cfg, torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device), use_pdl)
+
+
+def wgmma_fused_linear(x: torch.Tensor, w: torch.Tensor, cfg: WgmmaConfig, y: torch.Tensor, use_pdl: bool = False,
+                       norm: tuple[torch.Tensor, int, float] | None = None, silu: bool = False,
+                       squares_out: torch.Tensor | None = None) -> torch.Tensor:
+    """The fused-norm layers' GEMMs on the split-K kernel (M <= FUSED_MAX_T, one token tile), into y:
+    ``norm`` = (ss, tiles, eps): x is the residual stream and each output row is scaled by its 1 / rms from the
+    ``tiles`` partial sums of squares ss[tile, row] (W carries the norm's weight: ``gemm.fold_norm``); ``silu``: W is
+    [gate | up] (2N rows) and y [M, N] = silu(gate) * up; ``squares_out``: y is the residual stream, updated in place
+    to y + x W^T, and ``squares_out`` [cdiv(N, block_w) * block_t(M)] takes each column tile's sums of squares per row.
+    ``gemm.norm_linear`` / ``gemm.residual_linear`` check the shapes and make the buffers."""
+    cfg = WgmmaConfig(*cfg)
+    if cfg.programs or block_t(x.shape[0]) > FUSED_MAX_T:
+        raise ValueError(f"wgmma_fused_linear: a split-K config for at most {FUSED_MAX_T} rows, not {tuple(cfg)} for "
+                         f"M={x.shape[0]}")
+    return _launch(x, w, cfg, y, use_pdl, norm, silu, squares_out)
+
+
+def _launch(x: torch.Tensor, w: torch.Tensor, cfg: WgmmaConfig, y: torch.Tensor, use_pdl: bool,
+            norm: tuple[torch.Tensor, int, float] | None = None, silu: bool = False,
+            squares_out: torch.Tensor | None = None) -> torch.Tensor:
     if not _GLUON:
         raise RuntimeError(f"this Triton ({triton.__version__}) has no Gluon")
     m, k = x.shape
-    n = w.shape[0]
-    cfg = WgmmaConfig(*cfg)
-    if not fits(cfg, m):
-        raise ValueError(f"wgmma config {tuple(cfg)} does not fit M={m}")
-    if w.shape[1] != k or x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16:
+    n = w.shape[0] // 2 if silu else w.shape[0]
+    if not fits(cfg, m, 2 if silu else 1):
+        raise ValueError(f"wgmma config {tuple(cfg)} does not fit M={m}{' (silu)' if silu else ''}")
+    if w.shape[1] != k or x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or (silu and w.shape[0] % 2):
         raise ValueError(f"wgmma_linear: x {tuple(x.shape)} {x.dtype}, w {tuple(w.shape)} {w.dtype}")
+    if y.shape != (m, n) or y.dtype != x.dtype or not y.is_contiguous():
+        raise ValueError(f"wgmma_linear: y {tuple(y.shape)} {y.dtype}, not a contiguous [{m}, {n}] {x.dtype}")
     bt = block_t(m)
     per, split = k_iters_per_split(k, cfg)
     tiles = triton.cdiv(n, cfg.block_w)
     assert tiles <= kernels.MAX_TICKETS
+    if squares_out is not None and squares_out.numel() < tiles * bt:
+        raise ValueError(f"wgmma_linear: squares_out of {squares_out.numel()} values, not {tiles} tiles x {bt} rows")
     w_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_w, cfg.block_k], gl.bfloat16)
     x_layout = gl.NVMMASharedLayout.get_default_for([bt, cfg.block_k], gl.bfloat16)
     w_desc = TensorDescriptor(w, list(w.shape), list(w.stride()), [cfg.block_w, cfg.block_k], w_layout)
     x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [bt, cfg.block_k], x_layout)
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     tickets = kernels.counters(x.device)  # taken after the PDL wait: the kernel before has reset its own
     if cfg.programs:
         ws = torch.empty(cfg.programs, 2, cfg.block_w, bt, dtype=torch.float32, device=x.device)
@@ -401,8 +555,12 @@ def wgmma_linear(x: torch.Tensor, w: torch.Tensor, cfg: WgmmaConfig, use_pdl: bo
                                                 cfg.programs, STAGES=cfg.stages, USE_PDL=use_pdl,
                                                 num_warps=cfg.warps, **kernels.pdl_kwargs(use_pdl))
         return y
-    ws = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
+    ws = torch.empty(split, m, (2 if silu else 1) * n, dtype=torch.float32, device=x.device) if split > 1 else y
+    ss_in, nt_in, eps = norm if norm is not None else (ws, 1, 0.0)
     _wgmma_kernel[(tiles, split)](w_desc, x_desc, y, ws, tickets, m, n, triton.cdiv(k, cfg.block_k), per, split,
-                                  HAS_SPLIT=split > 1, STAGES=cfg.stages, USE_PDL=use_pdl, num_warps=cfg.warps,
+                                  ss_in, ws if squares_out is None else squares_out, nt_in, k, eps,
+                                  HAS_SPLIT=split > 1, STAGES=cfg.stages, USE_PDL=use_pdl, NORM=norm is not None,
+                                  SILU=silu, RESID=squares_out is not None,
+                                  NT_P=triton.next_power_of_2(nt_in), num_warps=cfg.warps,
                                   **kernels.pdl_kwargs(use_pdl))
     return y

@@ -159,7 +159,8 @@ def moe_mlp(ops, x, router, w_gate_up, w_down, top_k):
 
 
 LM_HEAD_CHOOSE_ROWS = 64
-FUSED_NORM_MAX_M = 16  # rows up to which a decode step may run the fused-norm layers (one 16-row GEMM block)
+FUSED_NORM_MAX_M = 64  # rows up to which a decode step may run the fused-norm layers: the wgmma kernel's fused
+FUSED_POINTER_M = 16  # epilogues (Hopper, bf16) up to 64 rows, the pointer kernel's (one 16-row block) up to 16
 PREFETCH_MODES = ("lines", "lines_evict_last", "bulk")  # kernels.prefetch_l2's hint instructions
 
 
@@ -234,10 +235,14 @@ class Decoder(nn.Module):
 
     def fuses_norm(self, x: torch.Tensor, prefill_at, max_rows: int) -> bool:
         """Whether a forward of ``x`` runs the fused-norm layers: CUDA, Triton ops, dense, decode, at most
-        ``max_rows`` (and FUSED_NORM_MAX_M) rows."""
+        ``max_rows`` and FUSED_POINTER_M rows (FUSED_NORM_MAX_M where the wgmma kernel's epilogues can run)."""
         rows = x.numel() // x.shape[-1]
-        return (x.is_cuda and prefill_at is None and not self.cfg.is_moe and self.ops is not torch_ops
-                and rows <= min(max_rows, FUSED_NORM_MAX_M))
+        if not (x.is_cuda and prefill_at is None and not self.cfg.is_moe and self.ops is not torch_ops
+                and rows <= min(max_rows, FUSED_NORM_MAX_M)):
+            return False
+        from tabletune.engine import gemm
+
+        return rows <= gemm.fused_max_rows(self.layers[0].wqkv)
 
     def _forward_fused_norm(self, x, start_pos, slots, cache: KVCache, prefetch: L2Prefetch | None,
                             fuse_rope: bool = True):

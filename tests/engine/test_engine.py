@@ -801,6 +801,17 @@ def test_fused_norm_gemms_reject_what_they_cannot_run():
         G.residual_linear(torch.randn(4, 64), w, cfg, torch.zeros(4, 32), gated=True)
     with pytest.raises(ValueError, match="residual"):
         G.residual_linear(torch.randn(4, 64), w, cfg, torch.zeros(4, 64).t())
+    # the wgmma kernel's fused epilogues: split-K configs only, no gated variant, one 16-token tile
+    from tabletune.engine.gemm_wgmma import WgmmaConfig
+
+    with pytest.raises(ValueError, match="split-K wgmma config"):
+        G.norm_linear(torch.randn(4, 64), w, WgmmaConfig(64, 64, 1, 8, 4, 132), norm)
+    with pytest.raises(ValueError, match="split-K wgmma config"):
+        G.norm_linear(torch.randn(65, 64), w, WgmmaConfig(64, 64, 1, 8, 4), norm)
+    with pytest.raises(ValueError, match="split-K wgmma config"):
+        G.residual_linear(torch.randn(4, 128), w, WgmmaConfig(64, 64, 1, 8, 4), torch.zeros(4, 32), gated=True)
+    assert G._fused_config(WgmmaConfig(64, 64, 2, 8, 4)) == WgmmaConfig(64, 64, 2, 8, 4)  # not read as a Config
+    assert isinstance(G._fused_config((16, 32, 64, 1, 4, 4)), G.Config)
 
 
 def test_fused_configs_take_the_fastest_plain_pointer_configs_of_16_rows():

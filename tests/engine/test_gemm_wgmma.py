@@ -39,7 +39,7 @@ def _ptx(m: int, cfg, use_pdl: bool) -> str:
     return _compiled(m, cfg, use_pdl).asm["ptx"]
 
 
-def _compiled(m: int, cfg, use_pdl: bool):
+def _compiled(m: int, cfg, use_pdl: bool, norm: bool = False, silu: bool = False, resid: bool = False):
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -57,10 +57,11 @@ def _compiled(m: int, cfg, use_pdl: bool):
     names = fn.arg_names
     const = dict(STAGES=cfg.stages, USE_PDL=use_pdl, num_warps=cfg.warps)
     if not cfg.programs:
-        const["HAS_SPLIT"] = cfg.split > 1
+        const.update(HAS_SPLIT=cfg.split > 1, NORM=norm, SILU=silu, RESID=resid, NT_P=64 if norm else 1)
     types = {"w_desc": desc(4096, [cfg.block_w, cfg.block_k]), "x_desc": desc(m, [bt, cfg.block_k]),
              "y_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "ITERS": "i32",
-             "ITERS_PER_SPLIT": "i32", "SPLIT": "i32", "KB": "i32", "PROGRAMS": "i32"}
+             "ITERS_PER_SPLIT": "i32", "SPLIT": "i32", "KB": "i32", "PROGRAMS": "i32", "ss_in_ptr": "*fp32",
+             "ss_out_ptr": "*fp32", "NT_IN": "i32", "K": "i32", "eps": "fp32"}
     src = GluonASTSource(fn, {n: "constexpr" if n in const else types[n] for n in names},
                          constexprs={(names.index(k),): v for k, v in const.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=cfg.warps))
@@ -167,3 +168,46 @@ def test_the_chooser_offers_stream_k_alone_above_the_split_k_rows(monkeypatch):
     monkeypatch.setattr(gemm_wgmma, "STREAM_K", False)
     assert not any(c.programs for c in wgmma_cands(32)) and wgmma_cands(32)
     assert wgmma_cands(96) == []
+
+
+@given(m=st.integers(1, 64), silu=st.booleans())
+def test_fused_candidates_fit_with_their_weight_tiles(m, silu):
+    """The fused-norm layers' candidates: split-K, one warp group, one token tile, a ring of >= 3 slots of one
+    (two with SILU) W tiles and the x tile within SMEM_BYTES."""
+    cfgs = gemm_wgmma.fused_configs(m, silu)
+    bt = gemm_wgmma.block_t(m)
+    assert cfgs and bt <= gemm_wgmma.FUSED_MAX_T
+    tiles = 2 if silu else 1
+    for cfg in cfgs:
+        assert not cfg.programs and cfg.warps == 4 and cfg.stages >= 3 and cfg.split in gemm_wgmma.FUSED_SPLITS
+        assert cfg.stages * (tiles * cfg.block_w + bt) * cfg.block_k * 2 <= gemm_wgmma.SMEM_BYTES
+        assert gemm_wgmma.fits(cfg, m, tiles)
+    assert not gemm_wgmma.fits(gemm_wgmma.WgmmaConfig(128, 128, 1, 8, 4), 16, 2)  # 8 x 272 x 256 B: 557 KB
+
+
+@pytest.mark.parametrize("norm,silu,resid", [(True, False, False), (True, True, False), (False, False, True)])
+@pytest.mark.parametrize("m,cfg", [(16, gemm_wgmma.WgmmaConfig(64, 128, 1, 5, 4)),
+                                   (16, gemm_wgmma.WgmmaConfig(128, 64, 2, 5, 4)),
+                                   (64, gemm_wgmma.WgmmaConfig(64, 64, 3, 4, 4))])
+def test_sm90_code_of_the_fused_epilogues(norm, silu, resid, m, cfg):
+    """The fused variants compile for sm_90 within the shared memory a block may have, with the plain kernel's
+    schedule: every W copy of the first STAGES slots (two a slot with SILU) before the PDL wait, the gate and up
+    wgmmas committed as two groups and the K loop waiting down to those two, and each epilogue's own instructions
+    (1 / rms: a square root; silu: an exponential; the residual's sums of squares: a second global store)."""
+    if not gemm_wgmma.available():
+        pytest.skip("this Triton has no Gluon")
+    compiled = _compiled(m, cfg, True, norm, silu, resid)
+    assert compiled.metadata.shared <= gemm_wgmma.SMEM_LIMIT
+    ptx = compiled.asm["ptx"]
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n%dk16\.f32\.bf16\.bf16" % m, ptx)
+    wait = ptx.find("griddepcontrol.wait")
+    loads = [mt.start() for mt in re.finditer(r"cp\.async\.bulk\.tensor\.2d", ptx)]
+    assert sum(pos < wait for pos in loads) == cfg.stages * (2 if silu else 1)
+    waits = re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)
+    assert waits[0] == ("2" if silu else "1") and waits[-1] == "0"
+    assert ("sqrt" in ptx) == norm
+    assert ("ex2" in ptx) == silu
+    plain = _ptx(m, cfg, use_pdl=True)
+    assert "sqrt" not in plain and "ex2" not in plain
+    if resid:  # y's tile and the sums of squares: more global stores than the plain kernel's
+        assert ptx.count("st.global") > plain.count("st.global")
