@@ -152,7 +152,7 @@ def check_kernels() -> None:
         gm = torch.randn(m, 2 * 4096, dtype=dt, device="cuda")
         # candidates that fit the SILU variant (two W tiles a slot), with one split and with three
         wgmma_cfgs = tuple(c for c in gemm_wgmma.fused_configs(m, silu=True) if c.split in (1, 3)
-                           and c.block_k == 64) if gemm._hopper_bf16(w) else ()
+                           and c.block_k == 64) if gemm.wgmma_runs(w) else ()
         pointer = (gemm.Config(16, 64, 256, 2, 4, 4), gemm.Config(16, 32, 128, 1, 4, 6),
                    gemm.Config(16, 64, 128, 8, 4, 6)) if m <= gemm.FUSED_ROWS else ()
         for cfg in pointer + wgmma_cfgs:

@@ -314,7 +314,7 @@ FUSED_ROWS = FUSED_POINTER_M  # the pointer kernel's fused-norm GEMMs: one row b
 def fused_max_rows(w: torch.Tensor) -> int:
     """Rows up to which the fused-norm layers can run with weights like ``w``: FUSED_NORM_MAX_M where the wgmma
     kernel's epilogues can (WGMMA_FUSED, Hopper, bf16), else the pointer kernel's FUSED_ROWS."""
-    return FUSED_NORM_MAX_M if WGMMA_FUSED and _hopper_bf16(w) else FUSED_ROWS
+    return FUSED_NORM_MAX_M if WGMMA_FUSED and wgmma_runs(w) else FUSED_ROWS
 
 
 def squares_rows(m: int) -> int:
@@ -582,10 +582,10 @@ def _wgmma_ok(m: int, w: torch.Tensor | None) -> bool:
     """Whether the chooser times the wgmma kernel for x [M, K] W^T: Gluon in this Triton, a bf16 W on a Hopper GPU,
     WGMMA_MIN_ROWS <= M <= WGMMA_MAX_ROWS (WGMMA_STREAM_K_MAX_ROWS with the stream-K kernel on)."""
     top = max(WGMMA_MAX_ROWS, WGMMA_STREAM_K_MAX_ROWS if gemm_wgmma.STREAM_K else 0)
-    return WGMMA_MIN_ROWS <= m <= top and _hopper_bf16(w)
+    return WGMMA_MIN_ROWS <= m <= top and wgmma_runs(w)
 
 
-def _hopper_bf16(w: torch.Tensor | None) -> bool:
+def wgmma_runs(w: torch.Tensor | None) -> bool:
     """Whether the wgmma kernel can run x W^T: Gluon in this Triton, a bf16 W on a Hopper GPU."""
     if not (w is not None and w.is_cuda and w.dtype == torch.bfloat16 and gemm_wgmma.available()):
         return False
@@ -691,7 +691,7 @@ def choose_fused(m: int, w: torch.Tensor, kind: str) -> "Config | gemm_wgmma.Wgm
                 return lambda x, w_: norm_linear(x, w_, c, unit, silu=kind == "norm-silu")
         reference = (lambda x, w_: kernels.silu_mul(torch.mm(x, w_.t()))) if kind == "norm-silu" else _reference(False)
         cands = {c: run(c) for c in fused_configs(timed, kind)} if m <= FUSED_ROWS else {}
-        if WGMMA_FUSED and _hopper_bf16(w):
+        if WGMMA_FUSED and wgmma_runs(w):
             cands.update({c: run(c) for c in gemm_wgmma.fused_configs(m, kind == "norm-silu")})
         _choice[key] = _fastest(key, w, k, cands, reference)
     return _choice[key]
