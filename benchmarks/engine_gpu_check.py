@@ -1,7 +1,8 @@
 """GPU correctness checks of the built-in engine (run on the GPU before timing).
 
 1. Triton kernels vs the PyTorch ops on the 8B shape, bf16, relative error; the split-K, TMA and stream-K GEMMs
-   (plain and gated) and the fused-norm layers' GEMMs vs torch, bit-identical on repeat, tickets back at zero.
+   (plain and gated) vs torch, bit-identical on repeat, tickets back at zero (part ``kernels``); the fused-norm
+   layers' GEMMs, pointer and wgmma, the same way (part ``fused``).
 2. Greedy outputs with speculation (every drafter, a random table, CUDA graphs)
    identical to the non-speculative outputs, on a small random model in float32.
 3. MoE grouped-GEMM path vs the per-expert loop.
@@ -146,13 +147,22 @@ def check_kernels() -> None:
     print(f"add_rms_norm {rel(yb, ya):.2e} {rel(rb, ra):.2e}")
     gu = torch.randn(9, 2 * 1000, dtype=dt, device="cuda")
     print(f"silu_mul {rel(kernels.silu_mul(gu), ops.silu_mul(gu)):.2e}")
+
+
+def check_fused() -> None:
+    """The fused-norm layers' GEMMs against torch: the residual epilogue, then the norm and norm + silu epilogues on
+    the sums of squares it left, for the pointer kernel's configs (M <= 16) and the wgmma kernel's (Hopper, bf16:
+    ``gemm_wgmma.fused_configs`` with one split and with three), each repeated bit for bit, tickets back at zero."""
+    dt = torch.bfloat16
+    w = torch.randn(4096, 4096, dtype=dt, device="cuda") * 0.02
+    wn = torch.rand(4096, dtype=dt, device="cuda")
     wgu = torch.randn(2 * 2048, 4096, dtype=dt, device="cuda") * 0.02
-    for m in (1, 9, 16, 40):  # the fused-norm layer's GEMMs: residual epilogue, then the norm (+ silu) epilogue
+    for m in (1, 9, 16, 40, 64):
         xm, r0 = torch.randn(m, 4096, dtype=dt, device="cuda"), torch.randn(m, 4096, dtype=dt, device="cuda")
         gm = torch.randn(m, 2 * 4096, dtype=dt, device="cuda")
         # candidates that fit the SILU variant (two W tiles a slot), with one split and with three
-        wgmma_cfgs = tuple(c for c in gemm_wgmma.fused_configs(m, silu=True) if c.split in (1, 3)
-                           and c.block_k == 64) if gemm.wgmma_runs(w) else ()
+        wgmma_cfgs = tuple(c for c in gemm_wgmma.fused_configs(m, silu=True) if c.split in (1, 3)) \
+            if gemm.wgmma_runs(w) else ()
         pointer = (gemm.Config(16, 64, 256, 2, 4, 4), gemm.Config(16, 32, 128, 1, 4, 6),
                    gemm.Config(16, 64, 128, 8, 4, 6)) if m <= gemm.FUSED_ROWS else ()
         for cfg in pointer + wgmma_cfgs:
@@ -169,7 +179,7 @@ def check_kernels() -> None:
                          f"norm+silu {rel(a, ops.silu_mul(hn @ wgu.t())):.2e} "
                          f"repeat-identical {bool((y == y2).all())};")
             print(line)
-    print(f"tickets all zero after the fused-norm launches: {int(kernels.counters(x.device).abs().sum()) == 0}")
+    print(f"tickets all zero after the fused-norm launches: {int(kernels.counters(w.device).abs().sum()) == 0}")
 
 
 def check_moe() -> None:
@@ -401,7 +411,7 @@ def check_cublaslt() -> None:
             raise RuntimeError(f"cublaslt {name} M={m}: {len(algos)} kernels, error {worst:.2e}, identical {same}")
 
 
-CHECKS = {"kernels": check_kernels, "cublaslt": check_cublaslt, "graphs": check_graph_replay,
+CHECKS = {"kernels": check_kernels, "fused": check_fused, "cublaslt": check_cublaslt, "graphs": check_graph_replay,
           "lossless": check_lossless, "prefill": check_prefill, "moe": check_moe}
 
 
