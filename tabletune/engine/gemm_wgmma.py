@@ -67,7 +67,8 @@ STREAM_K_SMS = 132  # H200 / H100 SXM: streaming multiprocessors, one stream-K p
 # taller W tiles. Its partial tiles were stored and read W-row-major while a warp's threads run along W rows, so
 # every 4-byte access was a sector of its own (found in the code after the device time ran out; the likely cause).
 # The rewrite (coalesced partials, no branch in the K loop, a ring sized beside the epilogue's scratch, 256-row W
-# tiles) has not run on a GPU yet (docs/engine_notes.md, session 17).
+# tiles) removed most of that loss but is still 4-40% slower than the split-K kernel at the nine o / down / gate_up
+# shapes of 16-128 rows (H200, docs/engine_notes.md, session 18), so it stays off.
 STREAM_K = os.environ.get("TABLETUNE_GEMM_WGMMA_STREAM_K", "0") == "1"
 SMEM_BYTES = 200 * 1024
 SMEM_LIMIT = 227 * 1024  # Hopper: shared memory a block may opt in to
