@@ -668,10 +668,10 @@ FUSED_CANDIDATES = 4  # the fastest plain pointer configs of 16 rows that each f
 
 
 def choose_fused(m: int, w: torch.Tensor, kind: str) -> "Config | gemm_wgmma.WgmmaConfig":
-    """The fastest config for the fused-norm layers' GEMM ``kind`` of x [M, K] W^T, M <= 16: the variant itself is
-    timed (``norm_linear`` with 1 / rms = 1, ``norm_linear(silu=True)``, ``residual_linear`` on a zero residual)
-    over ``fused_configs`` of what ``choose`` timed at this shape (pointer configs of 16 rows) and, with
-    WGMMA_FUSED on a Hopper GPU, ``gemm_wgmma.fused_configs`` (the wgmma kernel's fused epilogues)."""
+    """The fastest config for the fused-norm layers' GEMM ``kind`` of x [M, K] W^T, M <= ``fused_max_rows(w)``: the
+    variant itself is timed (``norm_linear`` with 1 / rms = 1, ``norm_linear(silu=True)``, ``residual_linear`` on a
+    zero residual) over ``fused_configs`` of what ``choose`` timed at this shape (pointer configs of 16 rows, for
+    M <= 16) and, with WGMMA_FUSED on a Hopper GPU, ``gemm_wgmma.fused_configs`` (the wgmma kernel's epilogues)."""
     if kind not in FUSED_KINDS:
         raise ValueError(f"choose_fused: kind {kind!r}, not one of {FUSED_KINDS}")
     n, k = w.shape

@@ -150,7 +150,7 @@ def fused_configs(m: int, silu: bool = False) -> list[WgmmaConfig]:
         if bw * bt > 4096 or tiles * bw * bt > 8192:
             continue
         for bk in (64, 128):
-            stages = min(8, SMEM_BYTES // ((tiles * bw + block_t(m)) * bk * 2))
+            stages = min(8, SMEM_BYTES // ((tiles * bw + bt) * bk * 2))
             for split in FUSED_SPLITS:
                 cfg = WgmmaConfig(bw, bk, split, stages, 4)
                 if stages >= 3 and fits(cfg, m, tiles):
