@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -119,6 +120,27 @@ def serial_headroom(cfg: ModelConfig, batch_size: int, k: int, context_len: int,
     line = done_line(batch_size) if line is None else line
     return line * step_floor_ms(cfg, batch_size, k, context_len, ceil) / serial_floor_ms(cfg, batch_size, k,
                                                                                           context_len, ceil)
+
+
+def best_kernel_serial_ms(cfg: ModelConfig, batch_size: int, k: int, context_len: int, ceil: Ceilings,
+                          gemm_us: Callable[[str, int], float]) -> float:
+    """A serial step built from measured GEMM kernels with everything else free (dense models only):
+
+        layers x sum of the layer's GEMMs + the LM head, each at ``gemm_us(name, M)`` us for M = b (k + 1) rows
+        (names: ``cfg.layer_gemm_shapes()`` and "lm_head"), + attention at its floor
+        max(KV bytes / bandwidth, attention FLOPs / matrix rate).
+
+    RoPE, the norms, SiLU, verification and launch gaps cost nothing here. With ``gemm_us`` the fastest measured
+    kernel of each shape, this is what an engine that runs those kernels one after another could reach at best;
+    over line x floor, the cell needs faster GEMM kernels than were measured, or attention overlapped with them.
+    """
+    if cfg.is_moe:
+        raise ValueError(f"{cfg.name}: best_kernel_serial_ms covers dense layers only")
+    m = batch_size * (k + 1)
+    _, _, kv, f_attn = _parts(cfg, batch_size, k, context_len)
+    attn_ms = max(kv / ceil.bandwidth_gb_s / 1e6, f_attn / ceil.matrix_tflop_s / 1e9)
+    layer_us = sum(gemm_us(name, m) for name in cfg.layer_gemm_shapes())
+    return (cfg.num_layers * layer_us + gemm_us("lm_head", m)) / 1e3 + attn_ms
 
 
 def build_engine(model: str, drafter: str, k_max: int, max_batch: int, context_len: int, device: str = "cuda",
