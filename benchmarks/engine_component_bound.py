@@ -95,6 +95,20 @@ def lookup(times: dict[tuple[str, int], float], source: str, ideal: dict[str, tu
     return gemm_us, padded, floored
 
 
+def load_grid(path: str) -> dict:
+    """A grid JSON of engine_roofline.py, with the fields this script reads checked (the error names the field)."""
+    with open(path) as f:
+        grid = json.load(f)
+    for field in ("model", "context_len", "bandwidth_gb_s", "matrix_tflop_s", "rows"):
+        if not isinstance(grid, dict) or field not in grid:
+            raise TimesError(f"{path}: no field {field!r}; is it a grid of engine_roofline.py?")
+    for i, r in enumerate(grid["rows"]):
+        for field in ("batch_size", "k", "step_ms", "ratio"):
+            if not isinstance(r.get(field), (int, float)) or isinstance(r.get(field), bool):
+                raise TimesError(f"{path}: rows[{i}].{field} must be a number, got {r.get(field)!r}")
+    return grid
+
+
 def cells_of(grid: dict | None, buckets: list[int], k_max: int, over_line: bool) -> list[dict]:
     """The cells to bound: the grid's rows of ``buckets`` (only those over the done line with ``over_line``), else
     every (b, k) of ``buckets`` x 0..k_max."""
@@ -125,20 +139,21 @@ def analyse(model: str, context_len: int, ceil: Ceilings, cells: list[dict], gem
     lines = [f"# Best-kernel serial bound against the done line: {model}, context {context_len}", "",
              f"Ceilings: copy {ceil.bandwidth_gb_s:.0f} GB/s, bf16 matmul {ceil.matrix_tflop_s:.0f} TFLOP/s. Bound: "
              "the fastest measured kernel of every GEMM (layers and LM head) plus attention at its floor, nothing "
-             "else. `~`: a GEMM time taken at a larger M; `°`: a GEMM with no measured time, at its own floor.", "",
+             "else. Step: the grid's step time over this floor. `~`: a GEMM time taken at a larger M; `°`: a GEMM "
+             "with no measured time, at its own floor.", "",
              "| b | k | M | floor ms | bound ms | bound / floor | line | step / floor | bound over the line |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         step = f"{r['ratio']:.2f}x" if "ratio" in r else "-"
-        lines.append(f"| {r['batch_size']} | {r['k']} | {r['m']}{'~' if r['padded'] else ''}{'°' if r['at_floor'] else ''} | {r['floor_ms']:.2f} | "
-                     f"{r['bound_ms']:.2f} | {r['bound_ratio']:.2f}x | {r['line']} | {step} | "
-                     f"{'**yes**' if r['bound_over_line'] else 'no'} |")
+        marks = ("~" if r["padded"] else "") + ("°" if r["at_floor"] else "")
+        lines.append(f"| {r['batch_size']} | {r['k']} | {r['m']}{marks} | {r['floor_ms']:.2f} | {r['bound_ms']:.2f} | "
+                     f"{r['bound_ratio']:.2f}x | {r['line']} | {step} | {'**yes**' if r['bound_over_line'] else 'no'} |")
     names = ", ".join(f"({r['batch_size']}, {r['k']}) {r['bound_ratio']:.2f}x" for r in over) or "none"
     lines += ["", f"{len(rows)} cells; the bound is over the line at {len(over)}: {names}."]
     return rows, lines
 
 
-def measure(model: str, ms: list[int], lt_algos: int, write) -> tuple[Ceilings, list[dict]]:
+def measure(model: str, ms: list[int], lt_algos: int, write) -> tuple[Ceilings, list[dict], str]:
     """Ceilings, then every GEMM chooser candidate of each shape at each M (largest M first), timed alone by the
     chooser's own harness (``gemm._fastest``: checked against torch, weights rotated through more than L2); calls
     ``write(ceilings, rows)`` after every M."""
@@ -177,7 +192,7 @@ def measure(model: str, ms: list[int], lt_algos: int, write) -> tuple[Ceilings, 
     readings.append(measure_ceilings())
     ceil = Ceilings(max(r.bandwidth_gb_s for r in readings), max(r.matrix_tflop_s for r in readings))
     print(f"ceilings: {readings} -> {ceil}", flush=True)
-    return ceil, rows
+    return ceil, rows, torch.cuda.get_device_name()
 
 
 def _kind(choice) -> str:
@@ -216,10 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.measure == bool(args.times):
         ap.error("give either --measure or at least one --times file")
     try:
-        grid = None
-        if args.grid:
-            with open(args.grid) as f:
-                grid = json.load(f)
+        grid = load_grid(args.grid) if args.grid else None
+        if grid is not None:
             args.model, args.context = grid["model"], int(grid["context_len"])
         cells = cells_of(grid, [int(v) for v in args.buckets.split(",")], args.k_max, args.over_line)
         if args.measure:
@@ -227,15 +240,15 @@ def main(argv: list[str] | None = None) -> int:
                 if args.out:
                     fileio.write_json(args.out + ".json", {"model": args.model, "command": command_line(),
                                                           "ceilings": vars(ceil), "rows": rows})
-            ceil, gemm_rows = measure(args.model, [c["batch_size"] * (c["k"] + 1) for c in cells], args.lt_algos,
-                                      write)
-            times = best_times(gemm_rows, "this run")
-            source = "this run"
+            ms = [c["batch_size"] * (c["k"] + 1) for c in cells]
+            ceil, gemm_rows, device = measure(args.model, ms, args.lt_algos, write)
+            times, source = best_times(gemm_rows, "this run"), "this run"
         else:
             if grid is None:
                 ap.error("CPU mode needs --grid for its ceilings")
             ceil = Ceilings(float(grid["bandwidth_gb_s"]), float(grid["matrix_tflop_s"]))
             times, source, gemm_rows = load_times(args.times), ", ".join(args.times), []
+            device = grid.get("device", "")
         cfg = resolve(args.model)
         shapes = {**cfg.layer_gemm_shapes(), "lm_head": (cfg.vocab_size, cfg.hidden_size)}
         gemm_us, padded, floored = lookup(times, source, shapes if args.floor_missing else None, ceil)
@@ -244,8 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"engine_component_bound: {type(exc).__name__}: {exc}")
     print("\n".join(lines))
     if args.out:
-        doc = {"model": args.model, "context_len": args.context, "command": command_line(), "ceilings": vars(ceil),
-               "grid": args.grid, "times": args.times, "cells": rows, "rows": gemm_rows}
+        doc = {"model": args.model, "device": device, "context_len": args.context, "command": command_line(),
+               "ceilings": vars(ceil), "grid": args.grid, "times": args.times, "cells": rows, "rows": gemm_rows}
         fileio.write_json(args.out + ".json", doc)
         fileio.write_text(args.out + ".md", "\n".join(lines) + "\n")
     return 0

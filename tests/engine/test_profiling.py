@@ -7,8 +7,8 @@ import pytest
 pytest.importorskip("torch")
 
 from tabletune.engine.presets import resolve  # noqa: E402
-from tabletune.engine.profiling import (Ceilings, done_line, serial_floor_ms, serial_headroom,  # noqa: E402
-                                        step_floor_ms)
+from tabletune.engine.profiling import (Ceilings, best_kernel_serial_ms, done_line, serial_floor_ms,  # noqa: E402
+                                        serial_headroom, step_floor_ms)
 
 CEIL = Ceilings(bandwidth_gb_s=4000.0, matrix_tflop_s=800.0)
 
@@ -129,3 +129,28 @@ def test_serial_headroom():
     assert h == pytest.approx(1.5 * step_floor_ms(cfg, 256, 2, 1024, CEIL) / serial_floor_ms(cfg, 256, 2, 1024, CEIL))
     assert h < 1.0
     assert serial_headroom(cfg, 256, 2, 1024, CEIL, line=2.0) > 1.0
+
+
+def test_best_kernel_serial_bound_hand_worked():
+    """qwen3-8b, b=2, k=1 (M = 4 rows), every layer GEMM 10 us and the LM head 100 us: 36 x 4 x 10 + 100 = 1540 us
+    of GEMMs. Attention at its floor: KV = 2 x (1024 + 2) tokens x 147456 bytes (36 layers x K and V x 8 heads x
+    128 x 2 bytes) = 302,579,712 bytes at 4000 GB/s = 0.075644928 ms, over its FLOPs
+    4 x 4 x 1026 x 32 x 128 x 36 = 2.42e9 at 800 TFLOP/s = 0.003 ms. Bound = 1.54 + 0.075644928 ms."""
+    cfg = resolve("qwen3-8b")
+    asked = []
+
+    def gemm_us(name: str, m: int) -> float:
+        asked.append((name, m))
+        return 100.0 if name == "lm_head" else 10.0
+    bound = best_kernel_serial_ms(cfg, 2, 1, 1024, CEIL, gemm_us)
+    assert bound == pytest.approx(1.54 + 302_579_712 / 4000 / 1e6, rel=1e-12)
+    assert sorted(asked) == sorted([("qkv", 4), ("o", 4), ("gate_up", 4), ("down", 4), ("lm_head", 4)])
+    # never under the serial floor when each GEMM is at its own floor (W bytes or FLOPs, whichever is slower)
+    shapes = {**cfg.layer_gemm_shapes(), "lm_head": (cfg.vocab_size, cfg.hidden_size)}
+    at_floor = lambda name, m: max(2 * shapes[name][0] * shapes[name][1] / CEIL.bandwidth_gb_s / 1e3,  # noqa: E731
+                                   2 * m * shapes[name][0] * shapes[name][1] / CEIL.matrix_tflop_s / 1e6)
+    for b, k in [(1, 0), (32, 6), (256, 2)]:
+        assert best_kernel_serial_ms(cfg, b, k, 1024, CEIL, at_floor) >= serial_floor_ms(cfg, b, k, 1024, CEIL) * (
+            1 - 1e-9)
+    with pytest.raises(ValueError, match="dense"):
+        best_kernel_serial_ms(resolve("qwen3-30b-a3b"), 1, 0, 1024, CEIL, gemm_us)
