@@ -147,7 +147,8 @@ def analyse(model: str, context_len: int, ceil: Ceilings, cells: list[dict], gem
         step = f"{r['ratio']:.2f}x" if "ratio" in r else "-"
         marks = ("~" if r["padded"] else "") + ("°" if r["at_floor"] else "")
         lines.append(f"| {r['batch_size']} | {r['k']} | {r['m']}{marks} | {r['floor_ms']:.2f} | {r['bound_ms']:.2f} | "
-                     f"{r['bound_ratio']:.2f}x | {r['line']} | {step} | {'**yes**' if r['bound_over_line'] else 'no'} |")
+                     f"{r['bound_ratio']:.2f}x | {r['line']} | {step} | "
+                     f"{'**yes**' if r['bound_over_line'] else 'no'} |")
     names = ", ".join(f"({r['batch_size']}, {r['k']}) {r['bound_ratio']:.2f}x" for r in over) or "none"
     lines += ["", f"{len(rows)} cells; the bound is over the line at {len(over)}: {names}."]
     return rows, lines
