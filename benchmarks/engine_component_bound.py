@@ -8,10 +8,10 @@ GEMM kernels faster than every one measured here, or attention overlapped with t
 
 The kernels (``--measure``, on the GPU): every candidate of the engine's GEMM chooser (``gemm.candidates``: cuBLAS
 at M and on rows padded to 64 / 128, cuBLASLt's default, the first ``--lt-algos`` kernels of cuBLASLt's heuristic
-list, the Triton configs and the Gluon wgmma configs), each checked against torch, then timed as 10 calls in a
-CUDA graph over weights rotated through more than L2 (``gemm._time_us``). The LM head above
-``model.LM_HEAD_CHOOSE_ROWS`` rows skips the Triton and wgmma configs, as the engine does. Ceilings are measured
-before and after (the higher of each, as engine_roofline.py). Cells run from the largest M down and the results
+list, the Triton configs and the Gluon wgmma configs), timed by the chooser's own harness (``gemm._fastest``: each
+checked against torch, then 10 calls in a CUDA graph over L2-cold weights, copies rotated where one fits L2). The
+LM head above ``model.LM_HEAD_CHOOSE_ROWS`` rows skips the Triton and wgmma configs, as the engine does. Ceilings
+are measured before and after (the higher of each, as engine_roofline.py). Cells run from the largest M down and the results
 are written after every M, so a cut run keeps what it measured.
 
     python benchmarks/engine_component_bound.py --measure --grid benchmarks/results/engine_roofline_h200_v7dev10.json \\
@@ -21,7 +21,10 @@ On the CPU, from GEMM times saved by this script or by engine_gemm_sweep.py (a s
 smallest saved M' >= M, marked "~" when M' > M: a kernel for more rows also serves fewer) and a grid's ceilings:
 
     python benchmarks/engine_component_bound.py --grid benchmarks/results/engine_roofline_h200_v7dev10.json \\
-        --times benchmarks/results/engine_gemm_sweep_h200_lt.json --out benchmarks/results/engine_component_bound_cpu
+        --times benchmarks/results/engine_gemm_sweep_h200_lt.json --over-line --floor-missing \\
+        --out benchmarks/results/engine_component_bound_cpu
+
+(``--floor-missing``: engine_gemm_sweep.py's files hold no LM head, which then counts at its own floor.)
 """
 
 from __future__ import annotations
