@@ -11,8 +11,8 @@ at M and on rows padded to 64 / 128, cuBLASLt's default, the first ``--lt-algos`
 list, the Triton configs and the Gluon wgmma configs), timed by the chooser's own harness (``gemm._fastest``: each
 checked against torch, then 10 calls in a CUDA graph over L2-cold weights, copies rotated where one fits L2). The
 LM head above ``model.LM_HEAD_CHOOSE_ROWS`` rows skips the Triton and wgmma configs, as the engine does. Ceilings
-are measured before and after (the higher of each, as engine_roofline.py). Cells run from the largest M down and the results
-are written after every M, so a cut run keeps what it measured.
+are measured before and after (the higher of each, as engine_roofline.py). Cells run from the largest M down and
+the results are written after every M, so a cut run keeps what it measured.
 
     python benchmarks/engine_component_bound.py --measure --grid benchmarks/results/engine_roofline_h200_v7dev10.json \\
         --over-line --out $OUT/component_bound
