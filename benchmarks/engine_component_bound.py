@@ -32,10 +32,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Callable
 
 from tabletune import fileio
 from tabletune.engine.presets import resolve
-from tabletune.engine.profiling import Ceilings, best_kernel_serial_ms, command_line, done_line, step_floor_ms
+from tabletune.engine.profiling import (Ceilings, best_kernel_serial_ms, command_line, done_line, gemm_floor_us,
+                                        step_floor_ms)
 
 
 class TimesError(ValueError):
@@ -75,12 +77,10 @@ def best_times(rows: list, source: str) -> dict[tuple[str, int], float]:
     return best
 
 
-def lookup(times: dict[tuple[str, int], float], source: str, ideal: dict[str, tuple[int, int]] | None = None,
-           ceil: Ceilings | None = None):
+def lookup(times: dict[tuple[str, int], float], source: str, missing: Callable[[str, int], float] | None = None):
     """gemm_us(proj, M) for ``best_kernel_serial_ms``: the best time at the smallest saved M' >= M, recording in
-    ``padded`` the (proj, M) that used a larger M'. A shape with no time at all: an error, or with ``ideal``
-    ({proj: (N, K)}) and ``ceil``, its floor max(W bytes / bandwidth, FLOPs / matrix rate), recorded in
-    ``floored`` (no kernel is faster, so the bound stays a bound)."""
+    ``padded`` the (proj, M) that used a larger M'. A shape with no time at all: an error, or ``missing(proj, M)``
+    (its floor: no kernel is faster, so the bound stays a bound), recorded in ``floored``."""
     padded: set[tuple[str, int]] = set()
     floored: set[tuple[str, int]] = set()
 
@@ -90,11 +90,10 @@ def lookup(times: dict[tuple[str, int], float], source: str, ideal: dict[str, tu
             if ms[0] != m:
                 padded.add((proj, m))
             return times[(proj, ms[0])]
-        if ideal is None or ceil is None or proj not in ideal:
+        if missing is None:
             raise TimesError(f"{source}: no GEMM time for {proj!r} at M >= {m}")
-        n, kk = ideal[proj]
         floored.add((proj, m))
-        return max(2 * n * kk / ceil.bandwidth_gb_s / 1e3, 2 * m * n * kk / ceil.matrix_tflop_s / 1e6)
+        return missing(proj, m)
     return gemm_us, padded, floored
 
 
@@ -170,7 +169,7 @@ def measure(model: str, ms: list[int], lt_algos: int, write) -> tuple[Ceilings, 
     readings = [measure_ceilings()]
     gemm.LT_ALGOS, gemm.TIMING = lt_algos, "alone"
     cfg = resolve(model)
-    shapes = {**cfg.layer_gemm_shapes(), "lm_head": (cfg.vocab_size, cfg.hidden_size)}
+    shapes = cfg.step_gemm_shapes()
     weights = {name: torch.randn(n, kk, dtype=torch.bfloat16, device="cuda") for name, (n, kk) in shapes.items()}
     rows: list[dict] = []
     for m in sorted(set(ms), reverse=True):
@@ -253,9 +252,11 @@ def main(argv: list[str] | None = None) -> int:
             ceil = Ceilings(float(grid["bandwidth_gb_s"]), float(grid["matrix_tflop_s"]))
             times, source, gemm_rows = load_times(args.times), ", ".join(args.times), []
             device = grid.get("device", "")
-        cfg = resolve(args.model)
-        shapes = {**cfg.layer_gemm_shapes(), "lm_head": (cfg.vocab_size, cfg.hidden_size)}
-        gemm_us, padded, floored = lookup(times, source, shapes if args.floor_missing else None, ceil)
+        shapes = resolve(args.model).step_gemm_shapes()
+
+        def at_floor(proj: str, m: int) -> float:
+            return gemm_floor_us(*shapes[proj], m, ceil)
+        gemm_us, padded, floored = lookup(times, source, at_floor if args.floor_missing else None)
         rows, lines = analyse(args.model, args.context, ceil, cells, gemm_us, padded, floored)
     except (OSError, KeyError, TypeError, ValueError) as exc:
         raise SystemExit(f"engine_component_bound: {type(exc).__name__}: {exc}")

@@ -68,9 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="gemm_sweep")
     args = ap.parse_args(argv)
     cfg = resolve(args.model)
-    shapes = cfg.layer_gemm_shapes()
-    if args.lm_head:
-        shapes["lm_head"] = (cfg.vocab_size, cfg.hidden_size)
+    shapes = cfg.step_gemm_shapes() if args.lm_head else cfg.layer_gemm_shapes()
     rows, lines = [], []
     for name, (n, kk) in shapes.items():
         ws, pick = rotating_weights(n, kk)

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="gemv_configs")
     args = ap.parse_args(argv)
     cfg = resolve(args.model)
-    shapes = {**cfg.layer_gemm_shapes(), "lm_head": (cfg.vocab_size, cfg.hidden_size)}
+    shapes = cfg.step_gemm_shapes()
     per_step = {"qkv": cfg.num_layers, "o": cfg.num_layers, "gate_up": cfg.num_layers, "down": cfg.num_layers,
                 "lm_head": 1}
     extra = long_k_configs()

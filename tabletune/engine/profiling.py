@@ -102,9 +102,20 @@ def serial_floor_ms(cfg: ModelConfig, batch_size: int, k: int, context_len: int,
 
         serial = max(W / bandwidth, F_gemm / rate) + max(KV / bandwidth, F_attn / rate)  >=  floor
     """
-    w, f_gemm, kv, f_attn = _parts(cfg, batch_size, k, context_len)
-    bw, rate = ceil.bandwidth_gb_s * 1e6, ceil.matrix_tflop_s * 1e9
-    return max(w / bw, f_gemm / rate) + max(kv / bw, f_attn / rate)
+    w, f_gemm, _, _ = _parts(cfg, batch_size, k, context_len)
+    return max(w / ceil.bandwidth_gb_s / 1e6, f_gemm / ceil.matrix_tflop_s / 1e9) + _attention_floor_ms(
+        cfg, batch_size, k, context_len, ceil)
+
+
+def _attention_floor_ms(cfg: ModelConfig, batch_size: int, k: int, context_len: int, ceil: Ceilings) -> float:
+    """Attention of one step at its floor: max(KV bytes / bandwidth, attention FLOPs / matrix rate)."""
+    _, _, kv, f_attn = _parts(cfg, batch_size, k, context_len)
+    return max(kv / ceil.bandwidth_gb_s / 1e6, f_attn / ceil.matrix_tflop_s / 1e9)
+
+
+def gemm_floor_us(n: int, k: int, m: int, ceil: Ceilings) -> float:
+    """x [M, K] W^T with a bf16 W [N, K] at its floor: max(W bytes / bandwidth, FLOPs / matrix rate)."""
+    return max(2 * n * k / ceil.bandwidth_gb_s / 1e3, 2 * m * n * k / ceil.matrix_tflop_s / 1e6)
 
 
 def done_line(batch_size: int) -> float:
@@ -127,8 +138,7 @@ def best_kernel_serial_ms(cfg: ModelConfig, batch_size: int, k: int, context_len
     """A serial step built from measured GEMM kernels with everything else free (dense models only):
 
         layers x sum of the layer's GEMMs + the LM head, each at ``gemm_us(name, M)`` us for M = b (k + 1) rows
-        (names: ``cfg.layer_gemm_shapes()`` and "lm_head"), + attention at its floor
-        max(KV bytes / bandwidth, attention FLOPs / matrix rate).
+        (names: ``cfg.step_gemm_shapes()``), + attention at its floor (``_attention_floor_ms``).
 
     RoPE, the norms, SiLU, verification and launch gaps cost nothing here. With ``gemm_us`` the fastest measured
     kernel of each shape, this is what an engine that runs those kernels one after another could reach at best;
@@ -137,10 +147,9 @@ def best_kernel_serial_ms(cfg: ModelConfig, batch_size: int, k: int, context_len
     if cfg.is_moe:
         raise ValueError(f"{cfg.name}: best_kernel_serial_ms covers dense layers only")
     m = batch_size * (k + 1)
-    _, _, kv, f_attn = _parts(cfg, batch_size, k, context_len)
-    attn_ms = max(kv / ceil.bandwidth_gb_s / 1e6, f_attn / ceil.matrix_tflop_s / 1e9)
     layer_us = sum(gemm_us(name, m) for name in cfg.layer_gemm_shapes())
-    return (cfg.num_layers * layer_us + gemm_us("lm_head", m)) / 1e3 + attn_ms
+    return (cfg.num_layers * layer_us + gemm_us("lm_head", m)) / 1e3 + _attention_floor_ms(cfg, batch_size, k,
+                                                                                             context_len, ceil)
 
 
 def build_engine(model: str, drafter: str, k_max: int, max_batch: int, context_len: int, device: str = "cuda",

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("torch")
 
 from tabletune.engine.presets import resolve  # noqa: E402
-from tabletune.engine.profiling import Ceilings, best_kernel_serial_ms, step_floor_ms  # noqa: E402
+from tabletune.engine.profiling import Ceilings, best_kernel_serial_ms, gemm_floor_us, step_floor_ms  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "engine_component_bound.py"
 CEIL = Ceilings(bandwidth_gb_s=4000.0, matrix_tflop_s=800.0)
@@ -54,11 +54,8 @@ def test_times_take_the_fastest_kernel_and_the_smallest_saved_m_above(cb, tmp_pa
     assert gemm_us("o", 9) == 20.0 and padded == {("o", 9)}
     with pytest.raises(cb.TimesError, match="'o' at M >= 65"):
         gemm_us("o", 65)
-    cfg = resolve("qwen3-8b")
-    shapes = {**cfg.layer_gemm_shapes(), "lm_head": (cfg.vocab_size, cfg.hidden_size)}
-    gemm_us, _, floored = cb.lookup(times, "t", shapes, CEIL)
-    n, kk = shapes["o"]
-    assert gemm_us("o", 65) == pytest.approx(2 * n * kk / 4000 / 1e3) and floored == {("o", 65)}
+    gemm_us, _, floored = cb.lookup(times, "t", lambda proj, m: 1000.0 + m)
+    assert gemm_us("o", 65) == 1065.0 and floored == {("o", 65)}
 
 
 @pytest.mark.parametrize("row,field", [({"proj": "o", "m": 8, "cublas_us": -1.0}, "cublas_us"),
@@ -100,7 +97,13 @@ def test_cpu_run_with_a_missing_shape_fails_and_writes_nothing(cb, tmp_path):
         cb.main(["--grid", str(grid), "--times", str(times), "--out", str(out)])
     assert not list(tmp_path.glob("bound*"))
     assert cb.main(["--grid", str(grid), "--times", str(times), "--floor-missing", "--out", str(out)]) == 0
-    assert json.loads(out.with_suffix(".json").read_text())["cells"][0]["at_floor"] == ["lm_head"]
+    cell = json.loads(out.with_suffix(".json").read_text())["cells"][0]
+    assert cell["at_floor"] == ["lm_head"]
+    cfg = resolve("qwen3-8b")
+    lm_head_us = gemm_floor_us(cfg.vocab_size, cfg.hidden_size, 1, CEIL)  # the LM head's weight bytes at 4 TB/s
+    assert lm_head_us == pytest.approx(2 * 151936 * 4096 / 4000 / 1e3)
+    expect = best_kernel_serial_ms(cfg, 1, 0, 1024, CEIL, lambda p, m: lm_head_us if p == "lm_head" else 10.0)
+    assert cell["bound_ms"] == pytest.approx(expect, abs=1e-4)
 
 
 def test_a_grid_without_its_fields_is_refused_by_name(cb, tmp_path):

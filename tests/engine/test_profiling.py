@@ -7,8 +7,8 @@ import pytest
 pytest.importorskip("torch")
 
 from tabletune.engine.presets import resolve  # noqa: E402
-from tabletune.engine.profiling import (Ceilings, best_kernel_serial_ms, done_line, serial_floor_ms,  # noqa: E402
-                                        serial_headroom, step_floor_ms)
+from tabletune.engine.profiling import (Ceilings, best_kernel_serial_ms, done_line, gemm_floor_us,  # noqa: E402
+                                        serial_floor_ms, serial_headroom, step_floor_ms)
 
 CEIL = Ceilings(bandwidth_gb_s=4000.0, matrix_tflop_s=800.0)
 
@@ -146,9 +146,11 @@ def test_best_kernel_serial_bound_hand_worked():
     assert bound == pytest.approx(1.54 + 302_579_712 / 4000 / 1e6, rel=1e-12)
     assert sorted(asked) == sorted([("qkv", 4), ("o", 4), ("gate_up", 4), ("down", 4), ("lm_head", 4)])
     # never under the serial floor when each GEMM is at its own floor (W bytes or FLOPs, whichever is slower)
-    shapes = {**cfg.layer_gemm_shapes(), "lm_head": (cfg.vocab_size, cfg.hidden_size)}
-    at_floor = lambda name, m: max(2 * shapes[name][0] * shapes[name][1] / CEIL.bandwidth_gb_s / 1e3,  # noqa: E731
-                                   2 * m * shapes[name][0] * shapes[name][1] / CEIL.matrix_tflop_s / 1e6)
+    shapes = cfg.step_gemm_shapes()
+    assert shapes["lm_head"] == (151936, 4096) and shapes["gate_up"] == (2 * 12288, 4096)
+    at_floor = lambda name, m: gemm_floor_us(*shapes[name], m, CEIL)  # noqa: E731
+    assert gemm_floor_us(4096, 4096, 1, CEIL) == pytest.approx(2 * 4096 * 4096 / 4000 / 1e3)  # W bytes at 4 TB/s
+    assert gemm_floor_us(4096, 4096, 8192, CEIL) == pytest.approx(2 * 8192 * 4096 * 4096 / 800 / 1e6)  # FLOPs
     for b, k in [(1, 0), (32, 6), (256, 2)]:
         assert best_kernel_serial_ms(cfg, b, k, 1024, CEIL, at_floor) >= serial_floor_ms(cfg, b, k, 1024, CEIL) * (
             1 - 1e-9)
