@@ -23,7 +23,8 @@ Scenarios:
 
 Writes ``benchmarks/results/remeasure_vllm_<scenario>.csv`` and ``.md``.
 
-    .venv/bin/python benchmarks/remeasure_vllm.py --scenario controlled --tuned out/demo
+    .venv/bin/python benchmarks/remeasure_vllm.py --scenario controlled --tuned benchmarks/results/tune_tiny_llama \
+        --rounds 6 --steps 32
     .venv/bin/python benchmarks/remeasure_vllm.py --scenario real --tuned benchmarks/results/tune_smollm2_code \
         --rounds 3 --steps 32 --mean-tokens 128 --warmup-steps 12 --paired
 """

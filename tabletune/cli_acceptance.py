@@ -35,7 +35,7 @@ def _progress_bar() -> tuple[Progress, Callable[[str, int, int], None]]:
 @click.option("--num-prompts", type=int, default=None, help="first N prompts of the workload (default: all)")
 @click.option("--max-new-tokens", type=int, default=256, show_default=True)
 @click.option("--exit-layer", type=int, default=28, show_default=True,
-              help="early-exit drafter: first m layers (28: benchmarks/results/early_exit_layers.md)")
+              help="early-exit drafter: first m layers")
 @click.option("--ngram-min", type=int, default=2, show_default=True)
 @click.option("--ngram-max", type=int, default=5, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)

@@ -31,8 +31,8 @@ class Workload:
     span_start_prob: float = 0.005  # per emitted token: chance a copyable span starts
     span_mean_len: float = 8.0  # mean copyable span length, tokens (geometric)
     spurious_match_prob: float = 0.1  # per step outside spans: chance of a spurious n-gram match
-    # noise on the confidence signal (logit units): 2.0 gives a top-1 AUC of ~0.84, issue 7's measured
-    # early-exit traces at T=0 give 0.82-0.87 (benchmarks/signal_calibration.py)
+    # noise on the confidence signal (logit units): 2.0 gives a top-1 AUC of ~0.84; the measured
+    # early-exit traces at T=0 (profiles/traces) give 0.82-0.87
     signal_noise: float = 2.0
 
     def __post_init__(self) -> None:
