@@ -1,7 +1,7 @@
 """Summarise the committed acceptance profiles: a_1..a_8 per (workload, drafter, temperature).
 
 Reads profiles/acceptance/<drafter>_<workload>_T<t>.json and its .detail.json; writes
-benchmarks/results/acceptance_table.md (the README's table) and prints it.
+benchmarks/results/acceptance_table.md (summarised in docs/results.md) and prints it.
 
     python benchmarks/acceptance_table.py
 """
