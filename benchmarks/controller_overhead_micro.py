@@ -23,7 +23,7 @@ def per_step_us(load: int, steps: int = 2000) -> float:
     c = load_controller(cc.RESULTS / "controller_profile", "", None, 4, 64)
     rng = random.Random(load)
     batches = [[(4, min(int(rng.expovariate(0.5)), 4)) for _ in range(load)] for _ in range(64)]
-    from tabletune.estimator import StepObservation
+    from tabletune.controller.estimator import StepObservation
 
     runs = []
     for _ in range(5):

@@ -19,7 +19,7 @@ import numpy as np
 
 from tabletune.controller import Controller, ControllerConfig
 from tabletune.errors import InputError
-from tabletune.estimator import StepObservation
+from tabletune.controller.estimator import StepObservation
 from tabletune.policies import parse_options
 from tabletune.policies.base import BatchPolicy, BatchState, PolicyContext, StepOutcome, nearest_length
 from tabletune.table import VLLM_DOCUMENTED_DIV4_RANGES, VLLM_DOCUMENTED_RANGES, DraftTable

@@ -10,9 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tabletune.acceptance import AcceptanceCounts, AcceptanceProfile
-from tabletune.controller import Controller, ControllerConfig, prior_rates
+from tabletune.controller import Controller, ControllerConfig, StepObservation, prior_rates
 from tabletune.errors import InputError
-from tabletune.estimator import StepObservation
 from tabletune.optimizer import evaluate_table, optimize_table
 from tabletune.profile import StepPoint, StepProfile
 from tabletune.table import VLLM_DOCUMENTED_DIV4_RANGES, DraftTable

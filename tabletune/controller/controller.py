@@ -11,7 +11,7 @@ the simulator's ``controller`` policy all drive this one class::
     c.state()                                # JSON-able dict: table, acceptance, installs, steps, ...
 
 Estimator: per-position conditional acceptance from censored counts with a prior
-and exponential decay (``tabletune.estimator.DecayedAcceptance``).
+and exponential decay (``tabletune.controller.estimator.DecayedAcceptance``).
 
 Exploration: when the table drafts k < k_max, positions above k get no evidence.
 We draft k_max on a bounded fraction ``explore_fraction`` of steps (credit
@@ -53,9 +53,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tabletune.acceptance import AcceptanceCounts, AcceptanceProfile
-from tabletune.controller_config import ControllerConfig
+from tabletune.controller.config import ControllerConfig
+from tabletune.controller.estimator import DecayedAcceptance, DecayedDraftRate, StepObservation
 from tabletune.errors import InputError
-from tabletune.estimator import DecayedAcceptance, DecayedDraftRate, StepObservation
 from tabletune.optimizer import OptimizeOptions, optimize_table, predict
 from tabletune.profile import StepProfile
 from tabletune.table import DraftTable

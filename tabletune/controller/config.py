@@ -1,6 +1,6 @@
 """Controller options (``TABLETUNE_CONTROLLER`` JSON), validated on construction.
 
-See ``tabletune.controller`` for what each option steers. No torch, no vllm.
+See ``tabletune.controller.controller`` for what each option steers. No torch, no vllm.
 """
 
 from __future__ import annotations
