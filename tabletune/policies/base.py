@@ -39,7 +39,7 @@ Conventions:
   is extra, so request i emits ``accepted[i] + 1`` tokens.
 * Every k a policy returns must be in ``ctx.lengths`` for batch decisions; per-request
   lengths may be any integer in 0..ctx.k_max (the cost model interpolates, see
-  ``tabletune.sim.cost``).
+  ``tabletune.cost``).
 * Policies never see the workload's true rates; they learn from ``observe``.
 * ``ctx.cost.mixed_ms(ks)`` gives the modelled step time of a mixed-length step and
   ``ctx.cost.budget_ms(b, slots)`` the time T(budget) of a batch verifying ``slots``
@@ -49,12 +49,11 @@ Conventions:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
-if TYPE_CHECKING:  # the sim imports this module; avoid the cycle at run time
-    from tabletune.sim.cost import StepCost
+from tabletune.cost import StepCost
 
 MODEL = 0  # model-based drafter (EAGLE-like, draft model, ...)
 NGRAM = 1  # n-gram (prompt lookup) drafter

@@ -51,12 +51,12 @@ from typing import ClassVar
 import numpy as np
 
 from tabletune import fileio
+from tabletune.cost import StepCost
 from tabletune.errors import InputError
 
 from tabletune.policies.adaptive_verification import ConfidenceCalibrator, mixed_curve_ms, update_calibrator
 from tabletune.policies.base import MODEL, NGRAM, BatchState, Decision, PolicyContext, StepOutcome
 from tabletune.policies.per_request import require_features
-from tabletune.sim.cost import StepCost
 
 ROUNDS = 3
 NGRAM_SCHEMA = "tabletune.ngram_table"

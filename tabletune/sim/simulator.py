@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tabletune.cost import StepCost
 from tabletune.policies.base import Policy, PolicyContext
 from tabletune.sim import acceptance as acc
 from tabletune.sim import ngram
-from tabletune.sim.cost import StepCost
 from tabletune.sim.metrics import SimResult
 from tabletune.sim.workload import Schedule
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from tabletune.policies.base import MODEL, BatchState, PolicyContext, StepOutcome
 from tabletune.profile import StepPoint, StepProfile
-from tabletune.sim.cost import StepCost
+from tabletune.cost import StepCost
 
 
 def linear_profile(bs=(1, 8, 64, 128), ks=range(6), t0=10.0, per_b=0.1, per_k=1.0, per_bk=0.05) -> StepProfile:

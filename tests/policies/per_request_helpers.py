@@ -6,10 +6,11 @@ import pathlib
 
 import numpy as np
 
+from tabletune.cost import StepCost
 from tabletune.policies import make_policy
 from tabletune.policies.base import MODEL, BatchState, DraftFeatures, PolicyContext, StepOutcome
 from tabletune.profile import StepPoint, StepProfile, step_profile_from_csv
-from tabletune.sim import SimConfig, Simulator, StepCost, preset
+from tabletune.sim import SimConfig, Simulator, preset
 from tabletune.sim.workload import Schedule
 
 STARTER_8B = pathlib.Path(__file__).resolve().parents[2] / "profiles" / "starter" / "h200_qwen3-8b-shape_ctx1024_eagle-like.csv"

@@ -5,10 +5,11 @@ import pytest
 from click.testing import CliRunner
 
 from tabletune.cli import main
+from tabletune.cost import StepCost
 from tabletune.goodput import expected_tokens
 from tabletune.policies import make_policy
 from tabletune.profile import StepProfile
-from tabletune.sim import Schedule, SimConfig, Simulator, StepCost, Workload
+from tabletune.sim import Schedule, SimConfig, Simulator, Workload
 
 RATES = [0.8, 0.75, 0.7, 0.65, 0.6, 0.55, 0.5]
 RATES_TEXT = ",".join(map(str, RATES))
