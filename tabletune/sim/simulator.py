@@ -28,6 +28,7 @@ from tabletune.cost import StepCost
 from tabletune.policies.base import Policy, PolicyContext
 from tabletune.sim import acceptance as acc
 from tabletune.sim import ngram
+from tabletune.sim.loop import run_loop
 from tabletune.sim.metrics import SimResult
 from tabletune.sim.workload import Schedule
 
@@ -51,35 +52,6 @@ class SimConfig:
             raise ValueError(f"arrival_rate must be > 0, got {self.arrival_rate}")
         if self.noise_cv < 0 or self.prefill_ms_per_token < 0:
             raise ValueError("noise_cv and prefill_ms_per_token must be >= 0")
-
-
-_FIELDS = ("ids", "widx", "logits", "out_len", "generated", "arrival_s", "first_s", "span_left", "match_len")
-
-
-class _Requests:
-    """The running requests as parallel arrays (struct of arrays)."""
-
-    def __init__(self, k_max: int) -> None:
-        self.ids = np.zeros(0, np.int64)
-        self.widx = np.zeros(0, np.int64)
-        self.logits = np.zeros((0, k_max))
-        self.out_len = np.zeros(0, np.int64)
-        self.generated = np.zeros(0, np.int64)
-        self.arrival_s = np.zeros(0)
-        self.first_s = np.full(0, np.nan)
-        self.span_left = np.zeros(0, np.int64)
-        self.match_len = np.zeros(0, np.int64)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def keep(self, mask: np.ndarray) -> None:
-        for name in _FIELDS:
-            setattr(self, name, getattr(self, name)[mask])
-
-    def extend(self, other: dict[str, np.ndarray]) -> None:
-        for name in _FIELDS:
-            setattr(self, name, np.concatenate([getattr(self, name), other[name]]))
 
 
 class Simulator:
@@ -129,8 +101,6 @@ class Simulator:
         }
 
     def run(self, policy: Policy) -> SimResult:
-        from tabletune.sim.loop import run_loop
-
         return run_loop(self, policy)
 
 
