@@ -3,7 +3,8 @@ import pytest
 from per_request_helpers import linear_cost, make_ctx, make_outcome, make_state, run_sim
 
 from tabletune.policies.base import MODEL, NGRAM
-from tabletune.policies.hybrid_spark import HybridSparkPolicy, NgramTable, buy, market, slot_slope_ms
+from tabletune.policies.hybrid_spark import HybridSparkPolicy, buy, market, slot_slope_ms
+from tabletune.policies.ngram_table import NgramTable
 
 
 def test_table_from_length_rates_extends_the_match_per_accepted_token():
