@@ -7,15 +7,8 @@ from per_request_helpers import make_ctx, make_outcome, make_state, run_sim
 from sklearn.metrics import roc_curve as sk_roc_curve
 
 from tabletune.errors import InputError
-from tabletune.policies.disco import (
-    ConfidenceThreshold,
-    DiscoModel,
-    DiscoPolicy,
-    roc_curve,
-    roc_threshold,
-    train_disco,
-    verified_labels,
-)
+from tabletune.policies.disco import ConfidenceThreshold, DiscoPolicy, verified_labels
+from tabletune.policies.disco_model import DiscoModel, roc_curve, roc_threshold, train_disco
 from tabletune.policies.trace_fit import fit_ngram_table, read_traces, trace_rows
 from tabletune.sim.traces import draft_log
 from tabletune.sim.workload import preset
