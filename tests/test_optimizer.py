@@ -32,12 +32,12 @@ def test_hand_worked_table():
     assert r.predictions[3].fixed_goodput[2] == pytest.approx(4000 * 2.2 / t2)
 
 
-def test_lengths_and_k_max_restrict_choices():
+def test_ks_and_k_max_restrict_choices():
     rates = [0.8, 0.5]
-    assert optimize_table(HAND, rates, OptimizeOptions(lengths=(0, 1))).lengths == (0, 1)
+    assert optimize_table(HAND, rates, OptimizeOptions(ks=(0, 1))).ks == (0, 1)
     assert optimize_table(HAND, rates, OptimizeOptions(k_max=1)).table.k_max <= 1
     with pytest.raises(ValueError, match="lengths \\[3\\]"):
-        optimize_table(HAND, rates, OptimizeOptions(lengths=(0, 3)))
+        optimize_table(HAND, rates, OptimizeOptions(ks=(0, 3)))
 
 
 def test_min_gain_merges_ranges():
@@ -86,7 +86,7 @@ def test_measured_surface_within_half_percent(name, curve, request):
     profile = step_profile_from_csv(request.getfixturevalue(name))
     rates = CURVES[curve]
     r = optimize_table(profile, rates, OptimizeOptions(max_batch=256))
-    DraftTable.from_ranges(r.table.as_lists(), num_speculative_tokens=max(r.lengths))
+    DraftTable.from_ranges(r.table.as_lists(), num_speculative_tokens=max(r.ks))
     for pred in r.predictions:
         assert pred.goodput >= 0.995 * pred.optimum
         # independent recomputation from the raw surface

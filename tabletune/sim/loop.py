@@ -99,7 +99,7 @@ class _Run:
         if decision.ks is None and decision.drafter is None and sim.default_drafter != NGRAM and margin is None:
             self.uniform_step(state, min(max(int(decision.k), 0), k_max))  # type: ignore[arg-type]
             return
-        ks = np.minimum(np.maximum(decision.lengths_for(b), 0), k_max)
+        ks = np.minimum(np.maximum(decision.ks_for(b), 0), k_max)
         drafter = decision.drafter if decision.drafter is not None else self._const(b, sim.default_drafter)
         is_ng = drafter == NGRAM
         if is_ng.any():

@@ -65,14 +65,14 @@ class Simulator:
         self._w = {name: np.array([getattr(w, name) for w in ws], dtype=float)
                    for name in ("span_start_prob", "span_mean_len", "spurious_match_prob", "signal_noise")}
 
-    def context(self, prior_rates: tuple[float, ...] | None = None, lengths: tuple[int, ...] | None = None,
+    def context(self, prior_rates: tuple[float, ...] | None = None, ks: tuple[int, ...] | None = None,
                 seed: int | None = None) -> PolicyContext:
         """A PolicyContext for this simulation (prior: the first workload's rates unless given)."""
         first = self.schedule.workloads[0]
         return PolicyContext(
             cost=self.cost,
             prior_rates=tuple(prior_rates if prior_rates is not None else first.rates[: self.k_max]),
-            lengths=tuple(lengths if lengths is not None else [k for k in self.cost.ks if k <= self.k_max]),
+            ks=tuple(ks if ks is not None else [k for k in self.cost.ks if k <= self.k_max]),
             max_num_seqs=self.config.max_num_seqs,
             default_drafter=self.default_drafter,
             seed=self.config.seed if seed is None else seed,

@@ -25,7 +25,7 @@ def starter_cost() -> StepCost:
 
 def make_ctx(prior=(0.8, 0.75, 0.7, 0.65, 0.6, 0.55, 0.5), ngram_rates=()) -> PolicyContext:
     cost = starter_cost()
-    return PolicyContext(cost=cost, prior_rates=tuple(prior), lengths=tuple(cost.ks), ngram_rates=tuple(ngram_rates))
+    return PolicyContext(cost=cost, prior_rates=tuple(prior), ks=tuple(cost.ks), ngram_rates=tuple(ngram_rates))
 
 
 def make_state(top1, entropy=None, margin=None, ngram_match_len=None, ngram_num_proposed=None, ids=None,
