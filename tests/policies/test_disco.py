@@ -80,8 +80,11 @@ def test_train_disco_learns_confidence_and_beats_top1_alone(sim_log, tmp_path):
     model = train_disco(x, y, trained_on="sim chat")
     assert model.coef[0] > 0  # higher top-1 probability -> more likely accepted
     p = model.accept_prob(x)
-    auc_model = _auc(y, p)
-    assert auc_model > 0.7 and auc_model >= _auc(y, x[:, 0]) - 0.01
+    # held out: fresh drafts of the same workload (another seed). Top-1 alone ranks tokens by its
+    # probability; any classifier on top-1 alone is a monotone map of it and has the same AUC.
+    x_new, y_new = draft_log(preset("chat"), 4000, 7, seed=2).training_rows()
+    auc_model, auc_top1 = _auc(y_new, model.accept_prob(x_new)), _auc(y_new, x_new[:, 0])
+    assert auc_model > 0.7 and auc_model >= auc_top1
     assert 0.0 < model.threshold < 1.0
     path = tmp_path / "disco.json"
     model.save(path)
