@@ -41,11 +41,21 @@ def test_ks_and_k_max_restrict_choices():
 
 
 def test_min_gain_merges_ranges():
+    # T(b, k) = 10 + 0.1 b (1 + 0.9 k) ms, a = 0.7 at every position: E[tokens | 3] = 2.533, E[tokens | 4] = 2.773.
+    # At b = 18: T(18, 3) = 16.66, T(18, 4) = 18.28 and 2.533 / 16.66 = 0.1520 > 2.773 / 18.28 = 0.1517,
+    # so the optimal table leaves k = 4 at b = 18, by less than 1 %.
     p = profile_from([(b, k, 10.0 + b * (1 + 0.9 * k) * 0.1) for b in (1, 2, 4, 8, 16, 32, 64) for k in range(5)])
     rates = [0.7] * 4
     fine = optimize_table(p, rates)
+    assert fine.table.as_lists() == [[1, 17, 4], [18, 33, 3], [34, 64, 2]]
     coarse = optimize_table(p, rates, OptimizeOptions(min_gain=0.05))
-    assert len(coarse.table.ranges) <= len(fine.table.ranges)
+    assert len(coarse.table.ranges) < len(fine.table.ranges)
+    # The bound: k changes only when the new best k beats the kept one by min_gain, so at every b
+    # G(table) >= G(best fixed k) / (1 + min_gain): a loss of at most 1 - 1 / 1.05 = 0.05 / 1.05 = 0.0476.
+    bound = 0.05 / 1.05
+    losses = [pc.loss_vs_best_fixed for pc in coarse.predictions]
+    assert max(losses) <= bound
+    assert max(losses) > 0.01  # and merging did cost something: min_gain acted
     for pc, pf in zip(coarse.predictions, fine.predictions):
         assert pc.goodput <= pf.goodput + 1e-9
 
