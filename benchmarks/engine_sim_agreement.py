@@ -21,7 +21,8 @@ from tabletune import fileio
 from tabletune.engine.scheduler import steady_throughput
 from tabletune.policies import make_policy
 from tabletune.profile import StepProfile
-from tabletune.sim import Schedule, SimConfig, Simulator, StepCost, preset
+from tabletune.cost import StepCost
+from tabletune.sim import Schedule, SimConfig, Simulator, preset
 from tabletune.table import DraftTable
 
 RESULTS = Path("benchmarks/results")

@@ -25,7 +25,8 @@ import numpy as np
 from tabletune import fileio
 from tabletune.policies import make_policy
 from tabletune.profile import step_profile_from_csv
-from tabletune.sim import SimConfig, Simulator, StepCost, preset
+from tabletune.cost import StepCost
+from tabletune.sim import SimConfig, Simulator, preset
 from tabletune.sim.workload import Schedule
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -28,7 +28,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 def time_sim(policy: str, repeats: int) -> dict:
     from tabletune.policies import make_policy
     from tabletune.profile import StepProfile
-    from tabletune.sim import Schedule, SimConfig, Simulator, StepCost, preset
+    from tabletune.cost import StepCost
+    from tabletune.sim import Schedule, SimConfig, Simulator, preset
 
     cost = StepCost(StepProfile.load(PROFILE))
     walls, steps = [], 0

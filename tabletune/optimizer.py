@@ -1,7 +1,7 @@
 """The table optimizer: per batch size, the k that maximises modelled goodput.
 
 For each b in 1..max_batch it picks k* = argmax_k b * E[tokens|k] / T(b, k) over
-the allowed lengths (ties go to the smaller k) and compresses the choices into
+the allowed draft lengths ``ks`` (ties go to the smaller k) and compresses the choices into
 ranges. With ``min_gain`` > 0 the k only changes between neighbouring batch
 sizes when the new k beats the current one by at least that fraction, which
 trades a little goodput for fewer ranges. With the default 0 the table is
@@ -11,7 +11,7 @@ optimal under the model at every b.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 
 from tabletune.goodput import expected_tokens, goodput, with_draft_rate
 from tabletune.profile import StepProfile
@@ -22,11 +22,14 @@ from tabletune.table import DraftTable
 class OptimizeOptions:
     max_batch: int | None = None  # default: the profile's largest measured batch size
     k_max: int | None = None
-    lengths: tuple[int, ...] | None = None  # allowed k, e.g. those with CUDA graphs
+    ks: tuple[int, ...] | None = None  # allowed k, e.g. those with CUDA graphs
     min_gain: float = 0.0
     draft_rate: float = 1.0  # share of request-steps that draft (``AcceptanceCounts.draft_rate``)
+    lengths: InitVar[tuple[int, ...] | None] = None  # old name of ks, until the CLI passes ks
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, lengths: tuple[int, ...] | None) -> None:
+        if lengths is not None:
+            object.__setattr__(self, "ks", tuple(lengths))
         if self.max_batch is not None and self.max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
         if self.k_max is not None and self.k_max < 0:
@@ -35,8 +38,8 @@ class OptimizeOptions:
             raise ValueError(f"min_gain must be >= 0, got {self.min_gain}")
         if not 0 < self.draft_rate <= 1:
             raise ValueError(f"draft_rate must lie in (0, 1], got {self.draft_rate}")
-        if self.lengths is not None and (not self.lengths or min(self.lengths) < 0):
-            raise ValueError(f"lengths must be non-empty and >= 0, got {self.lengths}")
+        if self.ks is not None and (not self.ks or min(self.ks) < 0):
+            raise ValueError(f"ks must be non-empty and >= 0, got {self.ks}")
 
 
 @dataclass(frozen=True)
@@ -66,8 +69,13 @@ class BatchPrediction:
 @dataclass(frozen=True)
 class TableResult:
     table: DraftTable
-    lengths: tuple[int, ...]
+    ks: tuple[int, ...]  # the allowed draft lengths the table chose among
     predictions: tuple[BatchPrediction, ...]
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """Old name of ``ks``, until the CLI and the tuner's files read ks."""
+        return self.ks
 
     @property
     def best_single_k(self) -> int:
@@ -79,18 +87,18 @@ class TableResult:
         return gain_vs(self.predictions, [p.fixed_goodput[k] for p in self.predictions])
 
 
-def allowed_lengths(profile: StepProfile, num_rates: int, options: OptimizeOptions) -> tuple[int, ...]:
-    """Measured k, limited by the rates known, k_max and ``lengths``; 0 always stays."""
+def allowed_ks(profile: StepProfile, num_rates: int, options: OptimizeOptions) -> tuple[int, ...]:
+    """Measured k, limited by the rates known, k_max and ``options.ks``."""
     ks = [k for k in profile.ks if k <= num_rates]
     if options.k_max is not None:
         ks = [k for k in ks if k <= options.k_max]
-    if options.lengths is not None:
-        missing = sorted(set(options.lengths) - set(profile.ks))
+    if options.ks is not None:
+        missing = sorted(set(options.ks) - set(profile.ks))
         if missing:
-            raise ValueError(f"lengths {missing} have no step-time measurements (measured k: {profile.ks})")
-        ks = [k for k in ks if k in options.lengths]
+            raise ValueError(f"draft lengths {missing} have no step-time measurements (measured k: {profile.ks})")
+        ks = [k for k in ks if k in options.ks]
     if not ks:
-        raise ValueError("no draft length is allowed by the profile, rates, k_max and lengths")
+        raise ValueError("no draft length is allowed by the profile, rates, k_max and ks")
     return tuple(sorted(ks))
 
 
@@ -121,7 +129,7 @@ def best_k(row: dict[int, float]) -> int:
 
 def optimize_table(profile: StepProfile, rates: Sequence[float], options: OptimizeOptions = OptimizeOptions()) -> TableResult:
     max_batch = options.max_batch or profile.max_batch_size
-    ks = allowed_lengths(profile, len(rates), options)
+    ks = allowed_ks(profile, len(rates), options)
     grid = goodput_grid(profile, rates, ks, max_batch, options.draft_rate)
     chosen: list[int] = []
     for row in grid:

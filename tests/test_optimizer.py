@@ -32,20 +32,30 @@ def test_hand_worked_table():
     assert r.predictions[3].fixed_goodput[2] == pytest.approx(4000 * 2.2 / t2)
 
 
-def test_lengths_and_k_max_restrict_choices():
+def test_ks_and_k_max_restrict_choices():
     rates = [0.8, 0.5]
-    assert optimize_table(HAND, rates, OptimizeOptions(lengths=(0, 1))).lengths == (0, 1)
+    assert optimize_table(HAND, rates, OptimizeOptions(ks=(0, 1))).ks == (0, 1)
     assert optimize_table(HAND, rates, OptimizeOptions(k_max=1)).table.k_max <= 1
     with pytest.raises(ValueError, match="lengths \\[3\\]"):
-        optimize_table(HAND, rates, OptimizeOptions(lengths=(0, 3)))
+        optimize_table(HAND, rates, OptimizeOptions(ks=(0, 3)))
 
 
 def test_min_gain_merges_ranges():
+    # T(b, k) = 10 + 0.1 b (1 + 0.9 k) ms, a = 0.7 at every position: E[tokens | 3] = 2.533, E[tokens | 4] = 2.773.
+    # At b = 18: T(18, 3) = 16.66, T(18, 4) = 18.28 and 2.533 / 16.66 = 0.1520 > 2.773 / 18.28 = 0.1517,
+    # so the optimal table leaves k = 4 at b = 18, by less than 1 %.
     p = profile_from([(b, k, 10.0 + b * (1 + 0.9 * k) * 0.1) for b in (1, 2, 4, 8, 16, 32, 64) for k in range(5)])
     rates = [0.7] * 4
     fine = optimize_table(p, rates)
+    assert fine.table.as_lists() == [[1, 17, 4], [18, 33, 3], [34, 64, 2]]
     coarse = optimize_table(p, rates, OptimizeOptions(min_gain=0.05))
-    assert len(coarse.table.ranges) <= len(fine.table.ranges)
+    assert len(coarse.table.ranges) < len(fine.table.ranges)
+    # The bound: k changes only when the new best k beats the kept one by min_gain, so at every b
+    # G(table) >= G(best fixed k) / (1 + min_gain): a loss of at most 1 - 1 / 1.05 = 0.05 / 1.05 = 0.0476.
+    bound = 0.05 / 1.05
+    losses = [pc.loss_vs_best_fixed for pc in coarse.predictions]
+    assert max(losses) <= bound
+    assert max(losses) > 0.01  # and merging did cost something: min_gain acted
     for pc, pf in zip(coarse.predictions, fine.predictions):
         assert pc.goodput <= pf.goodput + 1e-9
 
@@ -86,7 +96,7 @@ def test_measured_surface_within_half_percent(name, curve, request):
     profile = step_profile_from_csv(request.getfixturevalue(name))
     rates = CURVES[curve]
     r = optimize_table(profile, rates, OptimizeOptions(max_batch=256))
-    DraftTable.from_ranges(r.table.as_lists(), num_speculative_tokens=max(r.lengths))
+    DraftTable.from_ranges(r.table.as_lists(), num_speculative_tokens=max(r.ks))
     for pred in r.predictions:
         assert pred.goodput >= 0.995 * pred.optimum
         # independent recomputation from the raw surface

@@ -37,7 +37,7 @@ def test_optimizer_tables_pass_vllm_rules(starter_8b, starter_32b):
         profile = step_profile_from_csv(path)
         for rates in ([0.8, 0.75, 0.7, 0.65, 0.6, 0.55, 0.5], [0.4, 0.3, 0.3, 0.2, 0.2, 0.1, 0.1]):
             r = optimize_table(profile, rates, OptimizeOptions())
-            cfg = r.table.to_vllm(max(r.lengths))
+            cfg = r.table.to_vllm(max(r.ks))
             dense = vllm_utils.build_dynamic_sd_schedule_lookup(
                 cfg["num_speculative_tokens_per_batch_size"], profile.max_batch_size, cfg["num_speculative_tokens"])
             assert dense[1:] == [p.k for p in r.predictions]

@@ -43,7 +43,8 @@ def simulate_cmd(policy, load, arrival_rate, step_times, acceptance, prior, dura
     """Simulate one serving point and print throughput and the other metrics."""
     from tabletune.policies import make_policy
     from tabletune.policies.base import MODEL, NGRAM
-    from tabletune.sim import Schedule, SimConfig, Simulator, StepCost, preset
+    from tabletune.cost import StepCost
+    from tabletune.sim import Schedule, SimConfig, Simulator, preset
 
     profile = StepProfile.load(step_times)
     rates = load_rates(acceptance)

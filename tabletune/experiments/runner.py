@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tabletune.cost import StepCost
 from tabletune.policies import make_policy
 from tabletune.policies.base import PolicyContext, StepOutcome
 from tabletune.policies.fixed import FixedK
 from tabletune.profile import StepProfile
-from tabletune.sim import Schedule, SimConfig, Simulator, StepCost
+from tabletune.sim import Schedule, SimConfig, Simulator
 from tabletune.experiments.settings import SETTINGS, Setting
 
 DEFAULT_LOADS = (1, 2, 4, 8, 16, 32, 64, 96, 128)

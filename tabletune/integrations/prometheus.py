@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tabletune.controller import Controller
-from tabletune.estimator import CumulativeCounters, StepObservation
+from tabletune.controller.estimator import CumulativeCounters, StepObservation
 from tabletune.table import DraftTable
 
 DRAFTS = "vllm:spec_decode_num_drafts"

@@ -32,9 +32,9 @@ from typing import ClassVar
 
 import numpy as np
 
+from tabletune.cost import StepCost
 from tabletune.policies.base import MODEL, BatchState, Decision, PolicyContext, StepOutcome
 from tabletune.policies.per_request import accepted_mask, default_features, tested_mask
-from tabletune.sim.cost import StepCost
 
 
 class ConfidenceCalibrator:

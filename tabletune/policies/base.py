@@ -1,7 +1,7 @@
 """The one Policy interface: choose draft lengths before a step, observe the step after it.
 
 A policy is constructed once with a :class:`PolicyContext` (the offline step-time
-profile, the operator's prior acceptance rates, the allowed lengths) and then, every
+profile, the operator's prior acceptance rates, the allowed ks) and then, every
 decode step:
 
 1. ``decide(state: BatchState) -> Decision``: state describes the running batch
@@ -37,9 +37,9 @@ Conventions:
   lengths actually verified.
 * ``StepOutcome.accepted[i]`` counts accepted draft tokens (0..ks[i]); the bonus token
   is extra, so request i emits ``accepted[i] + 1`` tokens.
-* Every k a policy returns must be in ``ctx.lengths`` for batch decisions; per-request
+* Every k a policy returns must be in ``ctx.ks`` for batch decisions; per-request
   lengths may be any integer in 0..ctx.k_max (the cost model interpolates, see
-  ``tabletune.sim.cost``).
+  ``tabletune.cost``).
 * Policies never see the workload's true rates; they learn from ``observe``.
 * ``ctx.cost.mixed_ms(ks)`` gives the modelled step time of a mixed-length step and
   ``ctx.cost.budget_ms(b, slots)`` the time T(budget) of a batch verifying ``slots``
@@ -49,12 +49,11 @@ Conventions:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
-if TYPE_CHECKING:  # the sim imports this module; avoid the cycle at run time
-    from tabletune.sim.cost import StepCost
+from tabletune.cost import StepCost
 
 MODEL = 0  # model-based drafter (EAGLE-like, draft model, ...)
 NGRAM = 1  # n-gram (prompt lookup) drafter
@@ -66,7 +65,7 @@ class PolicyContext:
 
     cost: StepCost  # offline T(b, k), mixed-length and budget costing
     prior_rates: tuple[float, ...]  # conditional acceptance a_1.. measured offline (may be stale)
-    lengths: tuple[int, ...]  # allowed batch-wide k (measured; includes 0)
+    ks: tuple[int, ...]  # allowed batch-wide k (measured; includes 0)
     max_num_seqs: int = 128
     default_drafter: int = MODEL
     seed: int = 0
@@ -76,7 +75,7 @@ class PolicyContext:
 
     @property
     def k_max(self) -> int:
-        return max(self.lengths)
+        return max(self.ks)
 
 
 @dataclass(frozen=True)
@@ -127,7 +126,7 @@ class Decision:
     def per_request(cls, ks: np.ndarray, drafter: np.ndarray | None = None) -> Decision:
         return cls(ks=np.asarray(ks, dtype=np.int64), drafter=drafter)
 
-    def lengths_for(self, batch_size: int) -> np.ndarray:
+    def ks_for(self, batch_size: int) -> np.ndarray:
         """[batch_size] draft lengths requested (before n-gram capping)."""
         if self.ks is not None:
             if len(self.ks) != batch_size:
@@ -192,7 +191,7 @@ class BatchPolicy:
         return None
 
 
-def nearest_length(k: int, lengths: tuple[int, ...]) -> int:
-    """The largest allowed length <= k (the smallest allowed one if none is)."""
-    below = [x for x in lengths if x <= k]
-    return max(below) if below else min(lengths)
+def nearest_k(k: int, ks: tuple[int, ...]) -> int:
+    """The largest allowed k' <= k (the smallest allowed one if none is)."""
+    below = [x for x in ks if x <= k]
+    return max(below) if below else min(ks)

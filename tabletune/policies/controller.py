@@ -19,9 +19,9 @@ import numpy as np
 
 from tabletune.controller import Controller, ControllerConfig
 from tabletune.errors import InputError
-from tabletune.estimator import StepObservation
+from tabletune.controller.estimator import StepObservation
 from tabletune.policies import parse_options
-from tabletune.policies.base import BatchPolicy, BatchState, PolicyContext, StepOutcome, nearest_length
+from tabletune.policies.base import BatchPolicy, BatchState, PolicyContext, StepOutcome, nearest_k
 from tabletune.table import VLLM_DOCUMENTED_DIV4_RANGES, VLLM_DOCUMENTED_RANGES, DraftTable
 
 STARTS = {"documented": VLLM_DOCUMENTED_RANGES, "documented-div4": VLLM_DOCUMENTED_DIV4_RANGES}
@@ -47,7 +47,7 @@ class ControllerPolicy(BatchPolicy):
                  config: ControllerConfig | None = None, label: str = "controller") -> None:
         super().__init__(ctx)
         cfg = config or ControllerConfig()
-        cfg = ControllerConfig(**{**cfg.__dict__, "lengths": ctx.lengths, "max_batch": ctx.max_num_seqs,
+        cfg = ControllerConfig(**{**cfg.__dict__, "ks": ctx.ks, "max_batch": ctx.max_num_seqs,
                                   "k_max": ctx.k_max})
         self.controller = Controller(ctx.cost.profile, list(prior or ctx.prior_rates), cfg, table=start)
         self.label = label
@@ -70,7 +70,7 @@ class ControllerPolicy(BatchPolicy):
         return cls(ctx, start, prior_rates, config, label=f"controller:{arg}" if arg else "controller")
 
     def k_for(self, state: BatchState) -> int:
-        return nearest_length(self.controller.k_for(max(state.batch_size, 1)), self.ctx.lengths)
+        return nearest_k(self.controller.k_for(max(state.batch_size, 1)), self.ctx.ks)
 
     def observe(self, outcome: StepOutcome) -> None:
         now_s = outcome.state.time_s + outcome.step_ms / 1000.0

@@ -18,8 +18,8 @@ class FixedK(BatchPolicy):
 
     def __init__(self, ctx: PolicyContext, k: int) -> None:
         super().__init__(ctx)
-        if k not in ctx.lengths:
-            raise InputError("--policy", "fixed", k, f"k must be one of the allowed lengths {list(ctx.lengths)} (measured, with known rates)")
+        if k not in ctx.ks:
+            raise InputError("--policy", "fixed", k, f"k must be one of the allowed ks {list(ctx.ks)} (measured, with known rates)")
         self.k = int(k)
         self.label = f"fixed:{k}"
 

@@ -30,7 +30,7 @@ from tabletune.policies.base import BatchPolicy, BatchState, PolicyContext, Step
 
 @dataclass
 class _Bandit:
-    arms: tuple[int, ...]
+    ks: tuple[int, ...]  # the arms: the allowed k
     total: dict[int, float] = field(default_factory=dict)  # sum of window rewards per arm
     count: dict[int, int] = field(default_factory=dict)
 
@@ -38,15 +38,15 @@ class _Bandit:
         return self.total[k] / self.count[k]
 
     def choose(self, c: float, current: int | None, restart_penalty: float) -> int:
-        for k in self.arms:
+        for k in self.ks:
             if self.count.get(k, 0) == 0:
                 return k
         n = sum(self.count.values())
-        best = max(self.mean(k) for k in self.arms) or 1.0
-        scores = {k: self.mean(k) / best + c * math.sqrt(math.log(n) / self.count[k]) for k in self.arms}
+        best = max(self.mean(k) for k in self.ks) or 1.0
+        scores = {k: self.mean(k) / best + c * math.sqrt(math.log(n) / self.count[k]) for k in self.ks}
         if current == 0:
             scores = {k: s - (restart_penalty if k > 0 else 0.0) for k, s in scores.items()}
-        return max(self.arms, key=lambda k: (scores[k], -k))
+        return max(self.ks, key=lambda k: (scores[k], -k))
 
     def reward(self, k: int, value: float) -> None:
         self.total[k] = self.total.get(k, 0.0) + value
@@ -62,7 +62,7 @@ class Nightjar(BatchPolicy):
             raise ValueError("window must be >= 1, c and restart_penalty >= 0")
         self.window, self.c, self.restart_penalty = int(window), float(c), float(restart_penalty)
         self.bandits: dict[int, _Bandit] = {}
-        self.k = max(ctx.lengths)
+        self.k = max(ctx.ks)
         self.bucket: int | None = None
         self.left = 0  # steps left in the current window
         self._tokens = 0
@@ -73,7 +73,7 @@ class Nightjar(BatchPolicy):
         bucket = max(state.batch_size, 1).bit_length() - 1
         if bucket != self.bucket or self.left <= 0:
             self._close_window()
-            bandit = self.bandits.setdefault(bucket, _Bandit(tuple(sorted(self.ctx.lengths))))
+            bandit = self.bandits.setdefault(bucket, _Bandit(tuple(sorted(self.ctx.ks))))
             self.k = bandit.choose(self.c, self.k if bucket == self.bucket else None, self.restart_penalty)
             self.bucket, self.left = bucket, self.window
         self.left -= 1

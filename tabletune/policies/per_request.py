@@ -10,11 +10,11 @@
 * ``tested_mask``: which drafted positions the target actually tested. A draft of k with
   m accepted tested positions 1..min(m+1, k); later ones are censored.
 * ``feature_tensor``: the model drafter's per-token features in the column order of
-  ``tabletune.policies.disco.FEATURES``.
+  ``tabletune.policies.disco_model.FEATURES``.
 * ``default_features``: the confidence signals of the setting's default drafter. For
   the model drafter they are the engine's ``DraftFeatures``. An n-gram drafter has no
   probabilities, so its confidence at position j is the calibration table's conditional
-  acceptance p_ij = R[L_i, j] (``hybrid_spark.NgramTable``, from ``ctx.ngram_rates``;
+  acceptance p_ij = R[L_i, j] (``ngram_table.NgramTable``, from ``ctx.ngram_rates``;
   0 past the tokens it proposes), with entropy H(p) = -p ln p - (1-p) ln(1-p) and
   top-1/top-2 margin max(2p - 1, 0), as if the proposal were a two-way choice.
 * ``PerRequest``: a dict of per-request state that forgets finished requests.
@@ -29,6 +29,7 @@ from typing import Generic, TypeVar
 import numpy as np
 
 from tabletune.policies.base import NGRAM, BatchState, DraftFeatures, PolicyContext, StepOutcome
+from tabletune.policies.ngram_table import NgramTable
 
 T = TypeVar("T")
 
@@ -83,8 +84,6 @@ def default_features(state: BatchState, ctx: PolicyContext, policy: str) -> Draf
 
 @functools.lru_cache(maxsize=16)
 def _ngram_table(length_rates: tuple[float, ...], k_max: int) -> np.ndarray:
-    from tabletune.policies.hybrid_spark import NgramTable
-
     return NgramTable.from_length_rates(length_rates, k_max).rates
 
 

@@ -2,7 +2,7 @@
 
 Rule: k = table.k_for(b) for the running batch size b, vLLM's dense lookup (gaps
 take the previous range's k, past the last range the last k), clamped to the
-measured lengths (the largest allowed length <= the table's k). The documented
+allowed ``ctx.ks`` (the largest allowed k <= the table's k). The documented
 table is the example in vLLM's dynamic speculative decoding docs,
 ``[[1,16,5],[17,32,4],[33,64,3],[65,128,1],[129,512,0]]``; "documented / 4" divides
 every range bound by 4 (a table tuned for a much faster GPU or a much better drafter).
@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from tabletune.errors import InputError
-from tabletune.policies.base import BatchPolicy, BatchState, PolicyContext, nearest_length
+from tabletune.policies.base import BatchPolicy, BatchState, PolicyContext, nearest_k
 from tabletune.table import VLLM_DOCUMENTED_DIV4_RANGES, VLLM_DOCUMENTED_RANGES, DraftTable
 
 
@@ -24,7 +24,7 @@ class StaticTable(BatchPolicy):
         super().__init__(ctx)
         self.table = table
         self.label = label
-        self._dense = [nearest_length(k, ctx.lengths) for k in table.dense(max(ctx.max_num_seqs, 1))]
+        self._dense = [nearest_k(k, ctx.ks) for k in table.dense(max(ctx.max_num_seqs, 1))]
 
     @classmethod
     def from_spec(cls, ctx: PolicyContext, arg: str | None) -> StaticTable:

@@ -30,26 +30,10 @@ import numpy as np
 
 from tabletune import fileio
 from tabletune.errors import InputError
-from tabletune.policies.disco import DiscoModel, train_disco
-from tabletune.policies.hybrid_spark import NgramTable
+from tabletune.policies.disco_model import SIM_WORKLOADS, sim_rows, train_disco
+from tabletune.policies.ngram_table import NgramTable
 
-DEFAULT_DISCO_MODEL = Path(__file__).resolve().parents[2] / "profiles" / "policies" / "disco-sim.json"
-SIM_WORKLOADS = ("code", "math", "chat", "code-edit")
 TRACE_FIELDS = ("draft_pos", "top1_prob", "entropy", "margin", "ngram_len", "accepted")
-_CACHE: dict[tuple, DiscoModel] = {}
-
-
-def sim_rows(k_max: int = 7, drafts_per_workload: int = 5000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(x [n, 4] = top1, entropy, margin, position; y [n]) from the simulator, pooled over the presets."""
-    from tabletune.sim.traces import draft_log
-    from tabletune.sim.workload import preset
-
-    xs, ys = [], []
-    for i, name in enumerate(SIM_WORKLOADS):
-        x, y = draft_log(preset(name), drafts_per_workload, k_max, seed=seed + i).training_rows()
-        xs.append(x)
-        ys.append(y)
-    return np.concatenate(xs), np.concatenate(ys)
 
 
 def read_traces(*paths: str | Path) -> dict[str, np.ndarray]:
@@ -93,18 +77,6 @@ def fit_ngram_table(cols: dict[str, np.ndarray], k_max: int, l_max: int = 64) ->
     acc = np.bincount(length, weights=accepted, minlength=l_max + 1)
     prior = NgramTable.from_length_rates(tuple((acc + 1.0) / (tested + 2.0)), k_max)
     return NgramTable.fit(length, cols["draft_pos"][ngram], accepted, prior)
-
-
-def default_disco_model(k_max: int = 7) -> DiscoModel:
-    """The committed sim-trained model if present, else one trained now on sim drafts (cached)."""
-    key = ("default", k_max)
-    if key not in _CACHE:
-        if DEFAULT_DISCO_MODEL.exists():
-            _CACHE[key] = DiscoModel.load(DEFAULT_DISCO_MODEL)
-        else:
-            x, y = sim_rows(k_max)
-            _CACHE[key] = train_disco(x, y, trained_on="sim presets " + ",".join(SIM_WORKLOADS))
-    return _CACHE[key]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """TableTune's tuned table: the goodput-optimal table from the offline profile, used as is.
 
-Rule: k(b) = argmax_k b * E[tokens | k] / T(b, k) over the allowed lengths, with
+Rule: k(b) = argmax_k b * E[tokens | k] / T(b, k) over the allowed ks, with
 E[tokens | k] from the prior (offline-measured) acceptance rates and T from the
 offline step-time profile (``tabletune.optimizer.optimize_table``, the same code as
 ``tabletune table``). No online adaptation; see ``controller`` for that.
@@ -20,7 +20,7 @@ class TunedTable(StaticTable):
     name: ClassVar[str] = "tabletune"
 
     def __init__(self, ctx: PolicyContext) -> None:
-        options = OptimizeOptions(max_batch=ctx.max_num_seqs, lengths=ctx.lengths)
+        options = OptimizeOptions(max_batch=ctx.max_num_seqs, ks=ctx.ks)
         result = optimize_table(ctx.cost.profile, list(ctx.prior_rates), options)
         super().__init__(ctx, result.table, label="tabletune")
 

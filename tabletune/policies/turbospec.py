@@ -3,7 +3,7 @@
 Source: the goodput-driven lineage of SmartSpec (Liu et al., arXiv 2406.14066,
 "TurboSpec") and vLLM PR #32374. Rule, every step at batch size b:
 
-    k* = argmax_{k in lengths} b * E_alpha[tokens | k] / T(b, k),
+    k* = argmax_{k in ks} b * E_alpha[tokens | k] / T(b, k),
     E_alpha[tokens | k] = (1 - alpha^(k+1)) / (1 - alpha)
 
 with T(b, k) the offline step-time profile and alpha one token acceptance rate,
@@ -45,7 +45,7 @@ class TurboSpec(BatchPolicy):
         self.alpha = float(np.mean(ctx.prior_rates))
         self._acc = self.alpha  # EMA numerator and denominator, normalised to one reached token
         self._reached = 1.0
-        self._ks = np.array(sorted(ctx.lengths), dtype=float)
+        self._ks = np.array(sorted(ctx.ks), dtype=float)
         self._cache: dict[int, np.ndarray] = {}
         self.label = "turbospec"
 

@@ -10,21 +10,20 @@ from tabletune.policies.base import NGRAM, BatchState, DraftFeatures, Policy, St
 from tabletune.sim import acceptance as acc
 from tabletune.sim import ngram
 from tabletune.sim.metrics import RequestLog, SimResult, StepLog
+from tabletune.sim.requests import RunningRequests
 
 
 class _Run:
     """Mutable state of one run."""
 
     def __init__(self, sim, policy: Policy) -> None:
-        from tabletune.sim.simulator import _Requests
-
         self.sim, self.policy, self.cfg = sim, policy, sim.config
         # three independent streams (common random numbers across policies): request attributes
         # in id order, arrival times, and per-step acceptance draws
         self.rng = np.random.default_rng([self.cfg.seed, 0])
         self.rng_req = np.random.default_rng([self.cfg.seed, 1])
         self.rng_arrival = np.random.default_rng([self.cfg.seed, 2])
-        self.reqs = _Requests(sim.k_max)
+        self.reqs = RunningRequests(sim.k_max)
         self.queue: deque[dict] = deque()  # open loop: waiting single requests
         self.next_id = 0
         self.time_s = 0.0
@@ -100,7 +99,7 @@ class _Run:
         if decision.ks is None and decision.drafter is None and sim.default_drafter != NGRAM and margin is None:
             self.uniform_step(state, min(max(int(decision.k), 0), k_max))  # type: ignore[arg-type]
             return
-        ks = np.minimum(np.maximum(decision.lengths_for(b), 0), k_max)
+        ks = np.minimum(np.maximum(decision.ks_for(b), 0), k_max)
         drafter = decision.drafter if decision.drafter is not None else self._const(b, sim.default_drafter)
         is_ng = drafter == NGRAM
         if is_ng.any():

@@ -24,10 +24,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tabletune.cost import StepCost
 from tabletune.policies.base import Policy, PolicyContext
 from tabletune.sim import acceptance as acc
 from tabletune.sim import ngram
-from tabletune.sim.cost import StepCost
+from tabletune.sim.loop import run_loop
 from tabletune.sim.metrics import SimResult
 from tabletune.sim.workload import Schedule
 
@@ -53,35 +54,6 @@ class SimConfig:
             raise ValueError("noise_cv and prefill_ms_per_token must be >= 0")
 
 
-_FIELDS = ("ids", "widx", "logits", "out_len", "generated", "arrival_s", "first_s", "span_left", "match_len")
-
-
-class _Requests:
-    """The running requests as parallel arrays (struct of arrays)."""
-
-    def __init__(self, k_max: int) -> None:
-        self.ids = np.zeros(0, np.int64)
-        self.widx = np.zeros(0, np.int64)
-        self.logits = np.zeros((0, k_max))
-        self.out_len = np.zeros(0, np.int64)
-        self.generated = np.zeros(0, np.int64)
-        self.arrival_s = np.zeros(0)
-        self.first_s = np.full(0, np.nan)
-        self.span_left = np.zeros(0, np.int64)
-        self.match_len = np.zeros(0, np.int64)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def keep(self, mask: np.ndarray) -> None:
-        for name in _FIELDS:
-            setattr(self, name, getattr(self, name)[mask])
-
-    def extend(self, other: dict[str, np.ndarray]) -> None:
-        for name in _FIELDS:
-            setattr(self, name, np.concatenate([getattr(self, name), other[name]]))
-
-
 class Simulator:
     def __init__(self, cost: StepCost, schedule: Schedule, config: SimConfig, *,
                  default_drafter: int = 0) -> None:
@@ -93,14 +65,14 @@ class Simulator:
         self._w = {name: np.array([getattr(w, name) for w in ws], dtype=float)
                    for name in ("span_start_prob", "span_mean_len", "spurious_match_prob", "signal_noise")}
 
-    def context(self, prior_rates: tuple[float, ...] | None = None, lengths: tuple[int, ...] | None = None,
+    def context(self, prior_rates: tuple[float, ...] | None = None, ks: tuple[int, ...] | None = None,
                 seed: int | None = None) -> PolicyContext:
         """A PolicyContext for this simulation (prior: the first workload's rates unless given)."""
         first = self.schedule.workloads[0]
         return PolicyContext(
             cost=self.cost,
             prior_rates=tuple(prior_rates if prior_rates is not None else first.rates[: self.k_max]),
-            lengths=tuple(lengths if lengths is not None else [k for k in self.cost.ks if k <= self.k_max]),
+            ks=tuple(ks if ks is not None else [k for k in self.cost.ks if k <= self.k_max]),
             max_num_seqs=self.config.max_num_seqs,
             default_drafter=self.default_drafter,
             seed=self.config.seed if seed is None else seed,
@@ -129,8 +101,6 @@ class Simulator:
         }
 
     def run(self, policy: Policy) -> SimResult:
-        from tabletune.sim.loop import run_loop
-
         return run_loop(self, policy)
 
 

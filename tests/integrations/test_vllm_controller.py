@@ -35,7 +35,7 @@ CONVERGE_STEPS = 100  # bound on steps (at load 16) until the table stays within
 def worst_share(ranges, rates) -> float:
     """min over b of predicted goodput(table) / goodput(optimize_table on the true rates)."""
     opt = optimize_table(PROFILE, rates, OPTIONS)
-    got = evaluate_table(PROFILE, rates, DraftTable.from_ranges(ranges), sc.MAX_NUM_SEQS, opt.lengths)
+    got = evaluate_table(PROFILE, rates, DraftTable.from_ranges(ranges), sc.MAX_NUM_SEQS, opt.ks)
     return min(g.goodput / o.goodput for g, o in zip(got, opt.predictions))
 
 

@@ -71,7 +71,7 @@ def record_tables(hook, steps: int, loop, out: list) -> None:
 
 
 def controller_scenario() -> dict:
-    from tabletune.estimator import StepObservation
+    from tabletune.controller.estimator import StepObservation
     from tabletune.integrations.vllm import acceptance_cap
     from tabletune.integrations.vllm.closed_loop import ClosedLoop, generate_greedy
 

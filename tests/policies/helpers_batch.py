@@ -6,7 +6,7 @@ import numpy as np
 
 from tabletune.policies.base import MODEL, BatchState, PolicyContext, StepOutcome
 from tabletune.profile import StepPoint, StepProfile
-from tabletune.sim.cost import StepCost
+from tabletune.cost import StepCost
 
 
 def linear_profile(bs=(1, 8, 64, 128), ks=range(6), t0=10.0, per_b=0.1, per_k=1.0, per_bk=0.05) -> StepProfile:
@@ -17,8 +17,8 @@ def linear_profile(bs=(1, 8, 64, 128), ks=range(6), t0=10.0, per_b=0.1, per_k=1.
 
 def ctx(rates=(0.8, 0.75, 0.7, 0.65, 0.6), profile=None, max_num_seqs=128) -> PolicyContext:
     profile = profile or linear_profile()
-    lengths = tuple(k for k in profile.ks if k <= len(rates))
-    return PolicyContext(cost=StepCost(profile), prior_rates=tuple(rates), lengths=lengths,
+    ks = tuple(k for k in profile.ks if k <= len(rates))
+    return PolicyContext(cost=StepCost(profile), prior_rates=tuple(rates), ks=ks,
                          max_num_seqs=max_num_seqs)
 
 

@@ -6,10 +6,11 @@ import pathlib
 
 import numpy as np
 
+from tabletune.cost import StepCost
 from tabletune.policies import make_policy
 from tabletune.policies.base import MODEL, BatchState, DraftFeatures, PolicyContext, StepOutcome
 from tabletune.profile import StepPoint, StepProfile, step_profile_from_csv
-from tabletune.sim import SimConfig, Simulator, StepCost, preset
+from tabletune.sim import SimConfig, Simulator, preset
 from tabletune.sim.workload import Schedule
 
 STARTER_8B = pathlib.Path(__file__).resolve().parents[2] / "profiles" / "starter" / "h200_qwen3-8b-shape_ctx1024_eagle-like.csv"
@@ -24,7 +25,7 @@ def starter_cost() -> StepCost:
 
 def make_ctx(prior=(0.8, 0.75, 0.7, 0.65, 0.6, 0.55, 0.5), ngram_rates=()) -> PolicyContext:
     cost = starter_cost()
-    return PolicyContext(cost=cost, prior_rates=tuple(prior), lengths=tuple(cost.ks), ngram_rates=tuple(ngram_rates))
+    return PolicyContext(cost=cost, prior_rates=tuple(prior), ks=tuple(cost.ks), ngram_rates=tuple(ngram_rates))
 
 
 def make_state(top1, entropy=None, margin=None, ngram_match_len=None, ngram_num_proposed=None, ids=None,

@@ -89,11 +89,11 @@ def test_every_per_request_policy_handles_k_max_1_and_an_empty_batch(spec):
     from tabletune.policies import make_policy
 
     ctx = make_ctx(prior=(0.8,))
-    ctx = type(ctx)(cost=ctx.cost, prior_rates=(0.8,), lengths=(0, 1))
+    ctx = type(ctx)(cost=ctx.cost, prior_rates=(0.8,), ks=(0, 1))
     policy = make_policy(spec, ctx)
     state = make_state(np.full((3, 1), 0.9))
-    ks = policy.decide(state).lengths_for(3)
+    ks = policy.decide(state).ks_for(3)
     assert ((ks >= 0) & (ks <= 1)).all()
     policy.observe(make_outcome(state, ks, np.minimum(ks, 1)))
     empty = make_state(np.zeros((0, 1)))
-    assert len(policy.decide(empty).lengths_for(0)) == 0
+    assert len(policy.decide(empty).ks_for(0)) == 0

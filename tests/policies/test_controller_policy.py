@@ -33,7 +33,13 @@ def test_starts_from_given_table_and_corrects_it():
         p.observe(outcome(st, [k] * 64, [k] * 64, 10.0))
         t += 0.01
     assert p.controller.installs >= 1
-    assert p.decide(state(64)).k > 0
+    # Why 5: ctx() allows k in 0..5 (five prior rates) on T(64, k) = 10 + 0.1*64 + k + 0.05*64*k
+    # = 16.4 + 4.2 k ms. With every draft accepted the estimated rates approach 1, so E[tokens | k]
+    # approaches k + 1 and goodput 64 (k + 1) / (16.4 + 4.2 k) rises with k (16.4 > 4.2):
+    # k = 4: 5 / 33.2 = 0.151 < k = 5: 6 / 37.4 = 0.160 tokens per ms per request. k = 5 stays
+    # best while the product of the five rates exceeds (37.4 / 33.2 - 1) * E[tokens | 4] ~ 0.63.
+    assert p.controller.estimator.rates() == pytest.approx([1.0] * 5, abs=0.02)
+    assert p.decide(state(64)).k == 5
 
 
 def test_prior_option():

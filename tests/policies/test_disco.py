@@ -1,51 +1,13 @@
-import gzip
-import json
-
 import numpy as np
 import pytest
 from per_request_helpers import make_ctx, make_outcome, make_state, run_sim
-from sklearn.metrics import roc_curve as sk_roc_curve
 
 from tabletune.errors import InputError
-from tabletune.policies.disco import (
-    ConfidenceThreshold,
-    DiscoModel,
-    DiscoPolicy,
-    roc_curve,
-    roc_threshold,
-    train_disco,
-    verified_labels,
-)
-from tabletune.policies.trace_fit import fit_ngram_table, read_traces, trace_rows
+from tabletune.policies.disco import ConfidenceThreshold, DiscoPolicy, verified_labels
+from tabletune.policies.disco_model import DiscoModel, roc_curve
+from tabletune.policies.trace_fit import read_traces, trace_rows
 from tabletune.sim.traces import draft_log
 from tabletune.sim.workload import preset
-
-
-def test_roc_threshold_hand_worked():
-    # pos = neg = 3. Costs FPR + 3 FNR at thresholds inf,.9,.8,.7,.6,.5,.3:
-    # 3, 2, 1, 4/3, 1/3, 2/3, 1  -> 0.6
-    labels = [1, 1, 0, 1, 0, 0]
-    scores = [0.9, 0.8, 0.7, 0.6, 0.5, 0.3]
-    assert roc_threshold(labels, scores) == 0.6
-    # false negatives at half price: 1/2, 1/3, 1/6, 1/2, 1/3, 2/3, 1 -> 0.8
-    assert roc_threshold(labels, scores, fn_cost=0.5) == 0.8
-
-
-def test_roc_curve_matches_sklearn():
-    rng = np.random.default_rng(3)
-    y = rng.integers(0, 2, 300)
-    s = np.round(rng.random(300), 2)  # rounded: many ties
-    fpr, tpr, thr = roc_curve(y, s)
-    sk_fpr, sk_tpr, sk_thr = sk_roc_curve(y, s, drop_intermediate=False)
-    np.testing.assert_allclose(fpr, sk_fpr)
-    np.testing.assert_allclose(tpr, sk_tpr)
-    np.testing.assert_allclose(thr[1:], sk_thr[1:])
-    assert thr[0] == np.inf
-
-
-def test_roc_needs_both_labels():
-    with pytest.raises(ValueError, match="both labels"):
-        roc_curve([1, 1], [0.2, 0.3])
 
 
 def test_verified_labels_censor_after_first_rejection():
@@ -82,32 +44,9 @@ def sim_log():
     return draft_log(preset("chat"), 4000, 7, seed=1).training_rows()
 
 
-def test_train_disco_learns_confidence_and_beats_top1_alone(sim_log, tmp_path):
-    x, y = sim_log
-    model = train_disco(x, y, trained_on="sim chat")
-    assert model.coef[0] > 0  # higher top-1 probability -> more likely accepted
-    p = model.accept_prob(x)
-    auc_model = _auc(y, p)
-    assert auc_model > 0.7 and auc_model >= _auc(y, x[:, 0]) - 0.01
-    assert 0.0 < model.threshold < 1.0
-    path = tmp_path / "disco.json"
-    model.save(path)
-    assert json.loads(path.read_text())["schema"] == "tabletune.disco_model"  # JSON, no pickle
-    again = DiscoModel.load(path)
-    np.testing.assert_allclose(again.accept_prob(x[:50]), p[:50])
-
-
 def _auc(y, s):
     fpr, tpr, _ = roc_curve(y, s)
     return float(np.trapezoid(tpr, fpr))
-
-
-def test_model_file_errors_name_the_field(tmp_path):
-    bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"schema": "tabletune.disco_model", "version": 1, "features": ["top1_prob"],
-                               "coef": [1.0, 2.0], "intercept": 0, "mean": [0], "scale": [1], "threshold": 0.5}))
-    with pytest.raises(InputError, match="coef"):
-        DiscoModel.load(bad)
 
 
 def test_classifier_policy_trains_online_and_stops_on_low_confidence(sim_log):
@@ -139,31 +78,6 @@ def test_default_classifier_is_the_committed_sim_model():
 def test_unknown_variant_is_an_input_error():
     with pytest.raises(InputError, match="disco.variant"):
         DiscoPolicy(make_ctx(), variant="psychic")
-
-
-def test_trace_files_train_disco_and_the_ngram_table(tmp_path):
-    rows = ["request,draft_start,draft_pos,gen_pos,top1_prob,entropy,margin,ngram_len,accept_prob,accepted"]
-    rng = np.random.default_rng(0)
-    for i in range(400):  # model drafter: accepted iff confident
-        p = rng.uniform(0.05, 0.99)
-        rows.append(f"r{i},0,{1 + i % 4},{i},{p:.3f},{-np.log(p):.3f},{p / 2:.3f},0,{p:.3f},{int(p > 0.5)}")
-    for i in range(200):  # n-gram drafter (no probabilities): long matches accepted
-        length = 2 + i % 10
-        rows.append(f"n{i},0,1,{i},nan,nan,nan,{length},1,{int(length >= 6)}")
-    path = tmp_path / "traces.csv.gz"
-    path.write_bytes(gzip.compress("\n".join(rows).encode()))
-    cols = read_traces(tmp_path)
-    x, y = trace_rows(cols)
-    assert x.shape == (400, 4)
-    model = train_disco(x, y)
-    assert model.accept_prob(np.array([[0.9, 0.1, 0.45, 1.0]]))[0] > 0.5 > model.accept_prob(
-        np.array([[0.1, 2.3, 0.05, 1.0]]))[0]
-    table = fit_ngram_table(cols, k_max=4)
-    assert table.rates[9, 0] > 0.8 and table.rates[3, 0] < 0.2
-    bad = tmp_path / "bad.csv"
-    bad.write_text("draft_pos,accepted\n1,1\n")
-    with pytest.raises(InputError, match="missing columns"):
-        read_traces(bad)
 
 
 @pytest.mark.parametrize("spec", ["disco", "disco:variant=threshold", "disco:variant=online"])

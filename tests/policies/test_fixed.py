@@ -10,7 +10,7 @@ def test_fixed_k_every_step_and_off():
     p = make_policy("fixed:3", c)
     for b in (1, 50, 128):
         d = p.decide(state(b))
-        assert d.k == 3 and d.lengths_for(b).tolist() == [3] * b
+        assert d.k == 3 and d.ks_for(b).tolist() == [3] * b
         p.observe(outcome(state(b), [3] * b, [0] * b))
     assert make_policy("off", c).decide(state(7)).k == 0
 

@@ -18,8 +18,8 @@ def test_documented_div4():
     assert [p.decide(state(b)).k for b in (4, 5, 8, 9, 16, 17, 32, 33)] == [5, 4, 4, 3, 3, 1, 1, 0]
 
 
-def test_table_k_is_clamped_to_the_allowed_lengths():
-    # rates known for 3 positions only: lengths 0..3, so the documented k=5 becomes 3
+def test_table_k_is_clamped_to_the_allowed_ks():
+    # rates known for 3 positions only: ks 0..3, so the documented k=5 becomes 3
     p = make_policy("documented", ctx(rates=(0.8, 0.7, 0.6)))
     assert p.decide(state(1)).k == 3
 

@@ -7,7 +7,7 @@ def test_tuned_table_is_argmax_goodput_at_every_b():
     c = ctx()
     p = make_policy("tabletune", c)
     for b in (1, 8, 30, 64, 128):
-        scores = {k: expected_tokens(c.prior_rates, k) / c.cost.step_ms(b, k) for k in c.lengths}
+        scores = {k: expected_tokens(c.prior_rates, k) / c.cost.step_ms(b, k) for k in c.ks}
         best = max(sorted(scores), key=lambda k: (scores[k], -k))
         assert p.decide(state(b)).k == best
 

@@ -5,10 +5,11 @@ import pytest
 from click.testing import CliRunner
 
 from tabletune.cli import main
+from tabletune.cost import StepCost
 from tabletune.goodput import expected_tokens
 from tabletune.policies import make_policy
 from tabletune.profile import StepProfile
-from tabletune.sim import Schedule, SimConfig, Simulator, StepCost, Workload
+from tabletune.sim import Schedule, SimConfig, Simulator, Workload
 
 RATES = [0.8, 0.75, 0.7, 0.65, 0.6, 0.55, 0.5]
 RATES_TEXT = ",".join(map(str, RATES))
@@ -90,5 +91,33 @@ def test_ngram_drafter_only_verifies_matched_requests(starter_8b):
     sim = Simulator(StepCost(StepProfile.load(starter_8b), 0.0), Schedule.constant(preset("code-edit")),
                     SimConfig(duration_s=10, load=32), default_drafter=NGRAM)
     r = sim.run(make_policy("fixed:5", sim.context()))
-    assert 0.5 < r.mean_k < 5  # requests without a match draft nothing
+    assert 0.5 < r.mean_k < 5
     assert r.acceptance > 0.4
+    # per request: with features on, each step shows what the n-gram drafter proposed (0: no match)
+    rec = Recorder(make_policy("fixed:5", sim.context()))
+    r = sim.run(rec)
+    proposed = np.concatenate([o.state.features.ngram_num_proposed for o in rec.outcomes])
+    ks = np.concatenate([o.ks for o in rec.outcomes])
+    accepted = np.concatenate([o.accepted for o in rec.outcomes])
+    unmatched = proposed == 0
+    assert 0.05 < unmatched.mean() < 0.95  # both kinds occur
+    assert np.all(ks[unmatched] == 0) and np.all(accepted[unmatched] == 0)  # unmatched requests draft nothing
+    assert np.all(ks[~unmatched] == 5)  # matched ones draft the policy's k (they propose k_max = 7)
+    assert r.steps.drafted.sum() == ks.sum()  # and the step is costed by what was drafted
+
+
+class Recorder:
+    """Wraps a policy, asks for the draft features (the n-gram proposals) and keeps every outcome."""
+
+    name = "recorder"
+    uses_features = True
+
+    def __init__(self, inner):
+        self.inner, self.outcomes = inner, []
+
+    def decide(self, state):
+        return self.inner.decide(state)
+
+    def observe(self, outcome):
+        self.outcomes.append(outcome)
+        self.inner.observe(outcome)

@@ -39,7 +39,7 @@ import time
 from collections import deque
 
 from tabletune.controller import Controller, load_controller
-from tabletune.estimator import StepObservation
+from tabletune.controller.estimator import StepObservation
 from tabletune.table import DraftTable
 
 PROFILE_ENV = "TABLETUNE_PROFILE"

@@ -10,9 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tabletune.acceptance import AcceptanceCounts, AcceptanceProfile
-from tabletune.controller import Controller, ControllerConfig, prior_rates
+from tabletune.controller import Controller, ControllerConfig, StepObservation, prior_rates
 from tabletune.errors import InputError
-from tabletune.estimator import StepObservation
 from tabletune.optimizer import evaluate_table, optimize_table
 from tabletune.profile import StepPoint, StepProfile
 from tabletune.table import VLLM_DOCUMENTED_DIV4_RANGES, DraftTable
@@ -49,7 +48,7 @@ def simulate(c: Controller, rates, batch_size: int, steps: int, rng: random.Rand
 def worst_share(table: DraftTable, rates) -> float:
     """min over b of goodput(table) / goodput(optimal table), both under the true rates."""
     opt = optimize_table(PROFILE, rates)
-    got = evaluate_table(PROFILE, rates, table, PROFILE.max_batch_size, opt.lengths)
+    got = evaluate_table(PROFILE, rates, table, PROFILE.max_batch_size, opt.ks)
     return min(g.goodput / o.goodput for g, o in zip(got, opt.predictions))
 
 
@@ -62,7 +61,7 @@ def worst_share(table: DraftTable, rates) -> float:
     ({"explore_fraction": 0.9}, "explore_fraction"),
     ({"min_gain": -0.1}, "min_gain"),
     ({"k_max": 0}, "k_max"),
-    ({"lengths": ()}, "lengths"),
+    ({"ks": ()}, "ks"),
     ({"rebuild_every_steps": 0}, "rebuild_every_steps"),
 ])
 def test_config_rejects(kwargs, field):
@@ -73,8 +72,8 @@ def test_config_rejects(kwargs, field):
 
 def test_config_defaults_and_json():
     assert ControllerConfig().half_life_tokens == 2000.0
-    cfg = ControllerConfig.from_json({"half_life_s": 5, "lengths": [0, 2], "prior_workload": "code"})
-    assert cfg.half_life_tokens is None and cfg.half_life_s == 5 and cfg.lengths == (0, 2)
+    cfg = ControllerConfig.from_json({"half_life_s": 5, "ks": [0, 2], "prior_workload": "code"})
+    assert cfg.half_life_tokens is None and cfg.half_life_s == 5 and cfg.ks == (0, 2)
     with pytest.raises(InputError, match="unknown option"):
         ControllerConfig.from_json({"halflife": 3})
     with pytest.raises(InputError, match="must be a number"):

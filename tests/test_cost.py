@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from tabletune.profile import StepPoint, StepProfile
-from tabletune.sim.cost import StepCost
+from tabletune.cost import StepCost
 
 
 def profile() -> StepProfile:

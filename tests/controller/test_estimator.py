@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tabletune.acceptance import AcceptanceCounts
-from tabletune.estimator import CumulativeCounters, DecayedAcceptance, StepObservation
+from tabletune.controller.estimator import CumulativeCounters, DecayedAcceptance, StepObservation
 
 
 def test_from_drafts_hand_worked():
@@ -117,7 +117,7 @@ def test_cumulative_counters_reset_and_nan():
 
 
 def test_draft_rate_prior_counts_and_decay():
-    from tabletune.estimator import DecayedDraftRate
+    from tabletune.controller.estimator import DecayedDraftRate
 
     q = DecayedDraftRate(prior=0.5, prior_weight=10, half_life=1e12)
     assert q.rate == 0.5

@@ -1,6 +1,6 @@
 """Controller options (``TABLETUNE_CONTROLLER`` JSON), validated on construction.
 
-See ``tabletune.controller`` for what each option steers. No torch, no vllm.
+See ``tabletune.controller.controller`` for what each option steers. No torch, no vllm.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ DEFAULT_HALF_LIFE_TOKENS = 2000.0
 class ControllerConfig:
     k_max: int | None = None  # default: the largest k in the step profile
     max_batch: int | None = None  # default: the profile's largest batch size
-    lengths: tuple[int, ...] | None = None  # allowed k (e.g. those with CUDA graphs)
+    ks: tuple[int, ...] | None = None  # allowed k (e.g. those with CUDA graphs)
     prior_weight: float = 20.0  # pseudo-drafts per position
     prior_workload: str | None = None  # entry of the AcceptanceProfile to use as prior
     prior_temperature: float | None = None
@@ -41,7 +41,7 @@ class ControllerConfig:
         checks = [
             ("k_max", self.k_max, self.k_max is None or self.k_max >= 1, "must be >= 1"),
             ("max_batch", self.max_batch, self.max_batch is None or self.max_batch >= 1, "must be >= 1"),
-            ("lengths", self.lengths, self.lengths is None or (len(self.lengths) > 0 and min(self.lengths) >= 0),
+            ("ks", self.ks, self.ks is None or (len(self.ks) > 0 and min(self.ks) >= 0),
              "must be non-empty and >= 0"),
             ("prior_weight", self.prior_weight, self.prior_weight >= 0, "must be >= 0"),
             ("half_life", (self.half_life_tokens, self.half_life_s),
@@ -75,7 +75,7 @@ class ControllerConfig:
         for key, value in obj.items():
             if key not in fields:
                 raise InputError(source, key, value, f"unknown option; known: {sorted(fields)}")
-            if key == "lengths" and value is not None:
+            if key == "ks" and value is not None:
                 if not isinstance(value, list) or not all(isinstance(v, int) for v in value):
                     raise InputError(source, key, value, "must be a list of integers")
                 value = tuple(value)

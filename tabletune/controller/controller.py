@@ -11,7 +11,7 @@ the simulator's ``controller`` policy all drive this one class::
     c.state()                                # JSON-able dict: table, acceptance, installs, steps, ...
 
 Estimator: per-position conditional acceptance from censored counts with a prior
-and exponential decay (``tabletune.estimator.DecayedAcceptance``).
+and exponential decay (``tabletune.controller.estimator.DecayedAcceptance``).
 
 Exploration: when the table drafts k < k_max, positions above k get no evidence.
 We draft k_max on a bounded fraction ``explore_fraction`` of steps (credit
@@ -53,9 +53,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tabletune.acceptance import AcceptanceCounts, AcceptanceProfile
-from tabletune.controller_config import ControllerConfig
+from tabletune.controller.config import ControllerConfig
+from tabletune.controller.estimator import DecayedAcceptance, DecayedDraftRate, StepObservation
 from tabletune.errors import InputError
-from tabletune.estimator import DecayedAcceptance, DecayedDraftRate, StepObservation
 from tabletune.optimizer import OptimizeOptions, optimize_table, predict
 from tabletune.profile import StepProfile
 from tabletune.table import DraftTable
@@ -95,12 +95,12 @@ class Controller:
                  config: ControllerConfig = ControllerConfig(), table: DraftTable | None = None) -> None:
         self.profile = step_profile
         self.config = config
-        measured = [k for k in step_profile.ks if config.lengths is None or k in config.lengths]
+        measured = [k for k in step_profile.ks if config.ks is None or k in config.ks]
         self.k_max = min(config.k_max or max(step_profile.ks), max(measured))
         if self.k_max < 1:
             raise InputError(step_profile.source, "k", step_profile.ks, "the profile measures no k >= 1")
         self.max_batch = config.max_batch or step_profile.max_batch_size
-        self.options = OptimizeOptions(max_batch=self.max_batch, k_max=self.k_max, lengths=config.lengths)
+        self.options = OptimizeOptions(max_batch=self.max_batch, k_max=self.k_max, ks=config.ks)
         self.estimator = DecayedAcceptance(
             prior_rates(prior, self.k_max, config.prior_workload, config.prior_temperature),
             config.prior_weight, config.half_life_tokens, config.half_life_s)
