@@ -58,8 +58,8 @@ def write_results(out: str, args, ceil: Ceilings, readings, rows: list[dict], de
         "device": device, "model": args.model, "dtype": "bfloat16", "context_len": args.context,
         "engine_version": ENGINE_VERSION, "drafter": "replay", "bandwidth_gb_s": round(ceil.bandwidth_gb_s, 1),
         "matrix_tflop_s": round(ceil.matrix_tflop_s, 1), **summary,
-        "ceiling_readings": [{"bandwidth_gb_s": round(c.bandwidth_gb_s, 1), "matrix_tflop_s": round(c.matrix_tflop_s, 1)}
-                             for c in readings],
+        "ceiling_readings": [{"bandwidth_gb_s": round(c.bandwidth_gb_s, 1),
+                              "matrix_tflop_s": round(c.matrix_tflop_s, 1)} for c in readings],
         "command": command_line(os.environ.get("OUT")), "rows": rows})
     md = [f"# Step / roofline floor: {args.model}, context {args.context}, {device}, engine {ENGINE_VERSION}", "",
           f"Copy {ceil.bandwidth_gb_s:.0f} GB/s, bf16 matmul {ceil.matrix_tflop_s:.0f} TFLOP/s. Step / floor "

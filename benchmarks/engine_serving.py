@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="prompts up to this length prefill from a CUDA graph per length (EngineConfig; 0: eager)")
     ap.add_argument("--out", default="benchmarks/results/engine_serving")
     args = ap.parse_args(argv)
-    command = command_line(os.environ.get("OUT")) if argv is None else "python benchmarks/engine_serving.py " + " ".join(argv)
+    command = command_line(os.environ.get("OUT")) if argv is None else \
+        "python benchmarks/engine_serving.py " + " ".join(argv)
     loads = [int(x) for x in args.loads.split(",")]
     max_load = max(loads)
     torch.manual_seed(0)

@@ -101,15 +101,9 @@ def serial_floor_ms(cfg: ModelConfig, batch_size: int, k: int, context_len: int,
 
         serial = max(W / bandwidth, F_gemm / rate) + max(KV / bandwidth, F_attn / rate)  >=  floor
     """
-    w, f_gemm, _, _ = _parts(cfg, batch_size, k, context_len)
-    return max(w / ceil.bandwidth_gb_s / 1e6, f_gemm / ceil.matrix_tflop_s / 1e9) + _attention_floor_ms(
-        cfg, batch_size, k, context_len, ceil)
-
-
-def _attention_floor_ms(cfg: ModelConfig, batch_size: int, k: int, context_len: int, ceil: Ceilings) -> float:
-    """Attention of one step at its floor: max(KV bytes / bandwidth, attention FLOPs / matrix rate)."""
-    _, _, kv, f_attn = _parts(cfg, batch_size, k, context_len)
-    return max(kv / ceil.bandwidth_gb_s / 1e6, f_attn / ceil.matrix_tflop_s / 1e9)
+    w, f_gemm, kv, f_attn = _parts(cfg, batch_size, k, context_len)
+    return (max(w / ceil.bandwidth_gb_s / 1e6, f_gemm / ceil.matrix_tflop_s / 1e9)
+            + max(kv / ceil.bandwidth_gb_s / 1e6, f_attn / ceil.matrix_tflop_s / 1e9))
 
 
 def build_engine(model: str, drafter: str, k_max: int, max_batch: int, context_len: int, device: str = "cuda",

@@ -133,15 +133,11 @@ class SpecEngine:
 
     def capture(self) -> None:
         """A CUDA graph per (bucket, k), largest bucket first, sharing one memory pool."""
+        pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
         with _collector_paused():
-            self._capture_all()
-
-    def _capture_all(self) -> None:
-        pool = self.graph_pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream()
-        for b in reversed(self.buckets):
-            for k in self.ks:
-                self.graphs[(b, k)] = self.capture_step(b, k, pool, stream=stream)
+            for b in reversed(self.buckets):
+                for k in self.ks:
+                    self.graphs[(b, k)] = self.capture_step(b, k, pool, stream)
         self.cached.zero_()
         torch.cuda.synchronize()
 
@@ -156,13 +152,9 @@ class SpecEngine:
         e1.synchronize()
         return e0.elapsed_time(e1)
 
-    def capture_step(self, b: int, k: int, pool=None, upload: bool = True,
-                     stream: torch.cuda.Stream | None = None) -> torch.cuda.CUDAGraph:
-        """The step of bucket b with k drafts as a CUDA graph, as the engine runs it now.
-
-        It is first run once on a side stream, so that kernel compiles and GEMM choices happen outside
-        the capture; ``upload``: the copy of the host inputs is the graph's first node.
-        """
+    def capture_step(self, b: int, k: int, pool=None, stream: torch.cuda.Stream | None = None) -> torch.cuda.CUDAGraph:
+        """The step of bucket b with k drafts as a CUDA graph whose first node uploads the host inputs. It is first
+        run once on a side stream, so that kernel compiles and GEMM choices happen outside the capture."""
         buf = self.buffers[b]
         stream = stream or torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -171,8 +163,7 @@ class SpecEngine:
         torch.cuda.current_stream().wait_stream(stream)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=pool):
-            if upload:
-                buf.inputs.copy_(buf.host, non_blocking=True)
+            buf.inputs.copy_(buf.host, non_blocking=True)
             self._step_body(buf, k)
         return g
 

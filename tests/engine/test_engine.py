@@ -1,11 +1,6 @@
 """The reference engine on the CPU: lossless speculation, counters, CUDA graphs off, a real model."""
 
-import dataclasses
-import os
 import random
-import subprocess
-import sys
-import types
 import zlib
 
 import pytest
