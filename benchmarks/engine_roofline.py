@@ -49,7 +49,8 @@ def rows_of(timed, cfg, context_len: int, ceil: Ceilings) -> list[dict]:
     return rows
 
 
-def write_results(out: str, args, ceil: Ceilings, readings, rows: list[dict], device: str, buckets) -> None:
+def write_results(out: str, args, ceil: Ceilings, readings, rows: list[dict], device: str, buckets,
+                  choices: dict[str, str]) -> None:
     small = [r for r in rows if r["batch_size"] == 1]
     ratios = [r["ratio"] for r in rows]
     summary = {"ratio_range": [min(ratios), max(ratios)],
@@ -60,7 +61,7 @@ def write_results(out: str, args, ceil: Ceilings, readings, rows: list[dict], de
         "matrix_tflop_s": round(ceil.matrix_tflop_s, 1), **summary,
         "ceiling_readings": [{"bandwidth_gb_s": round(c.bandwidth_gb_s, 1),
                               "matrix_tflop_s": round(c.matrix_tflop_s, 1)} for c in readings],
-        "command": command_line(os.environ.get("OUT")), "rows": rows})
+        "command": command_line(os.environ.get("OUT")), "rows": rows, "gemm_choices": choices})
     md = [f"# Step / roofline floor: {args.model}, context {args.context}, {device}, engine {ENGINE_VERSION}", "",
           f"Copy {ceil.bandwidth_gb_s:.0f} GB/s, bf16 matmul {ceil.matrix_tflop_s:.0f} TFLOP/s. Step / floor "
           f"{summary['ratio_range'][0]:.2f}-{summary['ratio_range'][1]:.2f}x"
@@ -97,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     readings = [first, measure_ceilings()]
     ceil = Ceilings(max(c.bandwidth_gb_s for c in readings), max(c.matrix_tflop_s for c in readings))
     rows = rows_of(timed, engine.target.cfg, args.context, ceil)
-    write_results(args.out, args, ceil, readings, rows, device_name(engine), buckets)
+    gemm = getattr(engine.target.ops, "gemm", None)  # the GEMM chooser's picks, "M N K gated" -> choice
+    choices = {" ".join(map(str, key)): str(c) for key, c in sorted(gemm.choices.items())} if gemm else {}
+    write_results(args.out, args, ceil, readings, rows, device_name(engine), buckets, choices)
     return 0
 
 

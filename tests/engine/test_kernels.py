@@ -120,3 +120,15 @@ def test_triton_kernels_match_torch_ops_in_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
     res = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=240)
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
+
+
+def test_only_cublas_choices_are_charged_for_breaking_the_pdl_chain():
+    """A gated shape's unfused path breaks the chain when its plain shape runs cuBLAS, not when it runs split-K."""
+    chooser = G.GemmChooser(torch.zeros(4, dtype=torch.int32), pdl=True)
+    split_k = G.configs(8, False)[0]
+    assert chooser._breaks_pdl((8, 64, 32, False), G.CUBLAS) and chooser._breaks_pdl((8, 64, 32, False), 64)
+    assert not chooser._breaks_pdl((8, 64, 32, False), split_k)
+    chooser.choices[(8, 64, 32, False)] = split_k
+    assert not chooser._breaks_pdl((8, 64, 32, True), G.UNFUSED)
+    chooser.choices[(8, 64, 32, False)] = G.CUBLASLT
+    assert chooser._breaks_pdl((8, 64, 32, True), G.UNFUSED)

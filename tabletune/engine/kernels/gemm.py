@@ -30,7 +30,7 @@ from tabletune.engine.kernels.common import MAX_TICKETS, ROW_PAD, launch_kwargs,
 MAX_SPLIT_K_ROWS = 128  # the Triton kernel is a candidate up to this many rows
 MAX_CHOOSE_ROWS = 4096  # above this, cuBLAS at M without timing
 CONTEXT_MIN_ROWS = 17  # from here on candidates are timed followed by a small PDL kernel, as in the step
-CUBLAS_PENALTY_US = 1.0  # below CONTEXT_MIN_ROWS: what a cuBLAS kernel costs the step's PDL chain, added to its time
+CUBLAS_PENALTY_US = 1.0  # what a cuBLAS kernel costs the step's PDL chain (idle time beside it), added to its time
 PREFETCH_K = 512
 SMEM_BYTES = 200 * 1024  # H100 / H200: 227 KB a block; room left for the epilogue
 MAX_REL_ERR = 2e-2  # bf16 operands with fp32 accumulation land near 4e-3; a wrong kernel lands near 1
@@ -209,8 +209,8 @@ class GemmChooser:
     def _choose(self, key: tuple, w: torch.Tensor):
         """The fastest candidate whose result is within MAX_REL_ERR of torch's (a config that miscompiles is never
         chosen), timed over weights rotated through copies bigger than L2, as in the model: alone below
-        CONTEXT_MIN_ROWS rows (cuBLAS's kernels charged CUBLAS_PENALTY_US with PDL on), else each call followed by
-        silu_mul, the small PDL kernel that follows a GEMM in the step."""
+        CONTEXT_MIN_ROWS rows, else each call followed by silu_mul, the small PDL kernel that follows a GEMM in the
+        step; with PDL on, a candidate that runs cuBLAS is charged CUBLAS_PENALTY_US for the gap it leaves."""
         m, n, k, gated = key
         if gated:
             self.linear(torch.zeros(m, k, dtype=w.dtype, device=w.device), w)  # the plain shape's choice first
@@ -233,10 +233,10 @@ class GemmChooser:
                 continue
             if not err < MAX_REL_ERR:
                 continue
+            penalty = CUBLAS_PENALTY_US if self.pdl and self._breaks_pdl(key, choice) else 0.0
             if m >= CONTEXT_MIN_ROWS:
-                timings[choice] = time_us(lambda: norms.silu_mul(run(rotated()), self.pdl))
+                timings[choice] = time_us(lambda: norms.silu_mul(run(rotated()), self.pdl)) + penalty
             else:
-                penalty = CUBLAS_PENALTY_US if self.pdl and self._breaks_pdl(key, choice) else 0.0
                 timings[choice] = time_us(lambda: run(rotated())) + penalty
         if not timings:
             raise RuntimeError(f"no GEMM candidate for {key} ran correctly on this GPU")
