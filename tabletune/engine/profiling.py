@@ -1,7 +1,7 @@
 """Build an engine from names, time its steps, and the roofline floor of a step.
 
 Roofline floor of one verify step of b sequences with q = k+1 tokens each at
-context c (the issue's definition):
+context c:
 
     bytes(b, k)  = weights read once + KV read = W + b * (c + q) * kv_bytes_per_token
     flops(b, k)  = 2 * P_matmul * b * q + 4 * b * q * (c + q) * H * D * layers
