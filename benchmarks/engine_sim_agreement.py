@@ -1,6 +1,6 @@
 """The simulator against real serving on the built-in engine (CPU; reads the GPU run's files).
 
-For every (load, policy) of ``benchmarks/results/engine_serving_h200.json`` it runs
+For every (load, policy) of ``benchmarks/results/engine_serving.json`` it runs
 ``tabletune.sim`` with the same step-time profile (measured by that run, at the
 mean serving context), the acceptance that run realised (its conditional rates
 per position), the same output length, prompt length and prefill cost per
@@ -18,7 +18,6 @@ import tempfile
 from pathlib import Path
 
 from tabletune import fileio
-from tabletune.engine.scheduler import steady_throughput
 from tabletune.policies import make_policy
 from tabletune.profile import StepProfile
 from tabletune.cost import StepCost
@@ -44,21 +43,18 @@ def simulate(profile, run, serving, table_file: str, duration_s: float, seed: in
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--serving", default=str(RESULTS / "engine_serving_h200.json"))
+    ap.add_argument("--serving", default=str(RESULTS / "engine_serving.json"))
     ap.add_argument("--duration", type=float, default=60.0)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--out", default=str(RESULTS / "engine_sim_agreement"))
     args = ap.parse_args(argv)
     serving = json.loads(Path(args.serving).read_text())
-    profile = StepProfile.load(Path(args.serving).parent / serving["profile"])
+    profile = StepProfile.from_json(serving["profile"], args.serving)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         table_file = str(Path(tmp) / "table.json")
         fileio.write_json(table_file, DraftTable.from_ranges(serving["table"]).to_vllm())
         for run in serving["runs"]:
-            st = run["steps"]  # recompute with the current window definition
-            run["throughput_tok_s"] = round(steady_throughput(st["batch_size"], [w / 1e3 for w in st["wall_ms"]],
-                                                              st["tokens"], run["load"], run.get("window_start", 1)), 2)
             sims = [simulate(profile, run, serving, table_file, args.duration, s) for s in range(args.seeds)]
             sim_tok_s = sum(sims) / len(sims)
             diff = sim_tok_s / run["throughput_tok_s"] - 1

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from tabletune.engine.kv_cache import KVCache
-from tabletune.engine.model import Decoder, DecoderLayer, _param, linear
+from tabletune.engine.model import Decoder, DecoderLayer, _param
 from tabletune.engine.presets import ModelConfig
 
 
@@ -176,7 +176,7 @@ class EagleDrafter(_CatchUpDrafter):
     def _forward(self, toks, hid, pos, slots, prefill_at=None):
         t = self.target[0]
         ops, eps = t.ops, t.cfg.rms_norm_eps
-        x = linear(torch.cat([t.embed[toks], hid], dim=-1), self.fc)
+        x = t.ops.linear(torch.cat([t.embed[toks], hid], dim=-1), self.fc)
         h = ops.rms_norm(x, self.layer.in_norm, eps)
         a = self.layer.attn(ops, h, pos, slots, self.cache.k[0], self.cache.v[0], prefill_at)
         h, x = ops.add_rms_norm(x, a, self.layer.post_norm, eps)
@@ -283,6 +283,6 @@ def make_drafter(name: str, target: Decoder, k_max: int, draft_cfg: ModelConfig 
         return ParallelBlockDrafter(target, k_max)
     if name == "draft_model":
         if draft_model is None:
-            draft_model = Decoder(draft_cfg, target.dtype, target.device)
+            draft_model = Decoder(draft_cfg, target.dtype, target.device, ops=target.ops)
         return DraftModelDrafter(draft_model)
     raise ValueError(f"unknown drafter {name!r}; choose ngram, replay, eagle, parallel_block, draft_model")

@@ -84,6 +84,15 @@ def silu_mul(gate_up: torch.Tensor, out_dtype=None) -> torch.Tensor:
     return (F.silu(g) * u).to(out_dtype or gate_up.dtype)
 
 
+def linear(x: torch.Tensor, w: torch.Tensor, gated: bool = False) -> torch.Tensor:
+    """x [..., K] W^T over the last dim; gated: x = [gate | up] and y = (silu(gate) * up) W^T."""
+    if gated:
+        x = silu_mul(x, w.dtype)
+    # [M, K]
+    x2 = x.reshape(-1, x.shape[-1])
+    return torch.mm(x2, w.t()).view(*x.shape[:-1], w.shape[0])
+
+
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float):
     """residual = x + delta (delta None: x); return (rms_norm(residual), residual)."""
     r = (x if delta is None else x + delta).to(weight.dtype)
@@ -106,3 +115,15 @@ def prefill_attention(q, k_cache, v_cache, start: int, slot, scale):
         mask = torch.ones(plen, end, dtype=torch.bool, device=q.device).tril(diagonal=start)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     return out.transpose(1, 2)
+
+
+class TorchOps:
+    """The ops of ``model.Decoder`` in plain PyTorch, with the interface of ``kernels.triton_ops.TritonOps``."""
+
+    linear = staticmethod(linear)
+    add_rms_norm = staticmethod(add_rms_norm)
+    rms_norm = staticmethod(rms_norm)
+    silu_mul = staticmethod(silu_mul)
+    qk_rope_cache_write = staticmethod(qk_rope_cache_write)
+    attention = staticmethod(attention)
+    rope_attention = staticmethod(rope_attention)

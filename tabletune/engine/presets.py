@@ -58,17 +58,6 @@ class ModelConfig:
         emb = self.vocab_size * h * (1 if self.tie_embeddings else 2)
         return self.num_layers * (attn + mlp) + emb
 
-    def layer_gemm_shapes(self) -> dict[str, tuple[int, int]]:
-        """(N, K) of a dense decoder layer's four weights, y = x W^T: qkv, o, gate_up ([gate | up]) and down."""
-        h, d = self.hidden_size, self.head_dim
-        return {"qkv": ((self.num_heads + 2 * self.num_kv_heads) * d, h), "o": (h, self.num_heads * d),
-                "gate_up": (2 * self.intermediate_size, h), "down": (h, self.intermediate_size)}
-
-    def step_gemm_shapes(self) -> dict[str, tuple[int, int]]:
-        """(N, K) of a dense decode step's GEMMs: the layer's four (``layer_gemm_shapes``) and the LM head
-        ("lm_head")."""
-        return {**self.layer_gemm_shapes(), "lm_head": (self.vocab_size, self.hidden_size)}
-
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         return self.num_layers * 2 * self.num_kv_heads * self.head_dim * dtype_bytes
 

@@ -1,7 +1,7 @@
 """Build an engine from names, time its steps, and the roofline floor of a step.
 
 Roofline floor of one verify step of b sequences with q = k+1 tokens each at
-context c (the issue's definition):
+context c:
 
     bytes(b, k)  = weights read once + KV read = W + b * (c + q) * kv_bytes_per_token
     flops(b, k)  = 2 * P_matmul * b * q + 4 * b * q * (c + q) * H * D * layers
@@ -17,20 +17,19 @@ experts count, at most min(E, b*q*top_k) of them per layer.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from tabletune.engine.config import EngineConfig, KernelConfig
 from tabletune.engine.drafters import make_drafter
-from tabletune.engine.model import Decoder
+from tabletune.engine.model import Decoder, select_ops
 from tabletune.engine.presets import ModelConfig, resolve
-from tabletune.engine.runner import EngineConfig, SpecEngine
+from tabletune.engine.runner import SpecEngine
 
-ENGINE_VERSION = "0.7.dev10"  # docs/engine_notes.md: each version's H200 numbers
+ENGINE_VERSION = "0.8.0"  # the lean engine: cuBLAS or one split-K Triton GEMM, split-KV attention
 RUNNER = "builtin/cudagraph-per-(bucket,k)"
 
 
@@ -102,73 +101,26 @@ def serial_floor_ms(cfg: ModelConfig, batch_size: int, k: int, context_len: int,
 
         serial = max(W / bandwidth, F_gemm / rate) + max(KV / bandwidth, F_attn / rate)  >=  floor
     """
-    w, f_gemm, _, _ = _parts(cfg, batch_size, k, context_len)
-    return max(w / ceil.bandwidth_gb_s / 1e6, f_gemm / ceil.matrix_tflop_s / 1e9) + _attention_floor_ms(
-        cfg, batch_size, k, context_len, ceil)
-
-
-def _attention_floor_ms(cfg: ModelConfig, batch_size: int, k: int, context_len: int, ceil: Ceilings) -> float:
-    """Attention of one step at its floor: max(KV bytes / bandwidth, attention FLOPs / matrix rate)."""
-    _, _, kv, f_attn = _parts(cfg, batch_size, k, context_len)
-    return max(kv / ceil.bandwidth_gb_s / 1e6, f_attn / ceil.matrix_tflop_s / 1e9)
-
-
-def gemm_floor_us(n: int, k: int, m: int, ceil: Ceilings) -> float:
-    """x [M, K] W^T with a bf16 W [N, K] at its floor: max(W bytes / bandwidth, FLOPs / matrix rate)."""
-    return max(2 * n * k / ceil.bandwidth_gb_s / 1e3, 2 * m * n * k / ceil.matrix_tflop_s / 1e6)
-
-
-def done_line(batch_size: int) -> float:
-    """The issue's done line for a cell: step <= 1.3x floor for b <= 32, <= 1.5x everywhere."""
-    return 1.3 if batch_size <= 32 else 1.5
-
-
-def serial_headroom(cfg: ModelConfig, batch_size: int, k: int, context_len: int, ceil: Ceilings,
-                    line: float | None = None) -> float:
-    """line x floor / serial floor (line: ``done_line``): the most a step may take over the serial floor and still
-    meet the line, for an engine that runs attention and the GEMMs one after the other. Below 1 no such engine
-    meets it, whatever its kernels: attention has to overlap the GEMMs."""
-    line = done_line(batch_size) if line is None else line
-    return line * step_floor_ms(cfg, batch_size, k, context_len, ceil) / serial_floor_ms(cfg, batch_size, k,
-                                                                                          context_len, ceil)
-
-
-def best_kernel_serial_ms(cfg: ModelConfig, batch_size: int, k: int, context_len: int, ceil: Ceilings,
-                          gemm_us: Callable[[str, int], float]) -> float:
-    """A serial step built from measured GEMM kernels with everything else free (dense models only):
-
-        layers x sum of the layer's GEMMs + the LM head, each at ``gemm_us(name, M)`` us for M = b (k + 1) rows
-        (names: ``cfg.step_gemm_shapes()``), + attention at its floor (``_attention_floor_ms``).
-
-    RoPE, the norms, SiLU, verification and launch gaps cost nothing here. With ``gemm_us`` the fastest measured
-    kernel of each shape, this is what an engine that runs those kernels one after another could reach at best;
-    over line x floor, the cell needs faster GEMM kernels than were measured, or attention overlapped with them.
-    """
-    if cfg.is_moe:
-        raise ValueError(f"{cfg.name}: best_kernel_serial_ms covers dense layers only")
-    m = batch_size * (k + 1)
-    layer_us = sum(gemm_us(name, m) for name in cfg.layer_gemm_shapes())
-    return (cfg.num_layers * layer_us + gemm_us("lm_head", m)) / 1e3 + _attention_floor_ms(cfg, batch_size, k,
-                                                                                             context_len, ceil)
+    w, f_gemm, kv, f_attn = _parts(cfg, batch_size, k, context_len)
+    return (max(w / ceil.bandwidth_gb_s / 1e6, f_gemm / ceil.matrix_tflop_s / 1e9)
+            + max(kv / ceil.bandwidth_gb_s / 1e6, f_attn / ceil.matrix_tflop_s / 1e9))
 
 
 def build_engine(model: str, drafter: str, k_max: int, max_batch: int, context_len: int, device: str = "cuda",
                  draft_model: str = "qwen3-0.6b", dtype=torch.bfloat16, weights: str | None = None,
                  buckets: tuple[int, ...] = (), temperature: float = 0.0, max_len: int | None = None,
-                 fuse_norm_max_rows: int = 0, attn_step_choice: bool = True,
-                 gemm_step_choice: bool = True) -> SpecEngine:
-    """Target (random weights unless ``weights`` names a safetensors folder) + drafter + engine."""
+                 ks: tuple[int, ...] = (), kernels: KernelConfig | None = None) -> SpecEngine:
+    """Target (random weights unless ``weights`` names a safetensors folder) + drafter + engine, all on one set of
+    ops made from ``kernels``."""
     cfg = resolve(model)
+    ecfg = EngineConfig(max_num_seqs=max_batch, max_len=max_len or context_len + k_max + 16, k_max=k_max,
+                        temperature=temperature, buckets=buckets, ks=ks, kernels=kernels or KernelConfig())
     torch.manual_seed(0)
-    target = Decoder(cfg, dtype, device)
+    target = Decoder(cfg, dtype, device, ops=select_ops(torch.device(device), ecfg.kernels))
     if weights:
         target.load_safetensors(weights)
     draft_cfg = resolve(draft_model) if drafter == "draft_model" else None
-    d = make_drafter(drafter, target, k_max, draft_cfg=draft_cfg)
-    ecfg = EngineConfig(max_num_seqs=max_batch, max_len=max_len or context_len + k_max + 16, k_max=k_max,
-                        temperature=temperature, buckets=buckets, fuse_norm_max_rows=fuse_norm_max_rows,
-                        attn_step_choice=attn_step_choice, gemm_step_choice=gemm_step_choice)
-    return SpecEngine(target, d, ecfg)
+    return SpecEngine(target, make_drafter(drafter, target, k_max, draft_cfg=draft_cfg), ecfg)
 
 
 def time_steps(engine: SpecEngine, batch_size: int, k: int, num_steps: int, context_len: int,
@@ -189,23 +141,10 @@ def time_steps(engine: SpecEngine, batch_size: int, k: int, num_steps: int, cont
     return out
 
 
-def command_line() -> str:
-    """This run's command as a benchmark records it: the engine's TABLETUNE_* settings from the environment first,
-    the device's output folder ($OUT) written as $OUT."""
-    settings = [f"{name}={value}" for name, value in sorted(os.environ.items()) if name.startswith("TABLETUNE_")]
-    cmd = " ".join(settings + ["python"] + sys.argv)
-    out = os.environ.get("OUT")
-    return cmd.replace(out, "$OUT") if out else cmd
-
-
-def write_diagnostic(out: str, lines: list[str], **fields) -> None:
-    """A GPU diagnostic's results: ``out``.json (the device, this run's command, then ``fields``) and ``out``.md
-    (the lines it printed)."""
-    from tabletune import fileio
-
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    fileio.write_json(out + ".json", {"device": device, "command": command_line(), **fields})
-    fileio.write_text(out + ".md", "\n".join(lines) + "\n")
+def command_line(out_dir: str | None = None) -> str:
+    """This run's command as a benchmark records it, its output folder (the device's $OUT) written as $OUT."""
+    cmd = " ".join(["python"] + sys.argv)
+    return cmd.replace(out_dir, "$OUT") if out_dir else cmd
 
 
 def device_name(engine: SpecEngine) -> str:

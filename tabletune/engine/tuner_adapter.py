@@ -88,14 +88,14 @@ class BuiltinEngine:
         name = self.spec.draft_model
         if name:
             folder = _weights_folder(name)
-            model = Decoder(resolve(folder or name), self.dtype, self.device)
+            model = Decoder(resolve(folder or name), self.dtype, self.device, ops=self.target.ops)
             if folder:
                 model.load_safetensors(folder)
             return model
         cfg = self.target.cfg
         small = PRESETS["qwen3-0.6b"] if cfg.vocab_size == PRESETS["qwen3-0.6b"].vocab_size else \
             replace(cfg, name=cfg.name + "-draft", num_layers=max(1, cfg.num_layers // 4))
-        return Decoder(small, self.dtype, self.device)
+        return Decoder(small, self.dtype, self.device, ops=self.target.ops)
 
     def _build(self, drafter) -> SpecEngine:
         spec = self.spec
@@ -156,11 +156,6 @@ class BuiltinEngine:
             torch.cuda.empty_cache()
 
     # ---- helpers ------------------------------------------------------------
-
-    def _decode(self, engine: SpecEngine, ids: list[list[int]], table: DraftTable, max_tokens: int):
-        reqs = [Request(p, max_tokens, i) for i, p in enumerate(ids)]
-        Scheduler(engine, table).run(reqs)
-        return [r.output for r in reqs]
 
     def _tokenize(self, text: str) -> list[int]:
         """The model's tokenizer with real weights; bytes (mod vocab) for a random-weight shape."""

@@ -1,0 +1,106 @@
+"""GPU correctness of the engine: the Triton kernels against the PyTorch ops on the 8B shape, the GEMM chooser,
+and greedy outputs with speculation (CUDA graphs) identical to those without. Skipped without CUDA."""
+
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+from tabletune.engine import ops as O  # noqa: E402
+from tabletune.engine.config import EngineConfig, KernelConfig  # noqa: E402
+from tabletune.engine.drafters import make_drafter  # noqa: E402
+from tabletune.engine.kernels import gemm as G  # noqa: E402
+from tabletune.engine.model import Decoder, moe_mlp, select_ops  # noqa: E402
+from tabletune.engine.presets import PRESETS  # noqa: E402
+from tabletune.engine.runner import SpecEngine  # noqa: E402
+from tabletune.engine.scheduler import Request, Scheduler  # noqa: E402
+from tabletune.table import DraftTable  # noqa: E402
+
+CFG = PRESETS["qwen3-8b"]
+
+
+def rel(a, b) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.fixture(scope="module")
+def triton_ops():
+    return select_ops(torch.device("cuda"), KernelConfig())
+
+
+@pytest.mark.parametrize("b,q", [(1, 1), (8, 4), (32, 1), (128, 8)])
+def test_attention_kernels_match_torch_on_the_8b_shape(triton_ops, b, q):
+    torch.manual_seed(0)
+    h, hkv, d = CFG.num_heads, CFG.num_kv_heads, CFG.head_dim
+    qkv = torch.randn(b, q, (h + 2 * hkv) * d, device="cuda", dtype=torch.bfloat16)
+    kc = torch.randn(b + 1, hkv, 1100, d, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    start = torch.randint(900, 1024, (b,), device="cuda")
+    slots = torch.randperm(b, device="cuda")
+    norm = torch.rand(d, device="cuda", dtype=torch.bfloat16) + 0.5
+    args = (norm, norm, h, hkv, d, CFG.rope_theta, CFG.rms_norm_eps)
+    kc_t, vc_t = kc.clone(), vc.clone()
+    ref = O.rope_attention(qkv, start, slots, kc, vc, *args, d ** -0.5)
+    assert rel(triton_ops.rope_attention(qkv, start, slots, kc_t, vc_t, *args, d ** -0.5), ref) < 2e-2
+    assert rel(kc_t, kc) < 1e-2 and torch.equal(vc_t, vc)
+    q_ref = O.qk_rope_cache_write(qkv, start, slots, kc, vc, *args)
+    q_t = triton_ops.qk_rope_cache_write(qkv, start, slots, kc_t, vc_t, *args)
+    assert rel(q_t, q_ref) < 1e-2
+    out = triton_ops.attention(q_ref, kc, vc, start, slots, d ** -0.5)
+    assert rel(out, O.attention(q_ref, kc, vc, start, slots, d ** -0.5)) < 2e-2
+    assert int(triton_ops.counters.abs().sum()) == 0  # every ticket counter back at zero
+
+
+@pytest.mark.parametrize("m", [1, 8, 32, 128])
+@pytest.mark.parametrize("gated", [False, True])
+def test_split_k_gemm_and_the_chooser_match_torch(triton_ops, m, gated):
+    torch.manual_seed(0)
+    n, k = CFG.hidden_size, CFG.intermediate_size
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+    x = torch.randn(m, 2 * k if gated else k, device="cuda", dtype=torch.bfloat16)
+    ref = O.linear(x, w, gated)
+    for cfg in G.configs(m, gated)[:4]:
+        y = G.split_k_linear(x, w, cfg, triton_ops.counters, triton_ops.pdl, gated)
+        assert rel(y, ref) < 2e-2, cfg
+        assert torch.equal(y, G.split_k_linear(x, w, cfg, triton_ops.counters, triton_ops.pdl, gated))
+    assert rel(triton_ops.linear(x, w, gated), ref) < 2e-2
+    assert (m, n, k, gated) in triton_ops.gemm.choices
+    assert int(triton_ops.counters.abs().sum()) == 0
+
+
+def test_moe_grouped_gemm_matches_the_expert_loop():
+    torch.manual_seed(0)
+    cfg = PRESETS["tiny-moe"]
+    layer = Decoder(cfg, torch.float32, "cuda").layers[0]
+    x = torch.randn(3, 5, cfg.hidden_size, device="cuda")
+    got = moe_mlp(O.TorchOps(), x, layer.router, layer.w_gate_up, layer.w_down, cfg.num_experts_per_tok)
+    ref = moe_mlp(O.TorchOps(), x.cpu(), layer.router.cpu(), layer.w_gate_up.cpu(), layer.w_down.cpu(),
+                  cfg.num_experts_per_tok)
+    assert rel(got.cpu(), ref) < 1e-4
+
+
+def _serve(target, drafter: str, table: DraftTable, prompts, prefill_graphs: int = 512):
+    d = make_drafter(drafter, target, 5, draft_cfg=PRESETS["tiny"])
+    e = SpecEngine(target, d, EngineConfig(max_num_seqs=8, max_len=96, k_max=5, prefill_graph_max_len=prefill_graphs))
+    reqs = [Request(list(p), 40, i) for i, p in enumerate(prompts)]
+    stats = Scheduler(e, table).run(reqs)
+    torch.cuda.synchronize()
+    return [r.output for r in reqs], stats, len(e.graphs)
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "eagle", "draft_model", "parallel_block"])
+def test_greedy_outputs_with_speculation_and_graphs_equal_those_without(drafter):
+    torch.manual_seed(0)
+    cfg = PRESETS["tiny"]
+    target = Decoder(cfg, torch.float32, "cuda")
+    rng = random.Random(0)
+    # three prompt lengths, so that the prefill graphs (captured after a length's second prompt) replay too
+    prompts = [[rng.randrange(cfg.vocab_size) for _ in range(rng.choice((3, 11, 29)))] for _ in range(12)]
+    base, _, _ = _serve(target, "ngram", DraftTable.fixed(0), prompts, prefill_graphs=0)
+    out, stats, num_graphs = _serve(target, drafter, DraftTable.from_ranges([[1, 2, 5], [3, 4, 2], [5, 8, 3]]),
+                                    prompts)
+    assert num_graphs > 0 and sum(stats.counts.drafted) > 0
+    assert out == base
