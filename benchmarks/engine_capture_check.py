@@ -22,7 +22,7 @@ import torch
 
 from tabletune import fileio
 from tabletune.engine.profiling import build_engine
-from tabletune.padding import power_of_two_buckets
+from tabletune.padding import geometric_batch_sizes as power_of_two_buckets
 
 SLEEP_CYCLES = 600_000  # ~0.3 ms at ~2 GHz
 

@@ -27,7 +27,7 @@ from tabletune.engine.gpu_monitor import GpuMonitor, GpuWindow
 from tabletune.engine.profiling import (ENGINE_VERSION, Ceilings, build_engine, command_line, device_name,
                                         measure_ceilings, serial_floor_ms, step_floor_ms, time_replays_gpu, time_steps)
 from tabletune.engine.presets import resolve
-from tabletune.padding import power_of_two_buckets
+from tabletune.padding import geometric_batch_sizes as power_of_two_buckets
 
 
 def diagnose(model: str) -> list[str]:

@@ -35,7 +35,7 @@ from tabletune.engine.profiling import ENGINE_VERSION, RUNNER, command_line, dev
 from tabletune.engine.runner import EngineConfig, SpecEngine
 from tabletune.engine.scheduler import Request, Scheduler, steady_throughput
 from tabletune.optimizer import OptimizeOptions, optimize_table
-from tabletune.padding import power_of_two_buckets
+from tabletune.padding import geometric_batch_sizes as power_of_two_buckets
 from tabletune.profile import Fingerprint, StepPoint, StepProfile
 from tabletune.table import DraftTable
 
