@@ -26,7 +26,8 @@ import numpy as np
 
 from tabletune import fileio
 from tabletune.acceptance import AcceptanceCounts
-from tabletune.assets import WORKLOADS, smollm2_model_dir
+from tabletune.assets import WORKLOADS
+from tabletune.integrations.hf.smollm2 import smollm2_model_dir
 from tabletune.integrations.hf.measure import AcceptanceRun, early_exit_proposer, trajectories
 from tabletune.integrations.hf.replay import count, replay
 

@@ -60,7 +60,7 @@ def start(spec: EngineSpec) -> BuiltinEngine:
 
 def _weights_folder(model: str) -> str | None:
     if model == "smollm2-135m":
-        from tabletune import assets
+        from tabletune.integrations.hf import smollm2 as assets  # smollm2_model_dir moved out of the core
 
         return str(assets.smollm2_model_dir())
     return model if Path(model).is_dir() else None
