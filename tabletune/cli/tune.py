@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import warnings
 from pathlib import Path
@@ -52,9 +53,11 @@ def engine_log_env(verbose: bool) -> dict[str, str]:
 
 def quiet_engine_logs(verbose: bool) -> None:
     """At the CLI entry, before vLLM or torch is imported: apply ``engine_log_env`` and, unless
-    ``verbose``, hide the deprecation warnings the engines' own modules raise."""
+    ``verbose``, set the ``vllm`` logger to ERROR too (vLLM logs while it imports, before it reads
+    ``VLLM_LOGGING_LEVEL``) and hide the deprecation warnings the engines' own modules raise."""
     os.environ.update(engine_log_env(verbose))
     if not verbose:
+        logging.getLogger("vllm").setLevel(logging.ERROR)
         for category in (DeprecationWarning, FutureWarning):
             warnings.filterwarnings("ignore", category=category, module=r"(vllm|torch|transformers)(\.|$)")
 

@@ -16,10 +16,8 @@ FAST = ["--point-budget-s", "0.01", "--num-prompts", "1", "--no-refine", "--clos
 
 @pytest.fixture
 def fake_engine(monkeypatch):
-    """`--engine builtin` runs tests/cli/fake_adapter.py; the engine log environment is restored afterwards."""
+    """`--engine builtin` runs tests/cli/fake_adapter.py."""
     monkeypatch.setitem(tune_module.ADAPTERS, "builtin", "fake_adapter")
-    for name in ("VLLM_LOGGING_LEVEL", "TORCH_CPP_LOG_LEVEL"):
-        monkeypatch.delenv(name, raising=False)
 
 
 def test_build_spec_defaults_to_the_geometric_grid():
@@ -33,6 +31,19 @@ def test_build_spec_defaults_to_the_geometric_grid():
 def test_engine_logs_at_error_unless_verbose():
     assert tune_module.engine_log_env(False) == {"VLLM_LOGGING_LEVEL": "ERROR", "TORCH_CPP_LOG_LEVEL": "ERROR"}
     assert tune_module.engine_log_env(True) == {}
+
+
+def test_tune_sets_the_engine_logs_at_its_entry(tmp_path, fake_engine):
+    import logging
+    import os
+
+    args = ["tune", "--engine", "builtin", "--model", "fake", "--k-max", "1", "--batch-sizes", "1", *FAST]
+    assert CliRunner().invoke(main, [*args, "--out", str(tmp_path / "a")]).exit_code == 0
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "ERROR" and logging.getLogger("vllm").level == logging.ERROR
+    del os.environ["VLLM_LOGGING_LEVEL"]
+    logging.getLogger("vllm").setLevel(logging.NOTSET)
+    assert CliRunner().invoke(main, [*args, "--verbose", "--out", str(tmp_path / "b")]).exit_code == 0
+    assert "VLLM_LOGGING_LEVEL" not in os.environ and logging.getLogger("vllm").level == logging.NOTSET
 
 
 @pytest.mark.parametrize("args, text", [
@@ -49,9 +60,7 @@ def test_engine_logs_at_error_unless_verbose():
     (["--model", "tiny-llama", "--point-budget-s", "0"], "--point-budget-s"),
     (["--model", "tiny-llama", "--prompts", "no-such-set"], "choose one of"),
 ])
-def test_bad_input_exits_2_before_any_engine(tmp_path, monkeypatch, args, text):
-    for name in ("VLLM_LOGGING_LEVEL", "TORCH_CPP_LOG_LEVEL"):
-        monkeypatch.delenv(name, raising=False)
+def test_bad_input_exits_2_before_any_engine(tmp_path, args, text):
     res = CliRunner().invoke(main, ["tune", *args, "--out", str(tmp_path / "o")])
     assert res.exit_code == 2, (args, res.output)
     assert text in res.stderr and len(res.stderr.strip().splitlines()) == 1
