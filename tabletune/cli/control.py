@@ -41,7 +41,8 @@ def table_in_force(spec: str | None, profile_dir: Path) -> DraftTable | None:
 @click.option("--table", "table", default=None, help="the table vLLM runs (JSON ranges or file); default DIR/table.json")
 @click.option("--k-max", type=click.IntRange(min=1), default=None,
               help="vLLM's num_speculative_tokens (default: the profile's)")
-@click.option("--max-batch", type=click.IntRange(min=1), default=None, help="vLLM's max_num_seqs (default: the profile's)")
+@click.option("--max-batch", type=click.IntRange(min=1), default=None,
+              help="vLLM's max_num_seqs (default: the profile's)")
 @click.option("--options", default="", help="controller options as JSON, e.g. '{\"half_life_s\": 120}'")
 @click.option("--interval-s", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True)
 @click.option("--iterations", type=int, default=0, help="stop after N scrapes (0: run until interrupted)")

@@ -15,17 +15,20 @@ from tabletune.profile import StepProfile
 @click.command("simulate")
 @click.option("--policy", required=True, help="NAME[:ARG], e.g. fixed:3, off, table:FILE, tabletune, controller")
 @click.option("--load", type=click.IntRange(min=1), default=32, show_default=True, help="closed loop: open requests")
-@click.option("--arrival-rate", type=click.FloatRange(min=0, min_open=True), default=None, help="open loop instead: Poisson requests/s")
+@click.option("--arrival-rate", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="open loop instead: Poisson requests/s")
 @click.option("--step-times", required=True, help="CSV (batch_size,k,step_ms) or step_profile.json")
 @click.option("--acceptance", required=True, help="conditional rates a1,a2,... or acceptance.json")
 @click.option("--prior", default=None, help="rates the policy is told (default: --acceptance)")
-@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True, help="simulated seconds")
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+              help="simulated seconds")
 @click.option("--output-len", type=int, default=None, help="fix every request's output length (tokens)")
 @click.option("--workload", default="chat", show_default=True, help="preset for lengths and copyable spans")
 @click.option("--heterogeneity", type=float, default=0.0, show_default=True,
               help="sd of each request's logit shift of the rates")
 @click.option("--drafter", type=click.Choice(["model", "ngram"]), default="model", show_default=True)
-@click.option("--draft-share", type=click.FloatRange(0, 1), default=0.5, show_default=True, help="mixed-k step cost rule")
+@click.option("--draft-share", type=click.FloatRange(0, 1), default=0.5, show_default=True,
+              help="mixed-k step cost rule")
 @click.option("--max-num-seqs", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--noise-cv", type=click.FloatRange(min=0), default=0.0, show_default=True, help="step-time noise")
 @click.option("--seed", type=int, default=0, show_default=True)

@@ -19,7 +19,8 @@ from tabletune.profile import StepProfile
 @click.option("--max-batch", type=click.IntRange(min=1), default=None, help="default: largest measured batch size")
 @click.option("--k-max", type=click.IntRange(min=0), default=None)
 @click.option("--ks", default=None, help="allowed k only, e.g. 0,1,3")
-@click.option("--min-gain", type=click.FloatRange(min=0), default=0.0, help="change k between ranges only for this gain")
+@click.option("--min-gain", type=click.FloatRange(min=0), default=0.0,
+              help="change k between ranges only for this gain")
 @click.option("--format", "fmt", type=click.Choice(["vllm", "trtllm", "json"]), default="vllm")
 @click.option("--output", type=click.Path(dir_okay=False), default=None, help="write here (atomically)")
 @click.option("--quiet", is_flag=True, help="print only the table")

@@ -69,7 +69,8 @@ def test_bad_input_exits_2_before_any_engine(tmp_path, args, text):
 
 def test_missing_adapter_module_is_bad_input(tmp_path, monkeypatch):
     monkeypatch.setitem(tune_module.ADAPTERS, "builtin", "tabletune.engine.no_such_adapter")
-    res = CliRunner().invoke(main, ["tune", "--engine", "builtin", "--model", "tiny-llama", "--out", str(tmp_path / "o")])
+    args = ["tune", "--engine", "builtin", "--model", "tiny-llama", "--out", str(tmp_path / "o")]
+    res = CliRunner().invoke(main, args)
     assert res.exit_code == 2 and "adapter module tabletune.engine.no_such_adapter is not available" in res.stderr
 
 
