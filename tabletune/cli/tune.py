@@ -27,16 +27,18 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from tabletune.acceptance import parse_rates
 from tabletune.cli.common import command_line, print_predictions, stderr_console
 from tabletune.errors import InputError
+from tabletune.optimizer import TableResult
 from tabletune.padding import geometric_batch_sizes
-from tabletune.profile import parse_int_list
+from tabletune.profile import StepProfile, parse_int_list
 from tabletune.tuner import EngineSpec, TunePlan, check_grid, run_plan
-from tabletune.tuner.files import predict_gains, write_run
+from tabletune.tuner.files import DrawPng, predict_gains, write_run
 
 ADAPTERS = {"vllm": "tabletune.integrations.vllm.tuner_engine", "builtin": "tabletune.engine.tuner_adapter"}
 
 
-def load_adapter(engine: str, adapters: dict[str, str] = ADAPTERS) -> ModuleType:
-    name = adapters[engine]
+def load_adapter(engine: str) -> ModuleType:
+    """The adapter module of ``--engine``; an adapter that is not installed is bad input."""
+    name = ADAPTERS[engine]
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
@@ -135,8 +137,8 @@ def tune_cmd(engine_name, model, method, draft_model, k_max, batch_sizes, max_nu
     _report(outcome, result, files, console)
 
 
-def _png_drawer(title: str):
-    def draw(profile, result, path: Path) -> None:
+def _png_drawer(title: str) -> DrawPng:
+    def draw(profile: StepProfile, result: TableResult, path: Path) -> None:
         from tabletune.plot import draw_tune_png  # matplotlib only to draw
 
         draw_tune_png(profile, result, path, title)
