@@ -48,11 +48,7 @@ class TabletuneGroup(click.Group):
             ctx.exit(2)
 
 
-@click.group(cls=TabletuneGroup)
+@click.group(cls=TabletuneGroup, commands=COMMANDS)
 @click.version_option(package_name="tabletune")
 def main() -> None:
     """TableTune: measured draft-length tables for speculative decoding."""
-
-
-for _command in COMMANDS:
-    main.add_command(_command)
