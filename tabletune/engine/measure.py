@@ -24,13 +24,13 @@ import traceback
 import torch
 
 from tabletune.engine.profiling import ENGINE_VERSION, RUNNER, build_engine, device_name, time_steps
-from tabletune.padding import power_of_two_buckets
+from tabletune.padding import geometric_batch_sizes
 from tabletune.profile import Fingerprint, StepPoint, StepProfile
 
 
 def measure_profile(model: str, drafter: str, context_len: int, max_batch: int, k_max: int, steps: int,
                     command: str, draft_model: str = "qwen3-0.6b") -> StepProfile:
-    buckets = tuple(power_of_two_buckets(max_batch))
+    buckets = tuple(geometric_batch_sizes(max_batch))
     t0 = time.perf_counter()
     engine = build_engine(model, drafter, k_max, max_batch, context_len, buckets=buckets, draft_model=draft_model)
     print(f"[{model} {drafter} ctx{context_len}] built + {len(engine.graphs)} graphs in "

@@ -34,7 +34,7 @@ from tabletune.engine.profiling import ENGINE_VERSION, RUNNER, device_name, time
 from tabletune.engine.runner import EngineConfig, SpecEngine
 from tabletune.engine.scheduler import Request, Scheduler
 from tabletune.errors import InputError
-from tabletune.padding import power_of_two_buckets
+from tabletune.padding import geometric_batch_sizes
 from tabletune.profile import Fingerprint
 from tabletune.table import DraftTable
 from tabletune.tuner import EngineSpec, StepSamples
@@ -60,7 +60,7 @@ def start(spec: EngineSpec) -> BuiltinEngine:
 
 def _weights_folder(model: str) -> str | None:
     if model == "smollm2-135m":
-        from tabletune import assets
+        from tabletune.integrations.hf import smollm2 as assets  # smollm2_model_dir moved out of the core
 
         return str(assets.smollm2_model_dir())
     return model if Path(model).is_dir() else None
@@ -101,7 +101,7 @@ class BuiltinEngine:
         spec = self.spec
         max_len = max(spec.context_len, ACCEPTANCE_TOKENS) + spec.k_max + ACCEPTANCE_TOKENS
         cfg = EngineConfig(max_num_seqs=spec.max_batch_size, max_len=max_len, k_max=spec.k_max,
-                           buckets=tuple(power_of_two_buckets(spec.max_batch_size)))
+                           buckets=tuple(geometric_batch_sizes(spec.max_batch_size)))
         return SpecEngine(self.target, drafter, cfg)
 
     # ---- Engine protocol ----------------------------------------------------

@@ -243,7 +243,7 @@ def test_sampling_engine_runs_every_drafter(tiny):
 @pytest.mark.slow
 def test_smollm2_real_weights_match_transformers_and_stay_lossless():
     transformers = pytest.importorskip("transformers")
-    from tabletune import assets
+    from tabletune.integrations.hf import smollm2 as assets
 
     try:
         folder = assets.smollm2_model_dir()

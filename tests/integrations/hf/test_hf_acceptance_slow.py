@@ -60,7 +60,7 @@ def test_greedy_trajectory_is_the_targets_argmax(fresh_cache):
     """Lossless at T=0: every replayed token is the target's own greedy choice under teacher forcing."""
     import torch
 
-    from tabletune.assets import smollm2_model_dir
+    from tabletune.integrations.hf.smollm2 import smollm2_model_dir
     from tabletune.integrations.hf.model import SmolLM2Runner
 
     run = measure.AcceptanceRun(drafter="ngram", workload="code-edit", temperature=0.0, num_prompts=4, max_new_tokens=32)

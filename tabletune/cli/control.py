@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import sys
 import time
+from http.client import HTTPException
 from pathlib import Path
 
 import click
 
 from tabletune import fileio
-from tabletune.cli import input_errors_exit_2, main
 from tabletune.controller import load_controller
 from tabletune.errors import InputError
 from tabletune.table import DraftTable
@@ -34,24 +34,23 @@ def table_in_force(spec: str | None, profile_dir: Path) -> DraftTable | None:
     return DraftTable.from_ranges(ranges, source="--table")
 
 
-@main.command("control")
+@click.command("control")
 @click.option("--metrics-url", required=True, help="vLLM's Prometheus endpoint, e.g. http://127.0.0.1:8000/metrics")
 @click.option("--profile", "profile_dir", required=True, type=click.Path(file_okay=False),
               help="folder written by `tabletune tune` (step_profile.json, acceptance.json)")
 @click.option("--table", "table", default=None, help="the table vLLM runs (JSON ranges or file); default DIR/table.json")
-@click.option("--k-max", type=int, default=None, help="vLLM's num_speculative_tokens (default: the profile's)")
-@click.option("--max-batch", type=int, default=None, help="vLLM's max_num_seqs (default: the profile's)")
+@click.option("--k-max", type=click.IntRange(min=1), default=None,
+              help="vLLM's num_speculative_tokens (default: the profile's)")
+@click.option("--max-batch", type=click.IntRange(min=1), default=None,
+              help="vLLM's max_num_seqs (default: the profile's)")
 @click.option("--options", default="", help="controller options as JSON, e.g. '{\"half_life_s\": 120}'")
-@click.option("--interval-s", type=float, default=10.0, show_default=True)
+@click.option("--interval-s", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True)
 @click.option("--iterations", type=int, default=0, help="stop after N scrapes (0: run until interrupted)")
 @click.option("--output", type=click.Path(dir_okay=False), default=None, help="write the latest recommendation here")
-@input_errors_exit_2
 def control_cmd(metrics_url, profile_dir, table, k_max, max_batch, options, interval_s, iterations, output):
     """Estimate acceptance from vLLM's counters and print the recommended table over time."""
     from tabletune.integrations.prometheus import Sidecar, parse_metrics, scrape
 
-    if interval_s <= 0:
-        raise InputError("--interval-s", "interval_s", interval_s, "must be > 0")
     start = table_in_force(table, Path(profile_dir))
     try:  # one observation per scrape window: rebuild after any window unless told otherwise
         options = json.dumps({"rebuild_every_steps": 1, **json.loads(options or "{}")})
@@ -66,7 +65,7 @@ def control_cmd(metrics_url, profile_dir, table, k_max, max_batch, options, inte
         now = time.monotonic()
         try:
             counters = parse_metrics(scrape(metrics_url))
-        except Exception as exc:  # a failed scrape skips one window, it does not stop the sidecar
+        except (OSError, ValueError, HTTPException) as exc:  # an unreachable or garbled endpoint skips one window
             click.echo(f"scrape failed: {exc}", err=True)
             counters = None
         obs = sidecar.feed(counters, now) if counters is not None else None

@@ -1,3 +1,5 @@
+"""``tabletune table``: formats, options, and bad input (exit 2, one line, no output file)."""
+
 import json
 import subprocess
 import sys
@@ -28,18 +30,10 @@ def test_table_vllm_format_is_valid(starter_8b, tmp_path):
 
 def test_table_trtllm_and_options(starter_8b):
     r = run(["table", "--step-times", str(starter_8b), "--acceptance", RATES, "--format", "trtllm",
-             "--lengths", "0,1,3", "--max-batch", "64", "--quiet"])
+             "--ks", "0,1,3", "--max-batch", "64", "--quiet"])
     assert r.exit_code == 0, r.output
     schedule = json.loads(r.stdout)["draft_len_schedule"]
     assert set(schedule.values()) <= {0, 1, 3}
-
-
-def test_show_writes_png(starter_8b, tmp_path):
-    png = tmp_path / "x.png"
-    r = run(["show", "--step-times", str(starter_8b), "--acceptance", RATES, "--png", str(png)])
-    assert r.exit_code == 0, r.output
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "table:" in r.stdout
 
 
 @pytest.mark.parametrize("csv_text, acceptance, expect", [
@@ -64,8 +58,41 @@ def test_bad_input_exit_2_no_output(tmp_path, csv_text, acceptance, expect):
 def test_k_without_measurements_is_clear(tmp_path):
     src = tmp_path / "in.csv"
     src.write_text("batch_size,k,step_ms\n1,0,2\n1,1,3\n")
-    r = run(["table", "--step-times", str(src), "--acceptance", "0.5,0.5", "--lengths", "0,2"])
-    assert r.exit_code == 2 and "lengths [2] have no step-time measurements" in r.stderr
+    r = run(["table", "--step-times", str(src), "--acceptance", "0.5,0.5", "--ks", "0,2"])
+    assert r.exit_code == 2
+    assert r.stderr == ("tabletune: error: --ks: field 'ks' = [2]: no step-time measurements for these k "
+                        "(measured k: [0, 1])\n")
+
+
+def test_ks_beyond_the_rates_is_bad_input(tmp_path):
+    src = tmp_path / "in.csv"
+    src.write_text("batch_size,k,step_ms\n1,0,2\n1,1,3\n1,2,4\n")
+    r = run(["table", "--step-times", str(src), "--acceptance", "0.5", "--ks", "2"])  # one rate: k <= 1 only
+    assert r.exit_code == 2 and "no k is measured, <= --k-max=None and covered by the 1 acceptance rates" in r.stderr
+
+
+@pytest.mark.parametrize("flag, value, text", [
+    ("--max-batch", "0", "--max-batch"),
+    ("--k-max", "-1", "--k-max"),
+    ("--min-gain", "-0.1", "--min-gain"),
+    ("--ks", "0,x", "'x'"),
+])
+def test_bad_flag_values_exit_2_with_one_line(starter_8b, tmp_path, flag, value, text):
+    out = tmp_path / "t.json"
+    r = run(["table", "--step-times", str(starter_8b), "--acceptance", RATES, flag, value, "--output", str(out)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("tabletune: error: ") and text in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_json_format_names_the_ks(starter_8b):
+    r = run(["table", "--step-times", str(starter_8b), "--acceptance", RATES, "--format", "json", "--ks", "0,2,4",
+             "--quiet"])
+    assert r.exit_code == 0, r.output
+    obj = json.loads(r.stdout)
+    assert obj["ks"] == [0, 2, 4]
+    assert {p["k"] for p in obj["predictions"]} <= {0, 2, 4} and len(obj["predictions"]) == 256
 
 
 def test_unknown_schema_version_via_real_cli(tmp_path):

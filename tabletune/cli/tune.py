@@ -5,31 +5,39 @@ and optionally ``speculative_config(spec, ranges)``:
 
 * ``--engine vllm``: ``tabletune.integrations.vllm.tuner_engine`` (offline vLLM);
 * ``--engine builtin``: ``tabletune.engine.tuner_adapter`` (the reference engine).
+
+vLLM's own logs show at ERROR level unless ``--verbose``: the environment that
+says so is set here, at the entry, before any adapter imports vLLM.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
-import shlex
-import sys
+import warnings
+from pathlib import Path
 from types import ModuleType
 
 import click
+from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from tabletune.acceptance import parse_rates
-from tabletune.cli import console, input_errors_exit_2, main, print_predictions
+from tabletune.cli.common import command_line, print_predictions, stderr_console
 from tabletune.errors import InputError
-from tabletune.profile import parse_int_list
-from tabletune.tune_files import predict_gains, write_run
-from tabletune.tuner import EngineSpec, TunePlan, check_grid, geometric_batch_sizes, run_plan
+from tabletune.optimizer import TableResult
+from tabletune.padding import geometric_batch_sizes
+from tabletune.profile import StepProfile, parse_int_list
+from tabletune.tuner import EngineSpec, TunePlan, check_grid, run_plan
+from tabletune.tuner.files import DrawPng, predict_gains, write_run
 
 ADAPTERS = {"vllm": "tabletune.integrations.vllm.tuner_engine", "builtin": "tabletune.engine.tuner_adapter"}
 
 
 def load_adapter(engine: str) -> ModuleType:
+    """The adapter module of ``--engine``; an adapter that is not installed is bad input."""
     name = ADAPTERS[engine]
     try:
         return importlib.import_module(name)
@@ -39,17 +47,33 @@ def load_adapter(engine: str) -> ModuleType:
         raise
 
 
+def engine_log_env(verbose: bool) -> dict[str, str]:
+    """Environment for the engines' own logs: empty with ``verbose`` (their defaults, e.g. vLLM's INFO);
+    otherwise vLLM at ERROR and torch's C++ warnings (e.g. NUMA binding) at ERROR."""
+    return {} if verbose else {"VLLM_LOGGING_LEVEL": "ERROR", "TORCH_CPP_LOG_LEVEL": "ERROR"}
+
+
+def quiet_engine_logs(verbose: bool) -> None:
+    """At the CLI entry, before vLLM or torch is imported: apply ``engine_log_env`` and, unless
+    ``verbose``, set the ``vllm`` logger to ERROR too (vLLM logs while it imports, before it reads
+    ``VLLM_LOGGING_LEVEL``) and hide the deprecation warnings the engines' own modules raise."""
+    os.environ.update(engine_log_env(verbose))
+    if not verbose:
+        logging.getLogger("vllm").setLevel(logging.ERROR)
+        for category in (DeprecationWarning, FutureWarning):
+            warnings.filterwarnings("ignore", category=category, module=r"(vllm|torch|transformers)(\.|$)")
+
+
 def load_prompt_texts(spec: str, limit: int) -> tuple[str, list[str]]:
     """(workload name, prompt texts) from a prompt set name or a .jsonl file."""
     from tabletune import assets
 
     prompts = assets.load_prompts(spec, limit=limit)
-    if not prompts:
-        raise InputError("--prompts", "prompts", spec, "no prompts")
     return prompts[0].workload, [p.text for p in prompts]
 
 
 def build_spec(model, method, draft_model, k_max, max_num_seqs, batch_sizes, synthetic, context_len, seed):
+    """The engine to start and the batch sizes to measure, from the flags; bad values are InputError."""
     sizes = tuple(parse_int_list(batch_sizes, "--batch-sizes", "batch_sizes")) if batch_sizes else None
     max_num_seqs = max_num_seqs or (max(sizes) if sizes else 64)
     sizes = sizes or geometric_batch_sizes(max_num_seqs)
@@ -62,62 +86,67 @@ def build_spec(model, method, draft_model, k_max, max_num_seqs, batch_sizes, syn
     return spec, tuple(sorted(set(sizes)))
 
 
-@main.command("tune")
+@click.command("tune")
 @click.option("--engine", "engine_name", type=click.Choice(sorted(ADAPTERS)), default="vllm", show_default=True)
 @click.option("--model", required=True, help="tiny-llama, smollm2-135m, or a local HF model folder")
 @click.option("--method", default="ngram", show_default=True, help="speculative method: ngram, draft_model, eagle3, ...")
 @click.option("--draft-model", default=None, help="draft model folder (draft_model, eagle, eagle3)")
 @click.option("--k-max", type=int, default=4, show_default=True)
 @click.option("--batch-sizes", default=None, help="e.g. 1,2,4,8 (default: 1,2,4,... max-num-seqs)")
-@click.option("--max-num-seqs", type=int, default=None, help="engine's max batch (default: largest batch size, or 64)")
+@click.option("--max-num-seqs", type=click.IntRange(min=1), default=None,
+              help="engine's max batch (default: largest batch size, or 64)")
 @click.option("--prompts", "prompt_set", default="code", show_default=True, help="code, chat, ... or a .jsonl file")
-@click.option("--num-prompts", type=int, default=16, show_default=True)
+@click.option("--num-prompts", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--synthetic-acceptance", default=None, help="a1,a2,...: controlled acceptance (measurement aid)")
-@click.option("--point-budget-s", type=float, default=4.0, show_default=True, help="wall time per (b, k) point")
+@click.option("--point-budget-s", type=click.FloatRange(min=0, min_open=True), default=4.0, show_default=True,
+              help="wall time per (b, k) point")
 @click.option("--no-refine", is_flag=True, help="skip refining batch sizes where the chosen k changes")
-@click.option("--close-call-margin", type=float, default=0.05, show_default=True,
+@click.option("--close-call-margin", type=click.FloatRange(0, 1, max_open=True), default=0.05, show_default=True,
               help="re-measure k whose predicted goodput is within this share of the best (0: off)")
 @click.option("--model-draft-rate", is_flag=True,
               help="optimise with the measured draft rate q (linear cost model; off: every request drafts k)")
-@click.option("--context-len", type=int, default=128, show_default=True, help="prompt tokens of timed requests")
+@click.option("--context-len", type=click.IntRange(min=1), default=128, show_default=True,
+              help="prompt tokens of timed requests")
 @click.option("--seed", type=int, default=0)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/tune", show_default=True)
-@input_errors_exit_2
+@click.option("--verbose", is_flag=True, help="show the engine's own logs (vLLM: INFO); default: errors only")
 def tune_cmd(engine_name, model, method, draft_model, k_max, batch_sizes, max_num_seqs, prompt_set, num_prompts,
              synthetic_acceptance, point_budget_s, no_refine, close_call_margin, model_draft_rate, context_len, seed,
-             out_dir):
+             out_dir, verbose):
     """Measure step times and acceptance on a real engine; write the table and speculative config."""
+    quiet_engine_logs(verbose)
     spec, sizes = build_spec(model, method, draft_model, k_max, max_num_seqs, batch_sizes, synthetic_acceptance,
                              context_len, seed)
     adapter = load_adapter(engine_name)
     adapter.validate(spec)
     workload, prompts = load_prompt_texts(prompt_set, num_prompts)
-    if not 0 <= close_call_margin < 1:
-        raise InputError("--close-call-margin", "close_call_margin", close_call_margin, "must lie in [0, 1)")
     plan = TunePlan(batch_sizes=sizes, ks=tuple(range(k_max + 1)), point_budget_s=point_budget_s, refine=not no_refine,
                     close_call_margin=close_call_margin, model_draft_rate=model_draft_rate)
-    command = "tabletune " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # the progress bar, not per-step engine logs
+    command = command_line()
+    console = stderr_console()
+    engine = adapter.start(spec)
     try:
-        engine = adapter.start(spec)
-    except (InputError, ValueError):
-        raise
-    except Exception as exc:  # the engine's own message, e.g. vLLM's start-up error
-        click.echo(f"tabletune: error: {engine_name} engine failed to start: {exc}", err=True)
-        sys.exit(1)
-    try:
-        outcome = _measure(engine, plan, prompts, workload, command)
+        outcome = _measure(engine, plan, prompts, workload, command, console)
     finally:
         engine.close()
     make_config = getattr(adapter, "speculative_config", None)
     result, files = write_run(out_dir, outcome, lambda ranges: make_config(spec, ranges) if make_config else
                               {"method": method, "num_speculative_tokens": k_max,
                                "num_speculative_tokens_per_batch_size": ranges},
-                              command=command, title=f"{engine_name} {model} {method}")
-    _report(outcome, result, files)
+                              command=command, draw_png=_png_drawer(f"{engine_name} {model} {method}"))
+    _report(outcome, result, files, console)
 
 
-def _measure(engine, plan, prompts, workload, command):
+def _png_drawer(title: str) -> DrawPng:
+    def draw(profile: StepProfile, result: TableResult, path: Path) -> None:
+        from tabletune.plot import draw_tune_png  # matplotlib only to draw
+
+        draw_tune_png(profile, result, path, title)
+
+    return draw
+
+
+def _measure(engine, plan, prompts, workload, command, console: Console):
     columns = (TextColumn("{task.description:<32}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
                TextColumn("ETA"), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=False) as bar:
@@ -126,8 +155,8 @@ def _measure(engine, plan, prompts, workload, command):
                         progress=lambda text, frac: bar.update(task, description=text, completed=round(1000 * frac)))
 
 
-def _report(outcome, result, files) -> None:
-    print_predictions(result)
+def _report(outcome, result, files, console: Console) -> None:
+    print_predictions(result, console)
     gains = predict_gains(outcome, result)
     rates = ", ".join(f"{r:.3f}" for r in outcome.rates)
     console.print(f"measured acceptance a_j: {rates} ({outcome.acceptance.num_drafts} drafts)")
@@ -139,7 +168,7 @@ def _report(outcome, result, files) -> None:
                   f"{gains.vs_best_fixed[1]:+.1%} worst b")
     console.print(f"predicted gain vs vLLM's documented table {gains.documented}: {gains.vs_documented[0]:+.1%} mean, "
                   f"{gains.vs_documented[1]:+.1%} worst b")
-    for name, path in files.items():
+    for path in files.values():
         console.print(f"wrote {path}")
     click.echo(json.dumps(json.loads(files["table.json"].read_text())))
     click.echo(f"png: {files['tune.png']}")

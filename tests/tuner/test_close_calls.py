@@ -5,12 +5,15 @@ from __future__ import annotations
 import pytest
 
 from tabletune.acceptance import AcceptanceCounts
-from tabletune.close_calls import CloseCall, close_calls, pool, settle
 from tabletune.optimizer import OptimizeOptions, optimize_table
 from tabletune.profile import StepPoint, StepProfile
-from tabletune.tuner import TunePlan, interference_filter, run_plan
+from tabletune.tuner import TunePlan, run_plan
+from tabletune.tuner.close_calls import CloseCall, close_calls, pool, refinement_batch_sizes, settle
+from tabletune.tuner.measure import interference_filter
 
-from test_tuner import FakeEngine
+from tuner_fakes import FakeEngine, profile_from
+from tuner_fakes import RATES as FAKE_RATES
+from tuner_fakes import step_ms as fake_step_ms
 
 RATES = (0.8, 0.7, 0.6)  # E[tokens | k] = 1, 1.8, 2.36, 2.696
 TRUE_16 = {0: 17.0, 1: 23.4, 2: 28.0, 3: 33.4}  # k=2 ahead of k=3 by 4.4%
@@ -94,3 +97,14 @@ def test_run_plan_settles_close_calls(windows, k_at_16):
     table = optimize_table(outcome.profile, outcome.rates, OptimizeOptions(k_max=3)).table
     assert table.k_for(16) == k_at_16
     assert (16 in {c.batch_size for c in outcome.close_calls}) == bool(windows)
+
+
+def test_refinement_adds_midpoints_where_k_changes():
+    profile = profile_from(fake_step_ms)
+    # the chosen k: 3 at b=1..8, 2 at b=16, 1 at b=32 and 64 (T = 10 + 0.5 b (k + 1), rates 0.9, 0.8, 0.7)
+    chosen = {p.batch_size: p.k for p in optimize_table(profile, FAKE_RATES, OptimizeOptions(k_max=3)).predictions}
+    assert [chosen[b] for b in (1, 2, 4, 8, 16, 32, 64)] == [3, 3, 3, 3, 2, 1, 1]
+    # so the switches lie in (8, 16) and (16, 32): midpoints round(sqrt(8 * 16)) = 11, round(sqrt(16 * 32)) = 23
+    assert refinement_batch_sizes(profile, FAKE_RATES, 3) == [11, 23]
+    flat = profile_from(lambda b, k: 10.0)  # flat cost: k=3 everywhere, nothing to refine
+    assert refinement_batch_sizes(flat, FAKE_RATES, 3) == []

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
-import sys
 from collections.abc import Callable
 
 import click
@@ -11,6 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tabletune.assets import WORKLOADS
+from tabletune.cli.common import command_line
 
 
 def _progress_bar() -> tuple[Progress, Callable[[str, int, int], None]]:
@@ -45,23 +44,17 @@ def _progress_bar() -> tuple[Progress, Callable[[str, int, int], None]]:
 def acceptance_cmd(model, drafter, workload, temperature, k_max, num_prompts, max_new_tokens, exit_layer,
                    ngram_min, ngram_max, seed, batch_size, out, trace_out):
     """Measure censored per-position acceptance (a_1..a_k) of a drafter on real prompts."""
-    from tabletune.cli import input_errors_exit_2
     from tabletune.integrations.hf.measure import AcceptanceRun, measure, write_outputs
 
-    @input_errors_exit_2
-    def run_it() -> None:
-        run = AcceptanceRun(drafter=drafter, workload=workload, temperature=temperature, model=model, k_max=k_max,
-                            num_prompts=num_prompts, max_new_tokens=max_new_tokens, exit_layer=exit_layer,
-                            ngram_min=ngram_min, ngram_max=ngram_max, seed=seed, batch_size=batch_size)
-        command = "tabletune " + shlex.join(sys.argv[1:])
-        bar, update = _progress_bar()
-        with bar:
-            result = measure(run, update, command=command)
-        for path in write_outputs(result, out, trace_out):
-            click.echo(f"wrote {path}")
-        entry = result.profile.entries[0]
-        rates = " ".join("-" if r is None else f"{r:.3f}" for r in entry.rates())
-        click.echo(f"{drafter} {workload} T={temperature:g}: {entry.num_drafts} drafts, "
-                   f"mean accepted {entry.mean_accepted_length():.3f}, a_1..a_{k_max} = {rates}")
-
-    run_it()
+    run = AcceptanceRun(drafter=drafter, workload=workload, temperature=temperature, model=model, k_max=k_max,
+                        num_prompts=num_prompts, max_new_tokens=max_new_tokens, exit_layer=exit_layer,
+                        ngram_min=ngram_min, ngram_max=ngram_max, seed=seed, batch_size=batch_size)
+    bar, update = _progress_bar()
+    with bar:
+        result = measure(run, update, command=command_line())
+    for path in write_outputs(result, out, trace_out):
+        click.echo(f"wrote {path}")
+    entry = result.profile.entries[0]
+    rates = " ".join("-" if r is None else f"{r:.3f}" for r in entry.rates())
+    click.echo(f"{drafter} {workload} T={temperature:g}: {entry.num_drafts} drafts, "
+               f"mean accepted {entry.mean_accepted_length():.3f}, a_1..a_{k_max} = {rates}")

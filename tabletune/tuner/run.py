@@ -1,0 +1,98 @@
+"""One tuning run: acceptance with the largest k, T(b, k) on the grid, refinement, close calls.
+
+* batch sizes: the plan's grid (by default ``tabletune.padding.geometric_batch_sizes``:
+  1, 2, 4, ..., max_batch_size), every k in the plan's ``ks``; each point is measured
+  as ``tabletune.tuner.measure`` says;
+* optional refinement: where the chosen k differs between neighbouring
+  measured batch sizes, the midpoint is measured too (every k);
+* close calls (``tabletune.tuner.close_calls``): where another k's modelled goodput is
+  within ``close_call_margin`` of the best at a measured b, those k are measured
+  in ``close_call_windows`` more windows and the pooled samples decide.
+
+The table then maximises goodput(b, k) = b * E[tokens | k] / T(b, k), with
+E[tokens | k] = 1 + sum_{i<=k} prod_{j<=i} a_j from the measured acceptance
+(see ``tabletune.optimizer``). This module imports neither torch nor vllm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tabletune.acceptance import AcceptanceCounts
+from tabletune.profile import Fingerprint, StepPoint, StepProfile
+from tabletune.tuner.close_calls import CloseCall, close_calls, refinement_batch_sizes, settle
+from tabletune.tuner.measure import interference_filter, measure_points, recheck_points
+from tabletune.tuner.plan import ProgressFn, TunePlan
+from tabletune.tuner.protocol import Engine
+
+
+@dataclass(frozen=True)
+class TuneOutcome:
+    """Everything one tuning run measured and derived."""
+
+    profile: StepProfile
+    acceptance: AcceptanceCounts
+    rates: tuple[float, ...]  # conditional a_j measured with the largest k (censoring-correct)
+    refined_batch_sizes: tuple[int, ...] = ()
+    close_calls: tuple[CloseCall, ...] = ()  # found after the grid and refinement, then re-measured
+    draft_rate_modelled: float = 1.0  # the q the table is optimised with (1.0 unless plan.model_draft_rate)
+
+
+def _phase(progress: ProgressFn | None, lo: float, hi: float) -> ProgressFn | None:
+    """Map a phase's 0..1 onto lo..hi of the whole run."""
+    if progress is None:
+        return None
+    return lambda text, frac: progress(text, lo + (hi - lo) * frac)
+
+
+def run_plan(engine: Engine, plan: TunePlan, prompts: Sequence[str], *, workload: str = "default",
+             command: str = "", progress: ProgressFn | None = None) -> TuneOutcome:
+    """Acceptance with the largest k, then T(b, k) on the grid, then the optional refinement."""
+    k_max = max(plan.ks)
+    if progress:
+        progress(f"acceptance: {len(prompts)} prompts, k={k_max}", 0.0)
+    counts = engine.measure_acceptance(prompts, k_max, plan.acceptance_max_tokens)
+    counts.workload = workload
+    rates = tuple(counts.known_rates())
+    q = counts.draft_rate if plan.model_draft_rate else 1.0
+    if not rates:
+        raise RuntimeError("no draft was verified while measuring acceptance: the drafter proposed nothing")
+    points = measure_points(engine, plan.batch_sizes, plan, _phase(progress, 0.05, 0.7))
+    points = recheck_points(engine, points, plan, _phase(progress, 0.7, 0.75))
+    fp = engine.fingerprint()
+    fp = Fingerprint(**{**fp.__dict__, "command": command or fp.command})
+    profile = StepProfile(points=tuple(points), context_len=engine.context_len, fingerprint=fp)
+    refined: list[int] = []
+    if plan.refine:
+        refined = refinement_batch_sizes(profile, rates, k_max, q)
+        if refined:
+            points = recheck_points(engine, points + measure_points(engine, refined, plan, _phase(progress, 0.75, 0.85)),
+                                    plan, _phase(progress, 0.85, 0.88))
+            profile = StepProfile(points=tuple(points), context_len=engine.context_len, fingerprint=fp)
+    calls = settle_close_calls(engine, profile, rates, plan, _phase(progress, 0.88, 1.0), q)
+    if calls:
+        profile = StepProfile(points=tuple(calls[1]), context_len=engine.context_len, fingerprint=fp)
+    if progress:
+        progress("done", 1.0)
+    return TuneOutcome(profile, counts, rates, tuple(refined), tuple(calls[0]) if calls else (), q)
+
+
+def settle_close_calls(engine: Engine, profile: StepProfile, rates: Sequence[float], plan: TunePlan,
+                       progress: ProgressFn | None = None,
+                       draft_rate: float = 1.0) -> tuple[list[CloseCall], list[StepPoint]] | None:
+    """Re-measure the close calls (``tabletune.tuner.close_calls``); None when there are none."""
+    calls = (close_calls(profile, rates, max(plan.ks), plan.close_call_margin, draft_rate)
+             if plan.close_call_windows else [])
+    if not calls:
+        return None
+    windows = iter(range(len(calls) * plan.close_call_windows))
+
+    def measure(b: int, ks: tuple[int, ...]) -> list[StepPoint]:
+        if progress:
+            progress(f"close call b={b} k={ks}", next(windows) / (len(calls) * plan.close_call_windows))
+        return measure_points(engine, [b], dataclasses.replace(plan, ks=ks, point_budget_s=plan.point_budget_s / 2))
+
+    keep = lambda samples: interference_filter(samples, plan.interference_tolerance)  # noqa: E731
+    return calls, settle(list(profile.points), calls, plan.close_call_windows, measure, keep)
