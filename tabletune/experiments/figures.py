@@ -2,7 +2,7 @@
 
 * fig1: throughput as a share of the best fixed k at each load, every fixed k and the tuned table (EAGLE-like).
 * table1: worst loss of the tuned table against the best fixed k over loads, per drafter setting.
-* fig3: TableTune (table, + controller) vs TurboSpec-style vs Nightjar-style (+ per-request policies).
+* fig3: TableTune (table, + controller) vs TurboSpec-style, Nightjar-style, SGLang-style (+ per-request policies).
 * table2: controller gains when it starts from a mistuned table (experiments/mistuned.py).
 * fig4b: workload switch code -> math (experiments/switch.py).
 """
@@ -19,7 +19,7 @@ from tabletune.experiments.settings import SETTINGS, TABLE1
 from tabletune.policies import PER_REQUEST_POLICIES, resolve
 from tabletune.errors import InputError
 
-COMPARED = ("tabletune", "controller", "turbospec", "nightjar")
+COMPARED = ("tabletune", "controller", "turbospec", "nightjar", "sglang")
 
 
 def available_per_request() -> list[str]:

@@ -26,6 +26,7 @@ REGISTRY: dict[str, str] = {
     "controller": "tabletune.policies.controller:ControllerPolicy",
     "turbospec": "tabletune.policies.turbospec:TurboSpec",
     "nightjar": "tabletune.policies.nightjar:Nightjar",
+    "sglang": "tabletune.policies.sglang:SglangPolicy",
     "disco": "tabletune.policies.disco:DiscoPolicy",
     "tapout": "tabletune.policies.tapout:TapOutPolicy",
     "dsde": "tabletune.policies.dsde:DsdePolicy",
@@ -36,7 +37,7 @@ REGISTRY: dict[str, str] = {
 
 #: Per-step (one k per batch) policies and per-request policies, for the experiments.
 BATCH_POLICIES = ("fixed", "off", "table", "documented", "documented-div4", "tabletune", "controller",
-                  "turbospec", "nightjar")
+                  "turbospec", "nightjar", "sglang")
 PER_REQUEST_POLICIES = ("disco", "tapout", "dsde", "gammatune", "adaptive-verification", "hybrid-spark")
 
 

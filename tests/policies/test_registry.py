@@ -14,7 +14,7 @@ def test_parse_options():
 
 
 @pytest.mark.parametrize("name", ["fixed:2", "off", "documented", "documented-div4", "tabletune", "controller",
-                                  "turbospec", "nightjar"])
+                                  "turbospec", "nightjar", "sglang", "sglang:strategy=throughput"])
 def test_batch_policies_build_and_satisfy_the_protocol(name):
     p = make_policy(name, ctx())
     assert isinstance(p, Policy)
