@@ -36,3 +36,20 @@ def test_budget_is_total_slots_over_batch():
 def test_bad_draft_share():
     with pytest.raises(ValueError):
         StepCost(profile(), draft_share=1.5)
+
+
+def test_split_rule_hand_worked():
+    # D(b, k) = 1.5 k: b=2, ks=(0, 2): T(kbar=1) - D(1) + D(2) = 14 - 1.5 + 3 = 15.5
+    cost = StepCost.split(profile(), lambda b, k: 1.5 * k)
+    assert cost.mixed_ms(np.array([0, 2])) == pytest.approx(15.5)
+    assert cost.mixed_ms(np.array([2, 2])) == pytest.approx(16.0)  # uniform: the profile
+    assert cost.mixed_curve_ms(2, np.array([2.0, 3.0]), np.array([1.0, 1.5])) == pytest.approx([15.5, 17.25])
+    # D = 0 is f = 0 (per token); D = T - T0 is f = 1 (the longest chain)
+    assert StepCost.split(profile(), lambda b, k: 0.0).mixed_ms(np.array([0, 2])) == pytest.approx(14.0)
+    full = StepCost.split(profile(), lambda b, k: 2.0 * k)
+    assert full.mixed_ms(np.array([0, 2])) == pytest.approx(16.0)
+
+
+def test_bad_draft_grid():
+    with pytest.raises(ValueError, match="draft_grid"):
+        StepCost(profile(), draft_grid=((0.0,),))

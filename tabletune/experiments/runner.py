@@ -65,13 +65,14 @@ class Lab:
     max_num_seqs: int = 128
     noise_cv: float = 0.0
     jobs: int = 1  # worker processes for grid()
+    cost_rule: str = "split"  # mixed-length cost: "split" (Setting.cost) or "share" (one draft_share)
     points: dict[tuple, Point] = field(default_factory=dict)
     _costs: dict[str, StepCost] = field(default_factory=dict)
     _priors: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
     def cost(self, setting: Setting) -> StepCost:
         if setting.name not in self._costs:
-            self._costs[setting.name] = StepCost(setting.profile(self.eagle_profile), setting.draft_share)
+            self._costs[setting.name] = setting.cost(self.eagle_profile, self.cost_rule)
         return self._costs[setting.name]
 
     def simulator(self, setting: Setting, load: int, seed: int, schedule: Schedule | None = None,

@@ -19,6 +19,11 @@ and price the other drafters on top of V:
   0.6 * (T_e(b, 0) - T_e(1, 0)) (4 bits cut the weight reads, not the compute that grows
   with b); very high acceptance, expensive drafts.
 
+Mixed lengths (per-request policies) are costed by the split rule of ``tabletune.cost``
+with each setting's own drafting time D(b, k) = draft_ms(b, k) (0 for n-gram): the step
+pays the drafter for the longest chain and the target per verified token.
+``draft_share`` is the older one-constant rule, kept for comparison (``Lab(cost_rule="share")``).
+
 The rates are stated assumptions until measured acceptance profiles exist under
 ``profiles/acceptance/``; ``prior`` rates come from an offline calibration run
 (``tabletune.experiments.runner.measure_rates``), as the tuner would measure them.
@@ -30,6 +35,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tabletune.cost import StepCost
 from tabletune.policies.base import MODEL, NGRAM
 from tabletune.profile import StepPoint, StepProfile
 from tabletune.sim.workload import PRESETS, Workload
@@ -46,7 +52,7 @@ class Setting:
     workload: Workload
     draft_ms: Callable[[StepProfile, int, int], float]  # extra drafting cost d(b, k) on top of V(b, k)
     default_drafter: int = MODEL
-    draft_share: float = 0.5  # StepCost mixed-length rule (0 for CPU / one-pass drafting)
+    draft_share: float = 0.5  # the one-constant mixed-length rule (0 for CPU / one-pass drafting)
 
     def profile(self, eagle: StepProfile) -> StepProfile:
         """T(b, k) = V(b, k) + draft_ms(b, k), with V from the EAGLE-like profile (module docstring)."""
@@ -58,6 +64,14 @@ class Setting:
         fp = dataclasses.replace(eagle.fingerprint, drafter=self.name,
                                  command=f"derived from {eagle.source} ({self.name}, tabletune.experiments.settings)")
         return StepProfile(points=tuple(points), context_len=eagle.context_len, fingerprint=fp, source=eagle.source)
+
+    def cost(self, eagle: StepProfile, rule: str = "split") -> StepCost:
+        """The step cost: ``split`` (drafting D = draft_ms for the longest chain) or ``share`` (draft_share)."""
+        if rule == "split":
+            return StepCost.split(self.profile(eagle), lambda b, k: self.draft_ms(eagle, b, k))
+        if rule == "share":
+            return StepCost(self.profile(eagle), self.draft_share)
+        raise ValueError(f"cost rule must be 'split' or 'share', got {rule!r}")
 
 
 def _eagle(p: StepProfile, b: int, k: int) -> float:

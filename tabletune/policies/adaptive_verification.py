@@ -21,8 +21,9 @@ details are not public; this "-style" version assumes the rule stated in the iss
    length cap c = 1..k_max (only slots j <= c compete) and the best (c, B) wins.
 3. T(B) is the simulator's own cost rule for mixed lengths (``StepCost.mixed_ms``):
    with k_top(B) the longest admitted prefix and k_bar = B / b,
-   T = T0 + f (T(b, k_top) - T0) + (1 - f) (T(b, k_bar) - T0). With draft_share f = 0
-   this is exactly T(budget) = T(b, B / b) (``StepCost.budget_ms``).
+   T = T0 + f (T(b, k_top) - T0) + (1 - f) (T(b, k_bar) - T0), or the split rule
+   T(b, k_bar) - D(b, k_bar) + D(b, k_top) when the cost has a drafting profile. With
+   draft_share f = 0 this is exactly T(budget) = T(b, B / b) (``StepCost.budget_ms``).
 """
 
 from __future__ import annotations
@@ -81,11 +82,7 @@ class Budget:
 
 def mixed_curve_ms(cost: StepCost, batch_size: int, k_top: np.ndarray, k_bar: np.ndarray) -> np.ndarray:
     """Vectorised StepCost.mixed_ms for many (k_top, k_bar) pairs at one batch size."""
-    ks = np.array(cost.ks, dtype=float)
-    row = cost.row(batch_size)
-    t0 = float(np.interp(0.0, ks, row))
-    f = cost.draft_share
-    return t0 + f * (np.interp(k_top, ks, row) - t0) + (1.0 - f) * (np.interp(k_bar, ks, row) - t0)
+    return cost.mixed_curve_ms(batch_size, np.asarray(k_top, dtype=float), np.asarray(k_bar, dtype=float))
 
 
 def allocate_budget(survival: np.ndarray, cost: StepCost) -> Budget:

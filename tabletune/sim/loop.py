@@ -67,9 +67,12 @@ class _Run:
 
     # ---- one step --------------------------------------------------------------
 
-    def state(self, margin: np.ndarray | None, ng_prop: np.ndarray, ng_len: np.ndarray) -> BatchState:
+    def state(self, margin: np.ndarray | None, ng_prop: np.ndarray, ng_len: np.ndarray,
+              replayed: tuple[np.ndarray, ...] | None = None) -> BatchState:
         features = None
-        if self.uses_features:
+        if replayed is not None and self.uses_features:
+            features = DraftFeatures(*replayed, ng_len, ng_prop)
+        elif self.uses_features:
             noise = self.sim._w["signal_noise"][self.reqs.widx][:, None]
             top1, entropy, margin12, _ = acc.confidence_features(margin, noise, self.rng)
             features = DraftFeatures(top1, entropy, margin12, ng_len, ng_prop)
@@ -93,8 +96,13 @@ class _Run:
                                             sim._w["spurious_match_prob"][reqs.widx], k_max, rng)
         else:
             ng_prop = ng_len = self._const(b, 0)
-        margin = acc.draw_margins(reqs.logits, rng) if self.uses_features else None
-        state = self.state(margin, ng_prop, ng_len)
+        replayed = None
+        if sim.replay is not None:  # outcomes and signals from traces; a margin of +-1 encodes accept/reject
+            ok, *replayed = sim.replay.window(reqs.trace_pos, k_max)
+            margin = np.where(ok, 1.0, -1.0)
+        else:
+            margin = acc.draw_margins(reqs.logits, rng) if self.uses_features else None
+        state = self.state(margin, ng_prop, ng_len, replayed)
         decision = self.policy.decide(state)
         if decision.ks is None and decision.drafter is None and sim.default_drafter != NGRAM and margin is None:
             self.uniform_step(state, min(max(int(decision.k), 0), k_max))  # type: ignore[arg-type]
@@ -114,7 +122,7 @@ class _Run:
                 m = np.where(is_ng[:, None], ngram.margins(reqs.span_left, ng_len, width, rng), m)
             accepted = acc.accepted_count(m, ks)
         kl = None
-        if self.uses_features and margin is not None:
+        if self.uses_features and margin is not None and sim.replay is None:
             kl = acc.kl_divergence(margin, rng)
             kl[np.arange(k_max)[None, :] >= ks[:, None]] = np.nan
         self.finish_step(state, ks, drafter, accepted, kl, sim.cost.mixed_ms(ks), int(ks.sum()))
@@ -142,6 +150,8 @@ class _Run:
         end_s = self.time_s + total_ms / 1000.0
         tokens = np.minimum(accepted + 1, reqs.out_len - reqs.generated)
         reqs.generated = reqs.generated + tokens
+        if sim.replay is not None:
+            reqs.trace_pos = reqs.trace_pos + tokens
         if self.new_first:  # requests that emitted their first tokens in this step
             reqs.first_s = np.where(np.isnan(reqs.first_s), end_s, reqs.first_s)
             self.new_first = False

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-FIELDS = ("ids", "widx", "logits", "out_len", "generated", "arrival_s", "first_s", "span_left", "match_len")
+FIELDS = ("ids", "widx", "logits", "out_len", "generated", "arrival_s", "first_s", "span_left", "match_len",
+          "trace_pos")
 
 
 class RunningRequests:
@@ -23,6 +24,7 @@ class RunningRequests:
         self.first_s = np.full(0, np.nan)
         self.span_left = np.zeros(0, np.int64)
         self.match_len = np.zeros(0, np.int64)
+        self.trace_pos = np.zeros(0, np.int64)  # trace replay: the row of the next position to draft
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -7,7 +7,8 @@ its draft and emits accepted + 1 tokens, vLLM's continuous batching):
    ``prefill_ms_per_token`` (a stated simple model: chunked prefill piggy-backed on the
    next decode step), is added to that step's time;
 2. the policy decides the draft lengths (``tabletune.policies.base``);
-3. acceptance is drawn (``tabletune.sim.acceptance``, ``tabletune.sim.ngram``);
+3. acceptance is drawn (``tabletune.sim.acceptance``, ``tabletune.sim.ngram``), or
+   replayed with its signals from measured traces (``tabletune.sim.replay``);
 4. the step takes ``StepCost.mixed_ms(ks)`` (= T(b, k) for a uniform k) times a
    mean-one lognormal noise of coefficient of variation ``noise_cv``;
 5. each request emits min(accepted + 1, tokens left) tokens; finished requests leave;
@@ -30,6 +31,7 @@ from tabletune.sim import acceptance as acc
 from tabletune.sim import ngram
 from tabletune.sim.loop import run_loop
 from tabletune.sim.metrics import SimResult
+from tabletune.sim.replay import TraceStreams
 from tabletune.sim.workload import Schedule
 
 
@@ -56,9 +58,10 @@ class SimConfig:
 
 class Simulator:
     def __init__(self, cost: StepCost, schedule: Schedule, config: SimConfig, *,
-                 default_drafter: int = 0) -> None:
+                 default_drafter: int = 0, replay: TraceStreams | None = None) -> None:
         self.cost, self.schedule, self.config = cost, schedule, config
         self.default_drafter = default_drafter
+        self.replay = replay  # model drafter outcomes and signals from traces (``tabletune.sim.replay``)
         self.k_max = min(schedule.k_max, cost.k_max)
         ws = schedule.workloads
         self.thetas = [acc.calibrate_logits(w.rates[: self.k_max], w.heterogeneity) for w in ws]
@@ -87,6 +90,8 @@ class Simulator:
         z, u_out, u_prompt = rng.standard_normal(n), rng.random(n), rng.random(n)
         out_len = _geometric(u_out, w.output_len_mean) if w.output_len is None else np.full(n, w.output_len)
         prompt_len = _geometric(u_prompt, w.prompt_len_mean) if w.prompt_len_mean > 0 else np.zeros(n, np.int64)
+        trace_pos = (rng.integers(0, self.replay.num_rows, n) if self.replay is not None
+                     else np.zeros(n, np.int64))
         return {
             "ids": np.arange(next_id, next_id + n, dtype=np.int64),
             "widx": np.full(n, i, np.int64),
@@ -98,6 +103,7 @@ class Simulator:
             "span_left": np.zeros(n, np.int64),
             "match_len": np.zeros(n, np.int64),
             "prompt_len": prompt_len,
+            "trace_pos": trace_pos.astype(np.int64),
         }
 
     def run(self, policy: Policy) -> SimResult:

@@ -1,0 +1,88 @@
+"""Trace replay: the model drafter's accept/reject outcomes and confidence signals from measured traces.
+
+A per-token trace (issue 7's format, ``profiles/traces/*.csv.gz``: ``request, gen_pos,
+top1_prob, entropy, margin, accepted``, one row per generated position) is, at
+temperature 0, a stream: row g holds the drafter's proposal for position g given the
+correct prefix, its signals, and whether the target's greedy token equals it. A draft
+of k tokens starting at position g is rows g..g+k-1; it keeps its leading run of
+accepted rows, the target emits its own token at the first rejected row, and the next
+draft starts after the emitted tokens. This is exact for drafters whose proposal at g
+depends only on the prefix (early exit, and EAGLE/draft models when the prefix is
+correct); the only liberty is that the signals shown for rows after a rejected one
+within a draft come from the correct prefix (those tokens are rejected either way).
+
+Requests are the trace's streams, laid end to end in one cyclic array; a new request
+starts at a random row (so long runs cross request boundaries, a stated simplification).
+No KL is recorded, so ``StepOutcome.kl`` is None under replay (DSDE uses its proxy).
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TraceStreams:
+    top1_prob: np.ndarray  # [num_rows] float
+    entropy: np.ndarray  # [num_rows] float, nats
+    margin: np.ndarray  # [num_rows] float, top-1 minus top-2 probability
+    accepted: np.ndarray  # [num_rows] bool, the greedy target token equals the proposal
+    request: np.ndarray  # [num_rows] int, stream index (for train/test splits)
+
+    def __post_init__(self) -> None:
+        n = len(self.accepted)
+        if n == 0 or any(len(a) != n for a in (self.top1_prob, self.entropy, self.margin, self.request)):
+            raise ValueError("a trace needs equally long, non-empty columns")
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.accepted)
+
+    def window(self, pos: np.ndarray, k_max: int) -> tuple[np.ndarray, ...]:
+        """(accepted, top1_prob, entropy, margin), each [batch_size, k_max], of rows pos..pos+k_max-1 (cyclic)."""
+        rows = (np.asarray(pos, dtype=np.int64)[:, None] + np.arange(k_max)[None, :]) % self.num_rows
+        return self.accepted[rows], self.top1_prob[rows], self.entropy[rows], self.margin[rows]
+
+    def conditional_rates(self, k_max: int) -> tuple[float, ...]:
+        """a_j = P(row g+j-1 accepted | rows g..g+j-2 accepted) over every start g (censoring-correct)."""
+        ok, *_ = self.window(np.arange(self.num_rows), k_max)
+        run = np.cumprod(ok, axis=1)  # [rows, k_max] survived through j
+        reached = np.concatenate([np.full((len(ok), 1), True), run[:, :-1].astype(bool)], axis=1)
+        return tuple(float(run[:, j].sum() / max(reached[:, j].sum(), 1)) for j in range(k_max))
+
+    def subset(self, requests: np.ndarray) -> TraceStreams:
+        keep = np.isin(self.request, requests)
+        return TraceStreams(self.top1_prob[keep], self.entropy[keep], self.margin[keep], self.accepted[keep],
+                            self.request[keep])
+
+    def split(self, test_share: float = 0.5, seed: int = 0) -> tuple[TraceStreams, TraceStreams]:
+        """(train, test) by whole request streams, drawn with a seed."""
+        ids = np.unique(self.request)
+        rng = np.random.default_rng(seed)
+        test = rng.choice(ids, size=max(1, int(round(test_share * len(ids)))), replace=False)
+        return self.subset(np.setdiff1d(ids, test)), self.subset(test)
+
+
+def load_traces(paths: Sequence[str | Path]) -> TraceStreams:
+    """Model-drafter rows (non-empty top1_prob) of the trace files, each request's rows in gen_pos order."""
+    cols: dict[str, list] = {"top1_prob": [], "entropy": [], "margin": [], "accepted": [], "request": []}
+    names: dict[tuple[str, str], int] = {}
+    for path in map(Path, paths):
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        rows = [r for r in csv.DictReader(io.StringIO(raw.decode())) if r.get("top1_prob")]
+        rows.sort(key=lambda r: (r["request"], int(r["gen_pos"])))
+        for r in rows:
+            rid = names.setdefault((str(path), r["request"]), len(names))
+            cols["request"].append(rid)
+            cols["accepted"].append(int(r["accepted"]) == 1)
+            for name in ("top1_prob", "entropy", "margin"):
+                cols[name].append(float(r[name]))
+    return TraceStreams(np.array(cols["top1_prob"]), np.array(cols["entropy"]), np.array(cols["margin"]),
+                        np.array(cols["accepted"], dtype=bool), np.array(cols["request"], dtype=np.int64))
