@@ -30,6 +30,7 @@ labels, as in transformers.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -111,7 +112,7 @@ class DiscoPolicy:
 
     def __init__(self, ctx: PolicyContext, variant: str = "classifier", model: str | None = None,
                  threshold: float = HF_DEFAULT_THRESHOLD, warmup_tokens: int = 2000, refit_steps: int = 250,
-                 max_log: int = 20000, retune_every: int = 10) -> None:
+                 max_log: int = 20000, retune_every: int = 10, tau: float | None = None) -> None:
         if variant not in ("classifier", "online", "threshold"):
             raise InputError("--policy", "disco.variant", variant, "choose 'classifier', 'online' or 'threshold'")
         self.ctx = ctx
@@ -122,6 +123,10 @@ class DiscoPolicy:
             self.model = DiscoModel.load(model)
         elif variant == "classifier":
             self.model = default_disco_model()
+        if tau is not None and self.model is not None:  # a threshold fit for speed (DISCO's own choice)
+            if not 0.0 <= tau <= 1.0:
+                raise InputError("--policy", "disco.tau", tau, "must lie in [0, 1]")
+            self.model = dataclasses.replace(self.model, threshold=float(tau))
         self.warmup_tokens, self.refit_steps, self.max_log = warmup_tokens, refit_steps, max_log
         self.log_x: list[np.ndarray] = []
         self.log_y: list[np.ndarray] = []

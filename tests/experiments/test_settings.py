@@ -34,3 +34,31 @@ def test_parallel_block_pays_one_pass_whatever_k(eagle):
 def test_drafter_costs_are_ordered(eagle):
     cost = {name: SETTINGS[name].profile(eagle).step_ms(1, 5) for name in TABLE1}
     assert cost["ngram-code-edit"] < cost["eagle"] < cost["draft-model"] < cost["weak-drafter"]
+
+
+def test_split_cost_pays_the_setting_drafter_for_the_longest_chain(eagle):
+    import numpy as np
+
+    setting = SETTINGS["eagle"]
+    cost = setting.cost(eagle, "split")
+    t = SETTINGS["eagle"].profile(eagle)
+    assert cost.mixed_ms(np.array([3, 3, 3, 3])) == pytest.approx(t.step_ms(4, 3))
+    # ks (1, 1, 1, 5): verification at k_bar = 2, drafting d(b, k) = 0.04 k T0 at k_max = 5
+    d = lambda k: EAGLE_DRAFT_SHARE * k * eagle.step_ms(4, 0)  # noqa: E731
+    want = t.step_ms(4, 2) - d(2) + d(5)
+    assert cost.mixed_ms(np.array([1, 1, 1, 5])) == pytest.approx(want)
+    # the older one-constant rule charges half the per-k cost at k_max
+    share = setting.cost(eagle, "share")
+    t0 = t.step_ms(4, 0)
+    assert share.mixed_ms(np.array([1, 1, 1, 5])) == pytest.approx(
+        t0 + 0.5 * (t.step_ms(4, 5) - t0) + 0.5 * (t.step_ms(4, 2) - t0))
+    with pytest.raises(ValueError):
+        setting.cost(eagle, "bogus")
+
+
+def test_ngram_split_is_per_token(eagle):
+    import numpy as np
+
+    cost = SETTINGS["ngram-code-edit"].cost(eagle)
+    t = SETTINGS["ngram-code-edit"].profile(eagle)
+    assert cost.mixed_ms(np.array([0, 4])) == pytest.approx(t.step_ms(2, 2))

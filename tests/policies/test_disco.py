@@ -114,3 +114,15 @@ def test_committed_trace_model_separates_accepted_tokens_in_the_measured_traces(
     result, _ = run_sim(f"disco:model={root / 'profiles' / 'policies' / 'disco-smollm2-early-exit.json'}",
                         load=4, duration_s=1.0)
     assert result.throughput_tok_s > 0
+
+
+def test_tau_replaces_the_classifier_threshold_and_a_higher_tau_drafts_less():
+    top1 = np.tile(np.linspace(0.99, 0.3, 7), (4, 1))
+    lengths = {}
+    for tau in (0.3, 0.9):
+        p = DiscoPolicy(make_ctx(), tau=tau)
+        assert p.model.threshold == tau
+        lengths[tau] = p.decide(make_state(top1)).ks
+    assert (lengths[0.9] <= lengths[0.3]).all() and lengths[0.9].sum() < lengths[0.3].sum()
+    with pytest.raises(InputError):
+        DiscoPolicy(make_ctx(), tau=1.5)

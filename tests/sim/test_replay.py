@@ -1,0 +1,93 @@
+import gzip
+
+import numpy as np
+import pytest
+
+from tabletune.cost import StepCost
+from tabletune.policies import make_policy
+from tabletune.policies.base import BatchState, Decision, StepOutcome
+from tabletune.profile import StepPoint, StepProfile
+from tabletune.sim import Schedule, SimConfig, Simulator, Workload
+from tabletune.sim.replay import TraceStreams, load_traces
+
+
+def streams(accepted, request=None):
+    acc = np.asarray(accepted, dtype=bool)
+    n = len(acc)
+    top1 = np.linspace(0.1, 0.9, n)
+    return TraceStreams(top1, 1.0 - top1, top1 / 2, acc, np.zeros(n, np.int64) if request is None else
+                        np.asarray(request, dtype=np.int64))
+
+
+def test_window_is_cyclic_and_aligned():
+    t = streams([1, 0, 1, 1, 0])
+    ok, top1, entropy, margin = t.window(np.array([3, 0]), 3)
+    assert ok.tolist() == [[True, False, True], [True, False, True]]  # rows 3,4,0 and 0,1,2
+    assert top1[0].tolist() == pytest.approx([0.7, 0.9, 0.1]) and entropy.shape == (2, 3)
+
+
+def test_conditional_rates_by_hand():
+    # rows 1,0,1,1,0 (cyclic). Position 1: 3 of 5 accepted. Position 2, reached from starts 0, 2, 3:
+    # rows 1, 3, 4 -> 1 of 3... row 1 is 0, row 3 is 1, row 4 is 0: 1/3
+    rates = streams([1, 0, 1, 1, 0]).conditional_rates(2)
+    assert rates == pytest.approx((0.6, 1 / 3))
+
+
+def test_split_keeps_whole_requests():
+    t = streams([1, 0, 1, 1, 0, 1], request=[0, 0, 1, 1, 2, 2])
+    train, test = t.split(0.5, seed=0)
+    assert set(train.request) | set(test.request) == {0, 1, 2} and not set(train.request) & set(test.request)
+    assert train.num_rows + test.num_rows == 6
+
+
+def test_load_traces_sorts_by_position_and_skips_ngram_rows(tmp_path):
+    text = ("request,draft_start,draft_pos,gen_pos,top1_prob,entropy,margin,ngram_len,accept_prob,accepted\n"
+            "a,2,1,2,0.5,1.0,0.2,0,0,0\na,1,1,1,0.9,0.1,0.8,0,1,1\nb,1,1,1,,,,3,1,1\n")
+    path = tmp_path / "t.csv.gz"
+    path.write_bytes(gzip.compress(text.encode()))
+    t = load_traces([path])
+    assert t.top1_prob.tolist() == [0.9, 0.5] and t.accepted.tolist() == [True, False]
+
+
+class Recorder:
+    """Fixed k = 3 that records the features it was shown and the outcomes."""
+
+    name = "recorder"
+    uses_features = True
+
+    def __init__(self):
+        self.seen: list[tuple[BatchState, StepOutcome]] = []
+
+    def decide(self, state):
+        return Decision.per_request(np.full(state.batch_size, 3))
+
+    def observe(self, outcome):
+        self.seen.append(outcome)
+
+
+def sim_with(trace, load=1):
+    pts = tuple(StepPoint(b, k, (10.0 + k,)) for b in (1, 8) for k in range(4))
+    cost = StepCost(StepProfile(points=pts, context_len=0))
+    w = Workload("w", (0.5, 0.5, 0.5), output_len=10 ** 6)
+    return Simulator(cost, Schedule.constant(w), SimConfig(duration_s=0.2, load=load), replay=trace)
+
+
+def test_replay_drives_acceptance_and_features():
+    # stream 1,1,0,1 | 1,1,1,0 (cyclic, 8 rows): a request starting at row r drafts rows r..r+2
+    trace = streams([1, 1, 0, 1, 1, 1, 1, 0])
+    policy = Recorder()
+    sim_with(trace).run(policy)
+    pos = int(round((policy.seen[0].state.features.top1_prob[0, 0] - 0.1) * 7 / 0.8))  # top1 = linspace(.1, .9, 8)
+    for outcome in policy.seen[:20]:
+        f = outcome.state.features
+        ok, top1, *_ = trace.window(np.array([pos]), 3)
+        assert f.top1_prob[0] == pytest.approx(top1[0])  # the policy sees the trace's signals
+        assert outcome.accepted[0] == int(np.cumprod(ok[0]).sum())  # and the trace decides acceptance
+        assert outcome.kl is None
+        pos += int(outcome.accepted[0]) + 1
+
+
+def test_replay_fixed_k_matches_the_trace_rates():
+    trace = streams(np.random.default_rng(0).random(2000) < 0.7)
+    result = sim_with(trace, load=8).run(make_policy("fixed:1", sim_with(trace).context()))
+    assert result.acceptance == pytest.approx(trace.conditional_rates(1)[0], abs=0.05)
