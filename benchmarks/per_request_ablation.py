@@ -18,7 +18,7 @@ Variants (each a row group; every policy's throughput is a share of the best fix
 * thresholds: ``tuned`` (each policy's knob fit for mean share on the training half of
   the traces / on training seeds, then run on the held-out half / the evaluation seeds).
 
-    python benchmarks/per_request_ablation.py [--duration 8] [--seeds 2] [--loads 1,8,32,128] [--jobs 2]
+    python benchmarks/per_request_ablation.py [--duration 5] [--seeds 2] [--loads 1,8,32,128] [--jobs 2]
 
 Writes benchmarks/results/per_request_ablation.{json,md}.
 """
@@ -52,7 +52,7 @@ POLICIES = ("disco", "tapout", "dsde", "gammatune", "adaptive-verification", "hy
 # one knob per policy, fit on training data (TapOut's arms are parameter-free: nothing to fit)
 GRIDS = {
     "disco": [f"disco:tau={t}" for t in (0.5, 0.6, 0.7, 0.8, 0.9)],
-    "dsde": [f"dsde:tau={t}" for t in (0.3, 0.4, 0.5, 0.6, 0.7)],
+    "dsde": [f"dsde:window={w}" for w in (10, 20, 30, 60)],
     "gammatune": [f"gammatune:grow={g},shrink={s}" for g in (0.25, 0.5, 1.0) for s in (0.1, 0.25, 0.5)],
 }
 FIXED = tuple(f"fixed:{k}" for k in range(8))
@@ -139,7 +139,7 @@ def markdown(rows: list[dict], loads, notes: list[str]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--duration", type=float, default=8.0)
+    ap.add_argument("--duration", type=float, default=5.0)
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--loads", default="1,8,32,128")
     ap.add_argument("--jobs", type=int, default=2)

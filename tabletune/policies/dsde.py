@@ -1,83 +1,61 @@
-"""DSDE-style: per-sequence draft length from KL-divergence stability, with a batch cap.
+"""DSDE: per-sequence speculation length from the stability of recent KL divergences, with a batch cap.
 
 Source: Yang et al., "DSDE: Dynamic Speculative Decoding with KLD Stability for
-Real-World Serving" (arXiv 2509.01083). DSDE reads a post-hoc signal, the KL
-divergence between target and draft distributions at the verified positions, and
-uses its regional stability (mean and variance over recent tokens) to set each
-sequence's speculation length, with an adaptive cap SL_cap against stragglers in a
-large batch. This "-style" version assumes the following concrete rule.
+Real-World Serving" (arXiv 2509.01083), and the authors' released vLLM-based code
+(repository samsungsds-research-paper/DSDE, ``vllm/spec_decode/dynamic_scheduler.py``,
+its ``KLScheduler`` and ``coordinate_batch_k``; vLLM PR #26504 upstreams per-sequence
+lengths). Reimplemented from that description, not copied. Per sequence:
+
+* History. KL(target || draft) of every verified draft token goes into the sequence's
+  history of the last ``window`` = 30 values (the authors' ``dsl_activation_tokens``).
+* Warm-up, until the history holds ``window`` values: k starts at ``k_start``, doubles
+  (capped at k_max) after a draft that was accepted in full and stays otherwise; the
+  accepted counts m and KL values are logged. At the end the sequence's bounds are
+
+      k_hi = clamp(round(max m * (1 + 0.5 * mean KL / max KL)), k_min, k_max)
+      k_lo = clamp(ceil(0.1 * k_hi), k_min, k_hi)
+
+* Length (after warm-up), from the weighted variance intensity ratio of the history
+  (WVIR: the weighted variance of its last n // 3 values over that of all n, weights
+  0.9^age; 20 when the long-window variance is below 1e-6; 0 below 2 values) and the
+  mean KL of the last step's draft, kl_bar:
+
+      SF = exp(2 * kl_bar) - 1                          (temperature 0)
+      SL = max(k_lo, ceil((k_hi - k_lo) * (1 - WVIR * SF) + k_lo))   if WVIR * SF <= 1
+      SL = k_lo                                                      otherwise
+
+* Cap. In a batch the drafter runs for the longest draft, so SL_cap = ceil(mean SL)
+  over the batch's sequences past warm-up, and each of them drafts min(SL, SL_cap).
 
 KL signal. The simulator reports KL(target || draft) at every verified position
-(``StepOutcome.kl``), drawn by its stated model (``tabletune.sim.acceptance``: a noisy
-decreasing function of the token's latent acceptance margin, large where the token is
-rejected); the policy uses those values as they come. For an engine that reports no KL
-(``kl`` is None), or a setting whose default drafter is the n-gram one, the policy falls
-back to a proxy from what every engine has: each drafted token's top-1 probability p1,
-top-1/top-2 margin, and whether it was accepted.
-At temperature 0 the target distribution is one-hot at its token x, so
+(``StepOutcome.kl``, by its stated model in ``tabletune.sim.acceptance``). For an engine
+that reports none, trace replay, or an n-gram default drafter, the policy uses a proxy
+from what every engine has: at temperature 0 the target is one-hot at its token x, so
+KL = -log q(x): -log p1 for an accepted token and, for the first rejected one,
+-log p2 with p2 = p1 - margin (assuming the target chose the draft's runner-up); only
+tested tokens count.
 
-    KL(p_target || q_draft) = -log q(x)
-
-exactly: -log p1 for an accepted token (x is the draft's top-1) and, for a rejected
-one, -log p2 with p2 = p1 - margin (assuming the target chose the draft's runner-up,
-which bounds q(x) from above and so the KL from below). Only tested tokens count
-(nothing after a draft's first rejection).
-
-Length. Over a sequence's recent KL values, the exponentially weighted mean mu and
-standard deviation sd (span ``window`` tokens: weight alpha = 2 / (window + 1) per
-value, mu <- mu + alpha d, var <- (1 - alpha)(var + alpha d^2) with d = x - mu)
-form a stability score z = mu + sd (an unstable region, with KL spikes, scores worse
-than a calm one of the same mean). The per-token acceptance estimate and the length are
-
-    a_hat = exp(-c * z)
-    SL    = clamp(floor(log(tau) / log(a_hat)), k_min, k_max)      (tau = 1/2)
-
-i.e. draft the tokens whose survival a_hat^j stays >= tau. A sequence with fewer
-than ``min_history`` values uses ``k_start``. The scale c puts z in acceptance units:
-it is refit every 50 steps on the pooled tested tokens (each paired with its
-sequence's z at decision time) so that mean(exp(-c z)) = their acceptance rate
-(bisection; the mean falls monotonically in c). It starts at c = 1, which is exact
-for a single greedy-proxy token (exp(-KL) = q(x)).
-
-Cap. In a batch the drafter runs for the longest draft, so one long draft stalls the
-step. SL_cap = ceil(mean(SL) + std(SL)) over the batch, and every SL_i <= SL_cap.
+Assumed where the code leaves it open: during warm-up the sequence drafts its doubling
+k (the code also returns k_min from the scheduler there); k_start = 3, k_min = 1 and
+k_max = the context's k_max (the authors' defaults depend on their vLLM config).
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
 
 from tabletune.policies.base import MODEL, BatchState, Decision, DraftFeatures, PolicyContext, StepOutcome
-from tabletune.policies.per_request import accepted_mask, default_features, tested_mask
+from tabletune.policies.per_request import PerRequest, accepted_mask, default_features, tested_mask
 
 P_FLOOR = 1e-6
-
-
-@dataclass(frozen=True)
-class DsdeConfig:
-    k_min: int = 1
-    k_max: int = 8
-    k_start: int = 3
-    window: int = 32
-    min_history: int = 4
-    tau: float = 0.5
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.k_min <= self.k_start <= self.k_max:
-            raise ValueError(f"need 0 <= k_min <= k_start <= k_max, got {self.k_min}, {self.k_start}, {self.k_max}")
-        if not 0.0 < self.tau < 1.0:
-            raise ValueError(f"tau must lie in (0, 1), got {self.tau}")
-        if self.window < 2 or self.min_history < 1:
-            raise ValueError("window must be >= 2 and min_history >= 1")
-
-    @property
-    def alpha(self) -> float:
-        return 2.0 / (self.window + 1.0)
+SF_ALPHA = 2.0  # SF = exp(2 * kl_bar) - 1
+DECAY = 0.9  # WVIR weights 0.9^age
 
 
 def kl_proxy(top1_prob: np.ndarray, margin: np.ndarray, ks: np.ndarray, accepted: np.ndarray) -> np.ndarray:
@@ -92,144 +70,113 @@ def kl_proxy(top1_prob: np.ndarray, margin: np.ndarray, ks: np.ndarray, accepted
     return np.where(tested, -np.log(np.maximum(p, P_FLOOR)), np.nan)
 
 
-def ew_update(mean: np.ndarray, var: np.ndarray, count: np.ndarray, x: np.ndarray,
-              alpha: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One exponentially weighted mean/variance update per row where x is not NaN (the first value sets mu)."""
-    valid = ~np.isnan(x)
-    first = valid & (count == 0)
-    d = np.where(valid, x - mean, 0.0)
-    new_mean = np.where(first, x, mean + alpha * d)
-    new_var = np.where(first, 0.0, np.where(valid, (1.0 - alpha) * (var + alpha * d * d), var))
-    return new_mean, new_var, count + valid
+def weighted_variance(values: np.ndarray, weights: np.ndarray) -> float:
+    """sum w (x - mean_w)^2 / sum w, mean_w = sum w x / sum w."""
+    mean = float((weights * values).sum() / weights.sum())
+    return float((weights * (values - mean) ** 2).sum() / weights.sum())
 
 
-def stable_lengths(z: np.ndarray, cfg: DsdeConfig, scale: float = 1.0) -> np.ndarray:
-    """SL = clamp(floor(log tau / log a_hat), k_min, k_max), a_hat = exp(-c z); k_start where z is NaN."""
-    z = np.asarray(z, dtype=float)
-    log_a = -scale * np.maximum(np.nan_to_num(z, nan=1.0), 1e-12)
-    sl = np.clip(np.floor(math.log(cfg.tau) / log_a), cfg.k_min, cfg.k_max)
-    return np.where(np.isnan(z), cfg.k_start, sl).astype(np.int64)
+def intensity_ratio(history: Sequence[float], decay: float = DECAY) -> float:
+    """WVIR: weighted variance of the last n // 3 values over that of all n (weights decay^age)."""
+    x = np.asarray(history, dtype=float)
+    n = len(x)
+    if n < 2:
+        return 0.0
+    short = max(1, n // 3)
+    long_var = weighted_variance(x, decay ** np.arange(n - 1, -1, -1))
+    if long_var < 1e-6:
+        return 20.0
+    return weighted_variance(x[-short:], decay ** np.arange(short - 1, -1, -1)) / long_var
 
 
-def fit_kl_scale(z: np.ndarray, accepted: np.ndarray) -> float:
-    """c with mean(exp(-c z)) = mean(accepted), by bisection on log c in [1e-3, 1e3]."""
-    z = np.asarray(z, dtype=float)
-    rate = float(np.mean(accepted))
-    lo, hi = math.log(1e-3), math.log(1e3)
-    for _ in range(40):
-        mid = 0.5 * (lo + hi)
-        if float(np.mean(np.exp(-math.exp(mid) * z))) > rate:
-            lo = mid
-        else:
-            hi = mid
-    return math.exp(0.5 * (lo + hi))
+def dsl_length(wvir: float, kl_bar: float, k_lo: int, k_hi: int) -> int:
+    """SL from WVIR and the last step's mean KL (module docstring)."""
+    risk = wvir * (math.exp(SF_ALPHA * kl_bar) - 1.0)
+    if risk <= 1.0:
+        return max(k_lo, math.ceil((k_hi - k_lo) * (1.0 - risk) + k_lo - 1e-9))
+    return k_lo
+
+
+def dynamic_bounds(accepted: Sequence[int], kls: Sequence[float], k_min: int, k_max: int) -> tuple[int, int]:
+    """(k_lo, k_hi) at the end of warm-up (module docstring); (k_min, k_max) without samples."""
+    if not accepted:
+        return k_min, k_max
+    mean_kl = float(np.mean(kls)) if len(kls) else 0.0
+    max_kl = float(np.max(kls)) if len(kls) else 1.0
+    max_kl = max_kl if max_kl != 0 else 1.0
+    k_hi = min(k_max, max(k_min, round(max(accepted) * (1.0 + 0.5 * mean_kl / max_kl))))
+    k_lo = min(k_hi, max(k_min, math.ceil(0.1 * k_hi - 1e-9)))
+    return k_lo, k_hi
 
 
 def straggler_cap(lengths: Sequence[int] | np.ndarray) -> int:
-    """SL_cap = ceil(mean + std) of the batch's lengths."""
+    """SL_cap = ceil(mean SL) of the batch's lengths."""
     arr = np.asarray(lengths, dtype=float)
-    if len(arr) == 0:
-        return 0
-    return int(math.ceil(float(arr.mean()) + float(arr.std()) - 1e-9))
+    return int(math.ceil(float(arr.mean()) - 1e-9)) if len(arr) else 0
 
 
-def capped_lengths(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
-    """min(SL_i, SL_cap) for every sequence of the batch."""
-    arr = np.asarray(lengths, dtype=np.int64)
-    return np.minimum(arr, straggler_cap(arr))
+@dataclass
+class _Seq:
+    """One sequence's state: its k during warm-up, its KL history, warm-up logs, bounds once warm."""
+
+    k: int
+    history: deque = field(default_factory=deque)
+    accepted: list = field(default_factory=list)
+    kls: list = field(default_factory=list)
+    bounds: tuple[int, int] | None = None
+    kl_bar: float = 0.0
 
 
 class DsdePolicy:
-    """Per request: SL from the stability of its recent KL values; the batch caps stragglers.
-
-    The KL values come from ``StepOutcome.kl`` (the simulator's KL(target || draft) at every
-    verified position, see ``tabletune.sim.acceptance``); an engine that reports none, or a
-    setting whose default drafter is the n-gram one (the engine's KL is the model drafter's),
-    gets the greedy-target proxy ``kl_proxy`` from the default drafter's p1 and margin.
-    Per-request statistics live in arrays (one row per running request, rows reused).
-    """
+    """Per sequence: SL from the stability of its recent KL values; the batch caps at ceil(mean SL)."""
 
     name: ClassVar[str] = "dsde"
     uses_features: ClassVar[bool] = True
 
-    def __init__(self, ctx: PolicyContext, window: int = 32, k_start: int = 3, tau: float = 0.5,
-                 cap: bool = True, pool_tokens: int = 8192, refit_steps: int = 50) -> None:
-        k_max = ctx.k_max
+    def __init__(self, ctx: PolicyContext, window: int = 30, k_start: int = 3, cap: bool = True) -> None:
+        if window < 2:
+            raise ValueError(f"window must be >= 2, got {window}")
         self.ctx = ctx
-        self.cfg = DsdeConfig(k_min=min(1, k_max), k_max=k_max, k_start=min(k_start, k_max), window=window, tau=tau)
-        self.cap = cap
-        self.refit_steps, self.pool_tokens = refit_steps, pool_tokens
-        self.rows: dict[int, int] = {}
-        self.free: list[int] = []
-        self.mean, self.var, self.count = np.zeros(0), np.zeros(0), np.zeros(0, np.int64)
-        self.scale = 1.0  # c
-        self.pool: list[tuple[np.ndarray, np.ndarray]] = []  # tested tokens: (their sequence's z, accepted)
-        self.steps = 0
+        self.k_min, self.k_max = min(1, ctx.k_max), ctx.k_max
+        self.window, self.cap = window, cap
+        k0 = min(max(k_start, self.k_min), self.k_max)
+        self.seqs: PerRequest[_Seq] = PerRequest(lambda: _Seq(k0, deque(maxlen=window)))
         self._features: DraftFeatures | None = None
-        self._z = np.zeros(0)
 
-    def row_of(self, request_ids: np.ndarray) -> np.ndarray:
-        """Array rows of the requests (new requests get a free or new row)."""
-        out = []
-        for rid in request_ids.tolist():
-            row = self.rows.get(rid)
-            if row is None:
-                if not self.free:
-                    n = len(self.mean)
-                    self.free = list(range(max(2 * n, 16) - 1, n - 1, -1))
-                    grow = max(2 * n, 16) - n
-                    self.mean = np.r_[self.mean, np.zeros(grow)]
-                    self.var = np.r_[self.var, np.zeros(grow)]
-                    self.count = np.r_[self.count, np.zeros(grow, np.int64)]
-                row = self.rows[rid] = self.free.pop()
-                self.mean[row] = self.var[row] = self.count[row] = 0
-            out.append(row)
-        return np.array(out, dtype=np.int64)
-
-    def scores(self, request_ids: np.ndarray) -> np.ndarray:
-        """z = mu + sd per request; NaN below ``min_history`` values."""
-        rows = self.row_of(request_ids)
-        z = self.mean[rows] + np.sqrt(self.var[rows])
-        return np.where(self.count[rows] >= self.cfg.min_history, z, np.nan)
+    def length(self, s: _Seq) -> int:
+        """The sequence's SL (after warm-up) or its warm-up k."""
+        if s.bounds is None or not s.history:
+            return s.k
+        return dsl_length(intensity_ratio(s.history), s.kl_bar, *s.bounds)
 
     def decide(self, state: BatchState) -> Decision:
         self._features = default_features(state, self.ctx, self.name) if state.features is not None else None
-        self._z = self.scores(state.request_ids)
-        lengths = stable_lengths(self._z, self.cfg, self.scale)
-        return Decision.per_request(capped_lengths(lengths) if self.cap else lengths)
+        seqs = [self.seqs.get(rid) for rid in state.request_ids.tolist()]
+        ks = np.array([self.length(s) for s in seqs], dtype=np.int64)
+        warm = np.array([s.bounds is not None for s in seqs], dtype=bool)
+        if self.cap and warm.any():
+            ks = np.where(warm, np.minimum(ks, straggler_cap(ks[warm])), ks)
+        return Decision.per_request(ks)
 
     def observe(self, outcome: StepOutcome) -> None:
-        rows = self.row_of(outcome.state.request_ids)
         values = self._kl_values(outcome)
-        if values is not None:
-            mean, var, count = self.mean[rows], self.var[rows], self.count[rows]
-            width = int(outcome.ks.max()) if len(outcome.ks) else 0  # later columns are all NaN
-            for j in range(min(width, values.shape[1])):
-                mean, var, count = ew_update(mean, var, count, values[:, j], self.cfg.alpha)
-            self.mean[rows], self.var[rows], self.count[rows] = mean, var, count
-        self._pool(outcome)
-        for rid in outcome.finished_ids.tolist():
-            row = self.rows.pop(int(rid), None)
-            if row is not None:
-                self.free.append(row)
+        for i, rid in enumerate(outcome.state.request_ids.tolist()):
+            k, m = int(outcome.ks[i]), int(outcome.accepted[i])
+            if k == 0:
+                continue
+            s = self.seqs.get(rid)
+            kls = [] if values is None else [float(v) for v in values[i, :k] if not np.isnan(v)]  # verified only
+            s.history.extend(kls)
+            s.kl_bar = sum(kls) / k
+            if s.bounds is None:
+                s.accepted.append(m)
+                s.kls.extend(kls)
+                if m >= k:
+                    s.k = min(2 * k, self.k_max)
+                if len(s.history) >= self.window:
+                    s.bounds = dynamic_bounds(s.accepted, s.kls, self.k_min, self.k_max)
+        self.seqs.forget(outcome)
         self._features = None
-        self.steps += 1
-        if self.steps % self.refit_steps == 0 and self.pool:
-            z = np.concatenate([p[0] for p in self.pool])[-self.pool_tokens:]
-            ok = np.concatenate([p[1] for p in self.pool])[-self.pool_tokens:]
-            self.pool = [(z, ok)]
-            if len(z) >= 64:
-                self.scale = fit_kl_scale(z, ok)
-
-    def _pool(self, outcome: StepOutcome) -> None:
-        """Pair each tested token with its sequence's z at decision time (for the scale c)."""
-        if len(self._z) != len(outcome.ks):
-            return
-        k_max = self.ctx.k_max
-        tested = tested_mask(outcome.ks, outcome.accepted, k_max) & ~np.isnan(self._z)[:, None]
-        if tested.any():
-            z = np.broadcast_to(self._z[:, None], tested.shape)[tested]
-            self.pool.append((z, accepted_mask(outcome.accepted, k_max)[tested].astype(float)))
 
     def _kl_values(self, outcome: StepOutcome) -> np.ndarray | None:
         k_max = self.ctx.k_max

@@ -4,16 +4,8 @@ import numpy as np
 import pytest
 from per_request_helpers import make_ctx, make_outcome, make_state, run_sim
 
-from tabletune.policies.dsde import (
-    DsdeConfig,
-    DsdePolicy,
-    capped_lengths,
-    fit_kl_scale,
-    ew_update,
-    kl_proxy,
-    stable_lengths,
-    straggler_cap,
-)
+from tabletune.policies.dsde import (DsdePolicy, dsl_length, dynamic_bounds, intensity_ratio, kl_proxy,
+                                     straggler_cap, weighted_variance)
 
 
 def test_kl_proxy_is_greedy_target_cross_entropy():
@@ -23,73 +15,62 @@ def test_kl_proxy_is_greedy_target_cross_entropy():
     np.testing.assert_allclose(out, [[-math.log(0.5), -math.log(0.2), np.nan], [math.log(2), math.log(2), np.nan]])
 
 
-def test_ew_statistics_hand_worked():
-    cfg = DsdeConfig(window=3)  # alpha = 0.5
-    mean, var, count = np.zeros(2), np.zeros(2), np.zeros(2, np.int64)
-    for x in ([1.0, np.nan], [3.0, 2.0]):
-        mean, var, count = ew_update(mean, var, count, np.array(x), cfg.alpha)
-    # row 0: first value sets mu = 1; then d = 2: mu = 2, var = 0.5 * (0 + 0.5 * 4) = 1
-    assert mean.tolist() == [2.0, 2.0] and var.tolist() == [1.0, 0.0] and count.tolist() == [2, 1]
+def test_weighted_variance_and_intensity_ratio_by_hand():
+    # values 0, 2 with weights 1, 1: mean 1, variance 1
+    assert weighted_variance(np.array([0.0, 2.0]), np.array([1.0, 1.0])) == pytest.approx(1.0)
+    assert intensity_ratio([1.0]) == 0.0
+    assert intensity_ratio([0.5, 0.5, 0.5]) == 20.0  # flat history: long-window variance below 1e-6
+    # 0, 0, 3: short window (n // 3 = 1 value) has variance 0; the ratio is 0
+    assert intensity_ratio([0.0, 0.0, 3.0]) == 0.0
+    # 0, 0, 0, 0, 3, 3 (short = last 2: variance 0)... and a spike at the end of 0, 1, 0, 1, 0, 4:
+    # short = (0, 4), weights (0.9, 1): mean 4/1.9, variance 0.9*1.9^-2*16 ... computed directly
+    x = np.array([0.0, 1.0, 0.0, 1.0, 0.0, 4.0])
+    w6 = 0.9 ** np.arange(5, -1, -1)
+    want = weighted_variance(x[-2:], np.array([0.9, 1.0])) / weighted_variance(x, w6)
+    assert intensity_ratio(x) == pytest.approx(want) and want > 1.0  # a recent spike: unstable
 
 
-def test_stable_length_hand_worked():
-    cfg = DsdeConfig(k_max=8, k_start=3)
-    z = np.array([np.nan, 0.1, 0.2, 0.0, 50.0])
-    # floor(ln 2 / 0.1) = 6, floor(ln 2 / 0.2) = 3, z = 0: k_max, huge z: k_min; NaN: k_start
-    assert stable_lengths(z, cfg).tolist() == [3, 6, 3, 8, 1]
-    assert stable_lengths(np.array([0.1]), cfg, scale=3.0).tolist() == [2]  # floor(ln 2 / 0.3)
+def test_dsl_length_by_hand():
+    # risk = WVIR * (exp(2 kl) - 1) = 0.5 * (e^1 - 1) = 0.859: SL = ceil(6 * 0.141 + 1) = 2
+    assert dsl_length(0.5, 0.5, 1, 7) == 2
+    assert dsl_length(0.0, 3.0, 1, 7) == 7  # calm history: the upper bound
+    assert dsl_length(2.0, 0.5, 1, 7) == 1  # risk > 1: the lower bound
+    assert dsl_length(1.0, 0.1, 2, 6) == math.ceil(4 * (1 - (math.exp(0.2) - 1)) + 2)
 
 
-def test_spiky_history_scores_worse_than_calm_of_equal_mean():
-    policy = DsdePolicy(make_ctx(), window=3)
-    state = make_state(np.full((2, policy.ctx.k_max), 0.8), ids=[0, 1])
-    policy.decide(state)
-    kl = np.full((2, policy.ctx.k_max), np.nan)
-    kl[0, :4] = [0.1, 0.1, 0.1, 0.1]
-    kl[1, :4] = [0.0, 0.2, 0.0, 0.2]
-    policy.observe(make_outcome(state, [4, 4], [4, 4], kl=kl))
-    z = policy.scores(np.array([0, 1]))
-    assert z[0] == pytest.approx(0.1) and z[1] > 0.15
+def test_dynamic_bounds_by_hand():
+    # max m = 4, mean KL 0.5, max KL 1: k_hi = round(4 * 1.25) = 5; k_lo = ceil(0.5) = 1
+    assert dynamic_bounds([1, 4, 2], [0.0, 1.0, 0.5, 0.5], 1, 7) == (1, 5)
+    assert dynamic_bounds([7, 7], [1.0], 1, 7) == (1, 7)  # capped at k_max
+    assert dynamic_bounds([], [], 1, 7) == (1, 7)
 
 
-def test_fit_kl_scale_matches_the_acceptance_rate():
-    z = np.full(100, 0.2)
-    accepted = np.r_[np.ones(45), np.zeros(55)]  # rate 0.45 = exp(-c 0.2) -> c = -ln(0.45) / 0.2
-    assert fit_kl_scale(z, accepted) == pytest.approx(-math.log(0.45) / 0.2, rel=1e-4)
+def test_straggler_cap_is_ceil_of_the_mean():
+    assert straggler_cap([1, 2, 7]) == 4 and straggler_cap([3, 3]) == 3 and straggler_cap([]) == 0
 
 
-def test_straggler_cap():
-    # mean 2.75, sd 3.03 -> cap ceil(5.78) = 6
-    assert straggler_cap([1, 1, 1, 8]) == 6
-    assert capped_lengths([1, 1, 1, 8]).tolist() == [1, 1, 1, 6]
-    assert capped_lengths([4, 4]).tolist() == [4, 4]
-
-
-def _feed(policy, kl_value, steps, ids=(0, 1)):
+def test_warmup_doubles_on_full_acceptance_then_bounds_and_cap_apply():
+    policy = DsdePolicy(make_ctx(), window=6)
     k_max = policy.ctx.k_max
-    for step in range(steps):
-        state = make_state(np.full((len(ids), k_max), 0.8), ids=ids, step=step)
-        ks = policy.decide(state).ks
-        kl = np.full((len(ids), k_max), kl_value)
-        kl[np.arange(k_max)[None, :] >= ks[:, None]] = np.nan
-        policy.observe(make_outcome(state, ks, np.maximum(ks - 1, 0), kl=kl))
-    return policy.decide(make_state(np.full((len(ids), k_max), 0.8), ids=ids)).ks
+    state = make_state(np.full((2, k_max), 0.9), ids=[1, 2])
+    assert policy.decide(state).ks.tolist() == [3, 3]
+    kl = np.full((2, k_max), 0.05)
+    policy.observe(make_outcome(state, [3, 3], [3, 1], kl=kl))  # request 1 accepted all: 3 -> 6
+    assert [policy.seqs.get(1).k, policy.seqs.get(2).k] == [6, 3]
+    assert all(s.bounds is None for s in policy.seqs.items.values())
+    policy.observe(make_outcome(state, [6, 3], [2, 0], kl=kl))  # 9 and 6 values: both warm
+    assert policy.seqs.get(1).bounds == dynamic_bounds([3, 2], [0.05] * 9, 1, k_max)
+    ks = policy.decide(state).ks
+    sl = [policy.length(policy.seqs.get(i)) for i in (1, 2)]
+    assert ks.tolist() == [min(x, straggler_cap(sl)) for x in sl]
 
 
-def test_calm_sequences_draft_long_and_turbulent_ones_short():
-    ctx = make_ctx()
-    calm = _feed(DsdePolicy(ctx), 0.01, 20)
-    rough = _feed(DsdePolicy(ctx), 3.0, 20)
-    assert calm.min() > rough.max()
-    assert calm.max() <= ctx.k_max and rough.min() >= 1
-
-
-def test_finished_requests_are_forgotten():
+def test_finished_requests_are_forgotten_and_zero_drafts_skipped():
     policy = DsdePolicy(make_ctx())
     state = make_state(np.full((2, policy.ctx.k_max), 0.8), ids=[7, 8])
-    ks = policy.decide(state).ks
-    policy.observe(make_outcome(state, ks, [0, 0], kl=np.zeros((2, policy.ctx.k_max)), finished=[7]))
-    assert set(policy.rows) == {8} and len(policy.free) == len(policy.mean) - 1
+    policy.decide(state)
+    policy.observe(make_outcome(state, [0, 2], [0, 1], kl=np.zeros((2, policy.ctx.k_max)), finished=[7]))
+    assert set(policy.seqs.items) == {8} and len(policy.seqs.get(8).history) == 2
 
 
 def test_without_engine_kl_the_proxy_is_used():
@@ -97,8 +78,7 @@ def test_without_engine_kl_the_proxy_is_used():
     state = make_state(np.full((1, policy.ctx.k_max), 0.5))
     policy.decide(state)
     policy.observe(make_outcome(state, [3], [3]))
-    row = policy.rows[0]
-    assert policy.count[row] == 3 and policy.mean[row] == pytest.approx(math.log(2)) and policy.var[row] < 1e-12
+    assert list(policy.seqs.get(0).history) == pytest.approx([math.log(2)] * 3)
 
 
 def test_dsde_runs_in_simulator_within_k_max_and_is_deterministic():
@@ -106,6 +86,5 @@ def test_dsde_runs_in_simulator_within_k_max_and_is_deterministic():
     result, policy = run_sim("dsde", load=16, duration_s=2.0, seed=4, recorder=lambda d, s: seen.append(d.ks))
     ks = np.concatenate(seen)
     assert ks.min() >= 1 and ks.max() <= policy.ctx.k_max and len(set(ks.tolist())) > 1
-    assert policy.scale != 1.0  # calibrated against the simulator's KL signal
     again, _ = run_sim("dsde", load=16, duration_s=2.0, seed=4)
     assert again.throughput_tok_s == result.throughput_tok_s > 0
