@@ -19,6 +19,7 @@ Variants (each a row group; every policy's throughput is a share of the best fix
   the traces / on training seeds, then run on the held-out half / the evaluation seeds).
 
     python benchmarks/per_request_ablation.py [--duration 5] [--seeds 2] [--loads 1,8,32,128] [--jobs 2]
+    python benchmarks/per_request_ablation.py --write-profile profiles/derived/h200_qwen3-8b_eagle_ctx4096.json
 
 Writes benchmarks/results/per_request_ablation.{json,md}.
 """
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -68,8 +70,9 @@ def at_context(lo: StepProfile, hi: StepProfile, context_len: int) -> StepProfil
         rise = hi.step_ms(min(b, b_max), k) - lo.step_ms(min(b, b_max), k)
         rise *= max(b / b_max, 1.0)
         points.append(StepPoint(b, k, tuple(s + w * rise for s in p.samples_ms)))
-    fp = dataclasses.replace(lo.fingerprint, command=f"linear in context between {lo.source} and {hi.source}")
-    return StepProfile(tuple(points), context_len, fp, source=f"{lo.source}@{context_len}")
+    fp = dataclasses.replace(lo.fingerprint, command=f"benchmarks/per_request_ablation.py: linear in context between "
+                             f"{Path(lo.source).name} and {Path(hi.source).name}")
+    return StepProfile(tuple(points), context_len, fp, source=f"{Path(lo.source).name}@{context_len}")
 
 
 def profiles() -> tuple[StepProfile, StepProfile]:
@@ -144,7 +147,11 @@ def main() -> None:
     ap.add_argument("--loads", default="1,8,32,128")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "per_request_ablation"))
+    ap.add_argument("--write-profile", metavar="PATH", help="only write the context-4096 EAGLE profile to PATH")
     args = ap.parse_args()
+    if args.write_profile:
+        profiles()[0].save(args.write_profile)
+        return
     loads = [int(x) for x in args.loads.split(",")]
     seeds, train_seeds = list(range(args.seeds)), [100 + s for s in range(args.seeds)]
     start = time.perf_counter()
@@ -187,7 +194,9 @@ def main() -> None:
     out = Path(args.out)
     fileio.write_json(out.with_suffix(".json"), {"loads": loads, "seeds": seeds, "rows": rows, "notes": notes})
     text = markdown(rows, loads, notes)
-    fileio.write_text(out.with_suffix(".md"), "# Per-request policies: cost model, signals, thresholds\n\n" + text)
+    command = "python benchmarks/per_request_ablation.py " + " ".join(sys.argv[1:])
+    fileio.write_text(out.with_suffix(".md"), "# Per-request policies: cost model, signals, thresholds\n\n"
+                      f"Command: `{command.strip()}`\n\n" + text)
     print(text)
 
 

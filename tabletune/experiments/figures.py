@@ -105,4 +105,4 @@ def fig3(lab: Lab, out: Path, loads: Sequence[int], seeds: Sequence[int], settin
           + "\n\n" + share_matrix_md(first, policies, loads))
     if missing:
         md += f"\n\nNot run (module not available): {', '.join(missing)}."
-    return Section("fig3", "Fig 3: TableTune vs TurboSpec-style vs Nightjar-style", md, files, summary)
+    return Section("fig3", "Fig 3: TableTune vs TurboSpec-, Nightjar- and SGLang-style", md, files, summary)
