@@ -39,7 +39,8 @@ geometrically from the known ones. Every ``interval`` = 10 steps, once every pos
 
 with T the offline step-time profile (SGLang profiles its own at start-up), and the
 best one replaces the current k only if score(best) > (1 + 0.1) * score(current)
-(``pick_best_step_with_hysteresis``). Going down clears the windows above the new k.
+(``pick_best_step_with_hysteresis``; the PR's controller as read calls the plain
+argmax, which is ``score_margin=0``). Going down clears the windows above the new k.
 
 Assumed where the sources leave it open: k_start = 3 (SGLang starts at the server's
 ``speculative_num_steps``; a bucket whose candidates lack it starts at its middle

@@ -62,3 +62,14 @@ def test_ngram_split_is_per_token(eagle):
     cost = SETTINGS["ngram-code-edit"].cost(eagle)
     t = SETTINGS["ngram-code-edit"].profile(eagle)
     assert cost.mixed_ms(np.array([0, 4])) == pytest.approx(t.step_ms(2, 2))
+
+
+def test_the_lab_costs_mixed_lengths_by_the_split_rule_unless_told(eagle):
+    import numpy as np
+
+    from tabletune.experiments.runner import Lab
+
+    ks = np.array([1, 1, 1, 5])
+    split, share = Lab(eagle), Lab(eagle, cost_rule="share")
+    assert split.cost(SETTINGS["eagle"]).draft_grid is not None and share.cost(SETTINGS["eagle"]).draft_grid is None
+    assert split.cost(SETTINGS["eagle"]).mixed_ms(ks) == pytest.approx(SETTINGS["eagle"].cost(eagle).mixed_ms(ks))
