@@ -2,7 +2,9 @@
 
 Entry points: ``Simulator(cost, schedule, config).run(policy) -> SimResult``;
 ``Workload``/``Schedule`` (what requests look like over time), ``SimConfig`` (load,
-duration, seed). Step times come from the core's ``tabletune.cost.StepCost``. Pure numpy.
+duration, seed). Step times come from the core's ``tabletune.cost.StepCost``. The model
+drafter's outcomes and signals are synthetic (``acceptance``) or replayed from measured
+traces (``replay``, ``Simulator(..., replay=...)``). Pure numpy.
 """
 
 from tabletune.sim.metrics import SimResult
