@@ -14,7 +14,7 @@ Variants (each a row group; every policy's throughput is a share of the best fix
   chain, target per verified token, measured D), ``f=1`` (the step pays the longest chain);
 * signals: ``replay`` (outcomes and signals of issue 7's early-exit T=0 traces, held-out
   half of the requests) against ``matched`` (the synthetic model with the traces' rates
-  and top-1 AUC);
+  and top-1 AUC); ``near-perfect`` (signal noise 0.1: what better signals could gain);
 * thresholds: ``tuned`` (each policy's knob fit for mean share on the training half of
   the traces / on training seeds, then run on the held-out half / the evaluation seeds).
 
@@ -170,9 +170,11 @@ def main() -> None:
     replay = Variant("replay (held-out traces), split", split, GENERAL.with_rates(rates), test, train.conditional_rates(7))
     replay_train = dataclasses.replace(replay, name="replay (training traces)", replay=train)
     matched = Variant("matched synthetic, split", split, matched_w, prior=train.conditional_rates(7))
+    sharp = Variant("near-perfect signals (noise 0.1), split", split,
+                    dataclasses.replace(GENERAL, signal_noise=0.1), prior=prior)
     rows: list[dict] = []
     with ProcessPoolExecutor(args.jobs) as pool:
-        for v in [*synth.values(), matched, replay]:
+        for v in [*synth.values(), sharp, matched, replay]:
             rows += summary(v.name, shares(pool, v, POLICIES, loads, seeds, args.duration), {})
         tuned_syn = fit(pool, dataclasses.replace(synth["split (measured D)"]), loads, train_seeds, args.duration)
         v = synth["split (measured D)"]
