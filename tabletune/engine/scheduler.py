@@ -38,6 +38,7 @@ import numpy as np
 from tabletune.acceptance import AcceptanceCounts
 from tabletune.cost import StepCost
 from tabletune.engine.runner import SpecEngine, StepBuffers
+from tabletune.engine.trace_replay import TokenTrace, fill_slot
 from tabletune.policies.base import BatchState, DraftFeatures, Policy, PolicyContext, StepOutcome
 from tabletune.policies.static_table import StaticTable
 from tabletune.profile import StepPoint, StepProfile
@@ -51,6 +52,7 @@ class Request:
     id: int = 0
     oracle: list[int] | None = None  # tokens for the ReplayDrafter (the continuation)
     oracle_stale: bool = False  # a capped step accepted less than its cap: the oracle left the target's path
+    trace: tuple[TokenTrace, TokenTrace | None] | None = None  # model and n-gram chain for the traced replay
     output: list[int] = field(default_factory=list)
     slot: int = -1
 
@@ -150,6 +152,8 @@ class Scheduler:
             tail = (req.prompt + req.oracle)[: e.cfg.max_len]
             e.oracle[req.slot, : len(tail)] = torch.tensor(tail, device=e.device)
             e.oracle[req.slot, len(tail):] = 0
+        if req.trace is not None:
+            fill_slot(e.drafter, req.slot, len(req.prompt), *req.trace)
         req.output = [e.prefill(req.slot, req.prompt)]
 
     def _done(self, req: Request) -> bool:

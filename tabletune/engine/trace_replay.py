@@ -1,0 +1,104 @@
+"""Trace replay: a real drafter's recorded per-token trace, replayed on any target through the forced-rejection cap.
+
+A trace (``tabletune acceptance --trace-out``, ``docs/formats.md``) has one row per
+tested draft token: its output position ``gen_pos`` (1 = the first token after the
+prefill's), its signals (top-1 probability, entropy, margin; empty for n-gram) and
+whether the target accepted it; n-gram rows also carry the suffix match length.
+A request's trace becomes arrays by output position g:
+
+    signals[g], accepted[g]        the model chain (e.g. the early-exit trace)
+    accepted_ngram[g], match[g]    the n-gram chain, run[g] = recorded rows from g on (its proposals)
+
+A position the trace lacks (untested, or no n-gram match) counts as rejected with no
+proposal. Longer outputs wrap around the trace. The traced ``ReplayDrafter`` drafts the
+target's own greedy continuation (the oracle) with these signals; the step caps the
+accepted count at the leading run of ``accepted`` of the row's chain, where the target
+emits its own token: so the acceptance follows the trace, the cost is the target's,
+and greedy outputs stay exactly the target's (``verify`` says why).
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ABSENT_SIGNALS = (0.5, 1.0, 0.0)  # top-1, entropy, margin of a position the trace lacks
+
+
+@dataclass(frozen=True)
+class TokenTrace:
+    """One request's recorded draft tokens by output position (index g - 1 for gen_pos g)."""
+
+    request: str
+    signals: np.ndarray  # [n, 3] float32: top-1 probability, entropy (nats), top-1 - top-2 margin
+    accepted: np.ndarray  # [n] bool: the token at g was drafted, tested and accepted
+    present: np.ndarray  # [n] bool: the trace has a row at g
+    match_len: np.ndarray  # [n] int64: n-gram suffix match length at g (0: none)
+
+    @property
+    def run(self) -> np.ndarray:
+        """[n] int64: recorded rows from g on without a gap (the n-gram drafter's proposals at g)."""
+        out = np.zeros(len(self.present), np.int64)
+        for g in range(len(out) - 1, -1, -1):
+            out[g] = (out[g + 1] + 1 if g + 1 < len(out) else 1) if self.present[g] else 0
+        return out
+
+
+def load_token_traces(path: str | Path) -> list[TokenTrace]:
+    """The per-request traces of one trace file (``.csv`` or ``.csv.gz``), in file order."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    rows: dict[str, list[dict]] = {}
+    with opener(path, "rt") as fh:  # type: ignore[operator]
+        for r in csv.DictReader(fh):
+            rows.setdefault(r["request"], []).append(r)
+    if not rows:
+        raise ValueError(f"trace {path} has no rows")
+    return [_trace(name, rs) for name, rs in rows.items()]
+
+
+def _trace(name: str, rows: list[dict]) -> TokenTrace:
+    n = max(int(r["gen_pos"]) for r in rows)
+    signals = np.tile(np.array(ABSENT_SIGNALS, np.float32), (n, 1))
+    accepted, present = np.zeros(n, bool), np.zeros(n, bool)
+    match = np.zeros(n, np.int64)
+    for r in rows:
+        g = int(r["gen_pos"]) - 1
+        present[g] = True
+        accepted[g] = r["accepted"] == "1"
+        match[g] = int(float(r["ngram_len"] or 0))
+        if r.get("top1_prob"):
+            signals[g] = (float(r["top1_prob"]), float(r["entropy"]), float(r["margin"]))
+    return TokenTrace(name, signals, accepted, present, match)
+
+
+def fill_slot(drafter, slot: int, prompt_len: int, model: TokenTrace, ngram: TokenTrace | None = None) -> None:
+    """Write a request's traces into a traced ReplayDrafter's slot: output position g sits at position
+    prompt_len + g of the sequence; positions past the trace wrap around it."""
+    import torch
+
+    length = drafter.trace_ok.shape[1]
+    g = np.arange(length) - prompt_len  # output position of each sequence position
+    valid = g >= 1
+    im = np.where(valid, (g - 1) % len(model.accepted), 0)
+    ok = np.zeros((length, 2), np.int64)
+    ok[:, 0] = model.accepted[im] & valid
+    ng = np.zeros((length, 2), np.int64)
+    if ngram is not None:
+        ig = np.where(valid, (g - 1) % len(ngram.accepted), 0)
+        ok[:, 1] = ngram.accepted[ig] & valid
+        ng[:, 0] = np.where(valid, ngram.match_len[ig], 0)
+        ng[:, 1] = np.where(valid, ngram.run[ig], 0)
+    dev = drafter.trace_ok.device
+    drafter.trace_signals[slot] = torch.from_numpy(model.signals[im]).to(dev)
+    drafter.trace_ok[slot] = torch.from_numpy(ok).to(dev)
+    drafter.trace_ngram[slot] = torch.from_numpy(ng).to(dev)
+
+
+def pair_traces(model: list[TokenTrace], ngram: list[TokenTrace]) -> list[tuple[TokenTrace, TokenTrace | None]]:
+    """Each model-chain trace with the n-gram trace of the same request (None if it has none)."""
+    by_name = {t.request: t for t in ngram}
+    return [(t, by_name.get(t.request)) for t in model]
