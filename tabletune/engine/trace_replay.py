@@ -102,3 +102,34 @@ def pair_traces(model: list[TokenTrace], ngram: list[TokenTrace]) -> list[tuple[
     """Each model-chain trace with the n-gram trace of the same request (None if it has none)."""
     by_name = {t.request: t for t in ngram}
     return [(t, by_name.get(t.request)) for t in model]
+
+
+def leading_runs(accepted: np.ndarray, k_max: int) -> np.ndarray:
+    """[n] the leading run of accepted flags (at most k_max) from each position, wrapping around."""
+    n = len(accepted)
+    idx = (np.arange(n)[:, None] + np.arange(k_max)[None, :]) % n
+    return np.cumprod(accepted[idx], axis=1).sum(axis=1)
+
+
+def replay_rates(traces: list[TokenTrace], k_max: int) -> tuple[float, ...]:
+    """Conditional rates a_1..a_k_max of the replay, a draft starting at a uniform position of each trace:
+
+        a_j = #(runs >= j) / #(runs >= j - 1)       (a rate with no draft reaching j: the last known one)
+    """
+    runs = np.concatenate([leading_runs(t.accepted, k_max) for t in traces])
+    out: list[float] = []
+    for j in range(1, k_max + 1):
+        reached = int((runs >= j - 1).sum())
+        out.append(float((runs >= j).sum()) / reached if reached else (out[-1] if out else 0.0))
+    return tuple(max(a, 1e-3) for a in out)
+
+
+def ngram_length_rates(traces: list[TokenTrace], l_max: int = 16) -> tuple[float, ...]:
+    """rates[L] = accepted share of the n-gram chain's recorded tokens at match length L (index 0: 0)."""
+    match = np.concatenate([t.match_len[t.present] for t in traces])
+    ok = np.concatenate([t.accepted[t.present] for t in traces])
+    out = [0.0]
+    for length in range(1, l_max + 1):
+        sel = np.minimum(match, l_max) == length
+        out.append(float(ok[sel].mean()) if sel.any() else out[-1])
+    return tuple(out)

@@ -190,3 +190,13 @@ def test_policies_run_on_the_traced_replay_engine_losslessly(tiny, name):
     assert sum(int(o.accepted.sum()) for o in seen) > 0
     if name == "hybrid-spark":
         assert {int(x) for o in seen for x in o.drafter} <= {MODEL, NGRAM}
+
+
+def test_replay_rates_hand_worked():
+    """Flags 1 1 0 1 (wrapping), k_max 3: runs from each start are 2, 1, 0, 3 (1, 1, 1 via the wrap):
+    a_1 = 3/4, a_2 = #(>=2)/#(>=1) = 2/3, a_3 = 1/2."""
+    t = _trace([1, 1, 0, 1])
+    from tabletune.engine.trace_replay import leading_runs, replay_rates
+
+    assert leading_runs(t.accepted, 3).tolist() == [2, 1, 0, 3]
+    assert np.allclose(replay_rates([t], 3), (3 / 4, 2 / 3, 1 / 2))
