@@ -1,16 +1,17 @@
 """The speculative step: draft, verify, accept, update state; one CUDA graph per (batch bucket, k).
 
-All set-up happens in the constructor: KV caches, per-slot state, and on CUDA a
-graph for every (bucket, k), captured largest first into one memory pool (as
-nano-vllm does). A step only writes the slot ids and caps into a pinned host
-buffer, replays (the graph's first node uploads that buffer), and reads back one
-small tensor (the step's single host sync). A prompt's prefill runs eager, or from a graph per prompt length
-once a length has come twice (``EngineConfig.prefill_graph_max_len``):
+All set-up happens in the constructor: KV caches, per-slot state, and on CUDA a graph for every (bucket, k),
+captured largest first into one memory pool (as nano-vllm does). A step only writes the rows' slots, k_i, caps and
+drafter kinds into a pinned host buffer, replays (the graph's first node uploads that buffer), and reads back one
+small tensor (the step's single host sync). Steps are ragged: row i verifies its own k_i; the step runs the graph
+of k = max k_i and caps row i at k_i (``_verify_body``). With ``EngineConfig.split_steps`` a step can also run as a
+draft graph and a verify graph, so that a policy reads the drafts' signals in between. A prompt's prefill runs
+eager, or from a graph per prompt length once a length has come twice (``EngineConfig.prefill_graph_max_len``):
 
-    step(b rows, k):  bucket B = bucket_for(b); rows b..B-1 point at the scratch slot
-      drafts [B, k]     = drafter.propose(...)
+    step(b rows, k_1..k_b):  bucket B = bucket_for(b), k = max k_i; rows b..B-1 point at the scratch slot
+      drafts [B, k], signals [B, k, 3] = drafter.propose(...)
       hidden [B, k+1]   = target([last, drafts]) at positions start .. start+k
-      m, tokens         = verify(lm_head(hidden), drafts)       # row emits tokens[:m+1]
+      m, tokens         = verify(lm_head(hidden), drafts, cap = min(k_i, forced cap))   # row emits tokens[:m+1]
       cached += m + 1; last = tokens[m]; history[start+1 ..] = tokens
 """
 
