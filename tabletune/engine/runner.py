@@ -143,42 +143,44 @@ class SpecEngine:
     # ---- the step ----------------------------------------------------------
 
     @torch.inference_mode()
-    def _draft_body(self, buf: StepBuffers, k: int) -> Proposal:
-        """Draft k tokens a row into ``buf`` (tokens, signals, n-gram counts, recorded runs)."""
+    def _draft_body(self, buf: StepBuffers, k: int, keep: bool) -> Proposal:
+        """Draft k tokens a row; signals and n-gram counts into ``buf``, and with ``keep`` (the draft phase of a
+        split step) also what the verify phase reads: the drafts, their probabilities, the recorded runs."""
         slots = buf.slots
         if k == 0:
             prop = Proposal(torch.zeros(slots.shape[0], 0, dtype=torch.long, device=self.device))
         else:
             prop = self.drafter.propose(slots, self.cached[slots], self.last_token[slots], k)
-        buf.drafts[:, :k] = prop.drafts
         if prop.signals is not None:
             buf.signals[:, :k] = prop.signals
         buf.out[:, 2] = 0 if prop.match_len is None else prop.match_len
         buf.out[:, 3] = k if prop.num_proposed is None else prop.num_proposed
-        buf.accept_run.copy_(torch.full_like(buf.accept_run, k) if prop.accept_run is None else prop.accept_run)
-        if buf.probs is not None and prop.probs is not None:
-            buf.probs[:, :k] = prop.probs
+        if keep:
+            buf.drafts[:, :k] = prop.drafts
+            buf.accept_run.copy_(torch.full_like(buf.accept_run, k) if prop.accept_run is None else prop.accept_run)
+            if buf.probs is not None and prop.probs is not None:
+                buf.probs[:, :k] = prop.probs
         return prop
 
     @torch.inference_mode()
-    def _verify_body(self, buf: StepBuffers, k: int, probs: torch.Tensor | None) -> None:
-        """Verify the first k_i of the k drafts in ``buf`` per row; accept, update state, write ``buf.out``.
+    def _verify_body(self, buf: StepBuffers, k: int, prop: Proposal) -> None:
+        """Verify the first k_i of the k drafts per row; accept, update state, write ``buf.out``.
 
         Rows are padded to k: row i's cap min(k_i, forced cap, recorded run) stops its verification at k_i, where
         it emits the target's own token (the bonus), so a shorter row is verified exactly as a step of k_i.
         """
-        slots, k_req, forced, kind = buf.inputs
+        slots, k_ver, forced, kind = buf.inputs
         start, last = self.cached[slots], self.last_token[slots]
-        drafts = buf.drafts[:, :k]
-        # [B] drafts verified: the requested k, n-gram rows capped to their real drafts
-        k_req = k_req.clamp(0, k)
-        k_ver = torch.where(kind == NGRAM, torch.minimum(k_req, buf.out[:, 3]), k_req)
-        run = buf.accept_run.gather(1, kind.clamp(0, 1)[:, None])[:, 0]
-        cap = torch.minimum(torch.minimum(k_ver, forced), run)
+        drafts = prop.drafts
+        if prop.num_proposed is not None:  # [B] n-gram rows verify only their real drafts
+            k_ver = torch.where(kind == NGRAM, torch.minimum(k_ver, prop.num_proposed), k_ver)
+        cap = torch.minimum(k_ver, forced)
+        if prop.accept_run is not None:  # the recorded accepted run of the row's chain
+            cap = torch.minimum(cap, prop.accept_run.gather(1, kind[:, None])[:, 0])
         # [B, k+1]
         inputs = torch.cat([last[:, None], drafts], dim=1)
         hidden = self.target(inputs, start, slots, self.cache)
-        m, tokens = verify(self.target.logits(hidden), drafts, probs, self.temperature, cap=cap)
+        m, tokens = verify(self.target.logits(hidden), drafts, prop.probs, self.temperature, cap=cap)
         self.cached[slots] = start + m + 1
         self.last_token[slots] = tokens.gather(1, m[:, None])[:, 0]
         self.history[slots[:, None], (start + 1)[:, None] + torch.arange(k + 1, device=self.device)] = tokens
@@ -190,14 +192,15 @@ class SpecEngine:
 
     def _step_body(self, buf: StepBuffers, k: int) -> None:
         """Draft and verify in one go; captured as one graph per (bucket, k)."""
-        prop = self._draft_body(buf, k)
-        self._verify_body(buf, k, prop.probs)
+        self._verify_body(buf, k, self._draft_body(buf, k, keep=False))
 
     def _phase_body(self, phase: str, buf: StepBuffers, k: int) -> None:
         if phase == "draft":
-            self._draft_body(buf, k)
+            self._draft_body(buf, k, keep=True)
         else:
-            self._verify_body(buf, k, None if buf.probs is None else buf.probs[:, :k])
+            probs = None if buf.probs is None else buf.probs[:, :k]
+            self._verify_body(buf, k, Proposal(buf.drafts[:, :k], probs, num_proposed=buf.out[:, 3],
+                                               accept_run=buf.accept_run))
 
     def capture(self) -> None:
         """A CUDA graph per (bucket, k), largest bucket first, sharing one memory pool; with split steps also a
@@ -248,6 +251,8 @@ class SpecEngine:
         ks_row = [int(ks)] * n if isinstance(ks, int) else [int(x) for x in ks]
         if len(ks_row) != n or min(ks_row, default=0) < 0:
             raise ValueError(f"need one k >= 0 per row, got {ks_row} for {n} rows")
+        if kinds is not None and not set(kinds) <= {MODEL, NGRAM}:
+            raise ValueError(f"drafter kinds must be MODEL ({MODEL}) or NGRAM ({NGRAM}), got {list(kinds)}")
         # the step runs the graph of the smallest captured k >= max k_i (its rows padded to that k)
         k = min((x for x in self.ks if x >= max(ks_row, default=0)), default=-1)
         if k < 0:
@@ -312,11 +317,8 @@ class SpecEngine:
 
     def step(self, slots: list[int], k: int | Sequence[int], caps: list[int] | None = None,
              min_rows: int = 0) -> tuple[list[int], list[list[int]]]:
-        """One speculative step for the sequences in ``slots``: (m per row, emitted tokens per row).
-
-        ``min_rows``: run at least this bucket (rows past ``slots`` point at the scratch slot), so that a
-        shrinking batch keeps one batch shape.
-        """
+        """One step for the sequences in ``slots``: (m per row, emitted tokens per row). ``min_rows``: run at least
+        this bucket (rows past ``slots`` point at the scratch slot), so that a shrinking batch keeps one shape."""
         buf = self.launch(slots, k, caps, min_rows)
         res = self.read(buf, len(slots), self.k_max)
         return res.accepted, res.tokens
