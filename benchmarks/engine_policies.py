@@ -64,7 +64,7 @@ TRACES = Path("profiles/traces")
 ZOO = ("tabletune", "controller", "turbospec", "nightjar", "sglang", "disco", "tapout", "dsde", "gammatune",
        "adaptive-verification", "hybrid-spark")
 QUICK = {"model": "tiny", "device": "cpu", "loads": "1,2", "workloads": "code", "k_max": 3, "prompt_len": 8,
-         "output_len": 16, "rounds": 2, "profile_steps": 2, "sim_duration": 2.0,
+         "output_len": 16, "rounds": 2, "max_load": None, "profile_steps": 2, "sim_duration": 2.0,
          "policies": "tabletune,gammatune,disco,hybrid-spark"}
 HOST_MS_PER_STEP = 1.0  # the estimate's host time a step (policy, bookkeeping) on top of the step's device time
 
@@ -74,6 +74,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--model", default="qwen3-8b")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--loads", default="1,4,16,64,128")
+    ap.add_argument("--max-load", type=int, default=None,
+                    help="the engine's largest batch bucket (default: the largest load; keep it across --resume calls)")
     ap.add_argument("--workloads", default="code,code-edit,chat")
     ap.add_argument("--policies", default=",".join(ZOO), help="besides fixed:0..k_max (names, comma-separated)")
     ap.add_argument("--k-max", type=int, default=7)
@@ -82,7 +84,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=3, help="requests per cell = rounds * load (at least 4)")
     ap.add_argument("--profile-steps", type=int, default=8)
     ap.add_argument("--sim-duration", type=float, default=30.0, help="simulated seconds per cell")
-    ap.add_argument("--budget-s", type=float, default=560.0, help="refuse a grid estimated to take longer")
+    ap.add_argument("--budget-s", type=float, default=450.0,
+                    help="refuse a grid whose serving part is estimated to take longer (set-up comes first)")
+    ap.add_argument("--no-sim", action="store_true", help="measure only (simulate later with --sim-only)")
+    ap.add_argument("--sim-only", action="store_true", help="simulate the cells of OUT.json that lack it (CPU)")
     ap.add_argument("--resume", action="store_true", help="keep the cells of OUT.json (same fingerprint)")
     ap.add_argument("--quick", action="store_true", help="CPU smoke run: tiny shape, tiny grid")
     ap.add_argument("--out", default="benchmarks/results/engine_policies")
@@ -216,7 +221,9 @@ def serve_cell(engine, args, policy_spec, ctx, load, prompts, oracle, pairs) -> 
             "rates": [None if r is None else round(r, 4) for r in stats.counts.rates()]}
 
 
-def simulate_cell(profile, share, data, args, policy_spec, load, prefill_ms_per_token) -> float:
+def simulate_cell(profile, share, data, args, policy_spec, load, cell) -> float:
+    """Simulated tok/s of a measured cell: same profile, draft share, acceptance, signal quality, prefill cost."""
+    prefill_ms_per_token = cell["prefill_ms_per_token"] or 0.0
     base = preset(data["name"])
     w = dataclasses.replace(base, rates=data["rates"], prompt_len_mean=float(args.prompt_len),
                             output_len=args.output_len, signal_noise=data["signal_noise"])
@@ -224,12 +231,36 @@ def simulate_cell(profile, share, data, args, policy_spec, load, prefill_ms_per_
                     prefill_ms_per_token=prefill_ms_per_token, seed=0)
     sim = Simulator(StepCost(profile, draft_share=share), Schedule.constant(w), cfg)
     ctx = dataclasses.replace(sim.context(), ngram_rates=data["ngram_rates"])
-    return sim.run(make_policy(policy_spec, ctx)).throughput_tok_s
+    return round(sim.run(make_policy(policy_spec, ctx)).throughput_tok_s, 2)
+
+
+def sim_only(args) -> int:
+    """Fill sim_tok_s of the cells of OUT.json that lack it (runs on the CPU, no engine)."""
+    out_json = Path(args.out + ".json")
+    result = json.loads(out_json.read_text())
+    args.prompt_len, args.output_len = result["key"]["prompt_len"], result["key"]["output_len"]
+    profile = StepProfile.from_json(result["profile"], str(out_json))
+    share = result["mixed_check"]["fitted_draft_share"]
+    data = {}
+    for cell in result["cells"]:
+        if cell.get("sim_tok_s") is not None:
+            continue
+        w = cell["workload"]
+        if w not in data:
+            data[w] = workload_data(w, result["key"]["k_max"])
+            data[w].update(name=w, signal_noise=result["workloads"][w]["signal_noise"],
+                           rates=tuple(result["workloads"][w]["rates"]))
+        cell["sim_tok_s"] = simulate_cell(profile, share, data[w], args, cell["policy"], cell["load"], cell)
+        print(f"{w:9s} load {cell['load']:4d} {cell['policy']:24s} sim {cell['sim_tok_s']:9.1f} tok/s", flush=True)
+    add_ratios(result["cells"])
+    fileio.write_json(str(out_json), result)
+    fileio.write_text(args.out + ".md", markdown(result))
+    return 0
 
 
 def add_ratios(cells: list[dict]) -> None:
     """Each cell's tok/s over the best fixed k of its (workload, load), measured and simulated."""
-    for key, out in (("throughput_tok_s", "ratio"), ("sim_tok_s", "sim_ratio")):
+    for key, out in (("throughput_tok_s", "ratio"), ("sim_tok_s", "sim_ratio")):  # absent sim_tok_s: None
         best: dict[tuple, float] = {}
         for c in cells:
             if c["policy"].startswith("fixed:") and c.get(key):
@@ -239,7 +270,7 @@ def add_ratios(cells: list[dict]) -> None:
             b = best.get((c["workload"], c["load"]))
             c[out] = round(c[key] / b, 4) if b and c.get(key) else None
     for c in cells:
-        c["difference"] = round(c["sim_ratio"] - c["ratio"], 4) if c["ratio"] and c["sim_ratio"] else None
+        c["difference"] = round(c["sim_ratio"] - c["ratio"], 4) if c["ratio"] and c.get("sim_ratio") else None
 
 
 def markdown(result: dict) -> str:
@@ -264,6 +295,8 @@ def markdown(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.sim_only:
+        return sim_only(args)
     command = "python benchmarks/engine_policies.py " + " ".join(argv if argv is not None else sys.argv[1:])
     loads = [int(x) for x in args.loads.split(",")]
     workloads = args.workloads.split(",")
@@ -272,8 +305,12 @@ def main(argv: list[str] | None = None) -> int:
     cuda = args.device == "cuda"
     target = Decoder(resolve(args.model), torch.bfloat16 if cuda else torch.float32, args.device)
     make_predictable(target)
-    cfg = EngineConfig(max_num_seqs=max(loads), max_len=args.prompt_len + args.output_len + args.k_max + 16,
-                       k_max=args.k_max, buckets=tuple(geometric_batch_sizes(max(loads))), split_steps=True)
+    max_load = args.max_load or max(loads)
+    if max_load < max(loads):
+        print(f"refused: --max-load {max_load} below the largest load {max(loads)}", flush=True)
+        return 2
+    cfg = EngineConfig(max_num_seqs=max_load, max_len=args.prompt_len + args.output_len + args.k_max + 16,
+                       k_max=args.k_max, buckets=tuple(geometric_batch_sizes(max_load)), split_steps=True)
     engine = SpecEngine(target, ReplayDrafter(traced=True), cfg)
     step_ms = probe_step_ms(engine, args, loads)
     est = estimate_s(args, step_ms, len(policies), len(loads), len(workloads))
@@ -287,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
                      model=f"{args.model} (shape, random weights)", dtype=str(target.dtype).removeprefix("torch."),
                      runner=RUNNER + "+ragged", drafter="trace-replay", command=command)
     key = {"fingerprint": {k: v for k, v in fp.__dict__.items() if k != "command"}, "k_max": args.k_max,
-           "prompt_len": args.prompt_len, "output_len": args.output_len, "rounds": args.rounds}
+           "prompt_len": args.prompt_len, "output_len": args.output_len, "rounds": args.rounds, "max_load": max_load}
     out_json = Path(args.out + ".json")
     old = json.loads(out_json.read_text()) if args.resume and out_json.exists() else None
     if old is not None and old["key"] != key:
@@ -307,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     done = {(c["workload"], c["load"], c["policy"]) for c in result["cells"]}
     rng = random.Random(0)
     prompts = [[rng.randrange(target.cfg.vocab_size) for _ in range(args.prompt_len)]
-               for _ in range(max(4, args.rounds * max(loads)))]
+               for _ in range(max(4, args.rounds * max_load))]
     record = [Request(p, args.output_len + args.k_max + 2, i) for i, p in enumerate(prompts)]
     Scheduler(engine, DraftTable.fixed(0)).run(record)
     oracle = [r.output for r in record]
@@ -326,8 +363,8 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.perf_counter()
                 cell = {"workload": wname, "load": load, "policy": spec,
                         **serve_cell(engine, args, spec, ctx, load, prompts, oracle, data["pairs"])}
-                pre = cell["prefill_ms_per_token"] or 0.0
-                cell["sim_tok_s"] = round(simulate_cell(profile, share, data, args, spec, load, pre), 2)
+                if not args.no_sim:
+                    cell["sim_tok_s"] = simulate_cell(profile, share, data, args, spec, load, cell)
                 result["cells"].append(cell)
                 add_ratios(result["cells"])
                 fileio.write_json(str(out_json), result)  # checkpoint: a cut run keeps its cells

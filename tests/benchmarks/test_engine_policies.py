@@ -30,7 +30,9 @@ def test_estimate_counts_cells_and_profile():
 @pytest.mark.slow
 def test_quick_grid_runs_checkpoints_resumes_and_refuses_over_budget(tmp_path):
     out = str(tmp_path / "ep")
-    assert engine_policies.main(["--quick", "--out", out, "--budget-s", "100000"]) == 0
+    assert engine_policies.main(["--quick", "--out", out, "--budget-s", "100000", "--no-sim"]) == 0
+    assert all(c["sim_ratio"] is None for c in json.loads(Path(out + ".json").read_text())["cells"])
+    assert engine_policies.main(["--quick", "--out", out, "--sim-only"]) == 0
     result = json.loads(Path(out + ".json").read_text())
     cells = result["cells"]
     assert len(cells) == 2 * (4 + 4)  # loads 1, 2 x (fixed:0..3 + 4 policies)
