@@ -24,7 +24,7 @@ the cells already there when the fingerprint matches). A grid whose estimated ti
 exceeds ``--budget-s`` is refused before anything is measured.
 
     python benchmarks/engine_policies.py --workloads code --out benchmarks/results/engine_policies     # GPU
-    python benchmarks/engine_policies.py --quick --out /tmp/engine_policies                             # CPU
+    python benchmarks/engine_policies.py --quick --out out/engine_policies                              # CPU
 """
 
 from __future__ import annotations
