@@ -5,9 +5,10 @@ Each step, as in the simulator (``tabletune.sim.loop``): the running batch is a
 Hybrid Spark, a drafter kind per request); the engine runs one ragged step; the
 policy ``observe``s a ``StepOutcome`` with the verified k_i, the accepted counts and
 the step's wall time. A policy that reads draft signals (``uses_features``) runs on
-an engine with split steps: the draft phase drafts k_max tokens a row, the host reads
-their signals into ``DraftFeatures``, the policy decides, the verify phase verifies
-k_i <= k_max per row. After the step the host appends the emitted tokens, counts
+an engine with split steps: the draft phase drafts k_max tokens a row (or the
+policy's optional ``draft_cap(state)``, a cap known before drafting: positions past it
+read as sure rejections, top-1 0 and margin 0), the host reads their signals into
+``DraftFeatures``, the policy decides, the verify phase verifies k_i per row. After the step the host appends the emitted tokens, counts
 acceptance per position (vLLM's meaning: see ``tabletune.acceptance``), and frees
 finished slots. A ``DraftTable`` given instead of a policy runs as the ``table`` policy.
 
@@ -43,6 +44,8 @@ from tabletune.policies.base import BatchState, DraftFeatures, Policy, PolicyCon
 from tabletune.policies.static_table import StaticTable
 from tabletune.profile import StepPoint, StepProfile
 from tabletune.table import DraftTable
+
+STOP_ENTROPY = 10.0  # nats: the entropy of a position not drafted (DraftFeatures past a draft cap)
 
 
 @dataclass
@@ -160,12 +163,15 @@ class Scheduler:
         limit = self.engine.cfg.max_len - self.engine.k_max - 3
         return len(req.output) >= req.max_new_tokens or len(req.prompt) + len(req.output) >= limit
 
-    def _features(self, buf: StepBuffers, n: int) -> DraftFeatures:
+    def _features(self, buf: StepBuffers, n: int, k_drafted: int) -> DraftFeatures:
         """The draft phase's signals of rows 0..n-1 as the policies' DraftFeatures (read after the draft)."""
         k = self.engine.k_max
-        sig = self.engine.read_signals(buf, n, k).astype(float)
+        # [n, k_max, 3]: positions past the drafted ones are sure rejections
+        sig = np.zeros((n, k, 3))
+        sig[:, :, 1] = STOP_ENTROPY
+        sig[:, :k_drafted] = self.engine.read_signals(buf, n, k_drafted)
         ngram = buf.out[:n, 2:4].cpu().numpy()
-        return DraftFeatures(sig[..., 0], sig[..., 1], sig[..., 2], ngram[:, 0], ngram[:, 1])
+        return DraftFeatures(sig[..., 0], sig[..., 1], sig[..., 2], ngram[:, 0], np.minimum(ngram[:, 1], k_drafted))
 
     def step(self, running: list[Request], step: int, now_s: float, min_rows: int):
         """One policy-driven step: (StepResult, state, ks requested, kinds, caps)."""
@@ -175,11 +181,13 @@ class Scheduler:
                            num_generated=np.array([len(r.output) for r in running], np.int64))
         buf = None
         if self.uses_features:
-            buf = e.draft(slots, e.k_max, min_rows)
+            cap = getattr(self.policy, "draft_cap", None)
+            k_draft = e.k_max if cap is None else min(max(int(cap(state)), 0), e.k_max)
+            buf = e.draft(slots, k_draft, min_rows)
             state = BatchState(state.step, state.time_s, state.request_ids, state.num_generated,
-                               self._features(buf, n))
+                               self._features(buf, n, k_draft))
         decision = self.policy.decide(state)
-        ks = np.clip(decision.ks_for(n), 0, e.k_max).astype(np.int64)
+        ks = np.clip(decision.ks_for(n), 0, e.k_max if buf is None else k_draft).astype(np.int64)
         kinds = decision.drafter.tolist() if decision.drafter is not None else None
         caps = draw_caps(self.cap_rates, ks.tolist(), n, self.rng) if self.cap_rates else None
         if buf is None:

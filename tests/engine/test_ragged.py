@@ -200,3 +200,23 @@ def test_replay_rates_hand_worked():
 
     assert leading_runs(t.accepted, 3).tolist() == [2, 1, 0, 3]
     assert np.allclose(replay_rates([t], 3), (3 / 4, 2 / 3, 1 / 2))
+
+
+def test_a_draft_cap_known_up_front_shortens_the_draft_phase(tiny):
+    """A policy's optional draft_cap(state) sizes the split step's draft phase: DISCO's threshold rule then sees
+    positions 3..4 as sure rejections (top-1 0) and never verifies more than 2 drafts; outputs stay lossless."""
+    target, prompts, base = tiny
+    engine = _engine(target, "eagle", split=True)
+    policy = make_policy("disco:variant=threshold,threshold=0.0", policy_context(engine))
+    policy.draft_cap = lambda state: 2
+    drafted = []
+    draft = engine.draft
+    engine.draft = lambda slots, k, min_rows=0: (drafted.append(k), draft(slots, k, min_rows))[1]
+    seen = []
+    observe = policy.observe
+    policy.observe = lambda o: (seen.append(o), observe(o))
+    out, _ = _serve(engine, prompts, policy, max_new=24)
+    assert out == base and set(drafted) == {2}
+    assert max(int(o.ks.max()) for o in seen) == 2  # threshold 0 keeps drafting to the cap
+    f = seen[0].state.features
+    assert (f.top1_prob[:, 2:] == 0).all() and (f.top1_prob[:, :2] > 0).all()
