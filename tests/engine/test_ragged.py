@@ -61,7 +61,8 @@ def tiny():
     return target, prompts, base
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "eagle", pytest.param("draft_model", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("drafter", ["ngram", "eagle", "parallel_block",
+                                     pytest.param("draft_model", marks=pytest.mark.slow)])
 def test_greedy_outputs_identical_under_random_per_request_k(tiny, drafter):
     target, prompts, base = tiny
     for seed in (0, 1, 2):
@@ -220,3 +221,27 @@ def test_a_draft_cap_known_up_front_shortens_the_draft_phase(tiny):
     assert max(int(o.ks.max()) for o in seen) == 2  # threshold 0 keeps drafting to the cap
     f = seen[0].state.features
     assert (f.top1_prob[:, 2:] == 0).all() and (f.top1_prob[:, :2] > 0).all()
+
+
+def test_policy_context_of_the_engine(tiny):
+    """The engine's ks, largest bucket and drafter kind; a flat 1 ms cost when none is given."""
+    from tabletune.engine.scheduler import flat_cost
+
+    target, _, _ = tiny
+    ctx = policy_context(_engine(target, "ngram", k_max=3, max_num_seqs=6))
+    assert ctx.ks == (0, 1, 2, 3) and ctx.max_num_seqs == 6 and ctx.default_drafter == NGRAM
+    assert ctx.prior_rates == (0.5, 0.5, 0.5)
+    assert policy_context(_engine(target, "eagle", k_max=3)).default_drafter == MODEL
+    cost = flat_cost(3, 8)
+    assert cost.step_ms(5, 2) == 1.0 and cost.mixed_ms(np.array([0, 3, 1])) == 1.0
+
+
+def test_bad_ragged_inputs_are_refused(tiny):
+    target, _, _ = tiny
+    engine = _engine(target, "eagle", k_max=3)
+    with pytest.raises(ValueError, match="one k >= 0 per row"):
+        engine.launch([0, 1], [1])
+    with pytest.raises(ValueError, match="k=5 has no graph"):
+        engine.launch([0], [5])
+    with pytest.raises(ValueError, match="MODEL .* or NGRAM"):
+        engine.launch([0], [1], kinds=[2])
