@@ -46,13 +46,13 @@ from engine_serving import make_predictable, staggered_len, window_start  # noqa
 
 from tabletune import fileio  # noqa: E402
 from tabletune.cost import StepCost  # noqa: E402
-from tabletune.engine.drafters import ReplayDrafter  # noqa: E402
 from tabletune.engine.model import Decoder  # noqa: E402
 from tabletune.engine.presets import resolve  # noqa: E402
 from tabletune.engine.profiling import ENGINE_VERSION, RUNNER, device_name, time_steps  # noqa: E402
 from tabletune.engine.runner import EngineConfig, SpecEngine  # noqa: E402
 from tabletune.engine.scheduler import Request, Scheduler, policy_context, steady_throughput  # noqa: E402
-from tabletune.engine.trace_replay import load_token_traces, ngram_length_rates, pair_traces, replay_rates  # noqa: E402
+from tabletune.engine.trace_replay import (TracedReplayDrafter, load_token_traces, ngram_length_rates,  # noqa: E402
+                                           pair_traces, replay_rates)
 from tabletune.padding import geometric_batch_sizes  # noqa: E402
 from tabletune.policies import REGISTRY, make_policy  # noqa: E402
 from tabletune.profile import Fingerprint, StepPoint, StepProfile  # noqa: E402
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cfg = EngineConfig(max_num_seqs=max_load, max_len=args.prompt_len + args.output_len + args.k_max + 16,
                        k_max=args.k_max, buckets=tuple(geometric_batch_sizes(max_load)), split_steps=True)
-    engine = SpecEngine(target, ReplayDrafter(traced=True), cfg)
+    engine = SpecEngine(target, TracedReplayDrafter(), cfg)
     step_ms = probe_step_ms(engine, args, loads)
     est = estimate_s(args, step_ms, len(policies), len(loads), len(workloads))
     print(f"estimate {est:.0f} s for {len(policies)} policies x {len(loads)} loads x {len(workloads)} workloads "

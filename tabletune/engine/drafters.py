@@ -119,37 +119,13 @@ class NgramDrafter(Drafter):
 
 
 class ReplayDrafter(Drafter):
-    """Proposes ``engine.oracle[slot, start+1 : start+1+k]`` (host fills the recorded tokens).
-
-    With ``traced`` it also replays a recorded per-token trace of a real drafter, indexed by the
-    drafted token's position (``tabletune.engine.trace_replay`` fills it): the signals of the
-    token, and for each chain (model, n-gram) whether it was accepted; ``accept_run`` is the
-    leading run of accepted tokens, which the step uses as the forced-rejection cap.
-    """
+    """Proposes ``engine.oracle[slot, start+1 : start+1+k]`` (host fills the recorded tokens)."""
 
     name = "replay"
 
-    def __init__(self, traced: bool = False) -> None:
-        self.traced = traced
-
-    def setup(self, engine) -> None:
-        super().setup(engine)
-        if self.traced:
-            s, n, dev = engine.cache.num_slots + 1, engine.cfg.max_len, engine.device
-            self.trace_signals = torch.zeros(s, n, 3, device=dev)  # top-1, entropy, margin by position
-            self.trace_ok = torch.zeros(s, n, 2, dtype=torch.long, device=dev)  # accepted: model, n-gram chain
-            self.trace_ngram = torch.zeros(s, n, 2, dtype=torch.long, device=dev)  # match length, proposals
-
     def propose(self, slots, start, last, k):
         idx = start[:, None] + 1 + torch.arange(k, device=start.device)
-        drafts = self.engine.oracle[slots].gather(1, idx)
-        if not self.traced:
-            return Proposal(drafts)
-        signals = self.trace_signals[slots].gather(1, idx[..., None].expand(-1, -1, 3))
-        ok = self.trace_ok[slots].gather(1, idx[..., None].expand(-1, -1, 2))
-        ngram = self.trace_ngram[slots].gather(1, (start + 1)[:, None, None].expand(-1, 1, 2))[:, 0]
-        return Proposal(drafts, signals=signals, num_proposed=ngram[:, 1].clamp_max(k), match_len=ngram[:, 0],
-                        accept_run=torch.cumprod(ok, dim=1).sum(1))
+        return Proposal(self.engine.oracle[slots].gather(1, idx))
 
 
 class _CatchUpDrafter(Drafter, nn.Module):
@@ -340,8 +316,6 @@ def make_drafter(name: str, target: Decoder, k_max: int, draft_cfg: ModelConfig 
         return NgramDrafter()
     if name == "replay":
         return ReplayDrafter()
-    if name == "trace":
-        return ReplayDrafter(traced=True)
     if name == "eagle":
         return EagleDrafter(target)
     if name == "parallel_block":

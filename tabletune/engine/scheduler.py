@@ -6,11 +6,12 @@ Hybrid Spark, a drafter kind per request); the engine runs one ragged step; the
 policy ``observe``s a ``StepOutcome`` with the verified k_i, the accepted counts and
 the step's wall time. A policy that reads draft signals (``uses_features``) runs on
 an engine with split steps: the draft phase drafts k_max tokens a row (or the
-policy's optional ``draft_cap(state)``, a cap known before drafting: positions past it
-read as sure rejections, top-1 0 and margin 0), the host reads their signals into
-``DraftFeatures``, the policy decides, the verify phase verifies k_i per row. After the step the host appends the emitted tokens, counts
-acceptance per position (vLLM's meaning: see ``tabletune.acceptance``), and frees
-finished slots. A ``DraftTable`` given instead of a policy runs as the ``table`` policy.
+policy's optional ``draft_cap(state)``, a cap known before drafting: positions past
+it read as sure rejections, top-1 0 and margin 0), the host reads their signals into
+``DraftFeatures``, the policy decides, the verify phase verifies k_i per row. After
+the step the host appends the emitted tokens, counts acceptance per position (vLLM's
+meaning: see ``tabletune.acceptance``), and frees finished slots. A ``DraftTable``
+given instead of a policy runs as the ``table`` policy.
 
 With ``cap_rates`` = (a_1, ..., a_K) the forced-rejection cap replays measured
 conditional acceptance: for each row the host draws the first j with
@@ -39,7 +40,7 @@ import numpy as np
 from tabletune.acceptance import AcceptanceCounts
 from tabletune.cost import StepCost
 from tabletune.engine.runner import SpecEngine, StepBuffers
-from tabletune.engine.trace_replay import TokenTrace, fill_slot
+from tabletune.engine.trace_replay import TokenTrace
 from tabletune.policies.base import BatchState, DraftFeatures, Policy, PolicyContext, StepOutcome
 from tabletune.policies.static_table import StaticTable
 from tabletune.profile import StepPoint, StepProfile
@@ -156,7 +157,7 @@ class Scheduler:
             e.oracle[req.slot, : len(tail)] = torch.tensor(tail, device=e.device)
             e.oracle[req.slot, len(tail):] = 0
         if req.trace is not None:
-            fill_slot(e.drafter, req.slot, len(req.prompt), *req.trace)
+            e.drafter.load(req.slot, len(req.prompt), *req.trace)  # a TracedReplayDrafter
         req.output = [e.prefill(req.slot, req.prompt)]
 
     def _done(self, req: Request) -> bool:

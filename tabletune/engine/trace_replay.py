@@ -10,7 +10,7 @@ A request's trace becomes arrays by output position g:
     accepted_ngram[g], match[g]    the n-gram chain, run[g] = recorded rows from g on (its proposals)
 
 A position the trace lacks (untested, or no n-gram match) counts as rejected with no
-proposal. Longer outputs wrap around the trace. The traced ``ReplayDrafter`` drafts the
+proposal. Longer outputs wrap around the trace. ``TracedReplayDrafter`` drafts the
 target's own greedy continuation (the oracle) with these signals; the step caps the
 accepted count at the leading run of ``accepted`` of the row's chain, where the target
 emits its own token: so the acceptance follows the trace, the cost is the target's,
@@ -25,6 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
+
+from tabletune.engine.drafters import Proposal, ReplayDrafter
 
 ABSENT_SIGNALS = (0.5, 1.0, 0.0)  # top-1, entropy, margin of a position the trace lacks
 
@@ -75,27 +78,47 @@ def _trace(name: str, rows: list[dict]) -> TokenTrace:
     return TokenTrace(name, signals, accepted, present, match)
 
 
-def fill_slot(drafter, slot: int, prompt_len: int, model: TokenTrace, ngram: TokenTrace | None = None) -> None:
-    """Write a request's traces into a traced ReplayDrafter's slot: output position g sits at position
-    prompt_len + g of the sequence; positions past the trace wrap around it."""
-    import torch
+class TracedReplayDrafter(ReplayDrafter):
+    """The replay drafter with per-slot traces by sequence position (``load``): the drafted tokens' recorded
+    signals, and per chain (model, n-gram) the leading run of recorded acceptances, the step's cap."""
 
-    length = drafter.trace_ok.shape[1]
-    g = np.arange(length) - prompt_len  # output position of each sequence position
-    valid = g >= 1
-    im = np.where(valid, (g - 1) % len(model.accepted), 0)
-    ok = np.zeros((length, 2), np.int64)
-    ok[:, 0] = model.accepted[im] & valid
-    ng = np.zeros((length, 2), np.int64)
-    if ngram is not None:
-        ig = np.where(valid, (g - 1) % len(ngram.accepted), 0)
-        ok[:, 1] = ngram.accepted[ig] & valid
-        ng[:, 0] = np.where(valid, ngram.match_len[ig], 0)
-        ng[:, 1] = np.where(valid, ngram.run[ig], 0)
-    dev = drafter.trace_ok.device
-    drafter.trace_signals[slot] = torch.from_numpy(model.signals[im]).to(dev)
-    drafter.trace_ok[slot] = torch.from_numpy(ok).to(dev)
-    drafter.trace_ngram[slot] = torch.from_numpy(ng).to(dev)
+    name = "trace"
+
+    def setup(self, engine) -> None:
+        super().setup(engine)
+        s, n, dev = engine.cache.num_slots + 1, engine.cfg.max_len, engine.device
+        self.signals = torch.zeros(s, n, 3, device=dev)  # top-1, entropy, margin by position
+        self.ok = torch.zeros(s, n, 2, dtype=torch.long, device=dev)  # accepted: model, n-gram chain
+        self.ngram = torch.zeros(s, n, 2, dtype=torch.long, device=dev)  # n-gram match length, proposals
+
+    def propose(self, slots, start, last, k):
+        idx = start[:, None] + 1 + torch.arange(k, device=start.device)
+        signals = self.signals[slots].gather(1, idx[..., None].expand(-1, -1, 3))
+        ok = self.ok[slots].gather(1, idx[..., None].expand(-1, -1, 2))
+        ngram = self.ngram[slots].gather(1, (start + 1)[:, None, None].expand(-1, 1, 2))[:, 0]
+        return Proposal(super().propose(slots, start, last, k).drafts, signals=signals,
+                        num_proposed=ngram[:, 1].clamp_max(k), match_len=ngram[:, 0],
+                        accept_run=torch.cumprod(ok, dim=1).sum(1))
+
+    def load(self, slot: int, prompt_len: int, model: TokenTrace, ngram: TokenTrace | None = None) -> None:
+        """Write a request's traces into its slot: output position g sits at position prompt_len + g of the
+        sequence; positions past the trace wrap around it."""
+        length = self.ok.shape[1]
+        g = np.arange(length) - prompt_len  # output position of each sequence position
+        valid = g >= 1
+        im = np.where(valid, (g - 1) % len(model.accepted), 0)
+        ok = np.zeros((length, 2), np.int64)
+        ok[:, 0] = model.accepted[im] & valid
+        ng = np.zeros((length, 2), np.int64)
+        if ngram is not None:
+            ig = np.where(valid, (g - 1) % len(ngram.accepted), 0)
+            ok[:, 1] = ngram.accepted[ig] & valid
+            ng[:, 0] = np.where(valid, ngram.match_len[ig], 0)
+            ng[:, 1] = np.where(valid, ngram.run[ig], 0)
+        dev = self.ok.device
+        self.signals[slot] = torch.from_numpy(model.signals[im]).to(dev)
+        self.ok[slot] = torch.from_numpy(ok).to(dev)
+        self.ngram[slot] = torch.from_numpy(ng).to(dev)
 
 
 def pair_traces(model: list[TokenTrace], ngram: list[TokenTrace]) -> list[tuple[TokenTrace, TokenTrace | None]]:

@@ -13,7 +13,8 @@ from tabletune.engine.model import Decoder  # noqa: E402
 from tabletune.engine.presets import PRESETS  # noqa: E402
 from tabletune.engine.runner import EngineConfig, SpecEngine  # noqa: E402
 from tabletune.engine.scheduler import Request, Scheduler, policy_context  # noqa: E402
-from tabletune.engine.trace_replay import TokenTrace, load_token_traces, pair_traces  # noqa: E402
+from tabletune.engine.trace_replay import (TokenTrace, TracedReplayDrafter, load_token_traces,  # noqa: E402
+                                           pair_traces)
 from tabletune.policies import make_policy  # noqa: E402
 from tabletune.policies.base import MODEL, NGRAM, Decision  # noqa: E402
 from tabletune.table import DraftTable  # noqa: E402
@@ -154,7 +155,7 @@ def test_trace_replay_accepts_the_recorded_run_and_stays_lossless(tiny):
     target, prompts, base = tiny
     oracle = [b + [0] * 8 for b in base]
     trace = _trace([1, 1, 0, 1])
-    engine = _engine(target, make_drafter("trace", target, 4))
+    engine = _engine(target, TracedReplayDrafter())
     policy = RandomKs(0, 0)
     policy.decide = lambda state: Decision.batch(3)
     policy.observe = policy.outcomes.append
@@ -180,7 +181,7 @@ def test_policies_run_on_the_traced_replay_engine_losslessly(tiny, name):
     model = load_token_traces("profiles/traces/early-exit_code_T0.csv.gz")
     ngram = load_token_traces("profiles/traces/ngram_code_T0.csv.gz")
     traces = pair_traces(model, ngram)[: len(prompts)]
-    engine = _engine(target, make_drafter("trace", target, 4), split=True)
+    engine = _engine(target, TracedReplayDrafter(), split=True)
     ctx = policy_context(engine, prior_rates=(0.7, 0.6, 0.5, 0.4), ngram_rates=(0.0, 0.3, 0.5, 0.6, 0.7))
     policy = make_policy(name, ctx)
     seen = []
