@@ -134,7 +134,7 @@ class SpecEngine:
         signals = torch.zeros(b, k, 3, device=dev)
         signals[..., 0] = signals[..., 2] = 1.0  # a drafter without probabilities: a sure one-hot draft
         probs = None
-        if self.cfg.split_steps and self.temperature > 0 and self.drafter.name not in ("ngram", "replay"):
+        if self.cfg.split_steps and self.drafter.has_probs:  # a sampling model drafter
             probs = torch.zeros(b, k, self.target.cfg.vocab_size, device=dev)
         return StepBuffers(host.to(dev, copy=True), host, torch.zeros(b, OUT_COLS + k + 1, dtype=torch.long,
                            device=dev), signals, torch.zeros(b, k, dtype=torch.long, device=dev),

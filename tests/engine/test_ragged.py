@@ -246,3 +246,19 @@ def test_bad_ragged_inputs_are_refused(tiny):
         engine.launch([0], [5])
     with pytest.raises(ValueError, match="MODEL .* or NGRAM"):
         engine.launch([0], [1], kinds=[2])
+
+
+def test_split_steps_keep_the_draft_distributions_for_sampling(tiny):
+    """T = 1 with a sampling EAGLE head: the draft phase keeps q [B, k_max, V] for the verify phase's rejection
+    sampling; every request gets its tokens and no row accepts more than it verified."""
+    target, prompts, _ = tiny
+    engine = _engine(target, "eagle", split=True, temperature=1.0)
+    assert engine.buffers[4].probs.shape == (4, 4, PRESETS["tiny"].vocab_size)
+    assert _engine(target, "ngram", split=True, temperature=1.0).buffers[4].probs is None
+    policy = make_policy("tapout", policy_context(engine))
+    seen = []
+    observe = policy.observe
+    policy.observe = lambda o: (seen.append(o), observe(o))
+    out, _ = _serve(engine, prompts, policy, max_new=12)
+    assert [len(o) for o in out] == [12] * len(prompts)
+    assert all((o.accepted <= o.ks).all() for o in seen) and sum(int(o.accepted.sum()) for o in seen) > 0
