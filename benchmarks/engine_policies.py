@@ -16,8 +16,9 @@ and the n-gram trace the n-gram chain (Hybrid Spark's second drafter).
    of its (workload, load).
 4. The same grid in the simulator: the measured profile (with the fitted draft
    share), the replay's acceptance (``replay_rates``), signal noise fitted to the
-   trace's top-1 AUC, the measured prefill cost; per cell the simulated ratio and
-   its difference from the measured one.
+   trace's top-1 AUC, copyable spans fitted to the n-gram trace (``span_fit``), the
+   measured prefill cost; per cell the simulated ratio and its difference from the
+   measured one.
 
 Results go to OUT.json / OUT.md, rewritten after every cell (``--resume`` skips
 the cells already there when the fingerprint matches). A grid whose estimated time
@@ -195,13 +196,39 @@ def mixed_check(engine: SpecEngine, profile: StepProfile, args, loads: list[int]
             "worst_abs_error_fitted": max(abs(r["error_fitted"]) for r in rows)}
 
 
+def span_fit(ngram: list) -> tuple[float, float]:
+    """The simulator's copyable spans from an n-gram trace: (span_start_prob, span_mean_len).
+
+    A span is a maximal run of positions with an n-gram row, one missing position bridged (the bonus token after
+    a fully accepted draft has no row): span_mean_len = mean run length, span_start_prob = runs / positions
+    outside runs (per emitted token).
+    """
+    runs, outside = [], 0
+    for t in ngram:
+        present = t.present.copy()
+        present[1:-1] |= present[:-2] & present[2:]  # bridge single gaps
+        length = 0
+        for p in present.tolist() + [False]:
+            if p:
+                length += 1
+            elif length:
+                runs.append(length)
+                length = 0
+        outside += int((~present).sum())
+    if not runs:
+        return 0.0, 1.0
+    return min(len(runs) / max(outside, 1), 1.0), max(float(np.mean(runs)), 1.0)
+
+
 def workload_data(name: str, k_max: int) -> dict:
     model = load_token_traces(TRACES / f"early-exit_{name}_T0.csv.gz")
     ngram = load_token_traces(TRACES / f"ngram_{name}_T0.csv.gz")
     top1 = np.concatenate([t.signals[t.present, 0] for t in model])
     ok = np.concatenate([t.accepted[t.present] for t in model])
+    start_prob, mean_len = span_fit(ngram)
     return {"pairs": pair_traces(model, ngram), "rates": replay_rates(model, k_max),
-            "ngram_rates": ngram_length_rates(ngram), "top1_auc": auc(top1, ok)}
+            "ngram_rates": ngram_length_rates(ngram), "top1_auc": auc(top1, ok),
+            "span_start_prob": start_prob, "span_mean_len": mean_len}
 
 
 def serve_cell(engine, args, policy_spec, ctx, load, prompts, oracle, pairs) -> dict:
@@ -226,7 +253,8 @@ def simulate_cell(profile, share, data, args, policy_spec, load, cell) -> float:
     prefill_ms_per_token = cell["prefill_ms_per_token"] or 0.0
     base = preset(data["name"])
     w = dataclasses.replace(base, rates=data["rates"], prompt_len_mean=float(args.prompt_len),
-                            output_len=args.output_len, signal_noise=data["signal_noise"])
+                            output_len=args.output_len, signal_noise=data["signal_noise"],
+                            span_start_prob=data["span_start_prob"], span_mean_len=data["span_mean_len"])
     cfg = SimConfig(duration_s=args.sim_duration, load=load, max_num_seqs=max(128, load),
                     prefill_ms_per_token=prefill_ms_per_token, seed=0)
     sim = Simulator(StepCost(profile, draft_share=share), Schedule.constant(w), cfg)
@@ -354,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
         data["signal_noise"] = signal_noise_for_auc(data["top1_auc"], preset(wname), args.k_max, 2000)
         result["workloads"][wname] = {"rates": data["rates"], "ngram_rates": data["ngram_rates"][:9],
                                       "top1_auc": round(data["top1_auc"], 4),
+                                      "span_start_prob": round(data["span_start_prob"], 5),
+                                      "span_mean_len": round(data["span_mean_len"], 3),
                                       "signal_noise": round(data["signal_noise"], 4)}
         ctx = policy_context(engine, StepCost(profile, draft_share=share), data["rates"], data["ngram_rates"])
         for load in loads:

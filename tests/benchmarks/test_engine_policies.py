@@ -46,3 +46,15 @@ def test_quick_grid_runs_checkpoints_resumes_and_refuses_over_budget(tmp_path):
     assert json.loads(Path(out + ".json").read_text())["cells"] == cells  # nothing re-measured
     assert engine_policies.main(["--quick", "--out", str(tmp_path / "x"), "--budget-s", "0.001"]) == 2
     assert not (tmp_path / "x.json").exists()
+
+
+def test_span_fit_hand_worked():
+    """Rows at positions 1-3, 5, 8-9 of 10 (gap at 4 bridged, the one at 6-7 not): runs of 5 and 2, so the mean
+    span is 3.5 tokens and 2 runs start in the 3 positions outside them (6, 7, 10)."""
+    import numpy as np
+
+    from tabletune.engine.trace_replay import TokenTrace
+
+    present = np.array([1, 1, 1, 0, 1, 0, 0, 1, 1, 0], bool)
+    t = TokenTrace("r", np.zeros((10, 3), np.float32), present, present, np.full(10, 3))
+    assert engine_policies.span_fit([t]) == pytest.approx((2 / 3, 3.5))
