@@ -175,7 +175,7 @@ class Scheduler:
         return DraftFeatures(sig[..., 0], sig[..., 1], sig[..., 2], ngram[:, 0], np.minimum(ngram[:, 1], k_drafted))
 
     def step(self, running: list[Request], step: int, now_s: float, min_rows: int):
-        """One policy-driven step: (StepResult, state, ks requested, kinds, caps)."""
+        """One policy-driven step: (StepResult, state, drafter kinds, forced caps, ks requested)."""
         e, n = self.engine, len(running)
         slots = [r.slot for r in running]
         state = BatchState(step=step, time_s=now_s, request_ids=np.array([r.id for r in running], np.int64),
@@ -196,7 +196,7 @@ class Scheduler:
         else:
             buf = e.verify_drafted(slots, ks.tolist(), caps, min_rows, kinds)
         kinds_arr = np.array(kinds if kinds is not None else [e.default_kind] * n, np.int64)
-        return e.read(buf, n, e.k_max), state, kinds_arr, caps
+        return e.read(buf, n, e.k_max), state, kinds_arr, caps, ks
 
     def run(self, requests: Sequence[Request]) -> RunStats:
         """Serve all requests, at most max_num_seqs at a time (a closed loop of that load)."""
@@ -227,8 +227,8 @@ class Scheduler:
             if not running:
                 continue
             t_step = time.perf_counter()
-            res, state, kinds, caps = self.step(running, len(stats.step_batch_sizes), t_step - t0, min_rows)
-            n_tok = n_first + self._emit(running, res, caps)
+            res, state, kinds, caps, asked = self.step(running, len(stats.step_batch_sizes), t_step - t0, min_rows)
+            n_tok = n_first + self._emit(running, res, caps, asked)
             t_now = time.perf_counter()
             finished = np.array([r.id for r in running if self._done(r)], np.int64)
             self.policy.observe(StepOutcome(state=state, ks=np.array(res.ks, np.int64), drafter=kinds,
@@ -247,8 +247,9 @@ class Scheduler:
         stats.num_steps = len(stats.step_batch_sizes)
         return stats
 
-    def _emit(self, running: list[Request], res, caps: list[int] | None) -> int:
-        """Append each row's emitted tokens, count its draft; the number of tokens appended."""
+    def _emit(self, running: list[Request], res, caps: list[int] | None, asked: np.ndarray) -> int:
+        """Append each row's emitted tokens, count its draft (a row asked for k >= 1 that had none to verify, an
+        n-gram row without a match, counts as undrafted); the number of tokens appended."""
         n_tok = 0
         for i, req in enumerate(running):
             k, m = res.ks[i], res.accepted[i]
@@ -256,6 +257,8 @@ class Scheduler:
                 req.oracle_stale = True
             if k > 0 and not req.oracle_stale:
                 self.counts.observe_draft(k, m)
+            elif k == 0 and asked[i] > 0:
+                self.counts.observe_undrafted()
             new = res.tokens[i][: req.max_new_tokens - len(req.output)]
             n_tok += len(new)
             req.output.extend(new)

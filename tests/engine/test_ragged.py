@@ -28,10 +28,11 @@ class RandomKs:
 
     def __init__(self, k_max, seed, kinds=False):
         self.rng, self.k_max, self.kinds = np.random.default_rng(seed), k_max, kinds
-        self.outcomes = []
+        self.outcomes, self.asked = [], []
 
     def decide(self, state):
         ks = self.rng.integers(0, self.k_max + 1, state.batch_size)
+        self.asked.append(ks)
         kinds = self.rng.integers(0, 2, state.batch_size) if self.kinds else None
         return Decision.per_request(ks, kinds)
 
@@ -136,9 +137,12 @@ def test_ngram_rows_verify_only_their_real_drafts(tiny):
     target, prompts, base = tiny
     engine = _engine(target, "ngram")
     policy = RandomKs(4, 3)
-    out, _ = _serve(engine, prompts, policy, max_new=24)
+    out, stats = _serve(engine, prompts, policy, max_new=24)
     assert out == base
-    assert any((o.ks == 0).any() for o in policy.outcomes)  # rows without a match verified nothing
+    # rows that asked for drafts but had no match verified nothing: counted as undrafted, not as drafts
+    undrafted = sum(int(((a > 0) & (o.ks == 0)).sum()) for a, o in zip(policy.asked, policy.outcomes))
+    assert undrafted > 0 and stats.counts.undrafted == undrafted
+    assert stats.counts.num_drafts == sum(int((o.ks > 0).sum()) for o in policy.outcomes)
 
 
 def _trace(accepted, top1=None):
