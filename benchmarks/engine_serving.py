@@ -3,8 +3,8 @@
 Target: a random-weight shape; drafts: the target's own greedy continuation
 (recorded by a k=0 pass) replayed through the forced-rejection cap with the given
 conditional rates, so acceptance follows them and outputs stay the target's
-greedy outputs. For each load L (requests always open) and each policy (a fixed
-k, the tuned table) it records the steady-state throughput and the realised
+greedy outputs. For each load L (requests always open) and each policy (``--policy``,
+repeatable, the simulator's spellings; default a fixed k and the tuned table) it records the steady-state throughput and the realised
 acceptance. The first wave of requests has staggered output lengths (so requests
 finish at different steps from the start, as in a steady closed loop); the
 measuring window runs from the step after the whole first wave was replaced to
@@ -34,9 +34,12 @@ from tabletune.engine.model import Decoder
 from tabletune.engine.presets import resolve
 from tabletune.engine.profiling import ENGINE_VERSION, RUNNER, command_line, device_name, time_steps
 from tabletune.engine.runner import EngineConfig, SpecEngine
-from tabletune.engine.scheduler import Request, Scheduler, steady_throughput
+from tabletune.cost import StepCost
+from tabletune.engine.scheduler import Request, Scheduler, policy_context, steady_throughput
 from tabletune.optimizer import OptimizeOptions, optimize_table
 from tabletune.padding import geometric_batch_sizes
+from tabletune.policies import make_policy
+from tabletune.policies import resolve as resolve_policy
 from tabletune.profile import Fingerprint, StepPoint, StepProfile
 from tabletune.table import DraftTable
 
@@ -90,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--k-fixed", type=int, default=3)
+    ap.add_argument("--policy", action="append", default=None,
+                    help="NAME[:ARG] as in `tabletune simulate --policy`, repeatable (default: fixed:K-FIXED, tabletune)")
     ap.add_argument("--k-max", type=int, default=7)
     ap.add_argument("--rounds", type=int, default=6, help="requests per load = rounds * load (at least 4)")
     ap.add_argument("--device", default="cuda")
@@ -105,7 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     cuda = args.device == "cuda"
     target = Decoder(resolve(args.model), torch.bfloat16 if cuda else torch.float32, args.device)
     make_predictable(target)
-    cfg = EngineConfig(max_num_seqs=max_load, max_len=args.prompt_len + args.output_len + args.k_max + 16,
+    policies = args.policy or [f"fixed:{args.k_fixed}", "tabletune"]
+    for spec in policies:
+        resolve_policy(spec.partition(":")[0])
+    cfg = EngineConfig(max_num_seqs=max_load, split_steps=True, max_len=args.prompt_len + args.output_len + args.k_max + 16,
                        prefill_graph_max_len=args.prefill_graph_max_len,
                        k_max=args.k_max, buckets=tuple(geometric_batch_sizes(max_load)))
     engine = SpecEngine(target, ReplayDrafter(), cfg)
@@ -138,23 +146,25 @@ def main(argv: list[str] | None = None) -> int:
 
     runs = []
     for load in loads:
-        for name, tab in ((f"fixed:{args.k_fixed}", DraftTable.fixed(args.k_fixed)), ("table", table)):
+        for name in policies:
             n = max(4, args.rounds * load)
             reqs = [Request(list(prompts[i]), staggered_len(i, load, args.output_len), i, oracle=oracle[i])
                     for i in range(n)]
-            stats = Scheduler(engine, tab, max_num_seqs=load, cap_rates=RATES, seed=load).run(reqs)
+            policy = make_policy(name, policy_context(engine, StepCost(profile), RATES))
+            stats = Scheduler(engine, policy, max_num_seqs=load, cap_rates=RATES, seed=load).run(reqs)
             start = window_start(stats, load)
             st = stats.step_batch_sizes, stats.step_wall_s, stats.step_tokens
             end = max(i for i, b in enumerate(stats.step_batch_sizes) if b == load) + 1
             n_adm = sum(stats.step_admitted[start:end])
             pre_ms_tok = 1e3 * sum(stats.step_prefill_s[start:end]) / (n_adm * args.prompt_len) if n_adm else None
-            runs.append({"load": load, "policy": name, "k": tab.k_for(load), "window_start": start,
+            k_mean = sum(stats.step_drafts[start:end]) / max(sum(stats.step_batch_sizes[start:end]), 1)
+            runs.append({"load": load, "policy": name, "k": round(k_mean, 3), "window_start": start,
                          "prefill_ms_per_token": pre_ms_tok and round(pre_ms_tok, 5),
                          "throughput_tok_s": round(steady_throughput(*st, load, start), 2),
                          "overall_tok_s": round(stats.throughput_tok_s, 2), "num_steps": stats.num_steps,
                          "rates": [None if r is None else round(r, 4) for r in stats.counts.rates()],
                          "reached": stats.counts.reached, "accepted": stats.counts.accepted})
-            print(f"load {load:4d} {name:8s} k={runs[-1]['k']} {runs[-1]['throughput_tok_s']:9.1f} tok/s "
+            print(f"load {load:4d} {name:12s} k={runs[-1]['k']} {runs[-1]['throughput_tok_s']:9.1f} tok/s "
                   f"rates {runs[-1]['rates'][:4]}", flush=True)
     result = {"device": device_name(engine), "model": args.model, "engine_version": ENGINE_VERSION,
               "prompt_len": args.prompt_len, "output_len": args.output_len, "cap_rates": list(RATES),
@@ -172,7 +182,7 @@ def markdown(result: dict) -> list[str]:
           f"Closed loop, prompt {result['prompt_len']} / output {result['output_len']} tokens, acceptance replayed by "
           f"the forced-rejection cap (rates {result['cap_rates']}); table {result['table']} (optimised from the "
           f"step profile measured first). Prefill {result['prefill_ms']} ms a prompt.", "",
-          "| load | policy | k | steady tok/s | realised rates (first 4) |", "|---|---|---|---|---|"]
+          "| load | policy | mean k | steady tok/s | realised rates (first 4) |", "|---|---|---|---|---|"]
     md += [f"| {r['load']} | {r['policy']} | {r['k']} | {r['throughput_tok_s']:.0f} | {r['rates'][:4]} |"
            for r in result["runs"]]
     return md + ["", f"Command: `{result['command']}`"]

@@ -37,7 +37,7 @@ def simulate(profile, run, serving, table_file: str, duration_s: float, seed: in
     cfg = SimConfig(duration_s=duration_s, load=run["load"], max_num_seqs=max(128, run["load"]),
                     prefill_ms_per_token=prefill, seed=seed)
     sim = Simulator(StepCost(profile), Schedule.constant(w), cfg)
-    spec = run["policy"] if run["policy"].startswith("fixed") else f"table:{table_file}"
+    spec = f"table:{table_file}" if run["policy"] in ("table", "tabletune") else run["policy"]
     return sim.run(make_policy(spec, sim.context())).throughput_tok_s
 
 

@@ -72,7 +72,8 @@ def load_prompt_texts(spec: str, limit: int) -> tuple[str, list[str]]:
     return prompts[0].workload, [p.text for p in prompts]
 
 
-def build_spec(model, method, draft_model, k_max, max_num_seqs, batch_sizes, synthetic, context_len, seed):
+def build_spec(model, method, draft_model, k_max, max_num_seqs, batch_sizes, synthetic, context_len, seed,
+               policy=None):
     """The engine to start and the batch sizes to measure, from the flags; bad values are InputError."""
     sizes = tuple(parse_int_list(batch_sizes, "--batch-sizes", "batch_sizes")) if batch_sizes else None
     max_num_seqs = max_num_seqs or (max(sizes) if sizes else 64)
@@ -82,7 +83,7 @@ def build_spec(model, method, draft_model, k_max, max_num_seqs, batch_sizes, syn
     if rates is not None and len(rates) < k_max:
         raise InputError("--synthetic-acceptance", "rates", list(rates), f"give at least k_max={k_max} rates")
     spec = EngineSpec(model=model, method=method, k_max=k_max, max_batch_size=max_num_seqs, draft_model=draft_model,
-                      synthetic_acceptance=rates, context_len=context_len, seed=seed)
+                      synthetic_acceptance=rates, context_len=context_len, seed=seed, policy=policy)
     return spec, tuple(sorted(set(sizes)))
 
 
@@ -108,15 +109,20 @@ def build_spec(model, method, draft_model, k_max, max_num_seqs, batch_sizes, syn
 @click.option("--context-len", type=click.IntRange(min=1), default=128, show_default=True,
               help="prompt tokens of timed requests")
 @click.option("--seed", type=int, default=0)
+@click.option("--policy", default=None,
+              help="builtin engine: the policy that picks draft lengths while acceptance is measured, as in "
+                   "`tabletune simulate --policy` (default: every request drafts k-max)")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/tune", show_default=True)
 @click.option("--verbose", is_flag=True, help="show the engine's own logs (vLLM: INFO); default: errors only")
 def tune_cmd(engine_name, model, method, draft_model, k_max, batch_sizes, max_num_seqs, prompt_set, num_prompts,
              synthetic_acceptance, point_budget_s, no_refine, close_call_margin, model_draft_rate, context_len, seed,
-             out_dir, verbose):
+             policy, out_dir, verbose):
     """Measure step times and acceptance on a real engine; write the table and speculative config."""
     quiet_engine_logs(verbose)
     spec, sizes = build_spec(model, method, draft_model, k_max, max_num_seqs, batch_sizes, synthetic_acceptance,
-                             context_len, seed)
+                             context_len, seed, policy)
+    if policy and engine_name != "builtin":
+        raise InputError("--policy", "engine", engine_name, "only the builtin engine measures under a policy")
     adapter = load_adapter(engine_name)
     adapter.validate(spec)
     workload, prompts = load_prompt_texts(prompt_set, num_prompts)

@@ -15,6 +15,13 @@ the verified step). State lives in per-slot device tensors, gathered by slot.
 * ``ParallelBlockDrafter``: DFlash-like: all k drafts from one forward of one
   layer over k positions conditioned on the target's last hidden state.
 
+Every ``propose`` returns a ``Proposal``: the drafts and, per drafted token, the
+signals the policies read (``tabletune.policies.base.DraftFeatures``): the draft
+distribution's top-1 probability, entropy (nats) and top-1/top-2 margin (at T = 0
+of the softmax at temperature 1); the n-gram drafter also gives its suffix match
+length and how many of its drafts are real (what follows the match). All are
+device tensors written inside the step's graph; the host reads them after it.
+
 Draft-model and EAGLE-style catch-up: the previous step's emitted tokens (m+1)
 are re-fed in one forward of width k+1 before the k-1 single-token steps; when
 more tokens are pending than fit, the oldest are skipped (only acceptance suffers).
@@ -22,12 +29,34 @@ more tokens are pending than fit, the oldest are skipped (only acceptance suffer
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 from tabletune.engine.kv_cache import KVCache
 from tabletune.engine.model import Decoder, DecoderLayer, _param
 from tabletune.engine.presets import ModelConfig
+
+
+@dataclass
+class Proposal:
+    """A drafter's output for one step; signals default to a sure one-hot draft (n-gram, replay)."""
+
+    drafts: torch.Tensor  # [B, k] int64
+    probs: torch.Tensor | None = None  # [B, k, V] draft distributions (sampling with a model drafter only)
+    signals: torch.Tensor | None = None  # [B, k, 3] float32: top-1 probability, entropy (nats), top-1 - top-2
+    num_proposed: torch.Tensor | None = None  # [B] int64: leading drafts that are real (None: all k)
+    match_len: torch.Tensor | None = None  # [B] int64: n-gram suffix match length, 0 without a match
+    accept_run: torch.Tensor | None = None  # [B, 2] int64: recorded accepted run of each chain (trace replay)
+
+
+def draft_signals(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[..., 3] top-1 probability, entropy (nats), top-1 - top-2 margin of softmax(logits / T) (T = 1 at T = 0)."""
+    p = torch.softmax(logits.float() / (temperature if temperature > 0 else 1.0), dim=-1)
+    top2 = p.topk(2, dim=-1).values
+    entropy = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
+    return torch.stack([top2[..., 0], entropy, top2[..., 0] - top2[..., 1]], dim=-1)
 
 
 class Drafter:
@@ -40,8 +69,8 @@ class Drafter:
     def prefill(self, slot: int, prompt: torch.Tensor, first_token: int, hidden: torch.Tensor) -> None:
         pass
 
-    def propose(self, slots, start, last, k: int):
-        """-> drafts [B, k] int64, draft probabilities [B, k, V] or None."""
+    def propose(self, slots, start, last, k: int) -> Proposal:
+        """k drafts per row (and their probabilities and signals)."""
         raise NotImplementedError
 
     def observe(self, slots, start, tokens, m, hidden) -> None:
@@ -49,12 +78,14 @@ class Drafter:
 
 
 def _draft_from_logits(logits: torch.Tensor, temperature: float):
+    """(drafts, probabilities or None, signals [..., 3]) from draft logits."""
     from tabletune.engine.verify import sample
 
+    signals = draft_signals(logits, temperature)
     if temperature == 0:
-        return logits.argmax(-1), None
+        return logits.argmax(-1), None, signals
     probs = torch.softmax(logits.float() / temperature, dim=-1)
-    return sample(probs), probs
+    return sample(probs), probs, signals
 
 
 class NgramDrafter(Drafter):
@@ -69,6 +100,7 @@ class NgramDrafter(Drafter):
         b, length = hist.shape
         pos = torch.arange(length, device=hist.device)
         best = torch.full((b,), -1, dtype=torch.long, device=hist.device)
+        match_len = torch.zeros_like(start)  # [B] the n of the longest suffix that matched
         for n in range(self.n_max, self.n_min - 1, -1):
             eq = torch.ones(b, length - n + 1, dtype=torch.bool, device=hist.device)
             for t in range(n):
@@ -76,9 +108,14 @@ class NgramDrafter(Drafter):
                 eq &= hist[:, t: length - n + 1 + t] == suffix_t
             ok = eq & (pos[: length - n + 1][None] <= (start - n)[:, None])
             found = torch.where(ok, pos[: length - n + 1][None], -1).max(1).values
-            best = torch.where((best < 0) & (found >= 0), found + n, best)
+            new = (best < 0) & (found >= 0)
+            match_len = torch.where(new, n, match_len)
+            best = torch.where(new, found + n, best)
         idx = torch.where(best >= 0, best, start)[:, None] + torch.arange(k, device=hist.device)
-        return hist.gather(1, torch.minimum(idx, start[:, None])), None
+        # the tokens that followed the match, up to the current one: start - best + 1 of them
+        num_proposed = torch.where(best >= 0, (start - best + 1).clamp(0, k), 0)
+        return Proposal(hist.gather(1, torch.minimum(idx, start[:, None])), num_proposed=num_proposed,
+                        match_len=match_len)
 
 
 class ReplayDrafter(Drafter):
@@ -88,7 +125,7 @@ class ReplayDrafter(Drafter):
 
     def propose(self, slots, start, last, k):
         idx = start[:, None] + 1 + torch.arange(k, device=start.device)
-        return self.engine.oracle[slots].gather(1, idx), None
+        return Proposal(self.engine.oracle[slots].gather(1, idx))
 
 
 class _CatchUpDrafter(Drafter, nn.Module):
@@ -141,16 +178,17 @@ class DraftModelDrafter(_CatchUpDrafter):
         toks = self.prev_tok[slots].gather(1, cols)
         h = self.model(toks, pos0, slots, self.cache)
         h = h.gather(1, (count - 1)[:, None, None].expand(-1, 1, h.shape[-1]))
-        drafts, probs = [], []
+        drafts, probs, signals = [], [], []
         pos = pos0 + count - 1
         for i in range(k):
-            d, p = _draft_from_logits(self.model.logits(h[:, 0]), self.engine.temperature)
+            d, p, sig = _draft_from_logits(self.model.logits(h[:, 0]), self.engine.temperature)
             drafts.append(d)
             probs.append(p)
+            signals.append(sig)
             if i + 1 < k:
                 pos = pos + 1
                 h = self.model(d[:, None], pos, slots, self.cache)
-        return _stack(drafts, probs, start)
+        return _stack(drafts, probs, signals, start)
 
 
 class EagleDrafter(_CatchUpDrafter):
@@ -201,16 +239,17 @@ class EagleDrafter(_CatchUpDrafter):
         hid = self.prev_hid[slots].gather(1, cols[..., None].expand(-1, -1, self.prev_hid.shape[-1]))
         h = self._forward(toks, hid, pos0, slots)
         h = h.gather(1, (count - 1)[:, None, None].expand(-1, 1, h.shape[-1]))
-        drafts, probs = [], []
+        drafts, probs, signals = [], [], []
         pos = pos0 + count - 1
         for i in range(k):
-            d, p = _draft_from_logits(t.logits(h[:, 0]), self.engine.temperature)
+            d, p, sig = _draft_from_logits(t.logits(h[:, 0]), self.engine.temperature)
             drafts.append(d)
             probs.append(p)
+            signals.append(sig)
             if i + 1 < k:
                 pos = pos + 1
                 h = self._forward(d[:, None], h, pos, slots)
-        return _stack(drafts, probs, start)
+        return _stack(drafts, probs, signals, start)
 
     def observe(self, slots, start, tokens, m, hidden):
         super().observe(slots, start, tokens, m, hidden)
@@ -252,8 +291,8 @@ class ParallelBlockDrafter(Drafter, nn.Module):
         a = self.layer.attn(ops, h, zero, slots, self.cache.k[0], self.cache.v[0])
         h, x = ops.add_rms_norm(x, a, self.layer.post_norm, eps)
         h, _ = ops.add_rms_norm(x, self.layer.mlp(ops, h), self.norm, eps)
-        d, p = _draft_from_logits(t.logits(h), self.engine.temperature)
-        return d, p
+        d, p, sig = _draft_from_logits(t.logits(h), self.engine.temperature)
+        return Proposal(d, p, sig)
 
     def observe(self, slots, start, tokens, m, hidden):
         self.feat[slots] = hidden.gather(1, m[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]
@@ -264,11 +303,11 @@ def _one_layer_cache(t: Decoder, num_slots: int, max_len: int) -> KVCache:
     return KVCache(1, num_slots, c.num_kv_heads, max_len, c.head_dim, t.dtype, t.device)
 
 
-def _stack(drafts, probs, start):
+def _stack(drafts, probs, signals, start) -> Proposal:
     if not drafts:
-        return torch.zeros(start.shape[0], 0, dtype=torch.long, device=start.device), None
-    d = torch.stack(drafts, 1)
-    return d, (torch.stack(probs, 1) if probs[0] is not None else None)
+        return Proposal(torch.zeros(start.shape[0], 0, dtype=torch.long, device=start.device))
+    return Proposal(torch.stack(drafts, 1), torch.stack(probs, 1) if probs[0] is not None else None,
+                    torch.stack(signals, 1))
 
 
 def make_drafter(name: str, target: Decoder, k_max: int, draft_cfg: ModelConfig | None = None,

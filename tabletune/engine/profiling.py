@@ -29,7 +29,7 @@ from tabletune.engine.model import Decoder, select_ops
 from tabletune.engine.presets import ModelConfig, resolve
 from tabletune.engine.runner import SpecEngine
 
-ENGINE_VERSION = "0.8.0"  # the lean engine: cuBLAS or one split-K Triton GEMM, split-KV attention
+ENGINE_VERSION = "0.9.0"  # ragged steps (per-request k as per-row caps), split draft / verify phases, draft signals
 RUNNER = "builtin/cudagraph-per-(bucket,k)"
 
 

@@ -1,9 +1,17 @@
-"""Continuous batching over a ``SpecEngine``: admit up to max_num_seqs, prefill, step, retire.
+"""Continuous batching over a ``SpecEngine`` driven by any ``tabletune.policies`` policy.
 
-Each step runs every running sequence with one k, the draft table's k for the
-current batch size (a fixed k is the one-range table). After the step the host
-appends the emitted tokens, counts acceptance per position (vLLM's meaning: see
-``tabletune.acceptance``), and frees finished slots.
+Each step, as in the simulator (``tabletune.sim.loop``): the running batch is a
+``BatchState``; the policy's ``decide`` returns one k or a k_i per request (and, for
+Hybrid Spark, a drafter kind per request); the engine runs one ragged step; the
+policy ``observe``s a ``StepOutcome`` with the verified k_i, the accepted counts and
+the step's wall time. A policy that reads draft signals (``uses_features``) runs on
+an engine with split steps: the draft phase drafts k_max tokens a row (or the
+policy's optional ``draft_cap(state)``, a cap known before drafting: positions past
+it read as sure rejections, top-1 0 and margin 0), the host reads their signals into
+``DraftFeatures``, the policy decides, the verify phase verifies k_i per row. After
+the step the host appends the emitted tokens, counts acceptance per position (vLLM's
+meaning: see ``tabletune.acceptance``), and frees finished slots. A ``DraftTable``
+given instead of a policy runs as the ``table`` policy.
 
 With ``cap_rates`` = (a_1, ..., a_K) the forced-rejection cap replays measured
 conditional acceptance: for each row the host draws the first j with
@@ -27,9 +35,18 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from tabletune.acceptance import AcceptanceCounts
-from tabletune.engine.runner import SpecEngine
+from tabletune.cost import StepCost
+from tabletune.engine.runner import SpecEngine, StepBuffers
+from tabletune.engine.trace_replay import TokenTrace
+from tabletune.policies.base import BatchState, DraftFeatures, Policy, PolicyContext, StepOutcome
+from tabletune.policies.static_table import StaticTable
+from tabletune.profile import StepPoint, StepProfile
 from tabletune.table import DraftTable
+
+STOP_ENTROPY = 10.0  # nats: the entropy of a position not drafted (DraftFeatures past a draft cap)
 
 
 @dataclass
@@ -39,6 +56,7 @@ class Request:
     id: int = 0
     oracle: list[int] | None = None  # tokens for the ReplayDrafter (the continuation)
     oracle_stale: bool = False  # a capped step accepted less than its cap: the oracle left the target's path
+    trace: tuple[TokenTrace, TokenTrace | None] | None = None  # model and n-gram chain for the traced replay
     output: list[int] = field(default_factory=list)
     slot: int = -1
 
@@ -51,12 +69,13 @@ class RunStats:
     num_steps: int
     counts: AcceptanceCounts
     step_batch_sizes: list[int]
-    step_ks: list[int]
+    step_ks: list[int]  # the step's k: the longest k_i verified
     step_wall_s: list[float] = field(default_factory=list)  # per step, admissions/prefills before it included
     step_tokens: list[int] = field(default_factory=list)  # tokens emitted by the step
     replaced_at_step: dict[int, int] = field(default_factory=dict)  # request id -> index of the first step without it
     step_admitted: list[int] = field(default_factory=list)  # requests admitted (prefilled) before the step
     step_prefill_s: list[float] = field(default_factory=list)  # wall time of those prefills (inside step_wall_s)
+    step_drafts: list[int] = field(default_factory=list)  # sum_i k_i: drafts verified by the step
 
     @property
     def throughput_tok_s(self) -> float:
@@ -83,22 +102,43 @@ def steady_throughput(batch_sizes: Sequence[int], wall_s: Sequence[float], token
     return sum(tokens[i] for i in window) / wall if wall > 0 else 0.0
 
 
-def draw_caps(rates: Sequence[float], k: int, n: int, rng: random.Random) -> list[int]:
-    """Per row: the first position j (0-based) whose Bernoulli(a_{j+1}) fails, or k."""
+def draw_caps(rates: Sequence[float], k: int | Sequence[int], n: int, rng: random.Random) -> list[int]:
+    """Per row: the first position j (0-based) whose Bernoulli(a_{j+1}) fails, or the row's k."""
     caps = []
-    for _ in range(n):
+    for i in range(n):
+        k_i = k if isinstance(k, int) else k[i]
         j = 0
-        while j < k and rng.random() < rates[min(j, len(rates) - 1)]:
+        while j < k_i and rng.random() < rates[min(j, len(rates) - 1)]:
             j += 1
         caps.append(j)
     return caps
 
 
+def flat_cost(k_max: int, max_batch: int) -> StepCost:
+    """A step cost of 1 ms everywhere: the context of policies that read no cost (a fixed k, a table)."""
+    points = tuple(StepPoint(b, k, (1.0,)) for b in sorted({1, max_batch}) for k in range(k_max + 1))
+    return StepCost(StepProfile(points, context_len=1))
+
+
+def policy_context(engine: SpecEngine, cost: StepCost | None = None, prior_rates: Sequence[float] = (),
+                   ngram_rates: Sequence[float] = (), seed: int = 0) -> PolicyContext:
+    """The PolicyContext of a policy on this engine (as ``Simulator.context``): its ks, batch limit, drafter."""
+    return PolicyContext(cost=cost or flat_cost(engine.k_max, engine.buckets[-1]),
+                         prior_rates=tuple(prior_rates) or (0.5,) * max(engine.k_max, 1), ks=tuple(engine.ks),
+                         max_num_seqs=engine.buckets[-1], default_drafter=engine.default_kind, seed=seed,
+                         ngram_rates=tuple(ngram_rates))
+
+
 class Scheduler:
-    def __init__(self, engine: SpecEngine, table: DraftTable, max_num_seqs: int | None = None,
+    def __init__(self, engine: SpecEngine, policy: Policy | DraftTable, max_num_seqs: int | None = None,
                  cap_rates: Sequence[float] | None = None, seed: int = 0, fixed_shape: bool = False) -> None:
         self.engine = engine
-        self.table = table.clamped(engine.k_max)
+        if isinstance(policy, DraftTable):
+            policy = StaticTable(policy_context(engine), policy.clamped(engine.k_max))
+        self.policy = policy
+        self.uses_features = bool(getattr(policy, "uses_features", False))
+        if self.uses_features and not engine.cfg.split_steps:
+            raise ValueError(f"policy {policy.name} reads draft signals: build the engine with split_steps=True")
         self.max_num_seqs = min(max_num_seqs or engine.cfg.max_num_seqs, engine.buckets[-1])
         self.cap_rates = list(cap_rates) if cap_rates else None
         self.rng = random.Random(seed)
@@ -116,11 +156,47 @@ class Scheduler:
             tail = (req.prompt + req.oracle)[: e.cfg.max_len]
             e.oracle[req.slot, : len(tail)] = torch.tensor(tail, device=e.device)
             e.oracle[req.slot, len(tail):] = 0
+        if req.trace is not None:
+            e.drafter.load(req.slot, len(req.prompt), *req.trace)  # a TracedReplayDrafter
         req.output = [e.prefill(req.slot, req.prompt)]
 
     def _done(self, req: Request) -> bool:
         limit = self.engine.cfg.max_len - self.engine.k_max - 3
         return len(req.output) >= req.max_new_tokens or len(req.prompt) + len(req.output) >= limit
+
+    def _features(self, buf: StepBuffers, n: int, k_drafted: int) -> DraftFeatures:
+        """The draft phase's signals of rows 0..n-1 as the policies' DraftFeatures (read after the draft)."""
+        k = self.engine.k_max
+        # [n, k_max, 3]: positions past the drafted ones are sure rejections
+        sig = np.zeros((n, k, 3))
+        sig[:, :, 1] = STOP_ENTROPY
+        sig[:, :k_drafted] = self.engine.read_signals(buf, n, k_drafted)
+        ngram = buf.out[:n, 2:4].cpu().numpy()
+        return DraftFeatures(sig[..., 0], sig[..., 1], sig[..., 2], ngram[:, 0], np.minimum(ngram[:, 1], k_drafted))
+
+    def step(self, running: list[Request], step: int, now_s: float, min_rows: int):
+        """One policy-driven step: (StepResult, state, drafter kinds, forced caps, ks requested)."""
+        e, n = self.engine, len(running)
+        slots = [r.slot for r in running]
+        state = BatchState(step=step, time_s=now_s, request_ids=np.array([r.id for r in running], np.int64),
+                           num_generated=np.array([len(r.output) for r in running], np.int64))
+        buf = None
+        if self.uses_features:
+            cap = getattr(self.policy, "draft_cap", None)
+            k_draft = e.k_max if cap is None else min(max(int(cap(state)), 0), e.k_max)
+            buf = e.draft(slots, k_draft, min_rows)
+            state = BatchState(state.step, state.time_s, state.request_ids, state.num_generated,
+                               self._features(buf, n, k_draft))
+        decision = self.policy.decide(state)
+        ks = np.clip(decision.ks_for(n), 0, e.k_max if buf is None else k_draft).astype(np.int64)
+        kinds = decision.drafter.tolist() if decision.drafter is not None else None
+        caps = draw_caps(self.cap_rates, ks.tolist(), n, self.rng) if self.cap_rates else None
+        if buf is None:
+            buf = e.launch(slots, ks.tolist(), caps, min_rows, kinds)
+        else:
+            buf = e.verify_drafted(slots, ks.tolist(), caps, min_rows, kinds)
+        kinds_arr = np.array(kinds if kinds is not None else [e.default_kind] * n, np.int64)
+        return e.read(buf, n, e.k_max), state, kinds_arr, caps, ks
 
     def run(self, requests: Sequence[Request]) -> RunStats:
         """Serve all requests, at most max_num_seqs at a time (a closed loop of that load)."""
@@ -128,9 +204,7 @@ class Scheduler:
         min_rows = min(self.max_num_seqs, len(requests)) if self.fixed_shape else 0
         running: list[Request] = []
         free = list(range(self.engine.cache.num_slots))[::-1]
-        steps_b, steps_k, walls, toks = [], [], [], []
-        replaced: dict[int, int] = {}
-        admitted, prefill_s = [], []
+        stats = RunStats(len(requests), 0, 0.0, 0, self.counts, [], [])
         t0 = time.perf_counter()
         t_prev = t0
         while waiting or running:
@@ -138,7 +212,7 @@ class Scheduler:
             for req in running:  # retire first, so a finished request is replaced in the same step
                 if self._done(req):
                     free.append(req.slot)
-                    replaced[req.id] = len(steps_b)
+                    stats.replaced_at_step[req.id] = len(stats.step_batch_sizes)
                 else:
                     still.append(req)
             running = still
@@ -152,28 +226,40 @@ class Scheduler:
             t_adm = time.perf_counter() - t_adm if n_first else 0.0
             if not running:
                 continue
-            b = len(running)
-            k = min(self.table.k_for(b), self.engine.k_max)
-            caps = draw_caps(self.cap_rates, k, b, self.rng) if self.cap_rates and k > 0 else None
-            ms, emitted = self.engine.step([r.slot for r in running], k, caps, min_rows)
-            steps_b.append(b)
-            steps_k.append(k)
-            admitted.append(n_first)
-            prefill_s.append(t_adm)
-            n_tok = n_first
-            for i, (req, m, out) in enumerate(zip(running, ms, emitted)):
-                if caps is not None and req.oracle is not None and m < caps[i]:
-                    req.oracle_stale = True
-                if k > 0 and not req.oracle_stale:
-                    self.counts.observe_draft(k, m)
-                new = out[: req.max_new_tokens - len(req.output)]
-                n_tok += len(new)
-                req.output.extend(new)
+            t_step = time.perf_counter()
+            res, state, kinds, caps, asked = self.step(running, len(stats.step_batch_sizes), t_step - t0, min_rows)
+            n_tok = n_first + self._emit(running, res, caps, asked)
             t_now = time.perf_counter()
-            walls.append(t_now - t_prev)
-            toks.append(n_tok)
+            finished = np.array([r.id for r in running if self._done(r)], np.int64)
+            self.policy.observe(StepOutcome(state=state, ks=np.array(res.ks, np.int64), drafter=kinds,
+                                            accepted=np.array(res.accepted, np.int64),
+                                            step_ms=(t_now - t_step) * 1e3, finished_ids=finished))
+            stats.step_batch_sizes.append(len(running))
+            stats.step_ks.append(max(res.ks))
+            stats.step_drafts.append(sum(res.ks))
+            stats.step_admitted.append(n_first)
+            stats.step_prefill_s.append(t_adm)
+            stats.step_wall_s.append(t_now - t_prev)
+            stats.step_tokens.append(n_tok)
             t_prev = t_now
-        wall = time.perf_counter() - t0
-        out_tokens = sum(len(r.output) for r in requests)
-        return RunStats(len(requests), out_tokens, wall, len(steps_b), self.counts, steps_b, steps_k, walls, toks,
-                        replaced, admitted, prefill_s)
+        stats.wall_s = time.perf_counter() - t0
+        stats.output_tokens = sum(len(r.output) for r in requests)
+        stats.num_steps = len(stats.step_batch_sizes)
+        return stats
+
+    def _emit(self, running: list[Request], res, caps: list[int] | None, asked: np.ndarray) -> int:
+        """Append each row's emitted tokens, count its draft (a row asked for k >= 1 that had none to verify, an
+        n-gram row without a match, counts as undrafted); the number of tokens appended."""
+        n_tok = 0
+        for i, req in enumerate(running):
+            k, m = res.ks[i], res.accepted[i]
+            if caps is not None and req.oracle is not None and m < min(caps[i], k):
+                req.oracle_stale = True
+            if k > 0 and not req.oracle_stale:
+                self.counts.observe_draft(k, m)
+            elif k == 0 and asked[i] > 0:
+                self.counts.observe_undrafted()
+            new = res.tokens[i][: req.max_new_tokens - len(req.output)]
+            n_tok += len(new)
+            req.output.extend(new)
+        return n_tok

@@ -8,6 +8,9 @@
 * ``--method``: ngram, eagle (eagle3 is taken as eagle), draft_model, parallel_block;
   ``--draft-model``: a preset or folder (default: qwen3-0.6b's shape when the
   vocabularies match, else a quarter-depth copy of the target's shape).
+* ``--policy``: the policy (``tabletune simulate --policy`` spellings) that picks the
+  draft lengths while acceptance is measured (default: every request drafts k); a
+  per-request policy gives ragged steps, whose counts stay per position (censoring-correct).
 * GPU when there is one (bf16, CUDA graphs over power-of-two batch buckets),
   else the CPU in float32.
 
@@ -32,9 +35,11 @@ from tabletune.engine.model import Decoder
 from tabletune.engine.presets import PRESETS, replace, resolve
 from tabletune.engine.profiling import ENGINE_VERSION, RUNNER, device_name, time_steps
 from tabletune.engine.runner import EngineConfig, SpecEngine
-from tabletune.engine.scheduler import Request, Scheduler
+from tabletune.engine.scheduler import Request, Scheduler, policy_context
 from tabletune.errors import InputError
 from tabletune.padding import geometric_batch_sizes
+from tabletune.policies import make_policy
+from tabletune.policies import resolve as resolve_policy
 from tabletune.profile import Fingerprint
 from tabletune.table import DraftTable
 from tabletune.tuner import EngineSpec, StepSamples
@@ -51,6 +56,8 @@ def validate(spec: EngineSpec) -> None:
         raise InputError("--model", "model", spec.model, f"not a preset ({sorted(PRESETS)}) nor a HF model folder")
     if spec.k_max < 1:
         raise InputError("--k-max", "k_max", spec.k_max, "must be >= 1")
+    if spec.policy:
+        resolve_policy(spec.policy.partition(":")[0])
 
 
 def start(spec: EngineSpec) -> BuiltinEngine:
@@ -101,7 +108,7 @@ class BuiltinEngine:
         spec = self.spec
         max_len = max(spec.context_len, ACCEPTANCE_TOKENS) + spec.k_max + ACCEPTANCE_TOKENS
         cfg = EngineConfig(max_num_seqs=spec.max_batch_size, max_len=max_len, k_max=spec.k_max,
-                           buckets=tuple(geometric_batch_sizes(spec.max_batch_size)))
+                           buckets=tuple(geometric_batch_sizes(spec.max_batch_size)), split_steps=bool(spec.policy))
         return SpecEngine(self.target, drafter, cfg)
 
     # ---- Engine protocol ----------------------------------------------------
@@ -135,7 +142,7 @@ class BuiltinEngine:
             base = [Request(p, max_tokens, i) for i, p in enumerate(ids)]
             Scheduler(replay, DraftTable.fixed(k), cap_rates=[0.0] * k, fixed_shape=True).run(base)
             reqs = [Request(p, max_tokens, i, oracle=r.output + [0] * (k + 2)) for i, (p, r) in enumerate(zip(ids, base))]
-            counts = Scheduler(replay, DraftTable.fixed(k), cap_rates=rates, seed=self.spec.seed,
+            counts = Scheduler(replay, self._policy(replay, k), cap_rates=rates, seed=self.spec.seed,
                                fixed_shape=True).run(reqs).counts
             stale = sum(r.oracle_stale for r in reqs)
             if stale:
@@ -144,10 +151,17 @@ class BuiltinEngine:
             del replay
         else:
             reqs = [Request(p, max_tokens, i) for i, p in enumerate(ids)]
-            counts = Scheduler(self.engine, DraftTable.fixed(k)).run(reqs).counts
+            counts = Scheduler(self.engine, self._policy(self.engine, k)).run(reqs).counts
         out = AcceptanceCounts(k_max=k, drafter=self.method, num_drafts=counts.num_drafts,
                                reached=counts.reached[:k], accepted=counts.accepted[:k], drafted=counts.drafted[:k])
         return out
+
+    def _policy(self, engine: SpecEngine, k: int):
+        """``--policy`` on this engine (its prior: the synthetic rates if given), else a fixed k."""
+        if not self.spec.policy:
+            return DraftTable.fixed(k)
+        ctx = policy_context(engine, prior_rates=self.spec.synthetic_acceptance or (), seed=self.spec.seed)
+        return make_policy(self.spec.policy, ctx)
 
     def close(self) -> None:
         del self.engine

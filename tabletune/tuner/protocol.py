@@ -84,3 +84,6 @@ class EngineSpec:
     synthetic_acceptance: tuple[float, ...] | None = None  # conditional rates, a controlled run
     context_len: int = 128
     seed: int = 0
+    # the policy (``tabletune simulate --policy`` spellings) that picks draft lengths while acceptance is measured;
+    # None: every request drafts k_max (engines that take only that reject any other)
+    policy: str | None = None

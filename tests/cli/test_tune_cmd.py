@@ -59,6 +59,7 @@ def test_tune_sets_the_engine_logs_at_its_entry(tmp_path, fake_engine):
     (["--model", "tiny-llama", "--close-call-margin", "1"], "--close-call-margin"),
     (["--model", "tiny-llama", "--point-budget-s", "0"], "--point-budget-s"),
     (["--model", "tiny-llama", "--prompts", "no-such-set"], "choose one of"),
+    (["--model", "tiny-llama", "--policy", "gammatune"], "only the builtin engine measures under a policy"),
 ])
 def test_bad_input_exits_2_before_any_engine(tmp_path, args, text):
     res = CliRunner().invoke(main, ["tune", *args, "--out", str(tmp_path / "o")])

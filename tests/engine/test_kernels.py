@@ -109,6 +109,13 @@ ha = m(tokens, pos, sl, cache_a)
 m.ops = T
 hb = m(tokens, pos, sl, cache_b)
 assert (ha - hb).abs().max() < 1e-4 and (cache_a.k - cache_b.k).abs().max() < 1e-4
+# a ragged step is padded to the longest row: row 0 with k_0 = 1 (tokens 0..1 real), row 1 with k_1 = 2; other
+# padding tokens change nothing at the real positions (causal attention, new keys written before they are read)
+t2 = tokens.clone()
+t2[0, 2:], t2[1, 3:] = (t2[0, 2:] + 5) % 97, (t2[1, 3:] + 7) % 97
+hc = m(t2, pos, sl, m.new_cache(2, 32))
+assert (hc[0, :2] - hb[0, :2]).abs().max() < 1e-4 and (hc[1, :3] - hb[1, :3]).abs().max() < 1e-4
+assert (hc[0, 2:] - hb[0, 2:]).abs().max() > 1e-3
 print("ok")
 """
 

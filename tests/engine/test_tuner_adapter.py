@@ -34,3 +34,23 @@ def test_builtin_engine_measures_steps_and_synthetic_acceptance():
         assert counts.drafted[0] == counts.num_drafts > 0
     finally:
         engine.close()
+
+
+def test_validate_rejects_an_unknown_policy():
+    with pytest.raises(InputError, match="unknown policy"):
+        tuner_adapter.validate(EngineSpec(model="tiny", method="eagle", k_max=2, max_batch_size=2, policy="nope:1"))
+
+
+@pytest.mark.slow
+def test_builtin_engine_measures_acceptance_under_a_per_request_policy():
+    """GammaTune picks k_i in {1, 2} per request (k_start 2; rates (1, 0) make a k = 2 draft shrink it, a full
+    k = 1 acceptance grow it): position 1 always passes, position 2 never, and some drafts stop at 1."""
+    spec = EngineSpec(model="tiny", method="eagle", k_max=2, max_batch_size=2, context_len=16,
+                      synthetic_acceptance=(1.0, 0.0), policy="gammatune")
+    engine = tuner_adapter.start(spec)
+    try:
+        counts = engine.measure_acceptance(["def f(x):\n    return x", "hello hello hello"], 2, 20)
+        assert counts.rates() == [1.0, 0.0]
+        assert counts.drafted[0] == counts.num_drafts > counts.drafted[1] > 0
+    finally:
+        engine.close()

@@ -91,3 +91,23 @@ def test_ngram_style_drafts_without_probabilities():
     assert (rejected == 0).sum().item() == 0
     c = torch.bincount(rejected, minlength=3).float()[1:]
     assert _chi_square_p(c, torch.tensor([2 / 3, 1 / 3])) > 1e-3
+
+
+def test_ragged_caps_keep_rejection_sampling_lossless():
+    """T = 1, drafts of k = 3 from q, per-row k_i in {0, 1, 2, 3} as the cap (a ragged step padded to 3): every
+    emitted position j's token (rows that reach j) follows p, and no row accepts more than its k_i."""
+    g = torch.Generator().manual_seed(1)
+    n, vocab, k = 60000, 5, 3
+    p = torch.tensor([0.4, 0.3, 0.15, 0.1, 0.05])
+    q = torch.tensor([0.1, 0.1, 0.2, 0.3, 0.3])
+    logits = torch.log(p).expand(n, k + 1, vocab).clone()
+    drafts = torch.multinomial(q.expand(n, vocab), k, replacement=True, generator=g)
+    ks = torch.randint(0, k + 1, (n,), generator=g)
+    m, tokens = verify(logits, drafts, q.expand(n, k, vocab), 1.0, cap=ks, generator=g)
+    assert (m <= ks).all() and (m[ks == 0] == 0).all()
+    for j in range(3):
+        reached = m >= j
+        counts = torch.bincount(tokens[reached, j], minlength=vocab).float()
+        assert _chi_square_p(counts, p) > 1e-3, j
+    # a row of k_i = 1 accepts its draft with probability sum_x min(p, q) = 0.5
+    assert abs(m[ks == 1].float().mean().item() - 0.5) < 0.02

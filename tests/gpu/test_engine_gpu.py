@@ -104,3 +104,40 @@ def test_greedy_outputs_with_speculation_and_graphs_equal_those_without(drafter)
                                     prompts)
     assert num_graphs > 0 and sum(stats.counts.drafted) > 0
     assert out == base
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "eagle"])
+def test_ragged_and_split_steps_from_graphs_equal_greedy_without_speculation(drafter):
+    """Random per-request k (fused graphs) and DISCO on split draft / verify graphs: the outputs of k = 0."""
+    import numpy as np
+
+    from tabletune.engine.scheduler import policy_context
+    from tabletune.policies import make_policy
+    from tabletune.policies.base import Decision
+
+    class RandomKs:
+        name, uses_features = "random-ks", False
+
+        def __init__(self):
+            self.rng = np.random.default_rng(0)
+
+        def decide(self, state):
+            return Decision.per_request(self.rng.integers(0, 6, state.batch_size))
+
+        def observe(self, outcome):
+            pass
+
+    torch.manual_seed(0)
+    cfg = PRESETS["tiny"]
+    target = Decoder(cfg, torch.float32, "cuda")
+    rng = random.Random(1)
+    prompts = [[rng.randrange(cfg.vocab_size) for _ in range(rng.choice((3, 11)))] for _ in range(10)]
+    base, _, _ = _serve(target, "ngram", DraftTable.fixed(0), prompts, prefill_graphs=0)
+    e = SpecEngine(target, make_drafter(drafter, target, 5, draft_cfg=cfg),
+                   EngineConfig(max_num_seqs=8, max_len=96, k_max=5, split_steps=True))
+    assert set(e.split_graphs) == {(p, b, k) for p in ("draft", "verify") for b in e.buckets for k in range(6)}
+    for policy in (RandomKs(), make_policy("disco:variant=threshold", policy_context(e))):
+        reqs = [Request(list(p), 24, i) for i, p in enumerate(prompts)]
+        Scheduler(e, policy).run(reqs)
+        torch.cuda.synchronize()
+        assert [r.output for r in reqs] == [b[:24] for b in base], policy.name

@@ -1,0 +1,409 @@
+"""Every policy of the zoo on the built-in engine with ragged steps, against the simulator on the same data.
+
+Target: a random-weight shape (default the Qwen3-8B shape) made predictable
+(``engine_serving.make_predictable``); drafts: its own greedy continuation, replayed
+through the forced-rejection cap with a real drafter's per-token trace
+(``tabletune.engine.trace_replay``): per workload (code, code-edit, chat) the
+early-exit trace of SmolLM2 is the model chain (its signals reach the policies)
+and the n-gram trace the n-gram chain (Hybrid Spark's second drafter).
+
+1. T(b, k) of uniform steps at the mean serving context (the step profile).
+2. Mixed-k check: ragged steps of measured k_1..k_b against ``StepCost.mixed_ms``
+   at the simulator's draft share (0.5) and at the share fitted to them; and the
+   cost of a split step (draft, signals to the host, verify) over a fused one.
+3. Serving: closed loop at each load for every policy (steady-state tok/s, the
+   window of ``engine_serving``), each cell also as a ratio to the best fixed k
+   of its (workload, load).
+4. The same grid in the simulator: the measured profile (with the fitted draft
+   share), the replay's acceptance (``replay_rates``), signal noise fitted to the
+   trace's top-1 AUC, copyable spans fitted to the n-gram trace (``span_fit``), the
+   measured prefill cost; per cell the simulated ratio and its difference from the
+   measured one.
+
+Results go to OUT.json / OUT.md, rewritten after every cell (``--resume`` skips
+the cells already there when the fingerprint matches). A grid whose estimated time
+exceeds ``--budget-s`` is refused before anything is measured.
+
+    python benchmarks/engine_policies.py --workloads code --out benchmarks/results/engine_policies     # GPU
+    python benchmarks/engine_policies.py --quick --out out/engine_policies                              # CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine_serving import make_predictable, staggered_len, window_start  # noqa: E402
+
+from tabletune import fileio  # noqa: E402
+from tabletune.cost import StepCost  # noqa: E402
+from tabletune.engine.model import Decoder  # noqa: E402
+from tabletune.engine.presets import resolve  # noqa: E402
+from tabletune.engine.profiling import ENGINE_VERSION, RUNNER, device_name, time_steps  # noqa: E402
+from tabletune.engine.runner import EngineConfig, SpecEngine  # noqa: E402
+from tabletune.engine.scheduler import Request, Scheduler, policy_context, steady_throughput  # noqa: E402
+from tabletune.engine.trace_replay import (TracedReplayDrafter, load_token_traces, ngram_length_rates,  # noqa: E402
+                                           pair_traces, replay_rates)
+from tabletune.padding import geometric_batch_sizes  # noqa: E402
+from tabletune.policies import REGISTRY, make_policy  # noqa: E402
+from tabletune.profile import Fingerprint, StepPoint, StepProfile  # noqa: E402
+from tabletune.sim import Schedule, SimConfig, Simulator, preset  # noqa: E402
+from tabletune.sim.traces import auc, signal_noise_for_auc  # noqa: E402
+from tabletune.table import DraftTable  # noqa: E402
+
+TRACES = Path("profiles/traces")
+ZOO = ("tabletune", "controller", "turbospec", "nightjar", "sglang", "disco", "tapout", "dsde", "gammatune",
+       "adaptive-verification", "hybrid-spark")
+QUICK = {"model": "tiny", "device": "cpu", "loads": "1,2", "workloads": "code", "k_max": 3, "prompt_len": 8,
+         "output_len": 16, "rounds": 2, "max_load": None, "profile_steps": 2, "sim_duration": 2.0,
+         "policies": "tabletune,gammatune,disco,hybrid-spark"}
+HOST_MS_PER_STEP = 1.0  # the estimate's host time a step (policy, bookkeeping) on top of the step's device time
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen3-8b")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--loads", default="1,4,16,64,128")
+    ap.add_argument("--max-load", type=int, default=None,
+                    help="the engine's largest batch bucket (default: the largest load; keep it across --resume calls)")
+    ap.add_argument("--workloads", default="code,code-edit,chat")
+    ap.add_argument("--policies", default=",".join(ZOO), help="besides fixed:0..k_max (names, comma-separated)")
+    ap.add_argument("--k-max", type=int, default=7)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=3, help="requests per cell = rounds * load (at least 4)")
+    ap.add_argument("--profile-steps", type=int, default=8)
+    ap.add_argument("--sim-duration", type=float, default=30.0, help="simulated seconds per cell")
+    ap.add_argument("--budget-s", type=float, default=450.0,
+                    help="refuse a grid whose serving part is estimated to take longer (set-up comes first)")
+    ap.add_argument("--no-sim", action="store_true", help="measure only (simulate later with --sim-only)")
+    ap.add_argument("--sim-only", action="store_true", help="simulate the cells of OUT.json that lack it (CPU)")
+    ap.add_argument("--resume", action="store_true", help="keep the cells of OUT.json (same fingerprint)")
+    ap.add_argument("--quick", action="store_true", help="CPU smoke run: tiny shape, tiny grid")
+    ap.add_argument("--out", default="benchmarks/results/engine_policies")
+    args = ap.parse_args(argv)
+    if args.quick:
+        for key, value in QUICK.items():
+            setattr(args, key, value)
+    return args
+
+
+def policy_names(args) -> list[str]:
+    """fixed:0..k_max, then the zoo; a name not in the registry (e.g. sglang before it lands) is skipped."""
+    out = [f"fixed:{k}" for k in range(args.k_max + 1)]
+    for name in args.policies.split(","):
+        if name.partition(":")[0] in REGISTRY:
+            out.append(name)
+        else:
+            print(f"policy {name!r} is not registered: skipped", flush=True)
+    return out
+
+
+def estimate_s(args, step_ms: float, num_policies: int, num_loads: int, num_workloads: int) -> float:
+    """Wall estimate: per cell ~ rounds * output_len / 2 steps (about 2 tokens a request-step) at ``step_ms``."""
+    steps_per_cell = args.rounds * args.output_len / 2.0
+    cells = num_policies * num_loads * num_workloads
+    profile = (args.profile_steps + 2) * (args.k_max + 1) * len(geometric_batch_sizes(max(
+        int(x) for x in args.loads.split(","))))
+    return cells * steps_per_cell * (step_ms + HOST_MS_PER_STEP) / 1e3 + profile * step_ms / 1e3
+
+
+def probe_step_ms(engine: SpecEngine, args, loads: list[int]) -> float:
+    """Mean of T(b, k_max / 2) over the loads, a few steps each (for the estimate)."""
+    ctx = args.prompt_len + args.output_len // 2
+    times = []
+    for b in loads:
+        engine.set_context(b, ctx)
+        times.append(statistics.median(time_steps(engine, b, args.k_max // 2, 3, ctx, warmup=1)))
+    return sum(times) / len(times)
+
+
+def measure_profile(engine: SpecEngine, args, fp: Fingerprint) -> StepProfile:
+    ctx = args.prompt_len + args.output_len // 2
+    points = []
+    for b in engine.buckets:
+        engine.set_context(b, ctx)
+        for k in range(args.k_max + 1):
+            s = time_steps(engine, b, k, args.profile_steps, ctx)
+            points.append(StepPoint(b, k, tuple(round(x, 4) for x in s)))
+    return StepProfile(points=tuple(points), context_len=ctx, fingerprint=fp)
+
+
+def time_ragged(engine: SpecEngine, ks: list[int], steps: int, ctx: int, split: bool) -> float:
+    """Median wall ms of a ragged step of these k_i (rows 0..b-1 reset to ctx before each); ``split``: draft
+    k_max, read the signals, verify (a feature policy's step)."""
+    slots = list(range(len(ks)))
+    out = []
+    for i in range(steps + 2):
+        engine.reset_rows(len(ks), ctx)
+        if engine.device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        if split:
+            buf = engine.draft(slots, engine.k_max)
+            engine.read_signals(buf, len(ks), engine.k_max)
+            engine.read(engine.verify_drafted(slots, ks), len(ks), engine.k_max)
+        else:
+            engine.step(slots, ks)
+        if i >= 2:
+            out.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(out)
+
+
+def mixed_check(engine: SpecEngine, profile: StepProfile, args, loads: list[int]) -> dict:
+    """Ragged step times against StepCost.mixed_ms; the least-squares draft share f (module docstring)."""
+    ctx, k_top, rng = profile.context_len, args.k_max, random.Random(0)
+    rows = []
+    for b in loads:
+        engine.set_context(b, ctx)
+        patterns = {"one-long": [k_top] + [0] * (b - 1), "half": [k_top if i % 2 else 1 for i in range(b)],
+                    "random": [rng.randrange(k_top + 1) for _ in range(b - 1)] + [k_top]}
+        for name, ks in patterns.items():
+            fused = time_ragged(engine, ks, args.profile_steps, ctx, False)
+            split = time_ragged(engine, ks, args.profile_steps, ctx, True)
+            rows.append({"batch_size": b, "pattern": name, "ks": ks if b <= 16 else None, "k_top": max(ks),
+                         "k_bar": round(sum(ks) / b, 4), "measured_ms": round(fused, 4),
+                         "split_ms": round(split, 4)})
+    cost = StepCost(profile)
+    x, y = [], []
+    for r in rows:  # measured - T(k_bar) = f (T(k_top) - T(k_bar))
+        t_top, t_bar = cost.step_ms(r["batch_size"], r["k_top"]), cost.step_ms(r["batch_size"], r["k_bar"])
+        x.append(t_top - t_bar)
+        y.append(r["measured_ms"] - t_bar)
+    xs, ys = np.array(x), np.array(y)
+    share = float(np.clip((xs * ys).sum() / (xs * xs).sum(), 0, 1)) if (xs * xs).sum() > 0 else 1.0
+    for r in rows:
+        for label, f in (("sim_default", 0.5), ("fitted", share)):
+            c = StepCost(profile, draft_share=f)
+            t0 = c.step_ms(r["batch_size"], 0)
+            pred = t0 + f * (c.step_ms(r["batch_size"], r["k_top"]) - t0) + \
+                (1 - f) * (c.step_ms(r["batch_size"], r["k_bar"]) - t0)
+            r[f"predicted_ms_{label}"] = round(pred, 4)
+            r[f"error_{label}"] = round(r["measured_ms"] / pred - 1, 4)
+    return {"fitted_draft_share": round(share, 4), "rows": rows,
+            "worst_abs_error_sim_default": max(abs(r["error_sim_default"]) for r in rows),
+            "worst_abs_error_fitted": max(abs(r["error_fitted"]) for r in rows)}
+
+
+def span_fit(ngram: list) -> tuple[float, float]:
+    """The simulator's copyable spans from an n-gram trace: (span_start_prob, span_mean_len).
+
+    A span is a maximal run of positions with an n-gram row, one missing position bridged (the bonus token after
+    a fully accepted draft has no row): span_mean_len = mean run length, span_start_prob = runs / positions
+    outside runs (per emitted token).
+    """
+    runs, outside = [], 0
+    for t in ngram:
+        present = t.present.copy()
+        present[1:-1] |= present[:-2] & present[2:]  # bridge single gaps
+        length = 0
+        for p in present.tolist() + [False]:
+            if p:
+                length += 1
+            elif length:
+                runs.append(length)
+                length = 0
+        outside += int((~present).sum())
+    if not runs:
+        return 0.0, 1.0
+    return min(len(runs) / max(outside, 1), 1.0), max(float(np.mean(runs)), 1.0)
+
+
+def workload_data(name: str, k_max: int) -> dict:
+    model = load_token_traces(TRACES / f"early-exit_{name}_T0.csv.gz")
+    ngram = load_token_traces(TRACES / f"ngram_{name}_T0.csv.gz")
+    top1 = np.concatenate([t.signals[t.present, 0] for t in model])
+    ok = np.concatenate([t.accepted[t.present] for t in model])
+    start_prob, mean_len = span_fit(ngram)
+    return {"pairs": pair_traces(model, ngram), "rates": replay_rates(model, k_max),
+            "ngram_rates": ngram_length_rates(ngram), "top1_auc": auc(top1, ok),
+            "span_start_prob": start_prob, "span_mean_len": mean_len}
+
+
+def serve_cell(engine, args, policy_spec, ctx, load, prompts, oracle, pairs) -> dict:
+    n = max(4, args.rounds * load)
+    reqs = [Request(list(prompts[i]), staggered_len(i, load, args.output_len), i, oracle=oracle[i],
+                    trace=pairs[i % len(pairs)]) for i in range(n)]
+    stats = Scheduler(engine, make_policy(policy_spec, ctx), max_num_seqs=load, seed=load).run(reqs)
+    start = window_start(stats, load)
+    end = max(i for i, b in enumerate(stats.step_batch_sizes) if b == load) + 1
+    adm = sum(stats.step_admitted[start:end])
+    return {"throughput_tok_s": round(steady_throughput(stats.step_batch_sizes, stats.step_wall_s,
+                                                        stats.step_tokens, load, start), 2),
+            "mean_k": round(sum(stats.step_drafts[start:end]) / max(sum(stats.step_batch_sizes[start:end]), 1), 3),
+            "num_steps": stats.num_steps, "window_start": start,
+            "prefill_ms_per_token": round(1e3 * sum(stats.step_prefill_s[start:end]) / (adm * args.prompt_len), 5)
+            if adm else None,
+            "rates": [None if r is None else round(r, 4) for r in stats.counts.rates()]}
+
+
+def simulate_cell(profile, share, data, args, policy_spec, load, cell) -> float:
+    """Simulated tok/s of a measured cell: same profile, draft share, acceptance, signal quality, prefill cost."""
+    prefill_ms_per_token = cell["prefill_ms_per_token"] or 0.0
+    base = preset(data["name"])
+    w = dataclasses.replace(base, rates=data["rates"], prompt_len_mean=float(args.prompt_len),
+                            output_len=args.output_len, signal_noise=data["signal_noise"],
+                            span_start_prob=data["span_start_prob"], span_mean_len=data["span_mean_len"])
+    cfg = SimConfig(duration_s=args.sim_duration, load=load, max_num_seqs=max(128, load),
+                    prefill_ms_per_token=prefill_ms_per_token, seed=0)
+    sim = Simulator(StepCost(profile, draft_share=share), Schedule.constant(w), cfg)
+    ctx = dataclasses.replace(sim.context(), ngram_rates=data["ngram_rates"])
+    return round(sim.run(make_policy(policy_spec, ctx)).throughput_tok_s, 2)
+
+
+def sim_only(args) -> int:
+    """Fill sim_tok_s of the cells of OUT.json that lack it (runs on the CPU, no engine)."""
+    out_json = Path(args.out + ".json")
+    result = json.loads(out_json.read_text())
+    args.prompt_len, args.output_len = result["key"]["prompt_len"], result["key"]["output_len"]
+    profile = StepProfile.from_json(result["profile"], str(out_json))
+    share = result["mixed_check"]["fitted_draft_share"]
+    data = {}
+    for cell in result["cells"]:
+        if cell.get("sim_tok_s") is not None:
+            continue
+        w = cell["workload"]
+        if w not in data:
+            data[w] = workload_data(w, result["key"]["k_max"])
+            data[w].update(name=w, signal_noise=result["workloads"][w]["signal_noise"],
+                           rates=tuple(result["workloads"][w]["rates"]))
+        cell["sim_tok_s"] = simulate_cell(profile, share, data[w], args, cell["policy"], cell["load"], cell)
+        print(f"{w:9s} load {cell['load']:4d} {cell['policy']:24s} sim {cell['sim_tok_s']:9.1f} tok/s", flush=True)
+    add_ratios(result["cells"])
+    fileio.write_json(str(out_json), result)
+    fileio.write_text(args.out + ".md", markdown(result))
+    return 0
+
+
+def add_ratios(cells: list[dict]) -> None:
+    """Each cell's tok/s over the best fixed k of its (workload, load), measured and simulated."""
+    for key, out in (("throughput_tok_s", "ratio"), ("sim_tok_s", "sim_ratio")):  # absent sim_tok_s: None
+        best: dict[tuple, float] = {}
+        for c in cells:
+            if c["policy"].startswith("fixed:") and c.get(key):
+                g = (c["workload"], c["load"])
+                best[g] = max(best.get(g, 0.0), c[key])
+        for c in cells:
+            b = best.get((c["workload"], c["load"]))
+            c[out] = round(c[key] / b, 4) if b and c.get(key) else None
+    for c in cells:
+        c["difference"] = round(c["sim_ratio"] - c["ratio"], 4) if c["ratio"] and c.get("sim_ratio") else None
+
+
+def markdown(result: dict) -> str:
+    mc = result["mixed_check"]
+    md = [f"# Policies on the built-in engine: {result['model']} shape, {result['device']}", "",
+          f"Closed loop, prompt {result['prompt_len']} / output {result['output_len']} tokens, acceptance and "
+          f"signals replayed from SmolLM2 traces (early-exit model chain, n-gram chain). Ratio: tok/s over the "
+          f"best fixed k of the same workload and load; difference: simulated ratio - measured ratio.", "",
+          f"Mixed-k cost: fitted draft share {mc['fitted_draft_share']}; worst |error| "
+          f"{mc['worst_abs_error_sim_default']:.1%} at the simulator's 0.5, {mc['worst_abs_error_fitted']:.1%} "
+          "fitted.", "", "| workload | load | policy | mean k | tok/s | ratio | sim ratio | difference |",
+          "|---|---|---|---|---|---|---|---|"]
+    for c in result["cells"]:
+        md.append(f"| {c['workload']} | {c['load']} | {c['policy']} | {c['mean_k']} | {c['throughput_tok_s']:.0f} |"
+                  f" {c['ratio']} | {c.get('sim_ratio')} | {c.get('difference')} |")
+    md += ["", "| b | pattern | k_top | k_bar | measured ms | split ms | sim 0.5 ms | fitted ms |",
+           "|---|---|---|---|---|---|---|---|"]
+    md += [f"| {r['batch_size']} | {r['pattern']} | {r['k_top']} | {r['k_bar']} | {r['measured_ms']} | "
+           f"{r['split_ms']} | {r['predicted_ms_sim_default']} | {r['predicted_ms_fitted']} |" for r in mc["rows"]]
+    return "\n".join(md + ["", f"Command: `{result['command']}`"]) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.sim_only:
+        return sim_only(args)
+    command = "python benchmarks/engine_policies.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    loads = [int(x) for x in args.loads.split(",")]
+    workloads = args.workloads.split(",")
+    policies = policy_names(args)
+    torch.manual_seed(0)
+    cuda = args.device == "cuda"
+    target = Decoder(resolve(args.model), torch.bfloat16 if cuda else torch.float32, args.device)
+    make_predictable(target)
+    max_load = args.max_load or max(loads)
+    if max_load < max(loads):
+        print(f"refused: --max-load {max_load} below the largest load {max(loads)}", flush=True)
+        return 2
+    cfg = EngineConfig(max_num_seqs=max_load, max_len=args.prompt_len + args.output_len + args.k_max + 16,
+                       k_max=args.k_max, buckets=tuple(geometric_batch_sizes(max_load)), split_steps=True)
+    engine = SpecEngine(target, TracedReplayDrafter(), cfg)
+    step_ms = probe_step_ms(engine, args, loads)
+    est = estimate_s(args, step_ms, len(policies), len(loads), len(workloads))
+    print(f"estimate {est:.0f} s for {len(policies)} policies x {len(loads)} loads x {len(workloads)} workloads "
+          f"(probe step {step_ms:.2f} ms)", flush=True)
+    if est > args.budget_s:
+        print(f"refused: the grid needs ~{est:.0f} s > --budget-s {args.budget_s:.0f}; run fewer --workloads or "
+              "--policies per call (with --resume)", flush=True)
+        return 2
+    fp = Fingerprint(engine="builtin", engine_version=ENGINE_VERSION, device=device_name(engine),
+                     model=f"{args.model} (shape, random weights)", dtype=str(target.dtype).removeprefix("torch."),
+                     runner=RUNNER + "+ragged", drafter="trace-replay", command=command)
+    key = {"fingerprint": {k: v for k, v in fp.__dict__.items() if k != "command"}, "k_max": args.k_max,
+           "prompt_len": args.prompt_len, "output_len": args.output_len, "rounds": args.rounds, "max_load": max_load}
+    out_json = Path(args.out + ".json")
+    old = json.loads(out_json.read_text()) if args.resume and out_json.exists() else None
+    if old is not None and old["key"] != key:
+        print("refused: --resume over results of another setting (fingerprint or grid differs)", flush=True)
+        return 2
+    if old is not None:
+        profile = StepProfile.from_json(old["profile"], str(out_json))
+        mixed = old["mixed_check"]
+    else:
+        profile = measure_profile(engine, args, fp)
+        mixed = mixed_check(engine, profile, args, loads)
+    share = mixed["fitted_draft_share"]
+    result = {"schema": "tabletune.engine_policies", "version": 1, "key": key, "device": fp.device,
+              "model": args.model, "prompt_len": args.prompt_len, "output_len": args.output_len,
+              "command": command, "profile": profile.to_json(), "mixed_check": mixed,
+              "cells": old["cells"] if old else [], "workloads": old.get("workloads", {}) if old else {}}
+    done = {(c["workload"], c["load"], c["policy"]) for c in result["cells"]}
+    rng = random.Random(0)
+    prompts = [[rng.randrange(target.cfg.vocab_size) for _ in range(args.prompt_len)]
+               for _ in range(max(4, args.rounds * max_load))]
+    record = [Request(p, args.output_len + args.k_max + 2, i) for i, p in enumerate(prompts)]
+    Scheduler(engine, DraftTable.fixed(0)).run(record)
+    oracle = [r.output for r in record]
+    for wname in workloads:
+        data = workload_data(wname, args.k_max)
+        data["name"] = wname
+        data["signal_noise"] = signal_noise_for_auc(data["top1_auc"], preset(wname), args.k_max, 2000)
+        result["workloads"][wname] = {"rates": data["rates"], "ngram_rates": data["ngram_rates"][:9],
+                                      "top1_auc": round(data["top1_auc"], 4),
+                                      "span_start_prob": round(data["span_start_prob"], 5),
+                                      "span_mean_len": round(data["span_mean_len"], 3),
+                                      "signal_noise": round(data["signal_noise"], 4)}
+        ctx = policy_context(engine, StepCost(profile, draft_share=share), data["rates"], data["ngram_rates"])
+        for load in loads:
+            for spec in policies:
+                if (wname, load, spec) in done:
+                    continue
+                t0 = time.perf_counter()
+                cell = {"workload": wname, "load": load, "policy": spec,
+                        **serve_cell(engine, args, spec, ctx, load, prompts, oracle, data["pairs"])}
+                if not args.no_sim:
+                    cell["sim_tok_s"] = simulate_cell(profile, share, data, args, spec, load, cell)
+                result["cells"].append(cell)
+                add_ratios(result["cells"])
+                fileio.write_json(str(out_json), result)  # checkpoint: a cut run keeps its cells
+                fileio.write_text(args.out + ".md", markdown(result))
+                print(f"{wname:9s} load {load:4d} {spec:24s} k {cell['mean_k']:5.2f} {cell['throughput_tok_s']:9.1f}"
+                      f" tok/s ratio {cell['ratio']} sim {cell['sim_ratio']} ({time.perf_counter() - t0:.1f} s)",
+                      flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

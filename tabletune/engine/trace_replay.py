@@ -1,0 +1,158 @@
+"""Trace replay: a real drafter's recorded per-token trace, replayed on any target through the forced-rejection cap.
+
+A trace (``tabletune acceptance --trace-out``, ``docs/formats.md``) has one row per
+tested draft token: its output position ``gen_pos`` (1 = the first token after the
+prefill's), its signals (top-1 probability, entropy, margin; empty for n-gram) and
+whether the target accepted it; n-gram rows also carry the suffix match length.
+A request's trace becomes arrays by output position g:
+
+    signals[g], accepted[g]        the model chain (e.g. the early-exit trace)
+    accepted_ngram[g], match[g]    the n-gram chain, run[g] = recorded rows from g on (its proposals)
+
+A position the trace lacks (untested, or no n-gram match) counts as rejected with no
+proposal. Longer outputs wrap around the trace. ``TracedReplayDrafter`` drafts the
+target's own greedy continuation (the oracle) with these signals; the step caps the
+accepted count at the leading run of ``accepted`` of the row's chain, where the target
+emits its own token: so the acceptance follows the trace, the cost is the target's,
+and greedy outputs stay exactly the target's (``verify`` says why).
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tabletune.engine.drafters import Proposal, ReplayDrafter
+
+ABSENT_SIGNALS = (0.5, 1.0, 0.0)  # top-1, entropy, margin of a position the trace lacks
+
+
+@dataclass(frozen=True)
+class TokenTrace:
+    """One request's recorded draft tokens by output position (index g - 1 for gen_pos g)."""
+
+    request: str
+    signals: np.ndarray  # [n, 3] float32: top-1 probability, entropy (nats), top-1 - top-2 margin
+    accepted: np.ndarray  # [n] bool: the token at g was drafted, tested and accepted
+    present: np.ndarray  # [n] bool: the trace has a row at g
+    match_len: np.ndarray  # [n] int64: n-gram suffix match length at g (0: none)
+
+    @property
+    def run(self) -> np.ndarray:
+        """[n] int64: recorded rows from g on without a gap (the n-gram drafter's proposals at g)."""
+        out = np.zeros(len(self.present), np.int64)
+        for g in range(len(out) - 1, -1, -1):
+            out[g] = (out[g + 1] + 1 if g + 1 < len(out) else 1) if self.present[g] else 0
+        return out
+
+
+def load_token_traces(path: str | Path) -> list[TokenTrace]:
+    """The per-request traces of one trace file (``.csv`` or ``.csv.gz``), in file order."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    rows: dict[str, list[dict]] = {}
+    with opener(path, "rt") as fh:  # type: ignore[operator]
+        for r in csv.DictReader(fh):
+            rows.setdefault(r["request"], []).append(r)
+    if not rows:
+        raise ValueError(f"trace {path} has no rows")
+    return [_trace(name, rs) for name, rs in rows.items()]
+
+
+def _trace(name: str, rows: list[dict]) -> TokenTrace:
+    n = max(int(r["gen_pos"]) for r in rows)
+    signals = np.tile(np.array(ABSENT_SIGNALS, np.float32), (n, 1))
+    accepted, present = np.zeros(n, bool), np.zeros(n, bool)
+    match = np.zeros(n, np.int64)
+    for r in rows:
+        g = int(r["gen_pos"]) - 1
+        present[g] = True
+        accepted[g] = r["accepted"] == "1"
+        match[g] = int(float(r["ngram_len"] or 0))
+        if r.get("top1_prob"):
+            signals[g] = (float(r["top1_prob"]), float(r["entropy"]), float(r["margin"]))
+    return TokenTrace(name, signals, accepted, present, match)
+
+
+class TracedReplayDrafter(ReplayDrafter):
+    """The replay drafter with per-slot traces by sequence position (``load``): the drafted tokens' recorded
+    signals, and per chain (model, n-gram) the leading run of recorded acceptances, the step's cap."""
+
+    name = "trace"
+
+    def setup(self, engine) -> None:
+        super().setup(engine)
+        s, n, dev = engine.cache.num_slots + 1, engine.cfg.max_len, engine.device
+        self.signals = torch.zeros(s, n, 3, device=dev)  # top-1, entropy, margin by position
+        self.ok = torch.zeros(s, n, 2, dtype=torch.long, device=dev)  # accepted: model, n-gram chain
+        self.ngram = torch.zeros(s, n, 2, dtype=torch.long, device=dev)  # n-gram match length, proposals
+
+    def propose(self, slots, start, last, k):
+        idx = start[:, None] + 1 + torch.arange(k, device=start.device)
+        signals = self.signals[slots].gather(1, idx[..., None].expand(-1, -1, 3))
+        ok = self.ok[slots].gather(1, idx[..., None].expand(-1, -1, 2))
+        ngram = self.ngram[slots].gather(1, (start + 1)[:, None, None].expand(-1, 1, 2))[:, 0]
+        return Proposal(super().propose(slots, start, last, k).drafts, signals=signals,
+                        num_proposed=ngram[:, 1].clamp_max(k), match_len=ngram[:, 0],
+                        accept_run=torch.cumprod(ok, dim=1).sum(1))
+
+    def load(self, slot: int, prompt_len: int, model: TokenTrace, ngram: TokenTrace | None = None) -> None:
+        """Write a request's traces into its slot: output position g sits at position prompt_len + g of the
+        sequence; positions past the trace wrap around it."""
+        length = self.ok.shape[1]
+        g = np.arange(length) - prompt_len  # output position of each sequence position
+        valid = g >= 1
+        im = np.where(valid, (g - 1) % len(model.accepted), 0)
+        ok = np.zeros((length, 2), np.int64)
+        ok[:, 0] = model.accepted[im] & valid
+        ng = np.zeros((length, 2), np.int64)
+        if ngram is not None:
+            ig = np.where(valid, (g - 1) % len(ngram.accepted), 0)
+            ok[:, 1] = ngram.accepted[ig] & valid
+            ng[:, 0] = np.where(valid, ngram.match_len[ig], 0)
+            ng[:, 1] = np.where(valid, ngram.run[ig], 0)
+        dev = self.ok.device
+        self.signals[slot] = torch.from_numpy(model.signals[im]).to(dev)
+        self.ok[slot] = torch.from_numpy(ok).to(dev)
+        self.ngram[slot] = torch.from_numpy(ng).to(dev)
+
+
+def pair_traces(model: list[TokenTrace], ngram: list[TokenTrace]) -> list[tuple[TokenTrace, TokenTrace | None]]:
+    """Each model-chain trace with the n-gram trace of the same request (None if it has none)."""
+    by_name = {t.request: t for t in ngram}
+    return [(t, by_name.get(t.request)) for t in model]
+
+
+def leading_runs(accepted: np.ndarray, k_max: int) -> np.ndarray:
+    """[n] the leading run of accepted flags (at most k_max) from each position, wrapping around."""
+    n = len(accepted)
+    idx = (np.arange(n)[:, None] + np.arange(k_max)[None, :]) % n
+    return np.cumprod(accepted[idx], axis=1).sum(axis=1)
+
+
+def replay_rates(traces: list[TokenTrace], k_max: int) -> tuple[float, ...]:
+    """Conditional rates a_1..a_k_max of the replay, a draft starting at a uniform position of each trace:
+
+        a_j = #(runs >= j) / #(runs >= j - 1)       (a rate with no draft reaching j: the last known one)
+    """
+    runs = np.concatenate([leading_runs(t.accepted, k_max) for t in traces])
+    out: list[float] = []
+    for j in range(1, k_max + 1):
+        reached = int((runs >= j - 1).sum())
+        out.append(float((runs >= j).sum()) / reached if reached else (out[-1] if out else 0.0))
+    return tuple(max(a, 1e-3) for a in out)
+
+
+def ngram_length_rates(traces: list[TokenTrace], l_max: int = 16) -> tuple[float, ...]:
+    """rates[L] = accepted share of the n-gram chain's recorded tokens at match length L (index 0: 0)."""
+    match = np.concatenate([t.match_len[t.present] for t in traces])
+    ok = np.concatenate([t.accepted[t.present] for t in traces])
+    out = [0.0]
+    for length in range(1, l_max + 1):
+        sel = np.minimum(match, l_max) == length
+        out.append(float(ok[sel].mean()) if sel.any() else out[-1])
+    return tuple(out)

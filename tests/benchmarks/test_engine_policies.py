@@ -1,0 +1,60 @@
+"""benchmarks/engine_policies.py end to end on the CPU (--quick), so a GPU run starts from a script that works."""
+
+import json
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import engine_policies  # noqa: E402
+
+
+def test_policy_names_put_fixed_ks_first_and_skip_unregistered(capsys):
+    args = Namespace(k_max=2, policies="tabletune,no-such-policy,disco:variant=threshold")
+    assert engine_policies.policy_names(args) == ["fixed:0", "fixed:1", "fixed:2", "tabletune",
+                                                  "disco:variant=threshold"]
+    assert "'no-such-policy' is not registered: skipped" in capsys.readouterr().out
+
+
+def test_estimate_counts_cells_and_profile():
+    """2 policies x 1 load x 1 workload, rounds 2 x output 10 / 2 = 10 steps a cell at 4 + 1 ms: 0.1 s; profile
+    (1 + 2) steps x 2 ks x 1 bucket at 4 ms: 0.024 s."""
+    args = Namespace(rounds=2, output_len=10, profile_steps=1, k_max=1, loads="1")
+    assert engine_policies.estimate_s(args, 4.0, 2, 1, 1) == pytest.approx(0.1 + 0.024)
+
+
+@pytest.mark.slow
+def test_quick_grid_runs_checkpoints_resumes_and_refuses_over_budget(tmp_path):
+    out = str(tmp_path / "ep")
+    assert engine_policies.main(["--quick", "--out", out, "--budget-s", "100000", "--no-sim"]) == 0
+    assert all(c["sim_ratio"] is None for c in json.loads(Path(out + ".json").read_text())["cells"])
+    assert engine_policies.main(["--quick", "--out", out, "--sim-only"]) == 0
+    result = json.loads(Path(out + ".json").read_text())
+    cells = result["cells"]
+    assert len(cells) == 2 * (4 + 4)  # loads 1, 2 x (fixed:0..3 + 4 policies)
+    for load in (1, 2):
+        fixed = [c["ratio"] for c in cells if c["load"] == load and c["policy"].startswith("fixed:")]
+        assert max(fixed) == 1.0 and all(r <= 1.0 for r in fixed)
+    assert all(c["sim_ratio"] is not None and c["difference"] is not None for c in cells)
+    assert len(result["mixed_check"]["rows"]) == 2 * 3 and 0 <= result["mixed_check"]["fitted_draft_share"] <= 1
+    assert "| code | 1 | fixed:0 |" in Path(out + ".md").read_text()
+    assert engine_policies.main(["--quick", "--out", out, "--resume", "--budget-s", "100000"]) == 0
+    assert json.loads(Path(out + ".json").read_text())["cells"] == cells  # nothing re-measured
+    assert engine_policies.main(["--quick", "--out", str(tmp_path / "x"), "--budget-s", "0.001"]) == 2
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_span_fit_hand_worked():
+    """Rows at positions 1-3, 5, 8-9 of 10 (gap at 4 bridged, the one at 6-7 not): runs of 5 and 2, so the mean
+    span is 3.5 tokens and 2 runs start in the 3 positions outside them (6, 7, 10)."""
+    import numpy as np
+
+    from tabletune.engine.trace_replay import TokenTrace
+
+    present = np.array([1, 1, 1, 0, 1, 0, 0, 1, 1, 0], bool)
+    t = TokenTrace("r", np.zeros((10, 3), np.float32), present, present, np.full(10, 3))
+    assert engine_policies.span_fit([t]) == pytest.approx((2 / 3, 3.5))

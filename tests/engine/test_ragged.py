@@ -1,0 +1,268 @@
+"""Ragged steps: per-request k, split draft/verify phases, draft signals, trace replay, policies on the engine."""
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tabletune.engine.drafters import NgramDrafter, ReplayDrafter, draft_signals, make_drafter  # noqa: E402
+from tabletune.engine.model import Decoder  # noqa: E402
+from tabletune.engine.presets import PRESETS  # noqa: E402
+from tabletune.engine.runner import EngineConfig, SpecEngine  # noqa: E402
+from tabletune.engine.scheduler import Request, Scheduler, policy_context  # noqa: E402
+from tabletune.engine.trace_replay import (TokenTrace, TracedReplayDrafter, load_token_traces,  # noqa: E402
+                                           pair_traces)
+from tabletune.policies import make_policy  # noqa: E402
+from tabletune.policies.base import MODEL, NGRAM, Decision  # noqa: E402
+from tabletune.table import DraftTable  # noqa: E402
+
+
+class RandomKs:
+    """Test policy: a random k_i per request every step (and a random drafter kind when ``kinds``)."""
+
+    name = "random-ks"
+    uses_features = False
+
+    def __init__(self, k_max, seed, kinds=False):
+        self.rng, self.k_max, self.kinds = np.random.default_rng(seed), k_max, kinds
+        self.outcomes, self.asked = [], []
+
+    def decide(self, state):
+        ks = self.rng.integers(0, self.k_max + 1, state.batch_size)
+        self.asked.append(ks)
+        kinds = self.rng.integers(0, 2, state.batch_size) if self.kinds else None
+        return Decision.per_request(ks, kinds)
+
+    def observe(self, outcome):
+        self.outcomes.append(outcome)
+
+
+def _engine(target, drafter, k_max=4, max_num_seqs=4, max_len=80, temperature=0.0, split=False):
+    d = drafter if not isinstance(drafter, str) else make_drafter(drafter, target, k_max, draft_cfg=PRESETS["tiny"])
+    return SpecEngine(target, d, EngineConfig(max_num_seqs=max_num_seqs, max_len=max_len, k_max=k_max,
+                                              temperature=temperature, split_steps=split))
+
+
+def _serve(engine, prompts, policy, max_new=20, oracle=None, traces=None, **kw):
+    reqs = [Request(list(p), max_new, i, oracle=None if oracle is None else oracle[i],
+                    trace=None if traces is None else traces[i]) for i, p in enumerate(prompts)]
+    stats = Scheduler(engine, policy, **kw).run(reqs)
+    return [r.output for r in reqs], stats
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    target = Decoder(PRESETS["tiny"], torch.float32, "cpu")
+    rng = random.Random(1)
+    prompts = [[rng.randrange(97) for _ in range(rng.randrange(3, 16))] for _ in range(4)]
+    base, _ = _serve(_engine(target, "ngram"), prompts, DraftTable.fixed(0), max_new=24)
+    return target, prompts, base
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "eagle", "parallel_block",
+                                     pytest.param("draft_model", marks=pytest.mark.slow)])
+def test_greedy_outputs_identical_under_random_per_request_k(tiny, drafter):
+    target, prompts, base = tiny
+    for seed in (0, 1, 2):
+        policy = RandomKs(4, seed)
+        out, stats = _serve(_engine(target, drafter), prompts, policy, max_new=24)
+        assert out == base, (drafter, seed)
+        ks = np.concatenate([o.ks for o in policy.outcomes])
+        assert len(set(ks.tolist())) > 2  # the steps really were ragged
+        assert all((o.accepted <= o.ks).all() for o in policy.outcomes)
+
+
+def test_replay_of_the_oracle_accepts_every_verified_draft_under_random_k(tiny):
+    target, prompts, base = tiny
+    oracle = [b + [0] * 8 for b in base]
+    policy = RandomKs(4, 7)
+    out, stats = _serve(_engine(target, ReplayDrafter()), prompts, policy, max_new=24, oracle=oracle)
+    assert out == base
+    for o in policy.outcomes:  # the oracle is the target's path: every verified draft passes, tail aside
+        full = o.state.num_generated + o.ks < 24
+        assert (o.accepted[full] == o.ks[full]).all()
+
+
+@pytest.mark.parametrize("name", ["disco:variant=threshold", pytest.param("tapout", marks=pytest.mark.slow),
+                                  pytest.param("adaptive-verification", marks=pytest.mark.slow)])
+def test_feature_policies_on_split_steps_stay_lossless(tiny, name):
+    """Draft phase (k_max drafts of an EAGLE head of random weights), the policy on their signals, verify phase."""
+    target, prompts, base = tiny
+    engine = _engine(target, "eagle", split=True)
+    policy = make_policy(name, policy_context(engine))
+    seen = []
+    observe = policy.observe
+    policy.observe = lambda o: (seen.append(o), observe(o))
+    out, stats = _serve(engine, prompts, policy, max_new=24)
+    assert out == base, name
+    assert all(o.state.features.top1_prob.shape == (o.state.batch_size, 4) for o in seen)
+    top1 = np.concatenate([o.state.features.top1_prob.ravel() for o in seen])
+    assert ((top1 > 0) & (top1 <= 1)).all() and top1.std() > 0  # real signals, not the one-hot defaults
+
+
+def test_feature_policies_need_split_steps(tiny):
+    target, _, _ = tiny
+    engine = _engine(target, "eagle")
+    with pytest.raises(ValueError, match="split_steps"):
+        Scheduler(engine, make_policy("tapout", policy_context(engine)))
+
+
+def test_draft_signals_hand_worked():
+    p = torch.tensor([[0.5, 0.3, 0.2]])
+    sig = draft_signals(torch.log(p), 0.0)[0]
+    entropy = -(0.5 * math.log(0.5) + 0.3 * math.log(0.3) + 0.2 * math.log(0.2))  # 1.0297
+    assert torch.allclose(sig, torch.tensor([0.5, entropy, 0.2]), atol=1e-5)
+    # T = 2: softmax(log p / 2) = sqrt(p) / sum sqrt(p)
+    q = p.sqrt() / p.sqrt().sum()
+    assert abs(float(draft_signals(torch.log(p), 2.0)[0, 0]) - float(q[0, 0])) < 1e-6
+
+
+def test_ngram_match_length_and_proposals_hand_worked(tiny):
+    """History 5 6 7 5 6 (start = 4): the suffix "5 6" matched at 0..1 (n = 2; "7 5 6" never came before), so the
+    drafts are what followed it, 7 5 6 (3 real tokens; the 4th repeats the last). History 1 2 3: no match."""
+    target, _, _ = tiny
+    engine = _engine(target, NgramDrafter())
+    engine.history[0, :5] = torch.tensor([5, 6, 7, 5, 6])
+    engine.history[1, :3] = torch.tensor([1, 2, 3])
+    prop = engine.drafter.propose(torch.tensor([0, 1]), torch.tensor([4, 2]), torch.tensor([6, 3]), 4)
+    assert prop.drafts[0].tolist() == [7, 5, 6, 6]
+    assert prop.match_len.tolist() == [2, 0] and prop.num_proposed.tolist() == [3, 0]
+
+
+def test_ngram_rows_verify_only_their_real_drafts(tiny):
+    target, prompts, base = tiny
+    engine = _engine(target, "ngram")
+    policy = RandomKs(4, 3)
+    out, stats = _serve(engine, prompts, policy, max_new=24)
+    assert out == base
+    # rows that asked for drafts but had no match verified nothing: counted as undrafted, not as drafts
+    undrafted = sum(int(((a > 0) & (o.ks == 0)).sum()) for a, o in zip(policy.asked, policy.outcomes))
+    assert undrafted > 0 and stats.counts.undrafted == undrafted
+    assert stats.counts.num_drafts == sum(int((o.ks > 0).sum()) for o in policy.outcomes)
+
+
+def _trace(accepted, top1=None):
+    n = len(accepted)
+    top1 = np.full(n, 0.9) if top1 is None else np.asarray(top1)
+    sig = np.stack([top1, 1 - top1, top1 - 0.05], axis=1).astype(np.float32)
+    return TokenTrace("r", sig, np.asarray(accepted, bool), np.ones(n, bool), np.full(n, 3))
+
+
+def test_trace_replay_accepts_the_recorded_run_and_stays_lossless(tiny):
+    """Trace accepted flags 1 1 0 1 by output position (wrapping: g = 5 reads flag 1, ...) and fixed k = 3.
+    First draft at g = 1: flags 1 1 0, accepts 2 and emits 3 tokens (g = 1..3). Next at g = 4: flags of g = 4, 5, 6
+    are 1, 1, 1: accepts 3, emits 4 (g = 4..7). Next at g = 8: 1, 1, 1 again: accepts 3."""
+    target, prompts, base = tiny
+    oracle = [b + [0] * 8 for b in base]
+    trace = _trace([1, 1, 0, 1])
+    engine = _engine(target, TracedReplayDrafter())
+    policy = RandomKs(0, 0)
+    policy.decide = lambda state: Decision.batch(3)
+    policy.observe = policy.outcomes.append
+    out, _ = _serve(engine, prompts[:1], policy, max_new=13, oracle=oracle, traces=[(trace, None)])
+    assert out == [base[0][:13]]
+    assert [int(o.accepted[0]) for o in policy.outcomes][:3] == [2, 3, 3]
+
+
+def test_committed_traces_load_and_pair():
+    model = load_token_traces("profiles/traces/early-exit_code_T0.csv.gz")
+    ngram = load_token_traces("profiles/traces/ngram_code_T0.csv.gz")
+    pairs = pair_traces(model, ngram)
+    assert len(pairs) == 8 and all(ng is not None for _, ng in pairs)
+    first = ngram[0]  # HumanEval/0: rows at 1..11 then 13..20: run at 1 is 11, match length 2
+    assert first.run[0] == 11 and first.match_len[0] == 2 and not first.present[11]
+    assert model[0].signals.shape[1] == 3 and 0 < model[0].accepted.mean() < 1
+
+
+@pytest.mark.parametrize("name", ["fixed:2", "tabletune", "gammatune", "dsde", "hybrid-spark", "disco"])
+def test_policies_run_on_the_traced_replay_engine_losslessly(tiny, name):
+    target, prompts, base = tiny
+    oracle = [b + [0] * 8 for b in base]
+    model = load_token_traces("profiles/traces/early-exit_code_T0.csv.gz")
+    ngram = load_token_traces("profiles/traces/ngram_code_T0.csv.gz")
+    traces = pair_traces(model, ngram)[: len(prompts)]
+    engine = _engine(target, TracedReplayDrafter(), split=True)
+    ctx = policy_context(engine, prior_rates=(0.7, 0.6, 0.5, 0.4), ngram_rates=(0.0, 0.3, 0.5, 0.6, 0.7))
+    policy = make_policy(name, ctx)
+    seen = []
+    observe = policy.observe
+    policy.observe = lambda o: (seen.append(o), observe(o))
+    out, stats = _serve(engine, prompts, policy, max_new=24, oracle=oracle, traces=traces)
+    assert out == base
+    assert sum(int(o.accepted.sum()) for o in seen) > 0
+    if name == "hybrid-spark":
+        assert {int(x) for o in seen for x in o.drafter} <= {MODEL, NGRAM}
+
+
+def test_replay_rates_hand_worked():
+    """Flags 1 1 0 1 (wrapping), k_max 3: runs from each start are 2, 1, 0, 3 (1, 1, 1 via the wrap):
+    a_1 = 3/4, a_2 = #(>=2)/#(>=1) = 2/3, a_3 = 1/2."""
+    t = _trace([1, 1, 0, 1])
+    from tabletune.engine.trace_replay import leading_runs, replay_rates
+
+    assert leading_runs(t.accepted, 3).tolist() == [2, 1, 0, 3]
+    assert np.allclose(replay_rates([t], 3), (3 / 4, 2 / 3, 1 / 2))
+
+
+def test_a_draft_cap_known_up_front_shortens_the_draft_phase(tiny):
+    """A policy's optional draft_cap(state) sizes the split step's draft phase: DISCO's threshold rule then sees
+    positions 3..4 as sure rejections (top-1 0) and never verifies more than 2 drafts; outputs stay lossless."""
+    target, prompts, base = tiny
+    engine = _engine(target, "eagle", split=True)
+    policy = make_policy("disco:variant=threshold,threshold=0.0", policy_context(engine))
+    policy.draft_cap = lambda state: 2
+    drafted = []
+    draft = engine.draft
+    engine.draft = lambda slots, k, min_rows=0: (drafted.append(k), draft(slots, k, min_rows))[1]
+    seen = []
+    observe = policy.observe
+    policy.observe = lambda o: (seen.append(o), observe(o))
+    out, _ = _serve(engine, prompts, policy, max_new=24)
+    assert out == base and set(drafted) == {2}
+    assert max(int(o.ks.max()) for o in seen) == 2  # threshold 0 keeps drafting to the cap
+    f = seen[0].state.features
+    assert (f.top1_prob[:, 2:] == 0).all() and (f.top1_prob[:, :2] > 0).all()
+
+
+def test_policy_context_of_the_engine(tiny):
+    """The engine's ks, largest bucket and drafter kind; a flat 1 ms cost when none is given."""
+    from tabletune.engine.scheduler import flat_cost
+
+    target, _, _ = tiny
+    ctx = policy_context(_engine(target, "ngram", k_max=3, max_num_seqs=6))
+    assert ctx.ks == (0, 1, 2, 3) and ctx.max_num_seqs == 6 and ctx.default_drafter == NGRAM
+    assert ctx.prior_rates == (0.5, 0.5, 0.5)
+    assert policy_context(_engine(target, "eagle", k_max=3)).default_drafter == MODEL
+    cost = flat_cost(3, 8)
+    assert cost.step_ms(5, 2) == 1.0 and cost.mixed_ms(np.array([0, 3, 1])) == 1.0
+
+
+def test_bad_ragged_inputs_are_refused(tiny):
+    target, _, _ = tiny
+    engine = _engine(target, "eagle", k_max=3)
+    with pytest.raises(ValueError, match="one k >= 0 per row"):
+        engine.launch([0, 1], [1])
+    with pytest.raises(ValueError, match="k=5 has no graph"):
+        engine.launch([0], [5])
+    with pytest.raises(ValueError, match="MODEL .* or NGRAM"):
+        engine.launch([0], [1], kinds=[2])
+
+
+def test_split_steps_keep_the_draft_distributions_for_sampling(tiny):
+    """T = 1 with a sampling EAGLE head: the draft phase keeps q [B, k_max, V] for the verify phase's rejection
+    sampling; every request gets its tokens and no row accepts more than it verified."""
+    target, prompts, _ = tiny
+    engine = _engine(target, "eagle", split=True, temperature=1.0)
+    assert engine.buffers[4].probs.shape == (4, 4, PRESETS["tiny"].vocab_size)
+    assert _engine(target, "ngram", split=True, temperature=1.0).buffers[4].probs is None
+    policy = make_policy("tapout", policy_context(engine))
+    seen = []
+    observe = policy.observe
+    policy.observe = lambda o: (seen.append(o), observe(o))
+    out, _ = _serve(engine, prompts, policy, max_new=12)
+    assert [len(o) for o in out] == [12] * len(prompts)
+    assert all((o.accepted <= o.ks).all() for o in seen) and sum(int(o.accepted.sum()) for o in seen) > 0
