@@ -115,7 +115,12 @@ class EagleHead(nn.Module):
         self.layers = nn.ModuleList([_Layer(cfg)])
 
     def forward(self, emb: torch.Tensor, feat: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """emb, feat [B, L, hidden], pos [B, L] -> h [B, L, hidden]."""
+        """emb, feat [B, L, hidden], pos [B, L] -> h [B, L, hidden] (causal over the L positions)."""
+        return self.forward_kv(emb, feat, pos)[0]
+
+    def forward_kv(self, emb, feat, pos, past: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """As ``forward``, also returning the keys / values [B, Hkv, P + L, D] (rotated) for later positions.
+        With ``past`` (the keys / values of earlier positions) L must be 1: the token sees all of them."""
         c, layer = self.cfg, self.layers[0]
         b, n, _ = emb.shape
         x = self.fc(torch.cat([emb, feat], -1))
@@ -124,9 +129,12 @@ class EagleHead(nn.Module):
         k = a.k_proj(x).view(b, n, c.num_kv_heads, c.head_dim).transpose(1, 2)
         v = a.v_proj(x).view(b, n, c.num_kv_heads, c.head_dim).transpose(1, 2)
         q, k = rope(q, pos, c.rope_theta), rope(k, pos, c.rope_theta)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        if past is not None:
+            assert n == 1, "with past keys, one position at a time"
+            k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=past is None, enable_gqa=True)
         r = x + a.o_proj(o.transpose(1, 2).reshape(b, n, -1))
-        return r + layer.mlp(layer.post_attention_layernorm(r))
+        return r + layer.mlp(layer.post_attention_layernorm(r)), (k, v)
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
