@@ -146,14 +146,14 @@ def batch_loss(head: EagleHead, embed: torch.Tensor, lm_head: torch.Tensor, batc
     ids, f, mask = batch["ids"], batch["feats"], batch["mask"]
     b, width = ids.shape
     pos = torch.arange(1, width, device=ids.device).expand(b, -1)
-    emb = embed[ids[:, 1:]].to(torch.bfloat16)
+    emb = embed[ids[:, 1:]].to(f.dtype)  # bf16 features: mixed precision (training); float32: plain (online)
     target_f = f[:, 1:]
     with torch.no_grad():
         p = torch.softmax(F.linear(target_f[mask], lm_head).float(), -1)
         top1 = p.argmax(-1)
     feat_in, total, stats = f[:, :-1], 0.0, []
     for w in cfg.pass_weights:
-        with torch.autocast(ids.device.type, dtype=torch.bfloat16):
+        with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=f.dtype == torch.bfloat16):
             h = head(emb, feat_in, pos)
             logits = F.linear(h[mask], lm_head).float()
         logq = torch.log_softmax(logits, -1)
