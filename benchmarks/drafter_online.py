@@ -1,10 +1,11 @@
-"""Online adaptation of the EAGLE head across a code -> chat switch (CPU, transformers, T = 0, k = 4).
+"""Online adaptation of the EAGLE head across a code -> chat switch (CPU, transformers, k = 4).
 
 Stream: ``--code`` HumanEval requests, then MT-Bench chat (writing, roleplay, humanities): the first half of
 its prompts, each with its greedy and its sampled continuation (the adaptation phase), in that order. The
 other half's greedy continuations are the held-out chat set, replayed without updates before and after the
 stream. The same stream runs twice from the committed head: frozen, and adapting after every request
-(``tabletune.drafter.online``). Trajectories: the cached ones of ``tabletune acceptance`` (same prompts).
+(``tabletune.drafter.online``). Each request is replayed at its continuation's temperature (greedy: T = 0,
+sampled: T = 1); the held-out set is greedy. Trajectories: the cached ones of ``tabletune acceptance``.
 
     python benchmarks/drafter_online.py --out benchmarks/results/drafter_online.md
 """
@@ -41,20 +42,21 @@ def main() -> None:
     ap.add_argument("--code", type=int, default=20)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--modes", default="frozen,adapting")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     code, chat0, chat1 = _trajectories("code", 0), _trajectories("chat", 0), _trajectories("chat", 1)
     code_ids = [p.id for p in load_prompts("code")][: args.code]
     chat_ids = [p.id for p in load_prompts("chat")]
     half = len(chat_ids) // 2
-    stream = [(i, "code", *code[i]) for i in code_ids]
+    stream = [(i, "code", 0.0, *code[i]) for i in code_ids]
     for i in chat_ids[:half]:
-        stream += [(i + "/T0", "chat", *chat0[i]), (i + "/T1", "chat", *chat1[i])]
-    held = [(i, "chat-held-out", *chat0[i]) for i in chat_ids[half:]]
+        stream += [(i + "/T0", "chat", 0.0, *chat0[i]), (i + "/T1", "chat", 1.0, *chat1[i])]
+    held = [(i, "chat-held-out", 0.0, *chat0[i]) for i in chat_ids[half:]]
     runner = SmolLM2Runner(smollm2_model_dir())
     cfg = OnlineConfig(lr=args.lr, steps=args.steps)
     rows = {}
-    for mode in ("frozen", "adapting"):
+    for mode in args.modes.split(","):
         scorer = EagleScorer(runner, Path(HEAD))
         before = serve_stream(scorer, held, cfg, adapt=False) if mode == "adapting" else None
         res = serve_stream(scorer, stream, cfg, adapt=mode == "adapting")
@@ -73,7 +75,7 @@ def main() -> None:
         lines.append(f"| {mode} | {r['code_a1']:.3f} | {r['chat_first10_a1']:.3f} | {r['chat_last10_a1']:.3f} | "
                      f"{r['held_before']:.3f} | {r['held_after']:.3f} | {r['update_ms_per_request']:.0f} | "
                      f"{r['update_ms_per_decode_step']:.1f} |")
-    header = (f"Online adaptation, lr {args.lr}, {args.steps} AdamW steps per finished request, k = 4, T = 0; "
+    header = (f"Online adaptation, lr {args.lr}, {args.steps} AdamW steps per finished request, k = 4; "
               f"{len(code_ids)} code requests, then {len(stream) - len(code_ids)} chat requests "
               f"({half} MT-Bench prompts x greedy and sampled continuations); held-out chat: {len(held)} other "
               f"MT-Bench prompts.\n\n")

@@ -39,17 +39,21 @@ class RequestResult:
     update_ms: float  # the head's update after the request
 
 
-def serve_stream(scorer, stream: list[tuple[str, str, list[int], list[int]]], cfg: OnlineConfig,
+def serve_stream(scorer, stream: list[tuple[str, str, float, list[int], list[int]]], cfg: OnlineConfig,
                  adapt: bool) -> list[RequestResult]:
-    """Replay (id, workload, prompt, output) requests in order at T = 0, adapting the head after each if ``adapt``."""
+    """Replay (id, workload, temperature, prompt, output) requests in order (each at the temperature its output
+    was generated at), adapting the head after each if ``adapt``."""
+    import numpy as np
+
     from tabletune.integrations.hf.replay import count, replay
 
     head = scorer.head
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     loss_cfg = TrainConfig(prompts="", out="")
     out = []
-    for rid, workload, prompt, output in stream:
-        r = replay(rid, len(output), cfg.k, scorer.proposer(prompt, output, 0.0, 2, 5), None)
+    for n, (rid, workload, temperature, prompt, output) in enumerate(stream):
+        r = replay(rid, len(output), cfg.k, scorer.proposer(prompt, output, temperature, 2, 5),
+                   np.random.default_rng([0, n]))
         c = count([r], cfg.k)
         batch = _batch(scorer, prompt, output) if adapt and len(output) > 2 else None
         t0 = time.perf_counter()  # the update alone: a server has the target's features from its verify steps
