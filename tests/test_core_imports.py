@@ -9,7 +9,7 @@ import sys
 import tabletune
 
 HEAVY = ("torch", "vllm", "transformers", "triton")
-NOT_CORE = ("tabletune.engine", "tabletune.integrations")
+NOT_CORE = ("tabletune.engine", "tabletune.integrations", "tabletune.drafter")  # drafter: trains with torch
 PACKAGE = pathlib.Path(tabletune.__file__).resolve().parent
 # front ends may reach the integrations (lazily, inside their commands); the core may not
 FRONT_ENDS = ("tabletune.__main__", "tabletune.cli")

@@ -17,6 +17,7 @@ import click
 
 from tabletune.cli.acceptance import acceptance_cmd
 from tabletune.cli.control import control_cmd
+from tabletune.cli.drafter import drafter_cmd
 from tabletune.cli.experiment import experiment_cmd
 from tabletune.cli.show import show_cmd
 from tabletune.cli.simulate import simulate_cmd
@@ -24,7 +25,8 @@ from tabletune.cli.table import table_cmd
 from tabletune.cli.tune import tune_cmd
 from tabletune.errors import InputError
 
-COMMANDS = (table_cmd, show_cmd, tune_cmd, acceptance_cmd, control_cmd, simulate_cmd, experiment_cmd)
+COMMANDS = (table_cmd, show_cmd, tune_cmd, acceptance_cmd, control_cmd, simulate_cmd, experiment_cmd,
+            drafter_cmd)
 
 
 def error_line(exc: InputError | click.UsageError) -> str:

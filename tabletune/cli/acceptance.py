@@ -27,7 +27,7 @@ def _progress_bar() -> tuple[Progress, Callable[[str, int, int], None]]:
 
 @click.command("acceptance")
 @click.option("--model", type=click.Choice(["smollm2-135m"]), default="smollm2-135m", show_default=True)
-@click.option("--drafter", type=click.Choice(["ngram", "early-exit"]), required=True)
+@click.option("--drafter", type=click.Choice(["ngram", "early-exit", "eagle"]), required=True)
 @click.option("--workload", required=True, help=f"one of {', '.join(WORKLOADS)}, or a prompts .jsonl")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy; > 0 = lossless sampling")
 @click.option("--k-max", "k_max", type=int, default=8, show_default=True, help="draft length k of every draft")
@@ -37,18 +37,21 @@ def _progress_bar() -> tuple[Progress, Callable[[str, int, int], None]]:
               help="early-exit drafter: first m layers")
 @click.option("--ngram-min", type=int, default=2, show_default=True)
 @click.option("--ngram-max", type=int, default=5, show_default=True)
+@click.option("--draft-model", type=click.Path(exists=True, file_okay=False), default=None,
+              help="eagle: the trained head's folder (e.g. profiles/drafters/smollm2-135m-eagle)")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--batch-size", type=int, default=8, show_default=True, help="prompts generated together")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="AcceptanceProfile JSON (+ .detail.json)")
 @click.option("--trace-out", type=click.Path(dir_okay=False), default=None, help="per-token trace (.csv.gz)")
 def acceptance_cmd(model, drafter, workload, temperature, k_max, num_prompts, max_new_tokens, exit_layer,
-                   ngram_min, ngram_max, seed, batch_size, out, trace_out):
+                   ngram_min, ngram_max, draft_model, seed, batch_size, out, trace_out):
     """Measure censored per-position acceptance (a_1..a_k) of a drafter on real prompts."""
     from tabletune.integrations.hf.measure import AcceptanceRun, measure, write_outputs
 
     run = AcceptanceRun(drafter=drafter, workload=workload, temperature=temperature, model=model, k_max=k_max,
                         num_prompts=num_prompts, max_new_tokens=max_new_tokens, exit_layer=exit_layer,
-                        ngram_min=ngram_min, ngram_max=ngram_max, seed=seed, batch_size=batch_size)
+                        ngram_min=ngram_min, ngram_max=ngram_max, seed=seed, batch_size=batch_size,
+                        draft_model=draft_model)
     bar, update = _progress_bar()
     with bar:
         result = measure(run, update, command=command_line())

@@ -192,12 +192,17 @@ class DraftModelDrafter(_CatchUpDrafter):
 
 
 class EagleDrafter(_CatchUpDrafter):
-    """EAGLE-style head: h' = layer(fc([embed(t); h])), next token = argmax(lm_head(norm(h')))."""
+    """EAGLE-style head: h' = layer(fc([embed(t); h])), next token = argmax(lm_head(norm(h'))).
+
+    ``norms=False`` is the EAGLE-1 layout that vLLM loads and ``tabletune drafter train`` trains: no RMSNorm
+    before the attention and none at the end (h' is the layer's residual output). ``weights.load_eagle_head``
+    fills it from a trained head's folder."""
 
     name = "eagle"
 
-    def __init__(self, target: Decoder) -> None:
+    def __init__(self, target: Decoder, norms: bool = True) -> None:
         nn.Module.__init__(self)
+        self.norms = norms
         cfg, dt, dev = target.cfg, target.dtype, target.device
         self.target = [target]  # not a submodule: its weights are the target's
         self.fc = _param(cfg.hidden_size, 2 * cfg.hidden_size, dtype=dt, device=dev)
@@ -215,9 +220,11 @@ class EagleDrafter(_CatchUpDrafter):
         t = self.target[0]
         ops, eps = t.ops, t.cfg.rms_norm_eps
         x = t.ops.linear(torch.cat([t.embed[toks], hid], dim=-1), self.fc)
-        h = ops.rms_norm(x, self.layer.in_norm, eps)
+        h = ops.rms_norm(x, self.layer.in_norm, eps) if self.norms else x
         a = self.layer.attn(ops, h, pos, slots, self.cache.k[0], self.cache.v[0], prefill_at)
         h, x = ops.add_rms_norm(x, a, self.layer.post_norm, eps)
+        if not self.norms:
+            return x + self.layer.mlp(ops, h)
         h, x = ops.add_rms_norm(x, self.layer.mlp(ops, h), self.norm, eps)
         return h
 
@@ -311,13 +318,20 @@ def _stack(drafts, probs, signals, start) -> Proposal:
 
 
 def make_drafter(name: str, target: Decoder, k_max: int, draft_cfg: ModelConfig | None = None,
-                 draft_model: Decoder | None = None) -> Drafter:
+                 draft_model: Decoder | None = None, head: str | None = None) -> Drafter:
+    """``head``: a trained EAGLE head's folder (eagle); without it the head has random weights (timing only)."""
     if name == "ngram":
         return NgramDrafter()
     if name == "replay":
         return ReplayDrafter()
     if name == "eagle":
-        return EagleDrafter(target)
+        if head is None:
+            return EagleDrafter(target)
+        from tabletune.engine.weights import load_eagle_head
+
+        drafter = EagleDrafter(target, norms=False)
+        load_eagle_head(drafter, head)
+        return drafter
     if name == "parallel_block":
         return ParallelBlockDrafter(target, k_max)
     if name == "draft_model":

@@ -6,8 +6,10 @@
 * ``--model``: a shape preset (random weights; ``smollm2-135m`` loads its real
   weights) or a local HF folder with config.json + safetensors.
 * ``--method``: ngram, eagle (eagle3 is taken as eagle), draft_model, parallel_block;
-  ``--draft-model``: a preset or folder (default: qwen3-0.6b's shape when the
-  vocabularies match, else a quarter-depth copy of the target's shape).
+  ``--draft-model``: for eagle, a trained head's folder (``tabletune drafter train``); for draft_model, a
+  preset or folder. Both need one to measure real acceptance; with ``--synthetic-acceptance`` (timing) they
+  may go without: then eagle has random weights and draft_model qwen3-0.6b's shape when the vocabularies
+  match, else a quarter-depth copy of the target's shape.
 * ``--policy``: the policy (``tabletune simulate --policy`` spellings) that picks the
   draft lengths while acceptance is measured (default: every request drafts k); a
   per-request policy gives ragged steps, whose counts stay per position (censoring-correct).
@@ -46,6 +48,7 @@ from tabletune.tuner import EngineSpec, StepSamples
 
 METHODS = {"ngram": "ngram", "eagle": "eagle", "eagle3": "eagle", "draft_model": "draft_model",
            "parallel_block": "parallel_block", "dflash": "parallel_block"}
+NEEDS_DRAFT_MODEL = ("eagle", "draft_model")  # the engine's drafters with weights of their own
 ACCEPTANCE_TOKENS = 256  # room in each slot for prompt + output during measure_acceptance
 
 
@@ -58,6 +61,9 @@ def validate(spec: EngineSpec) -> None:
         raise InputError("--k-max", "k_max", spec.k_max, "must be >= 1")
     if spec.policy:
         resolve_policy(spec.policy.partition(":")[0])
+    if METHODS[spec.method] in NEEDS_DRAFT_MODEL and not spec.draft_model and spec.synthetic_acceptance is None:
+        raise InputError("--draft-model", "draft_model", None, f"--method {spec.method} needs a trained draft "
+                         "(e.g. profiles/drafters/smollm2-135m-eagle), or --synthetic-acceptance to time random weights")
 
 
 def start(spec: EngineSpec) -> BuiltinEngine:
@@ -86,7 +92,9 @@ class BuiltinEngine:
             self.target.load_safetensors(self.weights)
         self.method = METHODS[spec.method]
         self.max_batch_size, self.k_max, self.context_len = spec.max_batch_size, spec.k_max, spec.context_len
-        self.engine = self._build(make_drafter(self.method, self.target, spec.k_max, draft_model=self._draft()))
+        head = spec.draft_model if self.method == "eagle" else None
+        self.engine = self._build(make_drafter(self.method, self.target, spec.k_max, draft_model=self._draft(),
+                                               head=head))
         self._rows_ready = 0
 
     def _draft(self) -> Decoder | None:

@@ -55,3 +55,35 @@ def load_hf_weights(model, folder: Path) -> None:
                 raise InputError(str(folder), "num_experts", model.cfg.num_experts, "MoE weights load is not supported")
             put(layer.w_gate_up, torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")], 0))
             put(layer.w_down, get(p + "mlp.down_proj.weight"))
+
+
+def load_eagle_head(drafter, folder: str | Path) -> None:
+    """A trained EAGLE-1 head (``tabletune.drafter.head``: vLLM's names) into an ``EagleDrafter(norms=False)``."""
+    from tabletune.drafter.head import load_head_state
+
+    hc, t = load_head_state(Path(folder))
+    cfg = drafter.target[0].cfg
+    ours = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, cfg.rope_theta)
+    theirs = (hc.hidden_size, hc.num_heads, hc.num_kv_heads, hc.head_dim, hc.intermediate_size, hc.rope_theta)
+    if ours != theirs or hc.vocab_size != cfg.vocab_size:
+        raise InputError(str(folder), "head", theirs, f"does not fit the target's shape {ours}")
+    if cfg.qk_norm:
+        raise InputError(str(folder), "head", "eagle1", f"a Llama layer; the target {cfg.name} has qk-norm")
+    layer, p = drafter.layer, "layers.0."
+
+    def get(name: str) -> torch.Tensor:
+        if name not in t:
+            raise InputError(str(folder), name, None, "missing tensor")
+        return t[name]
+
+    with torch.no_grad():
+        for param, value in ((drafter.fc, get("fc.weight")),
+                             (layer.wqkv, torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"], 0)),
+                             (layer.wo, get(p + "self_attn.o_proj.weight")),
+                             (layer.post_norm, get(p + "post_attention_layernorm.weight")),
+                             (layer.w_gate_up, torch.cat([get(p + "mlp.gate_proj.weight"),
+                                                          get(p + "mlp.up_proj.weight")], 0)),
+                             (layer.w_down, get(p + "mlp.down_proj.weight"))):
+            if tuple(param.shape) != tuple(value.shape):
+                raise InputError(str(folder), "<shape>", tuple(value.shape), f"expected {tuple(param.shape)}")
+            param.data.copy_(value.to(param.dtype))

