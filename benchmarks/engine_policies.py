@@ -96,6 +96,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         for key, value in QUICK.items():
             setattr(args, key, value)
+    elif args.rounds < 3:
+        # the window runs from the first wave's last replacement to the last full-load step: with 2 rounds the
+        # second wave's first finisher ends it about where it starts, and a cell measures a handful of steps
+        ap.error(f"--rounds {args.rounds}: at least 3 (the steady window needs a third wave)")
     return args
 
 
