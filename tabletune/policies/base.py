@@ -72,6 +72,8 @@ class PolicyContext:
     # n-gram calibration table fit once on general text: ngram_rates[L] = conditional
     # acceptance of an n-gram draft token when the suffix match length is L (index 0 unused)
     ngram_rates: tuple[float, ...] = ()
+    # share of request-steps whose drafter proposed, measured offline with the prior rates (n-gram: < 1)
+    prior_draft_rate: float = 1.0
 
     @property
     def k_max(self) -> int:
