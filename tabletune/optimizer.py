@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tabletune.cost import partial_draft_ms
-from tabletune.goodput import expected_tokens, goodput, with_draft_rate
+from tabletune.goodput import DraftYield, expected_tokens, goodput, with_draft_rate
 from tabletune.profile import StepProfile
 from tabletune.table import DraftTable
 
@@ -131,6 +131,11 @@ def optimize_table(profile: StepProfile, rates: Sequence[float], options: Optimi
     max_batch = options.max_batch or profile.max_batch_size
     ks = allowed_ks(profile, len(rates), options)
     grid = goodput_grid(profile, rates, ks, max_batch, options.draft_rate, options.draft_share)
+    return table_from_grid(grid, ks, options)
+
+
+def table_from_grid(grid: list[dict[int, float]], ks: tuple[int, ...], options: OptimizeOptions) -> TableResult:
+    """Per b the best k of the grid (with ``min_gain`` hysteresis), compressed into ranges."""
     chosen: list[int] = []
     for row in grid:
         k = best_k(row)
@@ -193,3 +198,24 @@ def partial_goodput_grid(profile: StepProfile, rates: Sequence[float], ks: Seque
             row[k] = goodput(b, partial_draft_ms(profile, b, k, draft_rate, draft_share), tokens_q)
         grid.append(row)
     return grid
+
+
+def yield_goodput_grid(profile: StepProfile, yields: Sequence[DraftYield], max_batch: int,
+                       draft_share: float) -> list[dict[int, float]]:
+    """grid[b-1][k] = b * tokens_per_step(k) / T_q(k)(b, k) from yields measured at each k (``DraftYield``)."""
+    if 0 not in profile.ks:
+        raise ValueError(f"partial drafting needs T(b, 0) measured; the profile has k {profile.ks}")
+    return [{y.k: goodput(b, partial_draft_ms(profile, b, y.k, max(y.draft_rate, 1e-6), draft_share),
+                          y.tokens_per_step) for y in yields} for b in range(1, max_batch + 1)]
+
+
+def optimize_yields(profile: StepProfile, yields: Sequence[DraftYield], draft_share: float,
+                    options: OptimizeOptions = OptimizeOptions()) -> TableResult:
+    """The table for a drafter that proposes only on a match, from its per-k measured yields."""
+    max_batch = options.max_batch or profile.max_batch_size
+    measured = {y.k: y for y in yields}
+    ks = allowed_ks(profile, max(measured), options)
+    ks = tuple(k for k in ks if k in measured)
+    if not ks:
+        raise ValueError(f"no allowed draft length has a measured yield (yields at k {sorted(measured)})")
+    return table_from_grid(yield_goodput_grid(profile, [measured[k] for k in ks], max_batch, draft_share), ks, options)

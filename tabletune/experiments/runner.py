@@ -11,6 +11,7 @@ Seeds give common random numbers: under one seed every policy sees the same requ
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -20,8 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from tabletune.cost import StepCost
+from tabletune.goodput import DraftYield
 from tabletune.policies import make_policy
-from tabletune.policies.base import PolicyContext, StepOutcome
+from tabletune.policies.base import NGRAM, PolicyContext, StepOutcome
 from tabletune.policies.fixed import FixedK
 from tabletune.sim import Schedule, SimConfig, Simulator
 from tabletune.sim.replay import NgramStreams, load_ngram_trace
@@ -45,7 +47,7 @@ class Point:
 
 
 class _Measuring(FixedK):
-    """Fixed k that also counts censored per-position acceptance (reached / accepted)."""
+    """Fixed k_max that also counts censored per-position acceptance (reached / accepted) and the draft rate."""
 
     def __init__(self, ctx: PolicyContext, k: int) -> None:
         super().__init__(ctx, k)
@@ -53,14 +55,19 @@ class _Measuring(FixedK):
         self.accepted = np.zeros(ctx.k_max)
         self.num_drafts = 0  # request-steps that drafted
         self.num_request_steps = 0
+        self.num_tokens = 0  # accepted + 1 per request-step (before output-length truncation)
 
     def observe(self, outcome: StepOutcome) -> None:
+        # Position j is reached by every row that drafted and had j - 1 accepted, whether or not its drafter
+        # proposed j (an n-gram match can be shorter than k): a_j then folds the match length in, and
+        # E[tokens | k] = 1 + sum_j prod a_i holds for a drafter that proposes min(k, its match).
         j = np.arange(1, len(self.reached) + 1)[:, None]
         ks, m = outcome.ks[None, :], outcome.accepted[None, :]
-        self.reached += ((ks >= j) & (m >= j - 1)).sum(axis=1)
+        self.reached += ((ks > 0) & (m >= j - 1)).sum(axis=1)
         self.accepted += (m >= j).sum(axis=1)
         self.num_drafts += int((outcome.ks > 0).sum())
         self.num_request_steps += len(outcome.ks)
+        self.num_tokens += int(outcome.accepted.sum()) + len(outcome.ks)
 
 
 @dataclass
@@ -81,6 +88,7 @@ class Lab:
     points: dict[tuple, Point] = field(default_factory=dict)
     _costs: dict[str, StepCost] = field(default_factory=dict)
     _priors: dict[str, tuple[tuple[float, ...], float]] = field(default_factory=dict)
+    _yields: dict[str, tuple[DraftYield, ...]] = field(default_factory=dict)
     _traces: dict[str, NgramStreams] = field(default_factory=dict)
 
     def cost(self, setting: Setting) -> StepCost:
@@ -112,6 +120,17 @@ class Lab:
     def measured_rates(self, setting: Setting) -> tuple[float, ...]:
         return self.measured_prior(setting)[0]
 
+    def measured_yields(self, setting: Setting) -> tuple[DraftYield, ...]:
+        """A drafter that proposes only on a match (n-gram): tokens per request-step and q at each k, from
+        calibration runs at fixed k (load 16, the calibration seed), as the tuner would measure them."""
+        if setting.default_drafter != NGRAM:
+            return ()
+        if setting.name not in self._yields:
+            ks = [k for k in self.cost(setting).ks if k <= len(self.measured_rates(setting))]
+            self._yields[setting.name] = tuple(
+                measure_yield(self.simulator(setting, 16, CALIBRATION_SEED, duration_s=20.0), k) for k in ks)
+        return self._yields[setting.name]
+
     def run(self, setting_name: str, policy: str, load: int, seed: int, *, prior: Sequence[float] | None = None,
             schedule: Schedule | None = None, duration_s: float | None = None, tag: str = ""):
         """Simulate one point (cached by its arguments); returns the SimResult's Point."""
@@ -121,6 +140,7 @@ class Lab:
             sim = self.simulator(setting, load, seed, schedule, duration_s)
             rates, q = self.measured_prior(setting)
             ctx = sim.context(prior_rates=tuple(prior) if prior else rates, prior_draft_rate=q)
+            ctx = dataclasses.replace(ctx, prior_yields=self.measured_yields(setting))
             result = sim.run(make_policy(policy, ctx))
             self.points[key] = Point(setting_name, policy, load, seed, result.throughput_tok_s, result.mean_k,
                                      result.acceptance, result.tpot_ms)
@@ -134,6 +154,7 @@ class Lab:
         todo = [t for t in tasks if (*t, "", None) not in self.points]
         if self.jobs > 1 and len(todo) > 1:
             self.measured_prior(SETTINGS[setting])  # once, before the workers fork
+            self.measured_yields(SETTINGS[setting])
             self.ngram_replay(SETTINGS[setting])
             for t, point in zip(todo, self.parallel(_work, todo)):
                 self.points[(*t, "", None)] = point
@@ -180,6 +201,14 @@ def _work(task: tuple) -> Point:
     setting, policy, load, seed, prior = task
     return lab().run(setting, policy, load, seed, prior=prior)
 
+
+
+def measure_yield(sim: Simulator, k: int) -> DraftYield:
+    """Tokens per request-step and draft rate of a run at fixed k."""
+    policy = _Measuring(sim.context(), k)
+    sim.run(policy)
+    steps = max(policy.num_request_steps, 1)
+    return DraftYield(k, min(policy.num_tokens / steps, k + 1.0), policy.num_drafts / steps)
 
 
 def measure_rates(sim: Simulator) -> tuple[float, ...]:

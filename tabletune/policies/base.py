@@ -53,6 +53,8 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
+from tabletune.goodput import DraftYield
+
 from tabletune.cost import StepCost
 
 MODEL = 0  # model-based drafter (EAGLE-like, draft model, ...)
@@ -74,6 +76,8 @@ class PolicyContext:
     ngram_rates: tuple[float, ...] = ()
     # share of request-steps whose drafter proposed, measured offline with the prior rates (n-gram: < 1)
     prior_draft_rate: float = 1.0
+    # a drafter that proposes only on a match: tokens per request-step and draft rate measured at each k
+    prior_yields: tuple[DraftYield, ...] = ()
 
     @property
     def k_max(self) -> int:

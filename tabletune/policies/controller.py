@@ -30,12 +30,17 @@ STARTS = {"documented": VLLM_DOCUMENTED_RANGES, "documented-div4": VLLM_DOCUMENT
 def observation(outcome: StepOutcome, k_max: int, time_s: float, asked_k: int = 0) -> StepObservation:
     """Exact censored counts of one step: drafted_j = #{k_i >= j}, accepted_j = #{m_i >= j},
     reached_j = #{k_i >= j and m_i >= j - 1} (position j = 1..k_max); with ``asked_k`` >= 1 the rows
-    whose drafter proposed nothing count as undrafted (the draft rate q)."""
+    whose drafter proposed nothing count as undrafted (the draft rate q), and a drafting row reaches
+    every position up to ``asked_k`` while its prefix is accepted (reached_j = #{k_i >= 1, asked_k >= j,
+    m_i >= j - 1})."""
     ks, m = outcome.ks, outcome.accepted
     j = np.arange(1, k_max + 1)[:, None]  # [k_max, 1]
     drafted = (ks[None, :] >= j).sum(axis=1)
     accepted = (m[None, :] >= j).sum(axis=1)
-    reached = ((ks[None, :] >= j) & (m[None, :] >= j - 1)).sum(axis=1)
+    # a row whose drafter proposed fewer than the asked k (an n-gram match ran out) reached the positions
+    # it did not propose: they count as rejected, so the rates fold in the match length
+    asked = np.maximum(ks, asked_k)[None, :] if asked_k > 0 else ks[None, :]
+    reached = ((ks[None, :] > 0) & (asked >= j) & (m[None, :] >= j - 1)).sum(axis=1)
     k_step = int(ks.max()) if len(ks) else 0
     undrafted = int((ks == 0).sum()) if asked_k > 0 else 0
     return StepObservation(len(ks), k_step, int((ks > 0).sum()), tuple(reached.tolist()),

@@ -98,7 +98,10 @@ class NgramStreams:
     length. A draft at g of k tokens proposes min(k, run[g]) and keeps its leading run of accepted
     rows, so the share of request-steps that draft (q) and the acceptance given the match follow the
     measurement. The same reading of a trace as the engine's ``TracedReplayDrafter``: a draft that starts
-    inside a recorded one continues the recorded proposal (a stated simplification).
+    inside a recorded one continues the recorded proposal (a stated simplification). One more: the
+    bonus token after a fully accepted recorded draft has no row (the target emitted it); a one-position
+    gap after an accepted row, with the next draft right behind it, is read as an accepted proposal, so
+    that a replay with a shorter k than the recording does not see a miss the recording never had.
     """
 
     accepted: np.ndarray  # [num_rows] bool
@@ -133,6 +136,11 @@ def load_ngram_trace(path: str | Path) -> NgramStreams:
             g = int(r["gen_pos"]) - 1
             present[g], ok[g] = True, r["accepted"] == "1"
             match[g] = int(float(r["ngram_len"] or 0))
+        bonus = np.zeros(n, bool)  # [n] the bonus position after a fully accepted draft
+        bonus[1:-1] = ~present[1:-1] & ok[:-2] & present[2:]
+        present |= bonus
+        ok |= bonus
+        match = np.where(bonus, np.roll(match, 1), match)
         run = np.zeros(n, np.int64)
         for g in range(n - 1, -1, -1):
             run[g] = (run[g + 1] + 1 if g + 1 < n else 1) if present[g] else 0
