@@ -53,7 +53,7 @@ class ExperimentOptions:
 
 
 #: ``tabletune report``: the loads that show the shape, 2 seeds, all six settings in fig3.
-REPORT_FULL = ExperimentOptions(loads=DEFAULT_LOADS, seeds=DEFAULT_SEEDS, duration_s=15.0,
+REPORT_FULL = ExperimentOptions(loads=DEFAULT_LOADS, seeds=DEFAULT_SEEDS, duration_s=12.0,
                                 fig3_settings=TABLE1, fig4b_window_s=30.0, per_request=False)
 #: ``tabletune report --quick``: three loads, one seed, short runs.
 REPORT_QUICK = ExperimentOptions(loads=(1, 16, 128), seeds=(0,), duration_s=2.0, fig3_settings=("eagle",),
