@@ -11,7 +11,7 @@ from tabletune.profile import parse_int_list
 
 
 @click.command("experiment")
-@click.argument("name", type=click.Choice(["fig1", "table1", "fig3", "table2", "fig4b", "all"]))
+@click.argument("name", type=click.Choice(["fig1", "table1", "fig3", "table2", "fig4b", "moe", "all"]))
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="output folder")
 @click.option("--profiles", "profiles_dir", default="profiles", show_default=True,
               type=click.Path(file_okay=False), help="folder with the settings' h200/, acceptance/ and traces/ files")

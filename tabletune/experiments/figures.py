@@ -5,6 +5,7 @@
 * fig3: TableTune (table, + controller) vs TurboSpec-style, Nightjar-style, SGLang-style (+ per-request policies).
 * table2: controller gains when it starts from a mistuned table (experiments/mistuned.py).
 * fig4b: workload switch code -> chat (experiments/switch.py).
+* moe: vLLM's documented table against the tuned table on the MoE profile.
 
 All are simulated from measured inputs (``experiments/settings.py``); each section states its
 inputs and their fingerprints (``experiments/provenance.py``).
@@ -115,3 +116,25 @@ def fig3(lab: Lab, out: Path, loads: Sequence[int], seeds: Sequence[int], settin
     if missing:
         md += f"\n\nNot run (module not available): {', '.join(missing)}."
     return Section("fig3", "Fig 3: TableTune vs TurboSpec-, Nightjar- and SGLang-style", md, files, summary)
+
+
+def moe(lab: Lab, out: Path, loads: Sequence[int], seeds: Sequence[int], setting: str = "moe") -> Section:
+    """The MoE target: vLLM's documented table against the tuned table (and the best fixed k)."""
+    fixed = fixed_policies(lab, setting)
+    policies = ["documented", "tabletune"]
+    rows = shares(lab.grid(setting, [*fixed, *policies], loads, seeds), fixed)
+    by = {(s.policy, s.load): s for s in rows}
+    gains = [by[("tabletune", n)].throughput_tok_s / by[("documented", n)].throughput_tok_s - 1 for n in loads]
+    summary = {name: {"worst_loss": worst_loss(rows, setting, name)[0]} for name in policies}
+    summary["tuned_over_documented"] = {"mean": sum(gains) / len(gains), "max": max(gains), "min": min(gains)}
+    files = [write_csv(out / "moe.csv", rows),
+             share_plot(out / "moe.png", rows, [*fixed, *policies], f"MoE: documented vs tuned table, {setting} (simulated)",
+                        note=figure_note(lab, [setting]))]
+    body = [[name, pct(summary[name]["worst_loss"]), pct(sum(s.mean for s in rows if s.policy == name) / len(loads))]
+            for name in policies]
+    md = (inputs_markdown(lab, [setting]) + "\n\n"
+          + md_table(["policy", "worst loss vs best fixed k", "mean share"], body)
+          + f"\n\nTuned over documented: mean {pct(summary['tuned_over_documented']['mean'])}, max "
+          f"{pct(max(gains))}, min {pct(min(gains))} over loads {list(loads)}.\n\n"
+          + share_matrix_md(rows, policies, loads))
+    return Section("moe", "MoE: vLLM's documented table against the tuned table", md, files, summary)

@@ -1,6 +1,6 @@
 """Run experiments by name and write their markdown sections; ``build_report`` writes the whole report.
 
-``build_report`` runs every simulated experiment (fig1, table1, fig3, table2, fig4b) on the measured
+``build_report`` runs every simulated experiment (fig1, table1, fig3, table2, fig4b, moe) on the measured
 inputs of ``experiments/settings.py``, collects the measured results (``experiments/collected.py``) and
 writes ``report.md`` with the PNGs embedded. ``REPORT_FULL`` is sized to finish within 10 minutes on a
 shared 2-core machine, ``REPORT_QUICK`` within about one.
@@ -16,13 +16,13 @@ from pathlib import Path
 from tabletune import fileio
 from tabletune.experiments.analysis import Section
 from tabletune.experiments.collected import controller_timeline, engine_draft_share, policy_grid
-from tabletune.experiments.figures import fig1, fig3, table1
+from tabletune.experiments.figures import fig1, fig3, moe, table1
 from tabletune.experiments.mistuned import table2
 from tabletune.experiments.runner import DEFAULT_LOADS, DEFAULT_SEEDS, Lab
 from tabletune.experiments.settings import TABLE1
 from tabletune.experiments.switch import fig4b
 
-NAMES = ("fig1", "table1", "fig3", "table2", "fig4b")
+NAMES = ("fig1", "table1", "fig3", "table2", "fig4b", "moe")
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class ExperimentOptions:
 
 
 #: ``tabletune report``: the loads that show the shape, 2 seeds, all six settings in fig3.
-REPORT_FULL = ExperimentOptions(loads=DEFAULT_LOADS, seeds=DEFAULT_SEEDS, duration_s=12.0,
+REPORT_FULL = ExperimentOptions(loads=DEFAULT_LOADS, seeds=DEFAULT_SEEDS, duration_s=10.0,
                                 fig3_settings=TABLE1, fig4b_window_s=30.0, per_request=False)
 #: ``tabletune report --quick``: three loads, one seed, short runs.
 REPORT_QUICK = ExperimentOptions(loads=(1, 16, 128), seeds=(0,), duration_s=2.0, fig3_settings=("eagle",),
@@ -80,6 +80,8 @@ def run_one(name: str, lab: Lab, out: Path, opts: ExperimentOptions) -> Section:
         return table2(lab, out, opts.loads, opts.seeds)
     if name == "fig4b":
         return fig4b(lab, out, opts.fig4b_loads, opts.seeds, window_s=opts.fig4b_window_s)
+    if name == "moe":
+        return moe(lab, out, opts.loads, opts.seeds)
     raise ValueError(f"unknown experiment {name!r}; choose one of {[*NAMES, 'all']}")
 
 

@@ -76,8 +76,8 @@ def test_report_quick_renders_every_section_within_a_minute_and_a_half(tmp_path)
     assert out.exit_code == 0, out.output
     assert time.perf_counter() - t0 < 90
     report = (tmp_path / "report.md").read_text()
-    for title in ("Fig 1", "Table 1", "Fig 3", "Table 2", "Fig 4b", "Per-request policies", "Controller timeline"):
+    for title in ("Fig 1", "Table 1", "Fig 3", "Table 2", "Fig 4b", "MoE", "Per-request policies", "Controller timeline"):
         assert f"## {title}" in report
-    for png in ("fig1.png", "table1.png", "fig3.png", "fig4b.png", "controller_timeline.png"):
+    for png in ("fig1.png", "table1.png", "fig3.png", "fig4b.png", "moe.png", "controller_timeline.png"):
         assert f"![{png}]({png})" in report and (tmp_path / png).stat().st_size > 10_000
-    assert report.count("Provenance: **") >= 7
+    assert report.count("Provenance: **") >= 8
