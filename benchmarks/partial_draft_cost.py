@@ -26,11 +26,8 @@ import torch
 
 from tabletune import fileio
 from tabletune.cost import MixedStep, StepCost, fit_draft_share
-from tabletune.engine.drafters import make_drafter
-from tabletune.engine.model import Decoder
-from tabletune.engine.presets import resolve
-from tabletune.engine.profiling import ENGINE_VERSION, RUNNER, device_name, time_steps
-from tabletune.engine.runner import EngineConfig, SpecEngine
+from tabletune.engine.profiling import ENGINE_VERSION, RUNNER, build_engine, device_name, time_steps
+from tabletune.engine.runner import SpecEngine
 from tabletune.padding import geometric_batch_sizes
 from tabletune.profile import Fingerprint, StepPoint, StepProfile
 
@@ -78,15 +75,13 @@ def main(argv: list[str] | None = None) -> int:
     loads = [int(x) for x in str(args.loads).split(",")]
     ks = [int(x) for x in str(args.ks).split(",")]
     qs = [float(x) for x in str(args.qs).split(",")]
-    torch.manual_seed(0)
-    cuda = args.device == "cuda"
-    target = Decoder(resolve(args.model), torch.bfloat16 if cuda else torch.float32, args.device)
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     max_load = max(loads)
-    cfg = EngineConfig(max_num_seqs=max_load, max_len=args.context + args.k_max + 16, k_max=args.k_max,
-                       buckets=tuple(geometric_batch_sizes(max_load)))
-    engine = SpecEngine(target, make_drafter(args.drafter, target, args.k_max), cfg)
+    # built as ``tabletune.engine.measure`` builds the engine of the profiles in profiles/h200/
+    engine = build_engine(args.model, args.drafter, args.k_max, max_load, args.context, device=args.device,
+                          dtype=dtype, buckets=tuple(geometric_batch_sizes(max_load)))
     fp = Fingerprint(engine="builtin", engine_version=ENGINE_VERSION, device=device_name(engine),
-                     model=f"{args.model} (shape, random weights)", dtype=str(target.dtype).removeprefix("torch."),
+                     model=f"{args.model} (shape, random weights)", dtype=str(dtype).removeprefix("torch."),
                      runner=RUNNER + "+ragged", drafter=args.drafter, command=command)
     points, rows = [], []
     for b in loads:
