@@ -38,13 +38,14 @@ import numpy as np
 from tabletune import fileio
 from tabletune.cost import StepCost
 from tabletune.experiments.runner import measure_rates
-from tabletune.experiments.settings import GENERAL
 from tabletune.policies import make_policy
 from tabletune.profile import StepPoint, StepProfile
 from tabletune.sim import SimConfig, Simulator
 from tabletune.sim.replay import TraceStreams, load_traces
 from tabletune.sim.traces import auc, signal_noise_for_auc
 from tabletune.sim.workload import Schedule, Workload
+
+GENERAL = Workload("general", (0.80, 0.75, 0.70, 0.65, 0.60, 0.55, 0.50))  # stated EAGLE-like rates
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = ROOT / "profiles" / "h200"

@@ -138,3 +138,61 @@ class StepCost:
     def budget_ms(self, batch_size: int, slots: float) -> float:
         """T(budget): a step verifying ``slots`` draft tokens in total over the batch, T(b, slots/b)."""
         return self.step_ms(batch_size, slots / batch_size if batch_size else 0.0)
+
+
+def partial_draft_ms(profile: StepProfile, batch_size: int, k: int, draft_rate: float, draft_share: float) -> float:
+    """T_q(b, k): the expected step time when each of b requests drafts k tokens with probability q, else none.
+
+    A drafter that proposes only on a match (n-gram) leaves a share 1 - q of the rows undrafted. With
+    P = 1 - (1 - q)^b the chance that some row drafts, and k_bar = q k / P the mean draft length given
+    that one does, the mixed-length rule of this module with draft share f gives
+
+        T_q(b, k) = (1 - P) T(b, 0) + P [T(b, 0) + f (T(b, k) - T(b, 0)) + (1 - f) (T~(b, k_bar) - T(b, 0))]
+
+    f is measured, not assumed: ``fit_draft_share`` fits it to timed steps whose rows drafted different
+    lengths (an engine that pads every row to the longest draft has f = 1; one that verifies only the
+    drafted tokens has f = 0). q = 1 or k = 0 gives T(b, k).
+    """
+    if not 0.0 < draft_rate <= 1.0:
+        raise ValueError(f"draft_rate must lie in (0, 1], got {draft_rate}")
+    if not 0.0 <= draft_share <= 1.0:
+        raise ValueError(f"draft_share must lie in [0, 1], got {draft_share}")
+    t_k = profile.step_ms(batch_size, k)
+    if k == 0 or draft_rate == 1.0:
+        return t_k
+    t_0 = profile.step_ms(batch_size, 0)
+    p_any = 1.0 - (1.0 - draft_rate) ** batch_size
+    k_bar = draft_rate * k / p_any
+    ks = profile.ks
+    t_bar = float(np.interp(k_bar, ks, [profile.step_ms(batch_size, x) for x in ks]))
+    drafted = t_0 + draft_share * (t_k - t_0) + (1.0 - draft_share) * (t_bar - t_0)
+    return (1.0 - p_any) * t_0 + p_any * drafted
+
+
+@dataclass(frozen=True)
+class MixedStep:
+    """One timed step whose rows drafted different lengths: k_top = max k_i, k_bar = mean k_i."""
+
+    batch_size: int
+    k_top: int
+    k_bar: float
+    measured_ms: float
+
+
+def fit_draft_share(profile: StepProfile, steps: list[MixedStep]) -> float:
+    """Least-squares f in  measured - T~(b, k_bar) = f (T(b, k_top) - T~(b, k_bar)),  clipped to [0, 1].
+
+    T comes from ``profile`` (uniform steps of the same engine); a step with k_bar = k_top carries no
+    information about f and is skipped. Raises ValueError when no step has k_bar < k_top.
+    """
+    cost = StepCost(profile)
+    xs, ys = [], []
+    for s in steps:
+        t_top, t_bar = cost.step_ms(s.batch_size, s.k_top), cost.step_ms(s.batch_size, s.k_bar)
+        if t_top - t_bar > 0:
+            xs.append(t_top - t_bar)
+            ys.append(s.measured_ms - t_bar)
+    if not xs:
+        raise ValueError("no mixed step with k_bar < k_top (and T(k_top) > T(k_bar)) to fit the draft share on")
+    x, y = np.array(xs), np.array(ys)
+    return float(np.clip((x * y).sum() / (x * x).sum(), 0.0, 1.0))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 
 def survival(rates: Sequence[float]) -> list[float]:
@@ -59,6 +60,31 @@ def with_draft_rate(tokens: float, step_ms: float, step_ms_k0: float, draft_rate
     if not 0.0 < draft_rate <= 1.0:
         raise ValueError(f"draft_rate must lie in (0, 1], got {draft_rate}")
     return 1.0 + draft_rate * (tokens - 1.0), step_ms_k0 + draft_rate * (step_ms - step_ms_k0)
+
+
+@dataclass(frozen=True)
+class DraftYield:
+    """What a drafter that proposes only on a match yields when k is asked for, measured at that k.
+
+    An n-gram drafter's draft rate q and its tokens per step both depend on k: a short k spends more
+    steps inside a matched span (q rises) and starts drafts deeper in it, where matches are long and
+    acceptance is high. So neither is extrapolated from k_max; each k is measured (or replayed):
+
+        tokens_per_step = output tokens / request-steps      (bonus included; 1 at k = 0)
+        draft_rate      = request-steps that drafted / request-steps
+    """
+
+    k: int
+    tokens_per_step: float
+    draft_rate: float
+
+    def __post_init__(self) -> None:
+        if self.k < 0:
+            raise ValueError(f"k must be >= 0, got {self.k}")
+        if self.tokens_per_step < 1.0 or self.tokens_per_step > self.k + 1 + 1e-9:
+            raise ValueError(f"tokens_per_step must lie in [1, k + 1] for k={self.k}, got {self.tokens_per_step}")
+        if not 0.0 <= self.draft_rate <= 1.0:
+            raise ValueError(f"draft_rate must lie in [0, 1], got {self.draft_rate}")
 
 
 def goodput(batch_size: int, step_ms: float, tokens_per_request: float) -> float:

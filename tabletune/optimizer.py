@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tabletune.goodput import expected_tokens, goodput, with_draft_rate
+from tabletune.cost import partial_draft_ms
+from tabletune.goodput import DraftYield, expected_tokens, goodput, with_draft_rate
 from tabletune.profile import StepProfile
 from tabletune.table import DraftTable
 
@@ -25,6 +26,8 @@ class OptimizeOptions:
     ks: tuple[int, ...] | None = None  # allowed k, e.g. those with CUDA graphs
     min_gain: float = 0.0
     draft_rate: float = 1.0  # share of request-steps that draft (``AcceptanceCounts.draft_rate``)
+    # measured draft share f of the partial-draft cost (``cost.partial_draft_ms``); None: the linear q model
+    draft_share: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_batch is not None and self.max_batch < 1:
@@ -35,6 +38,8 @@ class OptimizeOptions:
             raise ValueError(f"min_gain must be >= 0, got {self.min_gain}")
         if not 0 < self.draft_rate <= 1:
             raise ValueError(f"draft_rate must lie in (0, 1], got {self.draft_rate}")
+        if self.draft_share is not None and not 0 <= self.draft_share <= 1:
+            raise ValueError(f"draft_share must lie in [0, 1], got {self.draft_share}")
         if self.ks is not None and (not self.ks or min(self.ks) < 0):
             raise ValueError(f"ks must be non-empty and >= 0, got {self.ks}")
 
@@ -95,8 +100,11 @@ def allowed_ks(profile: StepProfile, num_rates: int, options: OptimizeOptions) -
 
 
 def goodput_grid(profile: StepProfile, rates: Sequence[float], ks: Sequence[int], max_batch: int,
-                 draft_rate: float = 1.0) -> list[dict[int, float]]:
-    """grid[b-1][k] = modelled goodput at batch size b with fixed k (``draft_rate``: see goodput.py)."""
+                 draft_rate: float = 1.0, draft_share: float | None = None) -> list[dict[int, float]]:
+    """grid[b-1][k] = modelled goodput at batch size b with fixed k (``draft_rate``: see goodput.py;
+    with ``draft_share`` the partial-draft cost of ``partial_goodput_grid``)."""
+    if draft_rate < 1.0 and draft_share is not None:
+        return partial_goodput_grid(profile, rates, ks, max_batch, draft_rate, draft_share)
     tokens = {k: expected_tokens(rates, k) for k in ks}
     step_ms = {k: profile.dense_step_ms(max_batch, k) for k in ks}
     if draft_rate == 1.0:
@@ -122,7 +130,12 @@ def best_k(row: dict[int, float]) -> int:
 def optimize_table(profile: StepProfile, rates: Sequence[float], options: OptimizeOptions = OptimizeOptions()) -> TableResult:
     max_batch = options.max_batch or profile.max_batch_size
     ks = allowed_ks(profile, len(rates), options)
-    grid = goodput_grid(profile, rates, ks, max_batch, options.draft_rate)
+    grid = goodput_grid(profile, rates, ks, max_batch, options.draft_rate, options.draft_share)
+    return table_from_grid(grid, ks, options)
+
+
+def table_from_grid(grid: list[dict[int, float]], ks: tuple[int, ...], options: OptimizeOptions) -> TableResult:
+    """Per b the best k of the grid (with ``min_gain`` hysteresis), compressed into ranges."""
     chosen: list[int] = []
     for row in grid:
         k = best_k(row)
@@ -148,10 +161,11 @@ def predict(table: DraftTable, grid: list[dict[int, float]]) -> tuple[BatchPredi
 
 
 def evaluate_table(profile: StepProfile, rates: Sequence[float], table: DraftTable, max_batch: int,
-                   ks: Sequence[int] | None = None, draft_rate: float = 1.0) -> tuple[BatchPrediction, ...]:
+                   ks: Sequence[int] | None = None, draft_rate: float = 1.0,
+                   draft_share: float | None = None) -> tuple[BatchPrediction, ...]:
     """Predicted goodput of any table (e.g. vLLM's documented one) under the model."""
     ks = list(ks) if ks is not None else [k for k in profile.ks if k <= len(rates)]
-    return predict(table, goodput_grid(profile, rates, ks, max_batch, draft_rate))
+    return predict(table, goodput_grid(profile, rates, ks, max_batch, draft_rate, draft_share))
 
 
 def best_single_k(predictions: Sequence[BatchPrediction]) -> int:
@@ -163,3 +177,45 @@ def gain_vs(predictions: Sequence[BatchPrediction], other_goodput: Sequence[floa
     """(mean, minimum) over b of our goodput / other goodput - 1."""
     gains = [p.goodput / g - 1.0 for p, g in zip(predictions, other_goodput)]
     return sum(gains) / len(gains), min(gains)
+
+
+def partial_goodput_grid(profile: StepProfile, rates: Sequence[float], ks: Sequence[int], max_batch: int,
+                         draft_rate: float, draft_share: float) -> list[dict[int, float]]:
+    """grid[b-1][k] for a drafter that proposes in a share q of request-steps (n-gram: only on a match).
+
+    ``rates`` are conditional acceptance over the drafts that were made (censored as usual), so a
+    request-step yields E_q = 1 + q (E[tokens | k] - 1) tokens, and a step costs the measured
+    partial-draft time T_q(b, k) (``tabletune.cost.partial_draft_ms``, draft share f fitted to timed
+    mixed steps):  goodput_q(b, k) = b E_q / T_q(b, k).
+    """
+    if 0 not in profile.ks:
+        raise ValueError(f"a draft rate below 1 ({draft_rate:.3f}) needs T(b, 0) measured; the profile has k {profile.ks}")
+    grid = []
+    for b in range(1, max_batch + 1):
+        row = {}
+        for k in ks:
+            tokens_q = 1.0 + draft_rate * (expected_tokens(rates, k) - 1.0)
+            row[k] = goodput(b, partial_draft_ms(profile, b, k, draft_rate, draft_share), tokens_q)
+        grid.append(row)
+    return grid
+
+
+def yield_goodput_grid(profile: StepProfile, yields: Sequence[DraftYield], max_batch: int,
+                       draft_share: float) -> list[dict[int, float]]:
+    """grid[b-1][k] = b * tokens_per_step(k) / T_q(k)(b, k) from yields measured at each k (``DraftYield``)."""
+    if 0 not in profile.ks:
+        raise ValueError(f"partial drafting needs T(b, 0) measured; the profile has k {profile.ks}")
+    return [{y.k: goodput(b, partial_draft_ms(profile, b, y.k, max(y.draft_rate, 1e-6), draft_share),
+                          y.tokens_per_step) for y in yields} for b in range(1, max_batch + 1)]
+
+
+def optimize_yields(profile: StepProfile, yields: Sequence[DraftYield], draft_share: float,
+                    options: OptimizeOptions = OptimizeOptions()) -> TableResult:
+    """The table for a drafter that proposes only on a match, from its per-k measured yields."""
+    max_batch = options.max_batch or profile.max_batch_size
+    measured = {y.k: y for y in yields}
+    ks = allowed_ks(profile, max(measured), options)
+    ks = tuple(k for k in ks if k in measured)
+    if not ks:
+        raise ValueError(f"no allowed draft length has a measured yield (yields at k {sorted(measured)})")
+    return table_from_grid(yield_goodput_grid(profile, [measured[k] for k in ks], max_batch, draft_share), ks, options)

@@ -53,3 +53,33 @@ def test_split_rule_hand_worked():
 def test_bad_draft_grid():
     with pytest.raises(ValueError, match="draft_grid"):
         StepCost(profile(), draft_grid=((0.0,),))
+
+
+def test_partial_draft_hand_worked():
+    from tabletune.cost import partial_draft_ms
+
+    p = profile()  # at b = 1: T = 11 + 2k; at b = 4: T = 14 + 2k
+    # b = 1, q = 0.5: P = 0.5, k_bar = k; T_q = 0.5 * 11 + 0.5 * T(1, k)
+    assert partial_draft_ms(p, 1, 3, 0.5, 1.0) == pytest.approx(0.5 * 11 + 0.5 * 17)
+    assert partial_draft_ms(p, 1, 3, 0.5, 0.0) == pytest.approx(0.5 * 11 + 0.5 * 17)
+    # b = 4, q = 0.5: P = 1 - 1/16, k_bar = 1.5 / P; f = 0 is linear in the drafted tokens: 14 + 2 q k
+    assert partial_draft_ms(p, 4, 3, 0.5, 0.0) == pytest.approx(14 + 2 * 0.5 * 3)
+    # f = 1 pays the longest draft whenever a row drafts
+    assert partial_draft_ms(p, 4, 3, 0.5, 1.0) == pytest.approx(14 / 16 + (15 / 16) * 20)
+    assert partial_draft_ms(p, 4, 3, 1.0, 0.3) == pytest.approx(20.0)
+    assert partial_draft_ms(p, 4, 0, 0.2, 0.3) == pytest.approx(14.0)
+    for bad in ((0.0, 0.5), (1.5, 0.5), (0.5, -0.1)):
+        with pytest.raises(ValueError):
+            partial_draft_ms(p, 4, 3, *bad)
+
+
+def test_fit_draft_share_recovers_f():
+    from tabletune.cost import MixedStep, fit_draft_share
+
+    p = profile()
+    cost = StepCost(p, draft_share=0.7)
+    steps = [MixedStep(len(ks), int(max(ks)), sum(ks) / len(ks), cost.mixed_ms(np.array(ks)))
+             for ks in ([0, 3], [1, 3, 0, 0], [2, 2, 2, 2], [0, 0, 0, 1])]
+    assert fit_draft_share(p, steps) == pytest.approx(0.7)
+    with pytest.raises(ValueError, match="no mixed step"):
+        fit_draft_share(p, [MixedStep(2, 2, 2.0, 15.0)])

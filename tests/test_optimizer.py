@@ -131,3 +131,26 @@ def test_draft_rate_hand_worked():
     with pytest.raises(ValueError, match="T\\(b, 0\\)"):
         optimize_table(no_k0, rates, OptimizeOptions(draft_rate=q))
     assert optimize_table(no_k0, rates).table.k_for(1) == 2  # q = 1 needs no k = 0
+
+
+def test_partial_draft_grid_at_f0_is_the_linear_model_and_f1_picks_shorter_drafts():
+    from tabletune.optimizer import goodput_grid, partial_goodput_grid
+    from tabletune.profile import StepPoint, StepProfile
+
+    # T(b, k) = 10 + b + 2k (linear in k), b in {1, 64}
+    prof = StepProfile(points=tuple(StepPoint(b, k, (10.0 + b + 2 * k,)) for b in (1, 64) for k in range(5)),
+                       context_len=0)
+    rates = [0.9, 0.9, 0.9, 0.9]
+    linear = goodput_grid(prof, rates, [0, 1, 2, 3, 4], 64, draft_rate=0.3)
+    f0 = partial_goodput_grid(prof, rates, [0, 1, 2, 3, 4], 64, 0.3, 0.0)
+    for lin_row, row in zip(linear, f0):
+        assert row == pytest.approx(lin_row)
+    f1 = partial_goodput_grid(prof, rates, [0, 1, 2, 3, 4], 64, 0.3, 1.0)
+    # f = 1 charges the full draft whenever some row drafts: never cheaper than f = 0
+    assert all(f1[b][k] <= f0[b][k] + 1e-9 for b in range(64) for k in range(5))
+    # at b = 64 with q = 0.3: E_q(4) = 1 + 0.3 * 3.0951 = 1.9285, T_q ~ T(64, 4) = 82; k = 0: 1 / 74
+    assert f1[63][4] == pytest.approx(64 * 1.92853 * 1000 / (74 * (0.7 ** 64) + 82 * (1 - 0.7 ** 64)), rel=1e-4)
+    opts = OptimizeOptions(draft_rate=0.3, draft_share=1.0)
+    assert optimize_table(prof, rates, opts).predictions[63].fixed_goodput == pytest.approx(f1[63])
+    with pytest.raises(ValueError, match="draft_share"):
+        OptimizeOptions(draft_rate=0.3, draft_share=1.5)

@@ -34,6 +34,7 @@ class ControllerConfig:
     observe_every_steps: int = 8  # engines batch this many steps into one observation (amortises its cost)
     draft_rate_prior: float | None = None  # prior draft rate q (default: the prior profile's, else 1)
     model_draft_rate: bool = False  # rebuild with the estimated q (opt-in; otherwise q is only reported)
+    draft_share: float | None = None  # measured f of the partial-draft cost (``cost.partial_draft_ms``); None: linear
 
     def __post_init__(self) -> None:
         if self.half_life_s is None and self.half_life_tokens is None:
@@ -58,6 +59,8 @@ class ControllerConfig:
             ("warmup_drafts", self.warmup_drafts, self.warmup_drafts >= 0, "must be >= 0"),
             ("draft_rate_prior", self.draft_rate_prior,
              self.draft_rate_prior is None or 0 < self.draft_rate_prior <= 1, "must lie in (0, 1]"),
+            ("draft_share", self.draft_share, self.draft_share is None or 0 <= self.draft_share <= 1,
+             "must lie in [0, 1]"),
             ("observe_every_steps", self.observe_every_steps,
              self.observe_every_steps >= 1 and float(self.observe_every_steps).is_integer(), "must be an integer >= 1"),
         ]

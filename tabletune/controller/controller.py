@@ -160,7 +160,7 @@ class Controller:
         """The optimizer's options; with ``model_draft_rate``, the current draft-rate estimate."""
         if not self.config.model_draft_rate:
             return self.options
-        return dataclasses.replace(self.options, draft_rate=self.draft_rate.rate)
+        return dataclasses.replace(self.options, draft_rate=self.draft_rate.rate, draft_share=self.config.draft_share)
 
     def explore_next(self, batch_size: int | None = None) -> bool:
         """Whether the next step drafts k_max; call once per step (it spends credit)."""

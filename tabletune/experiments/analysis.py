@@ -84,14 +84,15 @@ def write_csv(path: Path, rows: Sequence[object]) -> str:
 
 
 def share_plot(path: Path, rows: Sequence[Share], policies: Sequence[str], title: str,
-               ylabel: str = "throughput / best fixed k") -> str:
-    """Mean share vs load (log x), one line per policy, spread as error bars."""
+               ylabel: str = "throughput / best fixed k", note: str = "") -> str:
+    """Mean share vs load (log x, integer ticks), one line per policy, spread as error bars; ``note``
+    (the provenance) is printed under the axes."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = plt.subplots(figsize=(8, 4.8), layout="constrained")
     for name in policies:
         mine = sorted((s for s in rows if s.policy == name), key=lambda s: s.load)
         if not mine:
@@ -101,17 +102,37 @@ def share_plot(path: Path, rows: Sequence[Share], policies: Sequence[str], title
         err = [[s.mean - s.low for s in mine], [s.high - s.mean for s in mine]]
         ax.errorbar(x, y, yerr=err, marker="o", ms=3, capsize=2, label=name,
                     lw=2.2 if name in ("tabletune", "controller") else 1.0)
-    ax.axhline(0.94, color="grey", ls=":", lw=1)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("load (open requests)")
+    ax.axhline(0.97, color="grey", ls=":", lw=1)
+    load_axis(ax, sorted({s.load for s in rows}))
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, ncol=2)
     ax.grid(alpha=0.3)
+    save_figure(fig, path, note)
+    return path.name
+
+
+def load_axis(ax, loads: Sequence[int]) -> None:
+    """A log2 load axis labelled with the loads as plain integers."""
+    from matplotlib.ticker import NullFormatter
+
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(loads), [str(n) for n in loads], fontsize=8)
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("load (open requests)")
+
+
+def save_figure(fig, path: Path, note: str = "") -> None:
+    """Write the PNG atomically, the provenance note wrapped under the axes; closes the figure."""
+    import textwrap
+
+    import matplotlib.pyplot as plt
+
+    if note:
+        fig.supxlabel(textwrap.fill(note, 130), fontsize=6, ha="center")
     with fileio.atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=110, bbox_inches="tight", format="png")
     plt.close(fig)
-    return path.name
 
 
 def md_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

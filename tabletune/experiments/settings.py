@@ -1,118 +1,78 @@
-"""The five drafter settings of Table 1, derived from one measured EAGLE-like step-time profile.
+"""The paper's drafter settings, each a measured step profile paired with a measured acceptance profile.
 
-The starter profiles measure T_e(b, k) = V(b, k) + k * d_e(b): target verification of
-k + 1 tokens per sequence, plus k steps of an EAGLE-like drafter (one decoder layer and
-the LM head). We split them with the stated assumption d_e(b) = 0.04 * T_e(b, 0) (an
-EAGLE head costs ~4% of a target forward), so V(b, k) = T_e(b, k) - 0.04 k T_e(b, 0),
-and price the other drafters on top of V:
+Every setting names two committed files and nothing else decides its numbers:
 
-* ``eagle``: T_e as measured; rates EAGLE-3-like on general text.
-* ``draft-model``: a separate small model (0.6B-for-8B-like), d(b) = 0.12 * T_e(b, 0) per
-  draft step (a small model's forward is launch- and bandwidth-bound); acceptance holds
-  up deeper in the draft.
-* ``ngram-code-edit``: prompt-lookup drafting on the CPU, d = 0 (T = V); the code-edit
-  workload (long copyable spans, ``tabletune.sim.ngram``); requests without a match
-  verify nothing.
-* ``parallel-block``: DFlash-like, all k tokens drafted in one parallel pass costing
-  0.15 * T_e(b, 0) whatever k (> 0); high acceptance.
-* ``weak-drafter``: the target quantised to 4 bits as drafter: d(b) = 0.3 * T_e(1, 0) +
-  0.6 * (T_e(b, 0) - T_e(1, 0)) (4 bits cut the weight reads, not the compute that grows
-  with b); very high acceptance, expensive drafts.
+* the step profile T(b, k): the built-in engine on one H200 (``profiles/h200/``, random bf16 weights of
+  the named shape, the whole speculative step timed, the drafter's cost included);
+* the acceptance: SmolLM2-135M's measured per-position rates (``profiles/acceptance/``), from the
+  trained EAGLE head, the layer-12 early exit, or n-gram prompt lookup, on the named prompt set at
+  temperature 0. For n-gram, the per-token trace (``profiles/traces/``) is replayed in the simulator:
+  which request-steps find a match (the draft rate q) and what is accepted given the match.
 
-Mixed lengths (per-request policies) are costed by the split rule of ``tabletune.cost``
-with each setting's own drafting time D(b, k) = draft_ms(b, k) (0 for n-gram): the step
-pays the drafter for the longest chain and the target per verified token.
-``draft_share`` is the older one-constant rule, kept for comparison (``Lab(cost_rule="share")``).
+The acceptance comes from a 135M model while the step times come from 8B-30B shapes: the pairing is a
+stated stand-in (no 8B drafter's acceptance was measured here), and two pairings have no drafter of
+their own kind measured: the separate draft model uses the early-exit acceptance (a smaller model's
+proposals) and the parallel block uses the trained head's on code.
 
-The rates are stated assumptions until measured acceptance profiles exist under
-``profiles/acceptance/``; ``prior`` rates come from an offline calibration run
-(``tabletune.experiments.runner.measure_rates``), as the tuner would measure them.
+A mixed step (rows drafting different lengths, and n-gram rows without a match) is costed by the
+draft-share rule of ``tabletune.cost`` with f = ``Lab.draft_share``: the share fitted to the engine's
+timed mixed steps when ``benchmarks/results/engine_policies.json`` holds them, else 1, the rule of the
+engine's code (a step runs the graph of max k_i with every row padded to it, ``engine/runner.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
-from tabletune.cost import StepCost
+from tabletune.acceptance import AcceptanceProfile
 from tabletune.policies.base import MODEL, NGRAM
-from tabletune.profile import StepPoint, StepProfile
-from tabletune.sim.workload import PRESETS, Workload
-
-EAGLE_DRAFT_SHARE = 0.04
-
-GENERAL = Workload("general", (0.80, 0.75, 0.70, 0.65, 0.60, 0.55, 0.50))
+from tabletune.profile import StepProfile
+from tabletune.sim.workload import Workload
 
 
 @dataclass(frozen=True)
 class Setting:
     name: str
     description: str
-    workload: Workload
-    draft_ms: Callable[[StepProfile, int, int], float]  # extra drafting cost d(b, k) on top of V(b, k)
+    profile: str  # step profile, relative to the profiles folder
+    acceptance: str  # acceptance profile, relative to the profiles folder
     default_drafter: int = MODEL
-    draft_share: float = 0.5  # the one-constant mixed-length rule (0 for CPU / one-pass drafting)
+    ngram_trace: str | None = None  # n-gram per-token trace replayed by the simulator
 
-    def profile(self, eagle: StepProfile) -> StepProfile:
-        """T(b, k) = V(b, k) + draft_ms(b, k), with V from the EAGLE-like profile (module docstring)."""
-        points = []
-        for p in eagle.points:
-            t0 = eagle.step_ms(p.batch_size, 0)
-            v = p.median_ms - EAGLE_DRAFT_SHARE * p.k * t0
-            points.append(StepPoint(p.batch_size, p.k, (max(v + self.draft_ms(eagle, p.batch_size, p.k), 1e-3),)))
-        fp = dataclasses.replace(eagle.fingerprint, drafter=self.name,
-                                 command=f"derived from {eagle.source} ({self.name}, tabletune.experiments.settings)")
-        return StepProfile(points=tuple(points), context_len=eagle.context_len, fingerprint=fp, source=eagle.source)
+    def step_profile(self, root: Path) -> StepProfile:
+        return StepProfile.load(root / self.profile)
 
-    def cost(self, eagle: StepProfile, rule: str = "split") -> StepCost:
-        """The step cost: ``split`` (drafting D = draft_ms for the longest chain) or ``share`` (draft_share)."""
-        if rule == "split":
-            return StepCost.split(self.profile(eagle), lambda b, k: self.draft_ms(eagle, b, k))
-        if rule == "share":
-            return StepCost(self.profile(eagle), self.draft_share)
-        raise ValueError(f"cost rule must be 'split' or 'share', got {rule!r}")
+    def workload(self, root: Path) -> Workload:
+        """The simulator's workload: the measured rates (conditional, over the drafts made)."""
+        entry = AcceptanceProfile.load(root / self.acceptance).select()
+        rates = tuple(max(float(r), 1e-3) for r in entry.known_rates())
+        return Workload(f"{self.name} ({entry.workload})", rates, prompt_len_mean=512.0, output_len_mean=256.0)
 
 
-def _eagle(p: StepProfile, b: int, k: int) -> float:
-    return EAGLE_DRAFT_SHARE * k * p.step_ms(b, 0)
+def _s(name: str, description: str, profile: str, acceptance: str, **kw) -> Setting:
+    return Setting(name, description, f"h200/{profile}", f"acceptance/{acceptance}", **kw)
 
 
-def _draft_model(p: StepProfile, b: int, k: int) -> float:
-    return 0.12 * k * p.step_ms(b, 0)
+SETTINGS: dict[str, Setting] = {s.name: s for s in (
+    _s("eagle", "8B, EAGLE-style head; trained head on MT-Bench chat", "qwen3-8b_eagle_ctx1024.json",
+       "eagle_chat_T0.json"),
+    _s("draft-model", "8B, 0.6B-shape draft model; early-exit acceptance on chat", "qwen3-8b_draft-model_ctx1024.json",
+       "early-exit_chat_T0.json"),
+    _s("parallel-block", "8B, parallel block (DFlash-like); trained head on HumanEval",
+       "qwen3-8b_parallel-block_ctx1024.json", "eagle_code_T0.json"),
+    _s("ngram-code-edit", "8B, n-gram prompt lookup; code edits (trace replayed)", "qwen3-8b_ngram_ctx1024.json",
+       "ngram_code-edit_T0.json", default_drafter=NGRAM, ngram_trace="traces/ngram_code-edit_T0.csv.gz"),
+    _s("32b", "32B, EAGLE-style head; trained head on chat", "qwen3-32b_eagle_ctx1024.json", "eagle_chat_T0.json"),
+    _s("moe", "30B-A3B MoE, EAGLE-style head; trained head on chat", "qwen3-30b-a3b_eagle_ctx1024.json",
+       "eagle_chat_T0.json"),
+)}
 
+#: The settings of Table 1, in order.
+TABLE1 = ("eagle", "draft-model", "parallel-block", "ngram-code-edit", "32b", "moe")
 
-def _ngram(p: StepProfile, b: int, k: int) -> float:
-    return 0.0
-
-
-def _parallel_block(p: StepProfile, b: int, k: int) -> float:
-    return 0.15 * p.step_ms(b, 0) if k > 0 else 0.0
-
-
-def _weak(p: StepProfile, b: int, k: int) -> float:
-    t1 = p.step_ms(1, 0)
-    return k * (0.3 * t1 + 0.6 * (p.step_ms(b, 0) - t1))
-
-
-SETTINGS: dict[str, Setting] = {
-    s.name: s for s in (
-        Setting("eagle", "EAGLE-like (one-layer head), general text", GENERAL, _eagle),
-        Setting("draft-model", "separate small draft model", GENERAL.with_rates(
-            (0.76, 0.74, 0.72, 0.70, 0.68, 0.66, 0.64)), _draft_model),
-        Setting("ngram-code-edit", "n-gram (prompt lookup) on code edits",
-                dataclasses.replace(PRESETS["code-edit"], name="code-edit"), _ngram, NGRAM, 0.0),
-        Setting("parallel-block", "parallel-block drafter (DFlash-like)", GENERAL.with_rates(
-            (0.86, 0.83, 0.80, 0.78, 0.76, 0.74, 0.72)), _parallel_block, MODEL, 0.0),
-        Setting("weak-drafter", "4-bit copy of the target as drafter", GENERAL.with_rates(
-            (0.92, 0.90, 0.89, 0.88, 0.87, 0.86, 0.85)), _weak),
-    )
-}
-
-#: The five settings of Table 1, in order.
-TABLE1 = ("eagle", "draft-model", "ngram-code-edit", "parallel-block", "weak-drafter")
-
-# Fig 4b: the EAGLE-like drafter on code, then on math (the workload switch).
-SETTINGS["eagle-code"] = dataclasses.replace(SETTINGS["eagle"], name="eagle-code", workload=PRESETS["code"])
-SETTINGS["eagle-math"] = dataclasses.replace(SETTINGS["eagle"], name="eagle-math", workload=PRESETS["math"])
-
+# Fig 4b: the EAGLE-style head on code (HumanEval), then on chat (MT-Bench): the workload switch.
+SETTINGS["eagle-code"] = dataclasses.replace(SETTINGS["eagle"], name="eagle-code", acceptance="acceptance/eagle_code_T0.json",
+                                             description="8B, EAGLE-style head; trained head on HumanEval")
+SETTINGS["eagle-chat"] = dataclasses.replace(SETTINGS["eagle"], name="eagle-chat")

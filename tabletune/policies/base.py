@@ -53,6 +53,8 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
+from tabletune.goodput import DraftYield
+
 from tabletune.cost import StepCost
 
 MODEL = 0  # model-based drafter (EAGLE-like, draft model, ...)
@@ -72,6 +74,10 @@ class PolicyContext:
     # n-gram calibration table fit once on general text: ngram_rates[L] = conditional
     # acceptance of an n-gram draft token when the suffix match length is L (index 0 unused)
     ngram_rates: tuple[float, ...] = ()
+    # share of request-steps whose drafter proposed, measured offline with the prior rates (n-gram: < 1)
+    prior_draft_rate: float = 1.0
+    # a drafter that proposes only on a match: tokens per request-step and draft rate measured at each k
+    prior_yields: tuple[DraftYield, ...] = ()
 
     @property
     def k_max(self) -> int:

@@ -91,7 +91,10 @@ class _Run:
     def step(self) -> None:
         reqs, sim, rng = self.reqs, self.sim, self.rng
         b, k_max = len(reqs), sim.k_max
-        if self.track_ngram:
+        ng_ok = None
+        if self.track_ngram and sim.ngram_replay is not None:  # proposals and outcomes from the n-gram trace
+            ng_ok, ng_prop, ng_len = sim.ngram_replay.window(reqs.trace_pos, k_max)
+        elif self.track_ngram:
             ng_prop, ng_len = ngram.propose(reqs.span_left, reqs.match_len,
                                             sim._w["spurious_match_prob"][reqs.widx], k_max, rng)
         else:
@@ -119,7 +122,9 @@ class _Run:
                 margin = acc.draw_margins(reqs.logits[:, :width], rng)
             m = margin[:, :width]
             if is_ng.any():
-                m = np.where(is_ng[:, None], ngram.margins(reqs.span_left, ng_len, width, rng), m)
+                ng_m = (np.where(ng_ok[:, :width], 1.0, -1.0) if ng_ok is not None
+                        else ngram.margins(reqs.span_left, ng_len, width, rng))
+                m = np.where(is_ng[:, None], ng_m, m)
             accepted = acc.accepted_count(m, ks)
         kl = None
         if self.uses_features and margin is not None and sim.replay is None:
@@ -150,7 +155,7 @@ class _Run:
         end_s = self.time_s + total_ms / 1000.0
         tokens = np.minimum(accepted + 1, reqs.out_len - reqs.generated)
         reqs.generated = reqs.generated + tokens
-        if sim.replay is not None:
+        if sim.replay is not None or sim.ngram_replay is not None:
             reqs.trace_pos = reqs.trace_pos + tokens
         if self.new_first:  # requests that emitted their first tokens in this step
             reqs.first_s = np.where(np.isnan(reqs.first_s), end_s, reqs.first_s)

@@ -86,3 +86,65 @@ def load_traces(paths: Sequence[str | Path]) -> TraceStreams:
                 cols[name].append(float(r[name]))
     return TraceStreams(np.array(cols["top1_prob"]), np.array(cols["entropy"]), np.array(cols["margin"]),
                         np.array(cols["accepted"], dtype=bool), np.array(cols["request"], dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class NgramStreams:
+    """The n-gram drafter's recorded proposals by output position, requests laid end to end (cyclic).
+
+    From an n-gram trace (``profiles/traces/ngram_*.csv.gz``): ``run[g]`` = recorded rows from g on
+    without a gap, i.e. the tokens the drafter proposes at g (0: no match, the row is undrafted);
+    ``accepted[g]`` whether the target accepted the token at g; ``match_len[g]`` its suffix match
+    length. A draft at g of k tokens proposes min(k, run[g]) and keeps its leading run of accepted
+    rows, so the share of request-steps that draft (q) and the acceptance given the match follow the
+    measurement. The same reading of a trace as the engine's ``TracedReplayDrafter``: a draft that starts
+    inside a recorded one continues the recorded proposal (a stated simplification). One more: the
+    bonus token after a fully accepted recorded draft has no row (the target emitted it); a one-position
+    gap after an accepted row, with the next draft right behind it, is read as an accepted proposal, so
+    that a replay with a shorter k than the recording does not see a miss the recording never had.
+    """
+
+    accepted: np.ndarray  # [num_rows] bool
+    run: np.ndarray  # [num_rows] int64
+    match_len: np.ndarray  # [num_rows] int64
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.accepted)
+
+    def window(self, pos: np.ndarray, k_max: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(accepted [b, k_max], proposals [b] <= k_max, match_len [b]) at rows pos (cyclic)."""
+        pos = np.asarray(pos, dtype=np.int64) % self.num_rows
+        rows = (pos[:, None] + np.arange(k_max)[None, :]) % self.num_rows
+        return self.accepted[rows], np.minimum(self.run[pos], k_max), self.match_len[pos]
+
+
+def load_ngram_trace(path: str | Path) -> NgramStreams:
+    """An n-gram trace file as NgramStreams: one stream per request, positions 1..its last row."""
+    path = Path(path)
+    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    by_request: dict[str, list[dict]] = {}
+    for r in csv.DictReader(io.StringIO(raw.decode())):
+        by_request.setdefault(r["request"], []).append(r)
+    if not by_request:
+        raise ValueError(f"n-gram trace {path} has no rows")
+    acc, runs, lens = [], [], []
+    for rows in by_request.values():
+        n = max(int(r["gen_pos"]) for r in rows)
+        ok, present, match = np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, np.int64)
+        for r in rows:
+            g = int(r["gen_pos"]) - 1
+            present[g], ok[g] = True, r["accepted"] == "1"
+            match[g] = int(float(r["ngram_len"] or 0))
+        bonus = np.zeros(n, bool)  # [n] the bonus position after a fully accepted draft
+        bonus[1:-1] = ~present[1:-1] & ok[:-2] & present[2:]
+        present |= bonus
+        ok |= bonus
+        match = np.where(bonus, np.roll(match, 1), match)
+        run = np.zeros(n, np.int64)
+        for g in range(n - 1, -1, -1):
+            run[g] = (run[g + 1] + 1 if g + 1 < n else 1) if present[g] else 0
+        acc.append(ok)
+        runs.append(run)
+        lens.append(match)
+    return NgramStreams(np.concatenate(acc), np.concatenate(runs), np.concatenate(lens))

@@ -8,7 +8,8 @@ its draft and emits accepted + 1 tokens, vLLM's continuous batching):
    next decode step), is added to that step's time;
 2. the policy decides the draft lengths (``tabletune.policies.base``);
 3. acceptance is drawn (``tabletune.sim.acceptance``, ``tabletune.sim.ngram``), or
-   replayed with its signals from measured traces (``tabletune.sim.replay``);
+   replayed with its signals from measured traces (``tabletune.sim.replay``; n-gram
+   proposals and outcomes too, with ``ngram_replay``);
 4. the step takes ``StepCost.mixed_ms(ks)`` (= T(b, k) for a uniform k) times a
    mean-one lognormal noise of coefficient of variation ``noise_cv``;
 5. each request emits min(accepted + 1, tokens left) tokens; finished requests leave;
@@ -31,7 +32,7 @@ from tabletune.sim import acceptance as acc
 from tabletune.sim import ngram
 from tabletune.sim.loop import run_loop
 from tabletune.sim.metrics import SimResult
-from tabletune.sim.replay import TraceStreams
+from tabletune.sim.replay import NgramStreams, TraceStreams
 from tabletune.sim.workload import Schedule
 
 
@@ -58,10 +59,12 @@ class SimConfig:
 
 class Simulator:
     def __init__(self, cost: StepCost, schedule: Schedule, config: SimConfig, *,
-                 default_drafter: int = 0, replay: TraceStreams | None = None) -> None:
+                 default_drafter: int = 0, replay: TraceStreams | None = None,
+                 ngram_replay: NgramStreams | None = None) -> None:
         self.cost, self.schedule, self.config = cost, schedule, config
         self.default_drafter = default_drafter
         self.replay = replay  # model drafter outcomes and signals from traces (``tabletune.sim.replay``)
+        self.ngram_replay = ngram_replay  # n-gram proposals and outcomes from a trace, instead of the span model
         self.k_max = min(schedule.k_max, cost.k_max)
         ws = schedule.workloads
         self.thetas = [acc.calibrate_logits(w.rates[: self.k_max], w.heterogeneity) for w in ws]
@@ -69,7 +72,7 @@ class Simulator:
                    for name in ("span_start_prob", "span_mean_len", "spurious_match_prob", "signal_noise")}
 
     def context(self, prior_rates: tuple[float, ...] | None = None, ks: tuple[int, ...] | None = None,
-                seed: int | None = None) -> PolicyContext:
+                seed: int | None = None, prior_draft_rate: float = 1.0) -> PolicyContext:
         """A PolicyContext for this simulation (prior: the first workload's rates unless given)."""
         first = self.schedule.workloads[0]
         return PolicyContext(
@@ -80,6 +83,7 @@ class Simulator:
             default_drafter=self.default_drafter,
             seed=self.config.seed if seed is None else seed,
             ngram_rates=ngram.calibration_rates(first.span_mean_len),
+            prior_draft_rate=prior_draft_rate,
         )
 
     def new_requests(self, n: int, time_s: float, rng: np.random.Generator, next_id: int) -> dict[str, np.ndarray]:
@@ -90,8 +94,8 @@ class Simulator:
         z, u_out, u_prompt = rng.standard_normal(n), rng.random(n), rng.random(n)
         out_len = _geometric(u_out, w.output_len_mean) if w.output_len is None else np.full(n, w.output_len)
         prompt_len = _geometric(u_prompt, w.prompt_len_mean) if w.prompt_len_mean > 0 else np.zeros(n, np.int64)
-        trace_pos = (rng.integers(0, self.replay.num_rows, n) if self.replay is not None
-                     else np.zeros(n, np.int64))
+        streams = self.replay if self.replay is not None else self.ngram_replay
+        trace_pos = rng.integers(0, streams.num_rows, n) if streams is not None else np.zeros(n, np.int64)
         return {
             "ids": np.arange(next_id, next_id + n, dtype=np.int64),
             "widx": np.full(n, i, np.int64),

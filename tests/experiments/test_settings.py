@@ -1,75 +1,60 @@
+from pathlib import Path
+
+import numpy as np
 import pytest
 
-from tabletune.experiments.settings import EAGLE_DRAFT_SHARE, SETTINGS, TABLE1
-from tabletune.profile import StepProfile
+from tabletune.acceptance import AcceptanceProfile
+from tabletune.experiments.runner import Lab
+from tabletune.experiments.settings import SETTINGS, TABLE1
+from tabletune.policies.base import NGRAM
+
+PROFILES = Path(__file__).resolve().parents[2] / "profiles"
 
 
-@pytest.fixture
-def eagle(starter_8b):
-    return StepProfile.load(starter_8b)
+def test_every_setting_names_measured_h200_steps_and_measured_acceptance():
+    assert TABLE1 == ("eagle", "draft-model", "parallel-block", "ngram-code-edit", "32b", "moe")
+    for setting in SETTINGS.values():
+        fp = setting.step_profile(PROFILES).fingerprint
+        assert fp.device == "NVIDIA H200" and fp.engine == "builtin", setting.name
+        entry = AcceptanceProfile.load(PROFILES / setting.acceptance).select()
+        assert entry.num_drafts > 0 and entry.temperature == 0.0
+        assert setting.workload(PROFILES).rates == pytest.approx(entry.known_rates(), abs=1e-9)
+    assert SETTINGS["ngram-code-edit"].default_drafter == NGRAM
+    assert (PROFILES / SETTINGS["ngram-code-edit"].ngram_trace).is_file()
+    # the paper's targets: 8B with four drafters, 32B and the MoE
+    models = {n: SETTINGS[n].step_profile(PROFILES).fingerprint.model.split()[0] for n in TABLE1}
+    assert models == {"eagle": "qwen3-8b", "draft-model": "qwen3-8b", "parallel-block": "qwen3-8b",
+                      "ngram-code-edit": "qwen3-8b", "32b": "qwen3-32b", "moe": "qwen3-30b-a3b"}
 
 
-def test_eagle_setting_is_the_measured_profile(eagle):
-    p = SETTINGS["eagle"].profile(eagle)
-    for b in (1, 16, 128):
-        for k in (0, 3, 7):
-            assert p.step_ms(b, k) == pytest.approx(eagle.step_ms(b, k))
+def test_the_lab_costs_mixed_steps_with_its_draft_share():
+    lab = Lab(PROFILES, draft_share=0.25)
+    cost = lab.cost(SETTINGS["eagle"])
+    t = cost.profile
+    assert cost.mixed_ms(np.array([1, 1, 1, 5])) == pytest.approx(
+        t.step_ms(4, 0) + 0.25 * (t.step_ms(4, 5) - t.step_ms(4, 0)) + 0.75 * (t.step_ms(4, 2) - t.step_ms(4, 0)))
+    assert cost.mixed_ms(np.array([3, 3])) == pytest.approx(t.step_ms(2, 3))
 
 
-def test_ngram_removes_the_eagle_drafting_cost(eagle):
-    p = SETTINGS["ngram-code-edit"].profile(eagle)
-    t0 = eagle.step_ms(32, 0)
-    assert p.step_ms(32, 5) == pytest.approx(eagle.step_ms(32, 5) - 5 * EAGLE_DRAFT_SHARE * t0)
-    assert p.step_ms(32, 0) == pytest.approx(t0)
-
-
-def test_parallel_block_pays_one_pass_whatever_k(eagle):
-    p = SETTINGS["parallel-block"].profile(eagle)
-    v = SETTINGS["ngram-code-edit"].profile(eagle)
-    t0 = eagle.step_ms(8, 0)
-    for k in (1, 4, 7):
-        assert p.step_ms(8, k) - v.step_ms(8, k) == pytest.approx(0.15 * t0)
-
-
-def test_drafter_costs_are_ordered(eagle):
-    cost = {name: SETTINGS[name].profile(eagle).step_ms(1, 5) for name in TABLE1}
-    assert cost["ngram-code-edit"] < cost["eagle"] < cost["draft-model"] < cost["weak-drafter"]
-
-
-def test_split_cost_pays_the_setting_drafter_for_the_longest_chain(eagle):
-    import numpy as np
-
+def test_calibration_recovers_the_measured_rates():
+    lab = Lab(PROFILES, duration_s=2.0)
     setting = SETTINGS["eagle"]
-    cost = setting.cost(eagle, "split")
-    t = SETTINGS["eagle"].profile(eagle)
-    assert cost.mixed_ms(np.array([3, 3, 3, 3])) == pytest.approx(t.step_ms(4, 3))
-    # ks (1, 1, 1, 5): verification at k_bar = 2, drafting d(b, k) = 0.04 k T0 at k_max = 5
-    d = lambda k: EAGLE_DRAFT_SHARE * k * eagle.step_ms(4, 0)  # noqa: E731
-    want = t.step_ms(4, 2) - d(2) + d(5)
-    assert cost.mixed_ms(np.array([1, 1, 1, 5])) == pytest.approx(want)
-    # the older one-constant rule charges half the per-k cost at k_max
-    share = setting.cost(eagle, "share")
-    t0 = t.step_ms(4, 0)
-    assert share.mixed_ms(np.array([1, 1, 1, 5])) == pytest.approx(
-        t0 + 0.5 * (t.step_ms(4, 5) - t0) + 0.5 * (t.step_ms(4, 2) - t0))
-    with pytest.raises(ValueError):
-        setting.cost(eagle, "bogus")
+    rates, q = lab.measured_prior(setting)
+    assert q == 1.0
+    assert rates == pytest.approx(setting.workload(PROFILES).rates[:7], abs=0.05)
 
 
-def test_ngram_split_is_per_token(eagle):
-    import numpy as np
-
-    cost = SETTINGS["ngram-code-edit"].cost(eagle)
-    t = SETTINGS["ngram-code-edit"].profile(eagle)
-    assert cost.mixed_ms(np.array([0, 4])) == pytest.approx(t.step_ms(2, 2))
-
-
-def test_the_lab_costs_mixed_lengths_by_the_split_rule_unless_told(eagle):
-    import numpy as np
-
-    from tabletune.experiments.runner import Lab
-
-    ks = np.array([1, 1, 1, 5])
-    split, share = Lab(eagle), Lab(eagle, cost_rule="share")
-    assert split.cost(SETTINGS["eagle"]).draft_grid is not None and share.cost(SETTINGS["eagle"]).draft_grid is None
-    assert split.cost(SETTINGS["eagle"]).mixed_ms(ks) == pytest.approx(SETTINGS["eagle"].cost(eagle).mixed_ms(ks))
+def test_ngram_calibration_measures_a_draft_rate_and_yields_per_k():
+    lab = Lab(PROFILES, duration_s=2.0)
+    setting = SETTINGS["ngram-code-edit"]
+    _, q = lab.measured_prior(setting)
+    # the recorded run (k = 8) drafted in 91 of 156 request-steps (0.58); the replay at k = 7 is close
+    assert 0.5 < q < 0.7
+    yields = lab.measured_yields(setting)
+    assert [y.k for y in yields] == list(range(8))
+    assert yields[0].tokens_per_step == 1.0 and yields[0].draft_rate == 0.0
+    tokens = [y.tokens_per_step for y in yields]
+    assert tokens == sorted(tokens)
+    # a shorter k spends more steps inside matched spans: q falls as k grows
+    assert yields[1].draft_rate > yields[7].draft_rate + 0.1
+    assert lab.measured_yields(SETTINGS["eagle"]) == ()

@@ -91,3 +91,50 @@ def test_replay_fixed_k_matches_the_trace_rates():
     trace = streams(np.random.default_rng(0).random(2000) < 0.7)
     result = sim_with(trace, load=8).run(make_policy("fixed:1", sim_with(trace).context()))
     assert result.acceptance == pytest.approx(trace.conditional_rates(1)[0], abs=0.05)
+
+
+NGRAM_TRACE = """request,draft_start,draft_pos,gen_pos,top1_prob,entropy,margin,ngram_len,accept_prob,accepted
+A,1,1,1,,,,2,1,1
+A,1,2,2,,,,2,1,1
+A,1,3,3,,,,2,0,0
+A,4,1,4,,,,3,1,1
+A,4,2,5,,,,3,1,1
+A,4,3,6,,,,3,1,1
+A,8,1,8,,,,4,1,1
+A,8,2,9,,,,4,0,0
+A,12,1,12,,,,2,0,0
+"""
+
+
+def test_ngram_trace_proposals_and_the_bonus_gap(tmp_path):
+    from tabletune.sim.replay import load_ngram_trace
+
+    path = tmp_path / "ngram.csv.gz"
+    path.write_bytes(gzip.compress(NGRAM_TRACE.encode()))
+    t = load_ngram_trace(path)
+    # gen 7 (after the fully accepted draft 4..6, with the next draft at 8) is the bonus gap: bridged, accepted
+    assert t.run.tolist() == [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 0, 1]
+    assert t.accepted.tolist() == [1, 1, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0]
+    assert t.match_len[6] == 3
+    ok, proposed, match = t.window(np.array([0, 9, 11, 12]), 3)
+    assert proposed.tolist() == [3, 0, 1, 3]  # row 12 wraps to row 0
+    assert ok[0].tolist() == [True, True, False] and match.tolist() == [2, 0, 2, 2]
+
+
+def test_ngram_replay_sets_the_draft_rate(tmp_path):
+    from tabletune.experiments.runner import measure_prior
+    from tabletune.policies.base import NGRAM
+    from tabletune.sim.replay import load_ngram_trace
+
+    path = tmp_path / "ngram.csv"
+    path.write_text(NGRAM_TRACE)
+    prof = StepProfile(points=tuple(StepPoint(b, k, (10.0 + b + k,)) for b in (1, 8) for k in range(4)),
+                       context_len=0)
+    sim = Simulator(StepCost(prof, 1.0), Schedule.constant(Workload("w", (0.5, 0.5, 0.5))),
+                    SimConfig(duration_s=5.0, load=4, max_num_seqs=8, seed=0), default_drafter=NGRAM,
+                    ngram_replay=load_ngram_trace(path))
+    rates, q = measure_prior(sim)
+    # positions 10 and 11 never propose; every other step does: 0 < q < 1
+    assert 0.3 < q < 0.95
+    # a draft at run >= 3 from rows 0..2 accepts 2 of 3: the rates are the trace's, not the workload's 0.5
+    assert rates[0] > 0.6
