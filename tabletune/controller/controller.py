@@ -39,6 +39,12 @@ and reported in ``state()``. Rebuilds optimise with it only with ``model_draft_r
 (opt-in): the linear cost model of ``tabletune.goodput`` mispredicts vLLM's n-gram
 path on CPU (see the README), so by default every request is modelled as drafting.
 
+Pinning: ``pin(table)`` installs an operator's table (e.g. from ``TABLETUNE_TABLE_FILE``) and
+freezes it: the controller keeps observing (and exploring, so a sidecar that pools
+replicas still sees deep positions), so its estimate stays current, but it installs
+nothing until ``unpin()``. The next rebuild after ``unpin()`` starts from the
+pinned table and the estimate at that time.
+
 Safety: observations with NaN, negative or inconsistent counts are ignored and
 counted in ``state()['ignored']``. Memory is bounded: fixed-size counters, a
 batch-size histogram capped at ``max_batch``, and the last 16 installs.
@@ -120,6 +126,8 @@ class Controller:
         self.last_batch_size = 1
         self.last_gain = 0.0
         self.history: deque[dict] = deque(maxlen=HISTORY)
+        self.pinned = False
+        self.pins = 0
         self._credit = 0.0
         self._last_eval_s: float | None = None
         self._last_install_s: float | None = None
@@ -181,6 +189,8 @@ class Controller:
     def maybe_rebuild(self, now_s: float) -> DraftTable | None:
         """Re-optimise from the current estimate; return a table worth installing, else None."""
         cfg = self.config
+        if self.pinned:
+            return None
         if self._last_eval_s is not None and (now_s - self._last_eval_s < cfg.rebuild_interval_s
                                               or self.steps - self._eval_steps < cfg.rebuild_every_steps):
             return None
@@ -208,6 +218,23 @@ class Controller:
         self._install(table, now_s, None, self.estimator.rates())
         return table
 
+    def pin(self, ranges: object, now_s: float | None = None, source: str = "pinned table") -> DraftTable:
+        """Install this table (validated) and install nothing else until ``unpin``."""
+        table = DraftTable.from_ranges(ranges, self.k_max, source=source)
+        self.table = table
+        self.pinned = True
+        self.pins += 1
+        self.history.append({"time_s": now_s, "table": table.as_lists(), "predicted_gain": None,
+                             "acceptance": [round(r, 4) for r in self.estimator.rates()], "steps": self.steps,
+                             "pinned": True})
+        return table
+
+    def unpin(self) -> None:
+        """Resume: the next rebuild may replace the pinned table (the change filter starts over)."""
+        self.pinned = False
+        self._last_rates = []
+        self._last_eval_s = None
+
     def _install(self, table: DraftTable, now_s: float | None, gain: float | None, rates: list[float]) -> None:
         self.table = table
         self.installs += 1
@@ -229,8 +256,9 @@ class Controller:
                    for n, p in zip(self.batch_hist[1:], current) if n)
         return self.explore_steps / self.steps * loss / seen
 
-    def state(self) -> dict:
-        return {
+    def state(self, light: bool = False) -> dict:
+        """JSON-able state; ``light`` skips the modelled exploration cost (an optimizer run) and history."""
+        out = {
             "table": self.table.as_lists(),
             "acceptance": [round(r, 6) for r in self.estimator.rates()],
             "prior": [round(r, 6) for r in self.estimator.prior],
@@ -244,10 +272,13 @@ class Controller:
             "ignored": dict(self.ignored),
             "last_gain": round(self.last_gain, 6),
             "k_max": self.k_max,
-            "explore_cost": round(self.explore_cost(), 6),
-            "history": list(self.history),
-            "config": dataclasses.asdict(self.config),
+            "pinned": self.pinned,
+            "pins": self.pins,
         }
+        if not light:
+            out.update(explore_cost=round(self.explore_cost(), 6), history=list(self.history),
+                       config=dataclasses.asdict(self.config))
+        return out
 
 
 def load_controller(profile_dir: str | Path, options_json: str, table: DraftTable | None, k_max: int | None,
