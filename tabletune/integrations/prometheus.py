@@ -184,3 +184,31 @@ class Sidecar:
         running = counters.num_requests_running
         batch = max(1, round(running)) if math.isfinite(running) else 1
         return drafts, reached, accepted, drafted, undrafted, batch
+
+
+def parse_tabletune(text: str) -> dict[str, dict]:
+    """The plugin's ``tabletune_*`` series per engine label: table, acceptance, counters ({} if none)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    engines: dict[str, dict] = {}
+    for family in text_string_to_metric_families(text):
+        if not family.name.startswith("tabletune_"):
+            continue
+        name = family.name.removeprefix("tabletune_")
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue
+            labels = dict(sample.labels)
+            e = engines.setdefault(labels.pop("engine", "0"), {"table": [], "acceptance": {}})
+            if name == "k":
+                e["table"].append([int(labels["start_bs"]), int(labels["end_bs"]), int(sample.value)])
+            elif name == "acceptance":
+                e["acceptance"][int(labels["position"])] = sample.value
+            elif labels:  # by reason, kind or position
+                e.setdefault(name, {})[next(iter(labels.values()))] = sample.value
+            else:
+                e[name] = sample.value
+    for e in engines.values():
+        e["table"].sort()
+        e["acceptance"] = [e["acceptance"][j] for j in sorted(e["acceptance"])]
+    return engines
