@@ -96,9 +96,7 @@ def zero_counters(metrics_dir: Path) -> None:
 
 def run_soak(duration_s: float, clients: int, max_tokens: int, fault_period_s: float, port: int,
              work: Path) -> dict:
-    from tabletune import fileio
-    from tabletune.controller import load_controller
-    from tabletune.integrations.prometheus import Sidecar, parse_metrics, parse_tabletune
+    """Start `vllm serve` with the plugin (tiny-llama), soak it, stop it."""
     from tabletune.integrations.vllm.presets import tiny_llama_dir
     from tabletune.table import VLLM_DOCUMENTED_DIV4_RANGES, DraftTable
 
@@ -111,61 +109,75 @@ def run_soak(duration_s: float, clients: int, max_tokens: int, fault_period_s: f
     env = {"TABLETUNE_PROFILE": str(PROFILE), "TABLETUNE_ACCEPTANCE_CAP": RATES, "VLLM_CPU_KVCACHE_SPACE": "2",
            "TABLETUNE_TABLE_FILE": str(table_file), "TABLETUNE_METRICS_DIR": str(metrics_dir)}
     proc = vs.start_server(model, port, spec, env, work / "server.log")
-    sidecar_controller = load_controller(PROFILE, json.dumps({"rebuild_every_steps": 1}), None, K_MAX, 64)
-    sidecar = Sidecar(sidecar_controller, sidecar_controller.table)
-    samples, rss, events = [], [], []
-    reset_at = 6.5 * fault_period_s if 6.5 * fault_period_s < duration_s else 0.8 * duration_s
     try:
         vs.wait_ready(port, proc)
-        t0 = time.time()
-        with Clients(port, model, clients, max_tokens) as load:
-            done = set()
-            while (t := time.time() - t0) < duration_s:
-                phase = int(t // fault_period_s)
-                if phase >= 1 and phase not in done:
-                    done.add(phase)
-                    if phase % 2:
-                        table = PIN_TABLES[(phase // 2) % 2]
-                        fileio.write_json(table_file, {"num_speculative_tokens": K_MAX,
-                                                       "num_speculative_tokens_per_batch_size": table})
-                        events.append({"t_s": t, "event": "pin", "table": table})
-                    else:
-                        table_file.unlink(missing_ok=True)
-                        events.append({"t_s": t, "event": "unpin"})
-                if "corrupt" not in done and t >= 3.5 * fault_period_s:
-                    done.add("corrupt")
-                    fileio.write_text(table_file, '{"num_speculative_tokens_per_batch_size": [[1, 8, 3], [')
-                    events.append({"t_s": t, "event": "corrupt"})
-                if "reset" not in done and t >= reset_at:
-                    done.add("reset")
-                    zero_counters(metrics_dir)
-                    events.append({"t_s": t, "event": "counter_reset"})
-                text = vs.scrape(port)
-                engines = parse_tabletune(text)
-                e = engines.get("0", {})
-                sidecar.feed_all({"replica": parse_metrics(text)}, time.monotonic())
-                sidecar_controller.maybe_rebuild(time.monotonic())
-                samples.append({"t_s": round(t, 1), "table": e.get("table"), "pinned": e.get("pinned"),
-                                "installs": e.get("table_installs"), "rejected": e.get("table_file_rejected"),
-                                "errors": e.get("errors", {}), "sidecar_table": sidecar_controller.table.as_lists(),
-                                "requests": load.requests})
-                rss.append((round(t, 1), vs.rss_bytes(proc.pid)))
-                time.sleep(2.0)
-        wall_s = time.time() - t0
-        from tabletune.cli.status import fetch_state
-
-        status = fetch_state(f"http://127.0.0.1:{port}/metrics")
+        result = soak(port, proc.pid, model, table_file, metrics_dir, PROFILE, duration_s, clients, max_tokens,
+                      fault_period_s)
     finally:
         vs.stop_server(proc)
     log = (work / "server.log").read_text().splitlines()
+    return {**result, **log_figures(log)}
+
+
+def log_figures(log: list[str]) -> dict:
+    """Tables the plugin logged as installed, and its refusal lines."""
     installs = [json.loads(ln.split("installed table ", 1)[1].split(" after")[0])
                 for ln in log if "tabletune: installed table" in ln]
-    return {"duration_s": wall_s, "clients": clients, "max_tokens": max_tokens, "fault_period_s": fault_period_s,
-            "requests": load.requests, "tokens": load.tokens, "short": load.short, "failures": load.failures[:20],
-            "num_failures": len(load.failures), "events": events, "samples": samples, "rss": rss,
-            "installs_logged": installs, "sidecar_ignored": sidecar.baselines["replica"].ignored,
-            "refused_log_lines": sum("table file refused" in ln for ln in log), "status": status,
-            "k_max": K_MAX, "rates": RATES}
+    return {"installs_logged": installs, "refused_log_lines": sum("table file refused" in ln for ln in log)}
+
+
+def soak(port: int, pid: int, model: str, table_file: Path, metrics_dir: Path, profile: Path, duration_s: float,
+         clients: int, max_tokens: int, fault_period_s: float) -> dict:
+    """Streaming load with pin/unpin, one corrupted file and one counter reset on a running server."""
+    from tabletune import fileio
+    from tabletune.cli.status import fetch_state
+    from tabletune.controller import load_controller
+    from tabletune.integrations.prometheus import Sidecar, parse_metrics, parse_tabletune
+
+    sidecar_controller = load_controller(profile, json.dumps({"rebuild_every_steps": 1}), None, K_MAX, 64)
+    sidecar = Sidecar(sidecar_controller, sidecar_controller.table)
+    samples, rss, events = [], [], []
+    reset_at = 6.5 * fault_period_s if 6.5 * fault_period_s < duration_s else 0.8 * duration_s
+    rejected_at_start = parse_tabletune(vs.scrape(port)).get("0", {}).get("table_file_rejected", 0)
+    t0 = time.time()
+    with Clients(port, model, clients, max_tokens) as load:
+        done = set()
+        while (t := time.time() - t0) < duration_s:
+            phase = int(t // fault_period_s)
+            if phase >= 1 and phase not in done:
+                done.add(phase)
+                if phase % 2:
+                    table = PIN_TABLES[(phase // 2) % 2]
+                    fileio.write_json(table_file, {"num_speculative_tokens": K_MAX,
+                                                   "num_speculative_tokens_per_batch_size": table})
+                    events.append({"t_s": t, "event": "pin", "table": table})
+                else:
+                    table_file.unlink(missing_ok=True)
+                    events.append({"t_s": t, "event": "unpin"})
+            if "corrupt" not in done and t >= 3.5 * fault_period_s:
+                done.add("corrupt")
+                fileio.write_text(table_file, '{"num_speculative_tokens_per_batch_size": [[1, 8, 3], [')
+                events.append({"t_s": t, "event": "corrupt"})
+            if "reset" not in done and t >= reset_at:
+                done.add("reset")
+                zero_counters(metrics_dir)
+                events.append({"t_s": t, "event": "counter_reset"})
+            text = vs.scrape(port)
+            e = parse_tabletune(text).get("0", {})
+            sidecar.feed_all({"replica": parse_metrics(text)}, time.monotonic())
+            sidecar_controller.maybe_rebuild(time.monotonic())
+            samples.append({"t_s": round(t, 1), "table": e.get("table"), "pinned": e.get("pinned"),
+                            "installs": e.get("table_installs"), "rejected": e.get("table_file_rejected"),
+                            "errors": e.get("errors", {}), "sidecar_table": sidecar_controller.table.as_lists(),
+                            "requests": load.requests})
+            rss.append((round(t, 1), vs.rss_bytes(pid)))
+            time.sleep(2.0)
+    table_file.unlink(missing_ok=True)
+    return {"duration_s": time.time() - t0, "clients": clients, "max_tokens": max_tokens,
+            "fault_period_s": fault_period_s, "requests": load.requests, "tokens": load.tokens, "short": load.short,
+            "failures": load.failures[:20], "num_failures": len(load.failures), "events": events,
+            "samples": samples, "rss": rss, "rejected_at_start": rejected_at_start, "sidecar_ignored": sidecar.baselines["replica"].ignored,
+            "status": fetch_state(f"http://127.0.0.1:{port}/metrics"), "k_max": K_MAX, "rates": RATES}
 
 
 def verdict(r: dict, settle_s: float = 5.0) -> tuple[dict, list[str]]:
@@ -195,8 +207,9 @@ def verdict(r: dict, settle_s: float = 5.0) -> tuple[dict, list[str]]:
                     problems.append(f"at {s['t_s']} s after {ev['event']}: pinned {s['pinned']} table {s['table']}")
                     break
     last = r["samples"][-1] if r["samples"] else {}
-    if last.get("rejected") != 1 or r["refused_log_lines"] != 1:
-        problems.append(f"corrupted file: refused {last.get('rejected')} times, {r['refused_log_lines']} log lines")
+    refused = (last.get("rejected") or 0) - r["rejected_at_start"]
+    if refused != 1 or r["refused_log_lines"] != 1:
+        problems.append(f"corrupted file: refused {refused} times, {r['refused_log_lines']} log lines")
     if r["sidecar_ignored"] < 1:
         problems.append("the sidecar did not skip the counter reset")
     warm = [b for t, b in r["rss"] if t >= r["fault_period_s"]]
@@ -208,7 +221,7 @@ def verdict(r: dict, settle_s: float = 5.0) -> tuple[dict, list[str]]:
                "rss_end_mib": warm[-1] / 2**20 if warm else None, "rss_growth_pct": 100 * (growth - 1),
                "installs": last.get("installs"), "pins": sum(e["event"] == "pin" for e in r["events"]),
                "unpins": sum(e["event"] == "unpin" for e in r["events"]), "pin_checks": checked,
-               "table_file_refused": last.get("rejected"), "sidecar_windows_skipped": r["sidecar_ignored"],
+               "table_file_refused": refused, "sidecar_windows_skipped": r["sidecar_ignored"],
                "plugin_errors": last.get("errors"), "scrapes": len(r["samples"])}
     return figures, problems
 

@@ -30,11 +30,11 @@ def prompt(i: int, length: int = 32) -> list[int]:
 
 
 def start_server(model: str, port: int, spec: dict, env: dict, log_path: Path, max_num_seqs: int = 64,
-                 max_model_len: int = 1024) -> subprocess.Popen:
+                 max_model_len: int = 1024, extra_args: list[str] | None = None) -> subprocess.Popen:
     cmd = [sys.executable, "-c", SERVE_SHIM, "serve", model, "--load-format", "dummy", "--dtype", "float32",
            "--skip-tokenizer-init", "--max-num-seqs", str(max_num_seqs), "--max-model-len", str(max_model_len),
            "--host", "127.0.0.1", "--port", str(port), "--speculative-config", json.dumps(spec),
-           "--enforce-eager", "--seed", "0"]
+           "--enforce-eager", "--seed", "0", *(extra_args or [])]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "w")  # noqa: SIM115 (closed with the process by the caller's stop_server)
     return subprocess.Popen(cmd, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,

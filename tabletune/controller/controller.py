@@ -17,9 +17,21 @@ Exploration: when the table drafts k < k_max, positions above k get no evidence.
 We draft k_max on a bounded fraction ``explore_fraction`` of steps (credit
 scheme: each step earns ``explore_fraction`` credit, capped at 1; an exploration
 step spends 1), only when the table's k at the current batch size is < k_max.
-So explore_steps <= explore_fraction * steps + 1, and the modelled goodput cost
-is at most explore_fraction * (1 - G(b, k_max) / G(b, table k)) at each b;
-``state()['explore_cost']`` reports that cost, averaged over the steps explored.
+So credit-paid exploration steps <= explore_fraction * steps + 1, and their modelled
+goodput cost is at most explore_fraction * (1 - G(b, k_max) / G(b, table k)) at each b;
+``state()['explore_cost']`` reports the cost of all exploration, averaged over the steps.
+
+Evidence-driven exploration: a table that drafts k at the current batch size never
+tests position k + 1. While that position's (decayed) evidence is below
+``explore_min_evidence`` drafts, i.e. while the prior still outweighs the data there,
+the controller also explores once per ``observe_every_steps`` steps (one per
+observation window, so the evidence is counted before it asks again), without
+spending credit. This is what makes learning fast when the start table drafts little:
+a mistuned table with k = 0 at large batches would otherwise wait 1 / explore_fraction
+steps (50 at the default) for its first draft. Evidence at a position decays only
+with new tokens verified there, so once collected it stays until a detected workload
+shift drops it, which re-arms this exploration exactly when it is needed. With
+``explore_fraction`` 0 the controller never explores.
 We chose this over an optimistic (UCB) estimate because its cost is bounded and
 known in advance, while UCB installs whole optimistic tables whose cost depends
 on how wrong the optimism is.
@@ -128,7 +140,10 @@ class Controller:
         self.history: deque[dict] = deque(maxlen=HISTORY)
         self.pinned = False
         self.pins = 0
+        self.evidence_explore_steps = 0
         self._credit = 0.0
+        self._calls = 0
+        self._last_evidence_call: int | None = None
         self._last_eval_s: float | None = None
         self._last_install_s: float | None = None
         self._last_rates: list[float] = []
@@ -172,9 +187,20 @@ class Controller:
 
     def explore_next(self, batch_size: int | None = None) -> bool:
         """Whether the next step drafts k_max; call once per step (it spends credit)."""
-        self._credit = min(self._credit + self.config.explore_fraction, 1.0)
+        cfg = self.config
+        self._credit = min(self._credit + cfg.explore_fraction, 1.0)
+        self._calls += 1
         b = self.last_batch_size if batch_size is None else batch_size
-        if self._credit >= 1.0 and self.table.k_for(max(b, 1)) < self.k_max:
+        k = self.table.k_for(max(b, 1))
+        if k >= self.k_max:
+            return False
+        if (cfg.explore_fraction > 0 and self.estimator.reached[k] < cfg.explore_min_evidence
+                and (self._last_evidence_call is None or self._calls - self._last_evidence_call >= cfg.observe_every_steps)):
+            self._last_evidence_call = self._calls
+            self.explore_steps += 1
+            self.evidence_explore_steps += 1
+            return True
+        if self._credit >= 1.0:
             self._credit -= 1.0
             self.explore_steps += 1
             return True
@@ -268,6 +294,7 @@ class Controller:
             "steps": self.steps,
             "drafts": self.drafts,
             "explore_steps": self.explore_steps,
+            "evidence_explore_steps": self.evidence_explore_steps,
             "shifts": self.estimator.shifts,
             "ignored": dict(self.ignored),
             "last_gain": round(self.last_gain, 6),
