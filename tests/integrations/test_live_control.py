@@ -138,3 +138,45 @@ def test_sidecar_pools_replicas_and_skips_a_reset_source_alone():
                          "b": exact(6, [6, 5, 4, 3], [5, 4, 3, 2]), "c": None}, 2)
     assert obs.num_drafts == 1 and obs.reached == (1, 1, 1, 1)
     assert c.steps == 2
+
+
+def test_status_cli_reads_the_series(tmp_path):
+    import http.server
+    import threading
+
+    from click.testing import CliRunner
+
+    from tabletune.cli import main
+
+    c = Controller(PROFILE, [0.5] * 4, FAST, table=DraftTable.from_ranges([[1, 8, 3], [9, 64, 1]]))
+    c.pin([[1, 64, 2]])
+    metrics.publish(metrics.snapshot_path(tmp_path, 0), {**bare_hook(c).snapshot(), "table_honoured": True})
+    registry = CollectorRegistry()
+    registry.register(metrics.SnapshotCollector(tmp_path))
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = generate_latest(registry) if self.path == "/metrics" else b"# nothing\n"
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    try:
+        out = CliRunner().invoke(main, ["status", "--metrics-url", url + "/metrics"])
+        assert out.exit_code == 0, out.output
+        assert "table [[1, 64, 2]] (pinned), k_max 4" in out.output and "table honoured True" in out.output
+        as_json = CliRunner().invoke(main, ["status", "--metrics-url", url + "/metrics", "--json"])
+        state = json.loads(as_json.output)[url + "/metrics"]["0"]
+        assert state["table"] == [[1, 64, 2]] and state["pinned"] == 1 and len(state["acceptance"]) == 4
+        empty = CliRunner().invoke(main, ["status", "--metrics-url", url + "/other"])
+        assert empty.exit_code == 2 and "no tabletune_* series" in empty.output
+    finally:
+        server.shutdown()
+    down = CliRunner().invoke(main, ["status", "--metrics-url", "http://127.0.0.1:9/metrics"])
+    assert down.exit_code == 2 and "cannot scrape" in down.output
