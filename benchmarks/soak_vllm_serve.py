@@ -95,8 +95,12 @@ def zero_counters(metrics_dir: Path) -> None:
 
 
 def run_soak(duration_s: float, clients: int, max_tokens: int, fault_period_s: float, port: int,
-             work: Path) -> dict:
-    """Start `vllm serve` with the plugin (tiny-llama), soak it, stop it."""
+             work: Path, plugin: bool = True) -> dict:
+    """Start `vllm serve` with the plugin (tiny-llama), soak it, stop it.
+
+    ``plugin=False`` (the RSS control): the same server and load with no tabletune plugin loaded
+    (``VLLM_PLUGINS`` names none of ours), so no controller, no faults; only requests and RSS count.
+    """
     from tabletune.integrations.vllm.presets import tiny_llama_dir
     from tabletune.table import VLLM_DOCUMENTED_DIV4_RANGES, DraftTable
 
@@ -108,9 +112,13 @@ def run_soak(duration_s: float, clients: int, max_tokens: int, fault_period_s: f
     table_file.unlink(missing_ok=True)
     env = {"TABLETUNE_PROFILE": str(PROFILE), "TABLETUNE_ACCEPTANCE_CAP": RATES, "VLLM_CPU_KVCACHE_SPACE": "2",
            "TABLETUNE_TABLE_FILE": str(table_file), "TABLETUNE_METRICS_DIR": str(metrics_dir)}
+    if not plugin:
+        env = {"VLLM_PLUGINS": "none", "VLLM_CPU_KVCACHE_SPACE": "2"}
     proc = vs.start_server(model, port, spec, env, work / "server.log")
     try:
         vs.wait_ready(port, proc)
+        if not plugin:
+            return control(port, proc.pid, model, duration_s, clients, max_tokens)
         result = soak(port, proc.pid, model, table_file, metrics_dir, PROFILE, duration_s, clients, max_tokens,
                       fault_period_s)
     finally:
@@ -126,6 +134,17 @@ def log_figures(log: list[str]) -> dict:
     return {"installs_logged": installs, "refused_log_lines": sum("table file refused" in ln for ln in log)}
 
 
+def control(port: int, pid: int, model: str, duration_s: float, clients: int, max_tokens: int) -> dict:
+    """The same load on a server without the plugin: requests and RSS only."""
+    rss, t0 = [], time.time()
+    with Clients(port, model, clients, max_tokens) as load:
+        while (t := time.time() - t0) < duration_s:
+            rss.append((round(t, 1), vs.rss_by_process(pid)))
+            time.sleep(2.0)
+    return {"duration_s": time.time() - t0, "requests": load.requests, "short": load.short,
+            "num_failures": len(load.failures), "rss_processes": rss}
+
+
 def soak(port: int, pid: int, model: str, table_file: Path, metrics_dir: Path, profile: Path, duration_s: float,
          clients: int, max_tokens: int, fault_period_s: float) -> dict:
     """Streaming load with pin/unpin, one corrupted file and one counter reset on a running server."""
@@ -136,7 +155,7 @@ def soak(port: int, pid: int, model: str, table_file: Path, metrics_dir: Path, p
 
     sidecar_controller = load_controller(profile, json.dumps({"rebuild_every_steps": 1}), None, K_MAX, 64)
     sidecar = Sidecar(sidecar_controller, sidecar_controller.table)
-    samples, rss, events = [], [], []
+    samples, rss, rss_processes, events = [], [], [], []
     reset_at = 6.5 * fault_period_s if 6.5 * fault_period_s < duration_s else 0.8 * duration_s
     rejected_at_start = parse_tabletune(vs.scrape(port)).get("0", {}).get("table_file_rejected", 0)
     t0 = time.time()
@@ -170,13 +189,15 @@ def soak(port: int, pid: int, model: str, table_file: Path, metrics_dir: Path, p
                             "installs": e.get("table_installs"), "rejected": e.get("table_file_rejected"),
                             "errors": e.get("errors", {}), "sidecar_table": sidecar_controller.table.as_lists(),
                             "requests": load.requests})
-            rss.append((round(t, 1), vs.rss_bytes(pid)))
+            per_process = vs.rss_by_process(pid)
+            rss.append((round(t, 1), sum(per_process.values())))
+            rss_processes.append((round(t, 1), per_process))
             time.sleep(2.0)
     table_file.unlink(missing_ok=True)
     return {"duration_s": time.time() - t0, "clients": clients, "max_tokens": max_tokens,
             "fault_period_s": fault_period_s, "requests": load.requests, "tokens": load.tokens, "short": load.short,
             "failures": load.failures[:20], "num_failures": len(load.failures), "events": events,
-            "samples": samples, "rss": rss, "rejected_at_start": rejected_at_start, "sidecar_ignored": sidecar.baselines["replica"].ignored,
+            "samples": samples, "rss": rss, "rss_processes": rss_processes, "rejected_at_start": rejected_at_start, "sidecar_ignored": sidecar.baselines["replica"].ignored,
             "status": fetch_state(f"http://127.0.0.1:{port}/metrics"), "k_max": K_MAX, "rates": RATES}
 
 
@@ -248,10 +269,17 @@ def main() -> None:
     ap.add_argument("--fault-period-s", type=float, default=60.0)
     ap.add_argument("--port", type=int, default=8771)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "soak_vllm_serve"))
+    ap.add_argument("--no-plugin", action="store_true", help="RSS control: the same load without the plugin")
     args = ap.parse_args()
     from tabletune import fileio
 
     work = ROOT / "out" / "soak"
+    if args.no_plugin:
+        r = run_soak(args.duration_s, args.clients, args.max_tokens, args.fault_period_s, args.port, work, False)
+        fileio.write_json(args.out + ".json", {"command": "python benchmarks/soak_vllm_serve.py "
+                                               + " ".join(sys.argv[1:]), **r})
+        print(json.dumps({k: v for k, v in r.items() if k != "rss_processes"}))
+        return
     r = run_soak(args.duration_s, args.clients, args.max_tokens, args.fault_period_s, args.port, work)
     figures, problems = verdict(r)
     command = "python benchmarks/soak_vllm_serve.py " + " ".join(sys.argv[1:])

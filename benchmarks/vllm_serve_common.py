@@ -94,17 +94,22 @@ def scrape(port: int) -> str:
 
 def rss_bytes(pid: int) -> int:
     """Resident memory of a process and all its descendants (API server + engine core)."""
+    return sum(rss_by_process(pid).values())
+
+
+def rss_by_process(pid: int) -> dict[str, int]:
+    """Resident memory per process of the tree, keyed 'NAME[pid]' (e.g. the API server, VLLM::EngineCore)."""
     import psutil
 
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return 0
-    total = 0
+        return {}
+    out = {}
     for p in procs:
         try:
-            total += p.memory_info().rss
+            out[f"{p.name()}[{p.pid}]"] = p.memory_info().rss
         except psutil.NoSuchProcess:
             pass
-    return total
+    return out

@@ -8,9 +8,10 @@ them (checked on vLLM 0.32):
 * a stat-logger plugin (entry point group ``vllm.stat_logger_plugins``) runs in
   the API server and receives ``SchedulerStats``, a msgspec-serialised dataclass
   with fixed fields: nothing of ours crosses the process boundary with it;
-* the server's Prometheus registry (``vllm.v1.metrics.prometheus.get_prometheus_registry``:
-  the default registry, or a fresh one with a ``MultiProcessCollector`` when
-  several API servers run) takes any collector.
+* the server's Prometheus registry takes any collector: the default registry with
+  one API server; with several (``--api-server-count``), a fresh registry around a
+  ``MultiProcessCollector`` per scrape, whose output the plugin extends
+  (``register_collector``).
 
 So the engine core *publishes* a small JSON snapshot, atomically, at most once a
 second (and at every install, pin or refusal) into ``TABLETUNE_METRICS_DIR``
@@ -188,25 +189,28 @@ class SnapshotCollector:
 
 
 def register_collector(folder: Path) -> None:
-    """Add the collector to the default registry and to any registry vLLM builds for ``/metrics`` (idempotent)."""
+    """Export the snapshots on /metrics in both of vLLM's registry modes (idempotent).
+
+    One API server: ``/metrics`` serves Prometheus' default registry, where the collector is
+    registered. Several (``--api-server-count N``): ``PROMETHEUS_MULTIPROC_DIR`` is set and both
+    the route vLLM mounts and prometheus-fastapi-instrumentator's handler (which answers first)
+    build a fresh registry around a ``MultiProcessCollector`` per scrape; there the
+    collector's families are appended to ``MultiProcessCollector.collect`` in this process.
+    """
     global _collector, _patched
-    from prometheus_client import REGISTRY
+    from prometheus_client import REGISTRY, multiprocess
 
     if _collector is None:
         _collector = SnapshotCollector(folder)
         REGISTRY.register(_collector)
     if _patched:
         return
-    import vllm.v1.metrics.prometheus as vllm_prometheus
+    original = multiprocess.MultiProcessCollector.collect
 
-    original = vllm_prometheus.get_prometheus_registry
+    def collect(self):
+        yield from original(self)
+        yield from _collector.collect()
 
-    def get_prometheus_registry():
-        registry = original()
-        if registry is not REGISTRY and _collector not in getattr(registry, "_collector_to_names", {}):
-            registry.register(_collector)
-        return registry
-
-    get_prometheus_registry.__wrapped__ = original  # type: ignore[attr-defined]
-    vllm_prometheus.get_prometheus_registry = get_prometheus_registry
+    collect.__wrapped__ = original  # type: ignore[attr-defined]
+    multiprocess.MultiProcessCollector.collect = collect
     _patched = True
