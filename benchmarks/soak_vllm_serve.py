@@ -202,7 +202,8 @@ def soak(port: int, pid: int, model: str, table_file: Path, metrics_dir: Path, p
     return {"duration_s": time.time() - t0, "clients": clients, "max_tokens": max_tokens,
             "fault_period_s": fault_period_s, "requests": load.requests, "tokens": load.tokens, "short": load.short,
             "failures": load.failures[:20], "num_failures": len(load.failures), "events": events,
-            "samples": samples, "rss": rss, "rss_processes": rss_processes, "rejected_at_start": rejected_at_start, "sidecar_ignored": sidecar.baselines["replica"].ignored,
+            "samples": samples, "rss": rss, "rss_processes": rss_processes, "rejected_at_start": rejected_at_start,
+            "sidecar_ignored": sidecar.baselines["replica"].ignored,
             "status": fetch_state(f"http://127.0.0.1:{port}/metrics"), "k_max": K_MAX, "rates": RATES}
 
 

@@ -45,7 +45,6 @@ import logging
 import os
 import time
 from collections import deque
-
 from pathlib import Path
 
 from tabletune.controller import Controller, load_controller
