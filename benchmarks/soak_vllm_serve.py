@@ -111,10 +111,10 @@ def run_soak(duration_s: float, clients: int, max_tokens: int, fault_period_s: f
             "num_speculative_tokens_per_batch_size": start}
     table_file, metrics_dir = work / "table.json", work / "metrics"
     table_file.unlink(missing_ok=True)
-    env = {"TABLETUNE_PROFILE": str(PROFILE), "TABLETUNE_ACCEPTANCE_CAP": RATES, "VLLM_CPU_KVCACHE_SPACE": "",
+    env = {"TABLETUNE_PROFILE": str(PROFILE), "TABLETUNE_ACCEPTANCE_CAP": RATES, "VLLM_CPU_KVCACHE_SPACE": None,
            "TABLETUNE_TABLE_FILE": str(table_file), "TABLETUNE_METRICS_DIR": str(metrics_dir)}
     if not plugin:
-        env = {"VLLM_PLUGINS": "none", "VLLM_CPU_KVCACHE_SPACE": ""}
+        env = {"VLLM_PLUGINS": "none", "VLLM_CPU_KVCACHE_SPACE": None}
     # vLLM hands out free KV blocks least recently freed first, so a large cache is touched page by
     # page over the whole run and RSS climbs until every block was used once; a cache sized for the
     # load (64 x 96 tokens need ~150 MiB here) is cycled through within the warm-up period

@@ -29,7 +29,7 @@ def prompt(i: int, length: int = 32) -> list[int]:
     return [PATTERN[(j + i) % len(PATTERN)] for j in range(length)]
 
 
-def start_server(model: str, port: int, spec: dict, env: dict, log_path: Path, max_num_seqs: int = 64,
+def start_server(model: str, port: int, spec: dict, env: dict[str, str | None], log_path: Path, max_num_seqs: int = 64,
                  max_model_len: int = 1024, extra_args: list[str] | None = None) -> subprocess.Popen:
     cmd = [sys.executable, "-c", SERVE_SHIM, "serve", model, "--load-format", "dummy", "--dtype", "float32",
            "--skip-tokenizer-init", "--max-num-seqs", str(max_num_seqs), "--max-model-len", str(max_model_len),
@@ -37,8 +37,8 @@ def start_server(model: str, port: int, spec: dict, env: dict, log_path: Path, m
            "--enforce-eager", "--seed", "0", *(extra_args or [])]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "w")  # noqa: SIM115 (closed with the process by the caller's stop_server)
-    return subprocess.Popen(cmd, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    full_env = {key: value for key, value in {**os.environ, **env}.items() if value is not None}  # None: unset
+    return subprocess.Popen(cmd, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def stop_server(proc: subprocess.Popen) -> None:

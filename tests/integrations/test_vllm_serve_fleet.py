@@ -97,7 +97,7 @@ def fleet(tmp_path_factory):
     spec = {"method": "ngram", "num_speculative_tokens": sc.K_MAX, "prompt_lookup_min": 2, "prompt_lookup_max": 4,
             "num_speculative_tokens_per_batch_size": sc.START_TABLE}
     common = {"TABLETUNE_PROFILE": str(prof), "TABLETUNE_ACCEPTANCE_CAP": ",".join(map(str, sc.TRUE_RATES)),
-              "TABLETUNE_TABLE_FILE": str(tmp / "table.json"), "VLLM_CPU_KVCACHE_SPACE": "",
+              "TABLETUNE_TABLE_FILE": str(tmp / "table.json"), "VLLM_CPU_KVCACHE_SPACE": None,
               "TABLETUNE_CONTROLLER": json.dumps({"explore_fraction": 0.05, "rebuild_interval_s": 0,
                                                   "min_install_interval_s": 0, "half_life_tokens": 800,
                                                   "rebuild_every_steps": 2})}
