@@ -112,14 +112,16 @@ def report(rows: list[dict], tables: dict, args) -> None:
         md += ["", f"baseline = the controller with `{args.baseline_options}`, interleaved with the others:", "",
                "| load | baseline tok/cpu-s | baseline / optimal | steps to within 2% (per run) |", "|---|---|---|---|"]
         for load in sorted({r["load"] for r in rows}):
-            base = cc.median([r["throughput_cpu_tok_s"] for r in rows if r["load"] == load and r["config"] == "baseline"])
-            conv = [r["steps_to_2pct"] for r in rows if r["load"] == load and r["config"] == "baseline"]
+            runs = [r for r in rows if r["load"] == load and r["config"] == "baseline"]
+            base = cc.median([r["throughput_cpu_tok_s"] for r in runs])
+            conv = [r["steps_to_2pct"] for r in runs]
             summary[load]["baseline"] = base
             md.append(f"| {load} | {base:.0f} | {base / summary[load]['optimal']:.1%} | {conv} |")
     md += ["", "Throughput in output tokens per second of engine CPU time (one OpenMP thread; the 2-core "
            "machine is shared). Wall-clock gains of the controller vs mistuned: "
            + ", ".join(f"load {b}: {s['wall_gain']:+.1%}" for b, s in summary.items()), ""]
-    name = args.out_name or "controller_gain" + ("" if args.loads == "4,16,64" else "_loads" + args.loads.replace(",", "-"))
+    name = args.out_name or "controller_gain" + ("" if args.loads == "4,16,64"
+                                                 else "_loads" + args.loads.replace(",", "-"))
     cc.write_results(name, {"rows": rows, "summary": summary}, "\n".join(md))
 
 

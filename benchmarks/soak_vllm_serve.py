@@ -289,8 +289,8 @@ def main() -> None:
     r = run_soak(args.duration_s, args.clients, args.max_tokens, args.fault_period_s, args.port, work)
     figures, problems = verdict(r)
     command = "python benchmarks/soak_vllm_serve.py " + " ".join(sys.argv[1:])
-    fileio.write_json(args.out + ".json", {"figures": figures, "problems": problems, "command": command,
-                                           **{k: v for k, v in r.items() if k != "status"}})
+    fileio.write_text(args.out + ".json", json.dumps({"figures": figures, "problems": problems, "command": command,
+                                                      **{k: v for k, v in r.items() if k != "status"}}) + "\n")
     text = report(r, figures, problems, command)
     fileio.write_text(args.out + ".md", text)
     print(text)

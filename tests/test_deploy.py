@@ -94,4 +94,5 @@ def test_llm_d_values_wire_the_plugin_into_decode_pods():
     kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
     check_pod(containers, decode["volumes"])
     port_names = {p["name"] for p in containers[0]["ports"]}
-    assert decode["monitoring"]["podmonitor"]["enabled"] and decode["monitoring"]["podmonitor"]["portName"] in port_names
+    monitor = decode["monitoring"]["podmonitor"]
+    assert monitor["enabled"] and monitor["portName"] in port_names

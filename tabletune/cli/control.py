@@ -50,7 +50,7 @@ def table_in_force(spec: str | None, profile_dir: Path) -> DraftTable | None:
 @click.option("--interval-s", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True)
 @click.option("--iterations", type=int, default=0, help="stop after N scrapes (0: run until interrupted)")
 @click.option("--output", type=click.Path(dir_okay=False), default=None,
-              help="write the recommendation here (vLLM format, atomically) at start and whenever it changes")
+              help="write the recommendation here (vLLM format, atomically) at start and on every change")
 def control_cmd(urls, profile_dir, table, k_max, max_batch, options, interval_s, iterations, output):
     """Estimate acceptance from vLLM's counters and print the recommended table over time."""
     from tabletune.integrations.prometheus import Sidecar

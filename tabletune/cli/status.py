@@ -35,8 +35,8 @@ def describe(url: str, engine: str, e: dict) -> list[str]:
         f"{url} engine {engine}: table {json.dumps(e['table'])}{' (pinned)' if e.get('pinned') else ''}"
         f", k_max {int(e.get('k_max', 0))}",
         f"  acceptance a_j {rates}; draft rate {e.get('draft_rate', 1.0):.3f}",
-        f"  steps {int(e.get('steps', 0))}, drafts {int(e.get('drafts', 0))}, installs {int(e.get('table_installs', 0))}"
-        f", exploration steps {int(e.get('exploration_steps', 0))}",
+        f"  steps {int(e.get('steps', 0))}, drafts {int(e.get('drafts', 0))}"
+        f", installs {int(e.get('table_installs', 0))}, exploration steps {int(e.get('exploration_steps', 0))}",
         f"  ignored windows {e.get('ignored_windows', {})}, fail-open errors {e.get('errors', {})}"
         f", table-file versions refused {int(e.get('table_file_rejected', 0))}",
         f"  table honoured {'unknown' if honoured is None else bool(honoured)}"

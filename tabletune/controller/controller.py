@@ -194,8 +194,8 @@ class Controller:
         k = self.table.k_for(max(b, 1))
         if k >= self.k_max:
             return False
-        if (cfg.explore_fraction > 0 and self.estimator.reached[k] < cfg.explore_min_evidence
-                and (self._last_evidence_call is None or self._calls - self._last_evidence_call >= cfg.observe_every_steps)):
+        waited = self._last_evidence_call is None or self._calls - self._last_evidence_call >= cfg.observe_every_steps
+        if cfg.explore_fraction > 0 and self.estimator.reached[k] < cfg.explore_min_evidence and waited:
             self._last_evidence_call = self._calls
             self.explore_steps += 1
             self.evidence_explore_steps += 1

@@ -52,7 +52,7 @@ class FleetResult:
 
 
 def run_fleet(sim: Simulator, make_policy: Callable[[int], Policy], replicas: int, router: str) -> FleetResult:
-    """``replicas`` engines with ``make_policy(i)``'s policy each, fed by ``router`` (``sim.config`` must be open loop)."""
+    """``replicas`` engines, each with ``make_policy(i)``, fed by ``router``; ``sim.config`` must be open loop."""
     cfg = sim.config
     if cfg.arrival_rate is None:
         raise ValueError("a fleet needs open-loop arrivals (arrival_rate)")

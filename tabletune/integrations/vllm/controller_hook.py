@@ -317,8 +317,8 @@ class ControllerHook:
                "overhead_total_s": self.overhead_total_s, "windows": self.windows}
         if not light:
             us = sorted(self.overhead_us)
-            out.update(lookup_k=self.scheduler.dynamic_sd_lookup[1:], overhead_us_median=us[len(us) // 2] if us else 0.0,
-                       overhead_steps=len(us))
+            out.update(lookup_k=self.scheduler.dynamic_sd_lookup[1:], overhead_steps=len(us),
+                       overhead_us_median=us[len(us) // 2] if us else 0.0)
         return out
 
 
