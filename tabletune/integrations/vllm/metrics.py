@@ -50,9 +50,11 @@ several replicas (``tabletune control --metrics-url A --metrics-url B``).
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator
@@ -74,6 +76,7 @@ def setup_dir() -> Path:
     if not folder:
         folder = tempfile.mkdtemp(prefix="tabletune-metrics-")
         os.environ[METRICS_DIR_ENV] = folder  # inherited by the engine-core processes vLLM starts next
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)  # only the creating process removes it
     return Path(folder)
 
 
