@@ -206,9 +206,9 @@ def soak(port: int, pid: int, model: str, table_file: Path, metrics_dir: Path, p
             "status": fetch_state(f"http://127.0.0.1:{port}/metrics"), "k_max": K_MAX, "rates": RATES}
 
 
-def rss_growth(r: dict, workers: bool) -> float:
-    """RSS at the end / RSS after the first fault period, all processes or all but vLLM's model-runner workers."""
-    series = [(t, sum(v for name, v in procs.items() if workers or not name.startswith("VLLM::Worker")))
+def rss_growth(r: dict, workers: bool, prefix: str = "VLLM::Worker") -> float:
+    """RSS at the end / RSS after the first fault period: all processes, or those not named ``prefix*``."""
+    series = [(t, sum(v for name, v in procs.items() if workers or not name.startswith(prefix)))
               for t, procs in r["rss_processes"]]
     warm = [b for t, b in series if t >= r["fault_period_s"]]
     return warm[-1] / warm[0] if len(warm) >= 2 and warm[0] > 0 else float("nan")
@@ -217,9 +217,10 @@ def rss_growth(r: dict, workers: bool) -> float:
 def verdict(r: dict, settle_s: float = 5.0, rss_scope: str = "server") -> tuple[dict, list[str]]:
     """Figures and the list of failed pass conditions (empty: pass).
 
-    rss_scope "server": the whole server's RSS must grow <= 5% (the soak's criterion); "plugin": only
-    the processes the controller, the table-file watcher and the metrics run in (API server, engine
-    core), i.e. all but vLLM's model-runner workers, where only the acceptance cap runs.
+    rss_scope "server": the whole server's RSS must grow <= 5% (the soak's criterion); "plugin": all
+    but vLLM's model-runner workers (API server and engine core, where the controller, the table-file
+    watcher and the metrics run); "api-server": the API server alone (where the metrics collector
+    runs), for servers whose model runner shares the engine-core process.
     """
     problems = []
     if r["num_failures"] or r["short"] or not r["requests"]:
@@ -252,7 +253,8 @@ def verdict(r: dict, settle_s: float = 5.0, rss_scope: str = "server") -> tuple[
     if r["sidecar_ignored"] < 1:
         problems.append("the sidecar did not skip the counter reset")
     growth, growth_plugin = rss_growth(r, workers=True), rss_growth(r, workers=False)
-    limited = growth if rss_scope == "server" else growth_plugin
+    growth_api = rss_growth(r, workers=False, prefix="VLLM::")
+    limited = {"server": growth, "plugin": growth_plugin, "api-server": growth_api}[rss_scope]
     if not limited <= RSS_LIMIT:
         problems.append(f"RSS ({rss_scope}) grew {100 * (limited - 1):.1f}% (limit {100 * (RSS_LIMIT - 1):.0f}%)")
     warm = [b for t, b in r["rss"] if t >= r["fault_period_s"]]
@@ -260,6 +262,7 @@ def verdict(r: dict, settle_s: float = 5.0, rss_scope: str = "server") -> tuple[
                "tok_per_s": r["tokens"] / r["duration_s"], "rss_warm_mib": warm[0] / 2**20 if warm else None,
                "rss_end_mib": warm[-1] / 2**20 if warm else None, "rss_growth_pct": 100 * (growth - 1),
                "rss_growth_without_workers_pct": 100 * (growth_plugin - 1),
+               "rss_growth_api_server_pct": 100 * (growth_api - 1),
                "installs": last.get("installs"), "pins": sum(e["event"] == "pin" for e in r["events"]),
                "unpins": sum(e["event"] == "unpin" for e in r["events"]), "pin_checks": checked,
                "table_file_refused": refused, "sidecar_windows_skipped": r["sidecar_ignored"],
