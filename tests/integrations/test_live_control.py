@@ -180,3 +180,15 @@ def test_status_cli_reads_the_series(tmp_path):
         server.shutdown()
     down = CliRunner().invoke(main, ["status", "--metrics-url", "http://127.0.0.1:9/metrics"])
     assert down.exit_code == 2 and "cannot scrape" in down.output
+
+
+def test_table_file_is_polled_between_observation_windows(tmp_path):
+    """A slow engine completes a window rarely; the file must still take effect within a step."""
+    path = tmp_path / "table.json"
+    c = Controller(PROFILE, [0.3] * 4, FAST, table=DraftTable.from_ranges([[1, 64, 1]]))
+    hook = bare_hook(c, TableFileWatcher(path, 4, poll_s=0))
+    hook.pairs, hook.window, hook.window_undrafted, hook.last_k = [], [], 0, 0
+    hook.explore_lookup = hook.table_lookup
+    write(path, [[1, 64, 3]])
+    hook._step(SimpleNamespace(num_scheduled_tokens={"a": 1, "b": 1}, num_spec_tokens_to_schedule=1))
+    assert hook.windows == 0 and c.pinned and hook.scheduler.dynamic_sd_lookup[2] == 3

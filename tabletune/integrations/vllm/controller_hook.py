@@ -26,8 +26,8 @@ What it patches (idempotent; harmless in processes that never build a Scheduler)
   client (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) gets a ``call_utility`` that calls
   the engine core directly, so the same call works offline in both modes.
 
-Live override: with ``TABLETUNE_TABLE_FILE=<path>`` the hook polls that file once a
-second (``tabletune.controller.table_file``): a valid table pins it, deleting the file
+Live override: with ``TABLETUNE_TABLE_FILE=<path>`` the hook polls that file after
+each step, at most once a second (``tabletune.controller.table_file``): a valid table pins it, deleting the file
 unpins, an invalid one is refused with one log line and the last good table stays.
 
 Metrics: the hook publishes a snapshot for the ``tabletune_*`` series on vLLM's
@@ -228,8 +228,11 @@ class ControllerHook:
         if self.last_k >= 1:  # a request verifying no draft decodes exactly 1 token (n-gram found no match)
             self.window_undrafted += list(scheduler_output.num_scheduled_tokens.values()).count(1)
         self.last_k = k = getattr(scheduler_output, "num_spec_tokens_to_schedule", 0)
+        now_s = time.monotonic()
         if len(self.window) >= c.config.observe_every_steps:
-            self._observe_window(k, time.monotonic())
+            self._observe_window(k, now_s)
+        else:  # the table file is polled every step (at most once per second), not once a window
+            self.after_window(now_s)
         explore = c.explore_next(batch_size)
         self.scheduler.dynamic_sd_lookup = self.explore_lookup if explore else self.table_lookup
 
