@@ -22,12 +22,13 @@ from tabletune.cli.experiment import experiment_cmd
 from tabletune.cli.report import report_cmd
 from tabletune.cli.show import show_cmd
 from tabletune.cli.simulate import simulate_cmd
+from tabletune.cli.status import status_cmd
 from tabletune.cli.table import table_cmd
 from tabletune.cli.tune import tune_cmd
 from tabletune.errors import InputError
 
 COMMANDS = (table_cmd, show_cmd, tune_cmd, acceptance_cmd, control_cmd, simulate_cmd, experiment_cmd,
-            drafter_cmd, report_cmd)
+            drafter_cmd, report_cmd, status_cmd)
 
 
 def error_line(exc: InputError | click.UsageError) -> str:

@@ -1,7 +1,9 @@
 """``tabletune control``: the controller as a sidecar over vLLM's Prometheus endpoint.
 
-It prints, every interval, the acceptance estimate and the recommended table;
-see ``tabletune.integrations.prometheus`` for the drafted-per-position correction.
+It prints, every interval, the acceptance estimate and the recommended table, and
+with ``--output`` writes it as a table file (point the replicas' ``TABLETUNE_TABLE_FILE``
+at it to pin it). Several ``--metrics-url`` pool the replicas' counters into one estimate.
+See ``tabletune.integrations.prometheus`` for the counters it reads.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ def table_in_force(spec: str | None, profile_dir: Path) -> DraftTable | None:
 
 
 @click.command("control")
-@click.option("--metrics-url", required=True, help="vLLM's Prometheus endpoint, e.g. http://127.0.0.1:8000/metrics")
+@click.option("--metrics-url", "urls", required=True, multiple=True,
+              help="vLLM's Prometheus endpoint, e.g. http://127.0.0.1:8000/metrics; repeat it to pool replicas")
 @click.option("--profile", "profile_dir", required=True, type=click.Path(file_okay=False),
               help="folder written by `tabletune tune` (step_profile.json, acceptance.json)")
 @click.option("--table", "table", default=None, help="the table vLLM runs (JSON ranges or file); default DIR/table.json")
@@ -46,10 +49,11 @@ def table_in_force(spec: str | None, profile_dir: Path) -> DraftTable | None:
 @click.option("--options", default="", help="controller options as JSON, e.g. '{\"half_life_s\": 120}'")
 @click.option("--interval-s", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True)
 @click.option("--iterations", type=int, default=0, help="stop after N scrapes (0: run until interrupted)")
-@click.option("--output", type=click.Path(dir_okay=False), default=None, help="write the latest recommendation here")
-def control_cmd(metrics_url, profile_dir, table, k_max, max_batch, options, interval_s, iterations, output):
+@click.option("--output", type=click.Path(dir_okay=False), default=None,
+              help="write the recommendation here (vLLM format, atomically) at start and on every change")
+def control_cmd(urls, profile_dir, table, k_max, max_batch, options, interval_s, iterations, output):
     """Estimate acceptance from vLLM's counters and print the recommended table over time."""
-    from tabletune.integrations.prometheus import Sidecar, parse_metrics, scrape
+    from tabletune.integrations.prometheus import Sidecar
 
     start = table_in_force(table, Path(profile_dir))
     try:  # one observation per scrape window: rebuild after any window unless told otherwise
@@ -59,16 +63,13 @@ def control_cmd(metrics_url, profile_dir, table, k_max, max_batch, options, inte
     controller = load_controller(profile_dir, options, start, k_max, max_batch, source="--options")
     sidecar = Sidecar(controller, start or controller.table)
     click.echo(f"table in force {sidecar.table_in_force}; k_max {controller.k_max}; prior {controller.estimator.prior}")
+    if output:
+        fileio.write_json(output, controller.table.to_vllm(controller.k_max))
     n = 0
     while iterations <= 0 or n < iterations:
         n += 1
         now = time.monotonic()
-        try:
-            counters = parse_metrics(scrape(metrics_url))
-        except (OSError, ValueError, HTTPException) as exc:  # an unreachable or garbled endpoint skips one window
-            click.echo(f"scrape failed: {exc}", err=True)
-            counters = None
-        obs = sidecar.feed(counters, now) if counters is not None else None
+        obs = sidecar.feed_all({url: scrape_counters(url) for url in urls}, now)
         new = controller.maybe_rebuild(now)
         rates = [round(r, 3) for r in controller.estimator.rates()]
         drafts = obs.num_drafts if obs else 0
@@ -79,3 +80,14 @@ def control_cmd(metrics_url, profile_dir, table, k_max, max_batch, options, inte
         sys.stdout.flush()
         if iterations <= 0 or n < iterations:
             time.sleep(interval_s)
+
+
+def scrape_counters(url: str):
+    """One replica's counters, or None (an unreachable or garbled endpoint skips one window)."""
+    from tabletune.integrations.prometheus import parse_metrics, scrape
+
+    try:
+        return parse_metrics(scrape(url))
+    except (OSError, ValueError, HTTPException) as exc:
+        click.echo(f"scrape of {url} failed: {exc}", err=True)
+        return None

@@ -32,15 +32,21 @@ from tabletune.profile import StepProfile
 @click.option("--max-num-seqs", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--noise-cv", type=click.FloatRange(min=0), default=0.0, show_default=True, help="step-time noise")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
+              help="engines behind a router, each with its own policy (needs --arrival-rate)")
+@click.option("--router", type=click.Choice(["round-robin", "least-loaded"]), default="round-robin",
+              show_default=True, help="how --replicas share the arrivals")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def simulate_cmd(policy, load, arrival_rate, step_times, acceptance, prior, duration, output_len, workload,
-                 heterogeneity, drafter, draft_share, max_num_seqs, noise_cv, seed, as_json):
+                 heterogeneity, drafter, draft_share, max_num_seqs, noise_cv, seed, replicas, router, as_json):
     """Simulate one serving point and print throughput and the other metrics."""
     from tabletune.policies import make_policy
     from tabletune.policies.base import MODEL, NGRAM
     from tabletune.cost import StepCost
     from tabletune.sim import Schedule, SimConfig, Simulator, preset
 
+    if replicas > 1 and arrival_rate is None:
+        raise InputError("--replicas", "replicas", replicas, "a fleet needs open-loop arrivals: set --arrival-rate")
     if arrival_rate is None and load > max_num_seqs:
         raise InputError("--load", "load", load, f"must be <= --max-num-seqs={max_num_seqs} in a closed loop")
     profile = StepProfile.load(step_times)
@@ -53,8 +59,14 @@ def simulate_cmd(policy, load, arrival_rate, step_times, acceptance, prior, dura
     sim = Simulator(StepCost(profile, draft_share), Schedule.constant(w), config,
                     default_drafter=NGRAM if drafter == "ngram" else MODEL)
     prior_rates = tuple(parse_rates(prior, "--prior")) if prior else None
-    result = sim.run(make_policy(policy, sim.context(prior_rates=prior_rates)))
-    summary = result.summary()
+    if replicas > 1:
+        from tabletune.sim.fleet import run_fleet
+
+        fleet = run_fleet(sim, lambda i: make_policy(policy, sim.context(prior_rates=prior_rates, seed=seed + i)),
+                          replicas, router)
+        summary = fleet.summary()
+    else:
+        summary = sim.run(make_policy(policy, sim.context(prior_rates=prior_rates))).summary()
     if as_json:
         click.echo(json.dumps(summary))
         return

@@ -25,6 +25,7 @@ class ControllerConfig:
     half_life_tokens: float | None = None  # draft tokens verified per position (default 2000)
     half_life_s: float | None = None  # or seconds
     explore_fraction: float = 0.02
+    explore_min_evidence: float = 20.0  # also explore once a window while position k+1 has fewer drafts (0: off)
     min_gain: float = 0.01  # install only if some b gains more than this (modelled)
     min_install_interval_s: float = 1.0
     rebuild_interval_s: float = 0.2
@@ -51,6 +52,7 @@ class ControllerConfig:
              "must be > 0"),
             ("half_life_s", self.half_life_s, self.half_life_s is None or self.half_life_s > 0, "must be > 0"),
             ("explore_fraction", self.explore_fraction, 0 <= self.explore_fraction <= 0.5, "must lie in [0, 0.5]"),
+            ("explore_min_evidence", self.explore_min_evidence, self.explore_min_evidence >= 0, "must be >= 0"),
             ("min_gain", self.min_gain, self.min_gain >= 0, "must be >= 0"),
             ("min_install_interval_s", self.min_install_interval_s, self.min_install_interval_s >= 0, "must be >= 0"),
             ("rebuild_interval_s", self.rebuild_interval_s, self.rebuild_interval_s >= 0, "must be >= 0"),

@@ -17,9 +17,21 @@ Exploration: when the table drafts k < k_max, positions above k get no evidence.
 We draft k_max on a bounded fraction ``explore_fraction`` of steps (credit
 scheme: each step earns ``explore_fraction`` credit, capped at 1; an exploration
 step spends 1), only when the table's k at the current batch size is < k_max.
-So explore_steps <= explore_fraction * steps + 1, and the modelled goodput cost
-is at most explore_fraction * (1 - G(b, k_max) / G(b, table k)) at each b;
-``state()['explore_cost']`` reports that cost, averaged over the steps explored.
+So credit-paid exploration steps <= explore_fraction * steps + 1, and their modelled
+goodput cost is at most explore_fraction * (1 - G(b, k_max) / G(b, table k)) at each b;
+``state()['explore_cost']`` reports the cost of all exploration, averaged over the steps.
+
+Evidence-driven exploration: a table that drafts k at the current batch size never
+tests position k + 1. While that position's (decayed) evidence is below
+``explore_min_evidence`` drafts, i.e. while the prior still outweighs the data there,
+the controller also explores once per ``observe_every_steps`` steps (one per
+observation window, so the evidence is counted before it asks again), without
+spending credit. This is what makes learning fast when the start table drafts little:
+a mistuned table with k = 0 at large batches would otherwise wait 1 / explore_fraction
+steps (50 at the default) for its first draft. Evidence at a position decays only
+with new tokens verified there, so once collected it stays until a detected workload
+shift drops it, which re-arms this exploration exactly when it is needed. With
+``explore_fraction`` 0 the controller never explores.
 We chose this over an optimistic (UCB) estimate because its cost is bounded and
 known in advance, while UCB installs whole optimistic tables whose cost depends
 on how wrong the optimism is.
@@ -38,6 +50,12 @@ prior from the tuner's ``AcceptanceCounts.draft_rate``, ``estimator.DecayedDraft
 and reported in ``state()``. Rebuilds optimise with it only with ``model_draft_rate``
 (opt-in): the linear cost model of ``tabletune.goodput`` mispredicts vLLM's n-gram
 path on CPU (see the README), so by default every request is modelled as drafting.
+
+Pinning: ``pin(table)`` installs an operator's table (e.g. from ``TABLETUNE_TABLE_FILE``) and
+freezes it: the controller keeps observing (and exploring, so a sidecar that pools
+replicas still sees deep positions), so its estimate stays current, but it installs
+nothing until ``unpin()``. The next rebuild after ``unpin()`` starts from the
+pinned table and the estimate at that time.
 
 Safety: observations with NaN, negative or inconsistent counts are ignored and
 counted in ``state()['ignored']``. Memory is bounded: fixed-size counters, a
@@ -120,7 +138,12 @@ class Controller:
         self.last_batch_size = 1
         self.last_gain = 0.0
         self.history: deque[dict] = deque(maxlen=HISTORY)
+        self.pinned = False
+        self.pins = 0
+        self.evidence_explore_steps = 0
         self._credit = 0.0
+        self._calls = 0
+        self._last_evidence_call: int | None = None
         self._last_eval_s: float | None = None
         self._last_install_s: float | None = None
         self._last_rates: list[float] = []
@@ -164,9 +187,20 @@ class Controller:
 
     def explore_next(self, batch_size: int | None = None) -> bool:
         """Whether the next step drafts k_max; call once per step (it spends credit)."""
-        self._credit = min(self._credit + self.config.explore_fraction, 1.0)
+        cfg = self.config
+        self._credit = min(self._credit + cfg.explore_fraction, 1.0)
+        self._calls += 1
         b = self.last_batch_size if batch_size is None else batch_size
-        if self._credit >= 1.0 and self.table.k_for(max(b, 1)) < self.k_max:
+        k = self.table.k_for(max(b, 1))
+        if k >= self.k_max:
+            return False
+        waited = self._last_evidence_call is None or self._calls - self._last_evidence_call >= cfg.observe_every_steps
+        if cfg.explore_fraction > 0 and self.estimator.reached[k] < cfg.explore_min_evidence and waited:
+            self._last_evidence_call = self._calls
+            self.explore_steps += 1
+            self.evidence_explore_steps += 1
+            return True
+        if self._credit >= 1.0:
             self._credit -= 1.0
             self.explore_steps += 1
             return True
@@ -181,6 +215,8 @@ class Controller:
     def maybe_rebuild(self, now_s: float) -> DraftTable | None:
         """Re-optimise from the current estimate; return a table worth installing, else None."""
         cfg = self.config
+        if self.pinned:
+            return None
         if self._last_eval_s is not None and (now_s - self._last_eval_s < cfg.rebuild_interval_s
                                               or self.steps - self._eval_steps < cfg.rebuild_every_steps):
             return None
@@ -208,6 +244,23 @@ class Controller:
         self._install(table, now_s, None, self.estimator.rates())
         return table
 
+    def pin(self, ranges: object, now_s: float | None = None, source: str = "pinned table") -> DraftTable:
+        """Install this table (validated) and install nothing else until ``unpin``."""
+        table = DraftTable.from_ranges(ranges, self.k_max, source=source)
+        self.table = table
+        self.pinned = True
+        self.pins += 1
+        self.history.append({"time_s": now_s, "table": table.as_lists(), "predicted_gain": None,
+                             "acceptance": [round(r, 4) for r in self.estimator.rates()], "steps": self.steps,
+                             "pinned": True})
+        return table
+
+    def unpin(self) -> None:
+        """Resume: the next rebuild may replace the pinned table (the change filter starts over)."""
+        self.pinned = False
+        self._last_rates = []
+        self._last_eval_s = None
+
     def _install(self, table: DraftTable, now_s: float | None, gain: float | None, rates: list[float]) -> None:
         self.table = table
         self.installs += 1
@@ -229,8 +282,9 @@ class Controller:
                    for n, p in zip(self.batch_hist[1:], current) if n)
         return self.explore_steps / self.steps * loss / seen
 
-    def state(self) -> dict:
-        return {
+    def state(self, light: bool = False) -> dict:
+        """JSON-able state; ``light`` skips the modelled exploration cost (an optimizer run) and history."""
+        out = {
             "table": self.table.as_lists(),
             "acceptance": [round(r, 6) for r in self.estimator.rates()],
             "prior": [round(r, 6) for r in self.estimator.prior],
@@ -240,14 +294,18 @@ class Controller:
             "steps": self.steps,
             "drafts": self.drafts,
             "explore_steps": self.explore_steps,
+            "evidence_explore_steps": self.evidence_explore_steps,
             "shifts": self.estimator.shifts,
             "ignored": dict(self.ignored),
             "last_gain": round(self.last_gain, 6),
             "k_max": self.k_max,
-            "explore_cost": round(self.explore_cost(), 6),
-            "history": list(self.history),
-            "config": dataclasses.asdict(self.config),
+            "pinned": self.pinned,
+            "pins": self.pins,
         }
+        if not light:
+            out.update(explore_cost=round(self.explore_cost(), 6), history=list(self.history),
+                       config=dataclasses.asdict(self.config))
+        return out
 
 
 def load_controller(profile_dir: str | Path, options_json: str, table: DraftTable | None, k_max: int | None,

@@ -37,6 +37,7 @@ class _Run:
         self._consts: dict[tuple[int, int], np.ndarray] = {}
         self._no_ids = np.zeros(0, np.int64)
         self.new_first = False  # some running request has not emitted a token yet
+        self.external = False  # a fleet routes arrivals into ``queue`` (``tabletune.sim.fleet``)
 
     # ---- arrivals and admission ---------------------------------------------
 
@@ -52,10 +53,12 @@ class _Run:
 
     def admit(self) -> None:
         cfg = self.cfg
-        if cfg.arrival_rate is None:
+        if self.external:
+            pass
+        elif cfg.arrival_rate is None:
             self.add(cfg.load - len(self.reqs), charge_prefill=self.time_s > 0)
             return
-        while self.next_arrival_s <= self.time_s:  # Poisson arrivals up to now
+        while not self.external and self.next_arrival_s <= self.time_s:  # Poisson arrivals up to now
             self.queue.append(self.sim.new_requests(1, self.next_arrival_s, self.rng_req, self.next_id))
             self.next_id += 1
             self.next_arrival_s += self.rng_arrival.exponential(1.0 / cfg.arrival_rate)

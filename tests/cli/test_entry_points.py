@@ -11,7 +11,7 @@ import pytest
 
 from tabletune.cli import COMMANDS, main
 
-NAMES = ["acceptance", "control", "drafter", "experiment", "report", "show", "simulate", "table", "tune"]
+NAMES = ["acceptance", "control", "drafter", "experiment", "report", "show", "simulate", "status", "table", "tune"]
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -178,8 +178,22 @@ def test_exploration_is_bounded(fraction, steps, batch_size):
     c = Controller(PROFILE, OTHER, ControllerConfig(explore_fraction=fraction), table=DraftTable.fixed(0))
     ks = [c.k_for(batch_size) for _ in range(steps)]
     explored = sum(k == c.k_max for k in ks)
-    assert explored == c.explore_steps <= fraction * steps + 1
+    # no evidence ever arrives here, so evidence-driven exploration runs once per observation window
+    window = c.config.observe_every_steps
+    assert c.evidence_explore_steps == (0 if fraction == 0 else -(-steps // window))
+    assert explored == c.explore_steps <= fraction * steps + 1 + c.evidence_explore_steps
     assert set(ks) <= {0, c.k_max}
+
+
+def test_evidence_driven_exploration_stops_once_position_k_plus_1_has_evidence():
+    cfg = ControllerConfig(explore_fraction=0.01, observe_every_steps=4, explore_min_evidence=20)
+    c = Controller(PROFILE, OTHER, cfg, table=DraftTable.fixed(0))
+    assert [c.explore_next(64) for _ in range(8)] == [True, False, False, False, True, False, False, False]
+    c.observe(StepObservation.from_drafts(64, 4, [(4, 2)] * 64, time_s=0.0))  # 64 drafts reached position 1
+    assert not any(c.explore_next(64) for _ in range(40))  # only credit (0.01 a step) remains
+    assert c.evidence_explore_steps == 2
+    off = Controller(PROFILE, OTHER, ControllerConfig(explore_fraction=0.0), table=DraftTable.fixed(0))
+    assert not any(off.explore_next(64) for _ in range(100))
 
 
 def test_no_exploration_where_table_drafts_k_max():

@@ -4,6 +4,7 @@ from types import SimpleNamespace
 
 from tabletune.controller import Controller, ControllerConfig
 from tabletune.integrations.vllm.controller_hook import ControllerHook
+from tabletune.integrations.vllm.metrics import CumulativeDrafts
 from tabletune.profile import StepPoint, StepProfile
 
 PROFILE = StepProfile(tuple(StepPoint(b, k, (10 + b * (1 + k),)) for b in (1, 8) for k in range(3)), context_len=0)
@@ -15,6 +16,7 @@ def bare_hook(controller: Controller) -> ControllerHook:
     hook.table_lookup, hook.explore_lookup = ["table"], ["explore"]
     hook.pairs, hook.window, hook.window_undrafted, hook.windows, hook.last_k = [], [], 0, 0, 0
     hook.errors = {}
+    hook.totals, hook._next_publish_s = CumulativeDrafts(controller.k_max), 0.0
     return hook
 
 

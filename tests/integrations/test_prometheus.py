@@ -81,7 +81,7 @@ def test_sidecar_ignores_resets_and_nan():
     assert side.feed(SpecCounters(200, 800, (100, 50, 24, 12)), 1) is not None
     assert side.feed(SpecCounters(10, 40, (5, 2, 1, 0)), 2) is None  # engine restarted
     assert side.feed(SpecCounters(math.nan, 40, (5, 2, 1, 0)), 3) is None
-    assert side.counters.ignored == 2 and c.steps == 1
+    assert side.baselines[""].ignored == 2 and c.steps == 1
 
 
 @pytest.fixture

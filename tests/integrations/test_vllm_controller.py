@@ -95,6 +95,7 @@ def runs(tmp_path_factory):
 
 
 def test_a_mistuned_start_converges(runs):
+    """Judged on the lookup vLLM's scheduler used (``VllmSteps``), not on the controller's own table."""
     r = runs["controller"]
     assert r["state_start"]["table"] == sc.START_TABLE
     assert worst_share(sc.START_TABLE, sc.TRUE_RATES) < 0.7
@@ -106,6 +107,19 @@ def test_a_mistuned_start_converges(runs):
     # repetitive prompts: the n-gram drafter always matches, so nearly every request-step drafts
     # (the rest: requests near max_tokens, first decode steps); k = 0 steps must not count
     assert state["draft_rate"] > 0.8
+
+
+def test_vllm_drafts_the_k_it_scheduled(runs):
+    """The k vLLM scheduled from the installed lookup is the k drafted and verified in the next step."""
+    steps = runs["controller"]["vllm_steps"]
+    pairs = [(k, steps[i + 1][2]) for i, (_, k, _, _) in enumerate(steps[:-1]) if k >= 1]
+    assert len(pairs) > 300
+    assert sum(longest == k for k, longest in pairs) / len(pairs) > 0.9
+    # at the end of (a): each step's k is its lookup's k at its batch size (k_max on exploration steps),
+    # and those lookups are the controller's converged tables, not the start table
+    end_a = steps[runs["controller"]["switch_step"] - 30:runs["controller"]["switch_step"]]
+    assert all(k == (DraftTable.from_ranges(r).k_for(b) if r is not None else sc.K_MAX) for b, k, _, r in end_a)
+    assert all(worst_share(r, sc.TRUE_RATES) >= 0.98 for _, _, _, r in end_a if r is not None)
 
 
 def test_b_workload_switch_reconverges(runs):
@@ -129,6 +143,8 @@ def test_c_faults_leave_serving_intact(runs):
 
 
 def test_d_lossless_against_speculation_off(runs):
+    """With the acceptance cap on and cutting outputs (forced rejections > 0 in this very run)."""
+    assert runs["controller"]["forced_rejections_on"] > 0
     outputs = runs["controller"]["outputs_on"]
     assert all(len(o) == sc.GREEDY_TOKENS for o in outputs)
     assert outputs == runs["nospec"]["outputs"]

@@ -61,13 +61,45 @@ def start(spec: bool):
                speculative_config=speculative if spec else None)
 
 
-def record_tables(hook, steps: int, loop, out: list) -> None:
-    def on_step(i: int) -> None:
-        ranges = hook.controller.table.as_lists()
-        if not out or out[-1][1] != ranges:
-            out.append([hook.controller.steps, ranges])
+class VllmSteps:
+    """What vLLM's scheduler itself used, per step: read from ``schedule()``'s output, not from our hook.
 
-    loop.run(steps, on_step)
+    Each entry: [batch_size, k scheduled (``num_spec_tokens_to_schedule``, looked up in
+    ``scheduler.dynamic_sd_lookup``), the longest draft verified in this step (proposed after the
+    previous step with that step's k), the lookup as ranges (None on an all-k_max exploration step)].
+    """
+
+    def __init__(self, scheduler) -> None:
+        from tabletune.table import DraftTable
+
+        self.entries: list[list] = []
+        schedule = scheduler.schedule
+
+        def recorded_schedule(*args, **kwargs):
+            out = schedule(*args, **kwargs)
+            n = len(out.num_scheduled_tokens)
+            if n:
+                lookup = scheduler.dynamic_sd_lookup[1:]
+                ranges = None if all(k == K_MAX for k in lookup) else DraftTable.from_dense(lookup).as_lists()
+                longest = max((len(v) for v in out.scheduled_spec_decode_tokens.values()), default=0)
+                self.entries.append([n, out.num_spec_tokens_to_schedule, longest, ranges])
+            return out
+
+        scheduler.schedule = recorded_schedule
+
+    def tables(self, start: int) -> list:
+        """[[step, ranges], ...] each time the lookup vLLM scheduled with changed (exploration skipped)."""
+        out: list = []
+        for i, (_, _, _, ranges) in enumerate(self.entries[start:], start):
+            if ranges is not None and (not out or out[-1][1] != ranges):
+                out.append([i, ranges])
+        return out
+
+
+def record_tables(steps_log: VllmSteps, steps: int, loop) -> list:
+    start = len(steps_log.entries)
+    loop.run(steps)
+    return steps_log.tables(start)
 
 
 def controller_scenario() -> dict:
@@ -79,17 +111,16 @@ def controller_scenario() -> dict:
     llm = start(spec=True)
     core = llm.llm_engine.engine_core
     hook = core.engine_core.scheduler._tabletune_hook
+    steps_log = VllmSteps(core.engine_core.scheduler)
     result: dict = {"state_start": core.call_utility("tabletune_state")}
     loop = ClosedLoop(llm, prompts(LOAD), LOAD, mean_tokens=400)
-    tables_a: list = []
-    record_tables(hook, STEPS_A, loop, tables_a)
+    tables_a = record_tables(steps_log, STEPS_A, loop)
     result.update(tables_a=tables_a, state_a=core.call_utility("tabletune_state"))
     acceptance_cap.set_rates(SWITCH_RATES)
-    result["switch_step"] = hook.controller.steps
-    tables_b: list = [[hook.controller.steps, hook.controller.table.as_lists()]]
-    record_tables(hook, STEPS_B, loop, tables_b)
+    result["switch_step"] = len(steps_log.entries)
+    tables_b = [[len(steps_log.entries), tables_a[-1][1]]] + record_tables(steps_log, STEPS_B, loop)
     loop.close()
-    result.update(tables_b=tables_b, state_b=core.call_utility("tabletune_state"))
+    result.update(tables_b=tables_b, state_b=core.call_utility("tabletune_state"), vllm_steps=steps_log.entries)
 
     # (c) faults: the controller raises on every step; the engine must keep serving
     good_lookup = list(hook.table_lookup)
@@ -119,9 +150,12 @@ def controller_scenario() -> dict:
                   nan_rates_kept=hook.controller.estimator.rates() == rates_before,
                   state_nan=core.call_utility("tabletune_state"))
 
-    # (d) the controller on, working
-    acceptance_cap.set_rates(None)
+    # (d) the controller on, working, with the cap on and firing (forced rejections)
+    acceptance_cap.set_rates(TRUE_RATES)
+    forced = acceptance_cap.forced_rejections()
     result["outputs_on"] = generate_greedy(llm, prompts(8), GREEDY_TOKENS)
+    result["forced_rejections_on"] = acceptance_cap.forced_rejections() - forced
+    acceptance_cap.set_rates(None)
     result["set_table"] = core.call_utility("tabletune_set_table", [[1, 8, 2], [9, 512, 1]])
     result["state_end"] = core.call_utility("tabletune_state")
     return result

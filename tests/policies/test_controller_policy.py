@@ -25,7 +25,8 @@ def test_observation_counts_are_censored_and_exact():
 def test_starts_from_given_table_and_corrects_it():
     c = ctx()
     p = make_policy("controller:start=documented-div4,warmup_drafts=10,min_install_interval_s=0", c)
-    assert p.decide(state(64)).k == 0  # documented/4: k=0 above 32
+    assert p.controller.table.k_for(64) == 0  # documented/4: k=0 above 32
+    assert p.decide(state(64)).k == 5  # no evidence at position 1 yet: the first step explores k_max
     t = 0.0
     for _ in range(400):  # every draft fully accepted
         st = state(64, time_s=t)

@@ -42,6 +42,7 @@ logger = logging.getLogger("tabletune.acceptance_cap")
 _rates: tuple[float, ...] | None = None
 _generator = None  # torch.Generator, created on first use
 _patched = False
+_forced = [0]  # requests whose output the cap cut (forced rejections), in this process
 
 
 def install() -> None:
@@ -65,6 +66,11 @@ def set_rates(rates: Sequence[float] | None) -> None:
 
 def get_rates() -> tuple[float, ...] | None:
     return _rates
+
+
+def forced_rejections() -> int:
+    """How many verified requests the cap cut short so far in this process (it fired)."""
+    return _forced[0]
 
 
 def cap_output(output_token_ids, num_draft_tokens: Sequence[int], rates: Sequence[float], generator=None):
@@ -114,7 +120,12 @@ def _patch() -> None:
         out = original(self, metadata, draft_probs, logits, sampling_metadata)
         rates = _rates
         if rates is not None:
+            from vllm.v1.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID
+
+            # [batch_size]
+            kept = (out.sampled_token_ids != PLACEHOLDER_TOKEN_ID).sum(dim=1)
             cap_output(out.sampled_token_ids, metadata.num_draft_tokens, rates, _generator)
+            _forced[0] += int((kept > (out.sampled_token_ids != PLACEHOLDER_TOKEN_ID).sum(dim=1)).sum())
         return out
 
     forward.__wrapped__ = original  # type: ignore[attr-defined]

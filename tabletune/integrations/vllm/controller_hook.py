@@ -26,6 +26,14 @@ What it patches (idempotent; harmless in processes that never build a Scheduler)
   client (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) gets a ``call_utility`` that calls
   the engine core directly, so the same call works offline in both modes.
 
+Live override: with ``TABLETUNE_TABLE_FILE=<path>`` the hook polls that file after
+each step, at most once a second (``tabletune.controller.table_file``): a valid table pins it, deleting the file
+unpins, an invalid one is refused with one log line and the last good table stays.
+
+Metrics: the hook publishes a snapshot for the ``tabletune_*`` series on vLLM's
+``/metrics`` (``tabletune.integrations.vllm.metrics``) at most once a second, and at
+every install, pin or refusal.
+
 Fail-open: every exception inside the hook is caught, the scheduler keeps the
 last good lookup, and each kind of error is logged once (counted in
 ``tabletune_state()['errors']``).
@@ -37,13 +45,17 @@ import logging
 import os
 import time
 from collections import deque
+from pathlib import Path
 
 from tabletune.controller import Controller, load_controller
 from tabletune.controller.estimator import StepObservation
+from tabletune.controller.table_file import TableFileWatcher
+from tabletune.integrations.vllm import metrics
 from tabletune.table import DraftTable
 
 PROFILE_ENV = "TABLETUNE_PROFILE"
 OPTIONS_ENV = "TABLETUNE_CONTROLLER"
+TABLE_FILE_ENV = "TABLETUNE_TABLE_FILE"
 logger = logging.getLogger("tabletune.controller")
 
 _installed = False
@@ -71,6 +83,10 @@ def install() -> None:
 
     __init__.__wrapped__ = original_init  # type: ignore[attr-defined]
     Scheduler.__init__ = __init__
+    try:  # the API server's /metrics reads what the engine core publishes
+        metrics.register_collector(metrics.setup_dir())
+    except Exception as exc:  # fail open: serving without tabletune_* series
+        logger.warning("tabletune: metrics export disabled: %r", exc)
     EngineCore.tabletune_state = _engine_state  # type: ignore[attr-defined]
     EngineCore.tabletune_set_table = _engine_set_table  # type: ignore[attr-defined]
     if not hasattr(InprocClient, "call_utility"):
@@ -97,6 +113,15 @@ def attach(scheduler) -> ControllerHook | None:
     controller = load_controller(os.environ[PROFILE_ENV], os.environ.get(OPTIONS_ENV, ""), table,
                                  scheduler.num_spec_tokens, max_batch, source=OPTIONS_ENV)
     hook = ControllerHook(scheduler, controller)
+    table_file = os.environ.get(TABLE_FILE_ENV, "").strip()
+    if table_file:
+        hook.watcher = TableFileWatcher(table_file, controller.k_max)
+    folder = os.environ.get(metrics.METRICS_DIR_ENV, "").strip()
+    if folder:
+        rank = getattr(scheduler.vllm_config.parallel_config, "data_parallel_rank", 0) or 0
+        hook.snapshot_file = metrics.snapshot_path(folder, rank)
+        hook.engine_index = rank
+    hook.after_window(time.monotonic(), force_publish=True)
     scheduler._tabletune_hook = hook
     _status.update(enabled=True, reason="")
     logger.warning("tabletune: controller on, start table %s, k_max %d", table, controller.k_max)
@@ -105,6 +130,10 @@ def attach(scheduler) -> ControllerHook | None:
 
 class ControllerHook:
     """Per-scheduler glue: collect drafts, feed the controller, swap the lookup."""
+
+    watcher: TableFileWatcher | None = None  # TABLETUNE_TABLE_FILE
+    snapshot_file: Path | None = None  # where the metrics snapshot goes
+    engine_index = 0
 
     def __init__(self, scheduler, controller: Controller) -> None:
         from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
@@ -126,6 +155,8 @@ class ControllerHook:
         self.errors: dict[str, int] = {}
         self.overhead_us: deque[float] = deque(maxlen=4096)
         self.overhead_total_s = 0.0
+        self.totals = metrics.CumulativeDrafts(controller.k_max)
+        self._next_publish_s = 0.0
         self._wrap()
 
     def use_controller(self, controller: Controller) -> None:
@@ -197,8 +228,11 @@ class ControllerHook:
         if self.last_k >= 1:  # a request verifying no draft decodes exactly 1 token (n-gram found no match)
             self.window_undrafted += list(scheduler_output.num_scheduled_tokens.values()).count(1)
         self.last_k = k = getattr(scheduler_output, "num_spec_tokens_to_schedule", 0)
+        now_s = time.monotonic()
         if len(self.window) >= c.config.observe_every_steps:
-            self._observe_window(k, time.monotonic())
+            self._observe_window(k, now_s)
+        else:  # the table file is polled every step (at most once per second), not once a window
+            self.after_window(now_s)
         explore = c.explore_next(batch_size)
         self.scheduler.dynamic_sd_lookup = self.explore_lookup if explore else self.table_lookup
 
@@ -208,7 +242,9 @@ class ControllerHook:
         try:
             self.windows += 1
             obs = self.make_observation(self.window[-1], k, now_s)
-            if not c.observe(obs, self.window):
+            if c.observe(obs, self.window):
+                self.totals.add(obs)
+            else:
                 self._error("ignored_observation", obs.problem())
         finally:
             self.pairs.clear()
@@ -219,6 +255,41 @@ class ControllerHook:
             self.table_lookup = self.lookup_for(new)
             logger.warning("tabletune: installed table %s after %d steps (predicted gain %.1f%%, acceptance %s)",
                            new, c.steps, 100 * c.last_gain, [round(r, 3) for r in c.estimator.rates()])
+        self.after_window(now_s, force_publish=new is not None)
+
+    def after_window(self, now_s: float, force_publish: bool = False) -> None:
+        """Poll the table file, then publish the metrics snapshot (throttled)."""
+        changed = self.watcher is not None and self._poll_table_file(now_s)
+        if self.snapshot_file is not None and (force_publish or changed or now_s >= self._next_publish_s):
+            self._next_publish_s = now_s + metrics.PUBLISH_S
+            try:
+                metrics.publish(self.snapshot_file, self.snapshot())
+            except OSError as exc:  # fail open: serving goes on, the series go stale
+                self._error("metrics_publish", exc)
+
+    def _poll_table_file(self, now_s: float) -> bool:
+        """Apply a pin, unpin or refusal from the watched file; True when something happened."""
+        event = self.watcher.poll(now_s)
+        if event is None:
+            return False
+        c = self.controller
+        if event.kind == "unpin":
+            c.unpin()
+            logger.warning("tabletune: %s removed, controller unpinned (table %s)", self.watcher.path, c.table)
+            return True
+        if event.kind == "pin":
+            try:
+                lookup = self.lookup_for(event.table)  # vLLM's own validation before anything changes
+            except Exception as exc:
+                self.watcher.rejected += 1
+                event = type(event)("invalid", problem=f"{self.watcher.path}: vLLM refused the table: {exc}")
+            else:
+                c.pin(event.table.as_lists(), now_s, source=str(self.watcher.path))
+                self.table_lookup = self.scheduler.dynamic_sd_lookup = lookup
+                logger.warning("tabletune: pinned table %s from %s", c.table, self.watcher.path)
+                return True
+        logger.warning("tabletune: table file refused, keeping %s: %s", c.table, " ".join(event.problem.split()))
+        return True
 
     def make_observation(self, batch_size: int, k: int, now_s: float) -> StepObservation:
         """The window's drafts as one observation (batch_size, k: those of its last step)."""
@@ -238,18 +309,20 @@ class ControllerHook:
         if n == 0:
             logger.warning("tabletune: controller error %s (logged once, serving continues): %r", kind, detail)
 
-    def state(self) -> dict:
-        us = sorted(self.overhead_us)
-        return {
-            **self.controller.state(),
-            "enabled": self.enabled,
-            "errors": dict(self.errors),
-            "lookup_k": self.scheduler.dynamic_sd_lookup[1:],
-            "overhead_us_median": us[len(us) // 2] if us else 0.0,
-            "overhead_total_s": self.overhead_total_s,
-            "overhead_steps": len(us),
-            "windows": self.windows,
-        }
+    def snapshot(self) -> dict:
+        """What the metrics export needs (cheap: no optimizer run)."""
+        return {**self.state(light=True), **self.totals.as_dict(), "engine": self.engine_index,
+                "table_file_rejected": self.watcher.rejected if self.watcher is not None else 0}
+
+    def state(self, light: bool = False) -> dict:
+        """The controller's state and the hook's; ``light`` (the metrics snapshot) skips the costly parts."""
+        out = {**self.controller.state(light), "enabled": self.enabled, "errors": dict(self.errors),
+               "overhead_total_s": self.overhead_total_s, "windows": self.windows}
+        if not light:
+            us = sorted(self.overhead_us)
+            out.update(lookup_k=self.scheduler.dynamic_sd_lookup[1:], overhead_steps=len(us),
+                       overhead_us_median=us[len(us) // 2] if us else 0.0)
+        return out
 
 
 def _hook_of(core) -> ControllerHook | None:
