@@ -15,10 +15,9 @@ and the n-gram trace the n-gram chain (Hybrid Spark's second drafter).
    window of ``engine_serving``), each cell also as a ratio to the best fixed k
    of its (workload, load).
 4. The same grid in the simulator: the measured profile (with the fitted draft
-   share), the replay's acceptance (``replay_rates``), signal noise fitted to the
-   trace's top-1 AUC, copyable spans fitted to the n-gram trace (``span_fit``), the
-   measured prefill cost; per cell the simulated ratio and its difference from the
-   measured one.
+   share), the same traces replayed (``tabletune.sim.replay``: the model chain's
+   outcomes and signals, the n-gram chain's proposals and outcomes), the measured
+   prefill cost; per cell the simulated ratio and its difference from the measured one.
 
 Results go to OUT.json / OUT.md, rewritten after every cell (``--resume`` skips
 the cells already there when the fingerprint matches). A grid whose estimated time
@@ -58,6 +57,7 @@ from tabletune.padding import geometric_batch_sizes  # noqa: E402
 from tabletune.policies import REGISTRY, make_policy  # noqa: E402
 from tabletune.profile import Fingerprint, StepPoint, StepProfile  # noqa: E402
 from tabletune.sim import Schedule, SimConfig, Simulator, preset  # noqa: E402
+from tabletune.sim.replay import load_ngram_trace, load_traces  # noqa: E402
 from tabletune.sim.traces import auc, signal_noise_for_auc  # noqa: E402
 from tabletune.table import DraftTable  # noqa: E402
 
@@ -261,7 +261,11 @@ def simulate_cell(profile, share, data, args, policy_spec, load, cell) -> float:
                             span_start_prob=data["span_start_prob"], span_mean_len=data["span_mean_len"])
     cfg = SimConfig(duration_s=args.sim_duration, load=load, max_num_seqs=max(128, load),
                     prefill_ms_per_token=prefill_ms_per_token, seed=0)
-    sim = Simulator(StepCost(profile, draft_share=share), Schedule.constant(w), cfg)
+    # the same traces as the engine's replay: the model chain's outcomes and signals, the n-gram chain's
+    # proposals and outcomes (the span model and the fitted signal noise stay for workloads without traces)
+    sim = Simulator(StepCost(profile, draft_share=share), Schedule.constant(w), cfg,
+                    replay=load_traces([TRACES / f"early-exit_{data['name']}_T0.csv.gz"]),
+                    ngram_replay=load_ngram_trace(TRACES / f"ngram_{data['name']}_T0.csv.gz"))
     ctx = dataclasses.replace(sim.context(), ngram_rates=data["ngram_rates"])
     return round(sim.run(make_policy(policy_spec, ctx)).throughput_tok_s, 2)
 
