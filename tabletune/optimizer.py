@@ -163,3 +163,56 @@ def gain_vs(predictions: Sequence[BatchPrediction], other_goodput: Sequence[floa
     """(mean, minimum) over b of our goodput / other goodput - 1."""
     gains = [p.goodput / g - 1.0 for p, g in zip(predictions, other_goodput)]
     return sum(gains) / len(gains), min(gains)
+
+
+def noise_tolerance(profile: StepProfile, max_batch: int, ks: Sequence[int], floor: float = 0.0) -> list[dict[int, float]]:
+    """tol[b-1][k]: the relative spread (IQR / median) of T(b, k), at least ``floor``.
+
+    A measured b uses its point's spread; a b between two measured batch sizes the
+    larger of theirs; beyond the largest measured b, that point's.
+    """
+    spread = {(p.batch_size, p.k): p.spread for p in profile.points}
+    measured = profile.batch_sizes
+    out = []
+    for b in range(1, max_batch + 1):
+        lo = max([x for x in measured if x <= b], default=measured[0])
+        hi = min([x for x in measured if x >= b], default=measured[-1])
+        out.append({k: max(floor, spread.get((lo, k), 0.0), spread.get((hi, k), 0.0)) for k in ks})
+    return out
+
+
+def smooth_within_noise(profile: StepProfile, rates: Sequence[float], options: OptimizeOptions = OptimizeOptions(),
+                        noise_floor: float = 0.0) -> TableResult:
+    """The table whose k changes between batch sizes only for a measured difference beyond the points' spread.
+
+    At batch size b the candidates are the k whose modelled goodput is within noise of the best:
+
+        C(b) = {k : g(b, k) >= g(b, k_best) * (1 - max(tol(b, k), tol(b, k_best)))}
+
+    with tol = ``noise_tolerance`` (IQR / median of the T(b, k) samples, at least
+    ``noise_floor``; goodput's relative noise is T's). At b = 1 the table takes
+    k_best; at each next b it keeps the previous k while that is a candidate, else
+    takes the candidate nearest to the previous k (ties: the smaller k). So within
+    noise a table is monotone and keeps its neighbour's k, and a range boundary
+    stands for a difference the measurement resolves. ``options.min_gain`` is not
+    used here. With zero spread this is ``optimize_table``.
+    """
+    if noise_floor < 0:
+        raise ValueError(f"noise_floor must be >= 0, got {noise_floor}")
+    max_batch = options.max_batch or profile.max_batch_size
+    ks = allowed_ks(profile, len(rates), options)
+    grid = goodput_grid(profile, rates, ks, max_batch, options.draft_rate)
+    tol = noise_tolerance(profile, max_batch, ks, noise_floor)
+    chosen: list[int] = []
+    for row, tol_row in zip(grid, tol):
+        best = best_k(row)
+        cands = [k for k in ks if row[k] >= row[best] * (1.0 - max(tol_row[k], tol_row[best]))]
+        if not chosen:
+            k = best
+        elif chosen[-1] in cands:
+            k = chosen[-1]
+        else:
+            k = min(cands, key=lambda c: (abs(c - chosen[-1]), c))
+        chosen.append(k)
+    table = DraftTable.from_dense(chosen)
+    return TableResult(table, ks, predict(table, grid))

@@ -87,3 +87,5 @@ class EngineSpec:
     # the policy (``tabletune simulate --policy`` spellings) that picks draft lengths while acceptance is measured;
     # None: every request drafts k_max (engines that take only that reject any other)
     policy: str | None = None
+    # the engine's own flags, verbatim (vLLM: the ``vllm serve`` engine flags after ``--``, parsed by vLLM)
+    engine_args: tuple[str, ...] = ()

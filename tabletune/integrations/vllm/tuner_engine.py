@@ -17,12 +17,12 @@ Implements ``tabletune.tuner.Engine`` on vLLM's own serving path:
 from __future__ import annotations
 
 import os
-import platform
 from collections.abc import Sequence
 
 from tabletune.acceptance import AcceptanceCounts
-from tabletune.integrations.vllm import presets
+from tabletune.integrations.vllm import engine_args, presets
 from tabletune.integrations.vllm.step_hooks import StepRecorder
+from tabletune.errors import InputError
 from tabletune.profile import Fingerprint
 from tabletune.tuner import EngineSpec, StepSamples
 
@@ -35,21 +35,13 @@ def validate(spec: EngineSpec) -> None:
     """Bad input fails here, before vLLM starts."""
     presets.check_model(spec.model)
     presets.check_method(spec.method, spec.k_max, spec.draft_model)
+    if spec.engine_args:
+        engine_args.parse(spec.model, spec.engine_args)
 
 
 def start(spec: EngineSpec) -> VllmEngine:
     validate(spec)
     return VllmEngine(spec)
-
-
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()} x{os.cpu_count()}"
-    except OSError:
-        pass
-    return f"{platform.processor() or 'cpu'} x{os.cpu_count()}"
 
 
 class VllmEngine:
@@ -62,7 +54,8 @@ class VllmEngine:
         self.preset = presets.resolve_model(spec.model)
         self.k_max = spec.k_max
         self.max_batch_size = spec.max_batch_size
-        self.context_len = spec.context_len
+        self.context_len = spec.context_len  # measured: mean context of the timed steps
+        self.context_target = spec.context_len  # prompt tokens of the timing requests
         if spec.synthetic_acceptance:
             from tabletune.integrations.vllm import acceptance_cap
 
@@ -72,12 +65,13 @@ class VllmEngine:
         self._sampling_params = SamplingParams
         config = presets.speculative_config(spec.method, spec.k_max, spec.draft_model,
                                             presets.all_k_ranges(spec.k_max, spec.max_batch_size))
-        kwargs = dict(model=self.preset.path, load_format=self.preset.load_format, dtype="float32",
-                      skip_tokenizer_init=self.preset.skip_tokenizer_init, max_model_len=self.preset.max_model_len,
-                      max_num_seqs=spec.max_batch_size, seed=spec.seed, disable_log_stats=False,
-                      speculative_config=config)
-        kwargs.update(llm_kwargs)
-        self.llm = LLM(**kwargs)
+        args = engine_args.build(self.preset.path, spec.engine_args, max_num_seqs=spec.max_batch_size,
+                                 seed=spec.seed, speculative_config=config,
+                                 dummy_weights=self.preset.load_format == "dummy")
+        for name, value in llm_kwargs.items():
+            setattr(args, name, value)
+        self.llm = LLM.from_engine_args(args)
+        self.max_model_len = self.llm.llm_engine.vllm_config.model_config.max_model_len
         self.core = self.llm.llm_engine.engine_core.engine_core
         self.scheduler = self.core.scheduler
         self.recorder = StepRecorder(self.core)
@@ -86,6 +80,11 @@ class VllmEngine:
         self._next_id = 0
         self._context_sum = 0.0
         self._context_n = 0
+        try:
+            self.set_context_len(spec.context_len)
+        except InputError:
+            self.close()
+            raise
 
     # ---- Engine protocol ----------------------------------------------------
 
@@ -94,10 +93,15 @@ class VllmEngine:
 
         cfg = self.llm.llm_engine.vllm_config
         comp = cfg.compilation_config
-        runner = f"v1/{'eager' if cfg.model_config.enforce_eager else f'compile-mode-{int(comp.mode)}'}"
+        v2 = os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0") not in ("", "0")
+        runner = f"{'v2' if v2 else 'v1'}/{'eager' if cfg.model_config.enforce_eager else f'compile-mode-{int(comp.mode)}'}"
+        mode = getattr(comp, "cudagraph_mode", None)
         drafter = self.spec.method + (f":{os.path.basename(self.spec.draft_model)}" if self.spec.draft_model else "")
-        return Fingerprint(engine="vllm", engine_version=vllm.__version__, device=cpu_name(),
-                           model=self.preset.name, dtype="float32", tp_size=1, runner=runner, drafter=drafter)
+        return Fingerprint(engine="vllm", engine_version=vllm.__version__, device=engine_args.device_name(),
+                           model=self.preset.name, dtype=str(cfg.model_config.dtype).removeprefix("torch."),
+                           tp_size=cfg.parallel_config.tensor_parallel_size,
+                           pp_size=cfg.parallel_config.pipeline_parallel_size, runner=runner, drafter=drafter,
+                           graph_mode=getattr(mode, "name", str(mode)), flags=engine_args.flags_text(self.spec.engine_args))
 
     def measure_step(self, batch_size: int, k: int, num_steps: int) -> StepSamples:
         if not 1 <= batch_size <= self.max_batch_size or not 0 <= k <= self.k_max:
@@ -144,6 +148,15 @@ class VllmEngine:
 
     # ---- helpers ------------------------------------------------------------
 
+    def set_context_len(self, context_len: int) -> None:
+        """Time the next steps from ``context_len`` prompt tokens (a fresh batch)."""
+        if context_len + REFRESH_TOKENS + 64 > self.max_model_len:
+            raise InputError("--context-len", "context_len", context_len,
+                             f"+ {REFRESH_TOKENS + 64} decode tokens exceeds vLLM's max_model_len={self.max_model_len}")
+        self.stop_batch()
+        self.context_target = self.context_len = context_len
+        self._context_sum, self._context_n = 0.0, 0
+
     def force_k(self, k: int) -> None:
         """Every batch size drafts k from the next ``schedule()`` on."""
         self.scheduler.dynamic_sd_lookup = [k] * (self.scheduler.scheduler_config.max_num_seqs + 1)
@@ -154,16 +167,16 @@ class VllmEngine:
         # No tokenizer (dummy weights): the text has no meaning to the model. Use the repetitive
         # pattern, rotated by the prompt, so n-gram drafting matches and the cap sets acceptance.
         shift = sum(text.encode()) % len(PATTERN)
-        return {"prompt_token_ids": [PATTERN[(i + shift) % len(PATTERN)] for i in range(self.spec.context_len)]}
+        return {"prompt_token_ids": [PATTERN[(i + shift) % len(PATTERN)] for i in range(self.context_target)]}
 
     def _ensure_batch(self, batch_size: int, k: int) -> None:
         if len(self._batch) == batch_size and self._generated + 8 * (k + 1) < REFRESH_TOKENS:
             return
         self.stop_batch()
-        prompt = {"prompt_token_ids": [PATTERN[i % len(PATTERN)] for i in range(self.spec.context_len)]}
+        prompt = {"prompt_token_ids": [PATTERN[i % len(PATTERN)] for i in range(self.context_target)]}
         from vllm.sampling_params import RequestOutputKind
 
-        params = self._sampling_params(max_tokens=self.preset.max_model_len - self.spec.context_len - 64,
+        params = self._sampling_params(max_tokens=self.max_model_len - self.context_target - 64,
                                        temperature=0.0, ignore_eos=True, detokenize=False,
                                        output_kind=RequestOutputKind.DELTA)
         for _ in range(batch_size):
@@ -193,7 +206,7 @@ class VllmEngine:
                     self._generated += len(out.outputs[0].token_ids)
         rec.recording = False
         if self._batch:
-            self._context_sum += self.spec.context_len + self._generated
+            self._context_sum += self.context_target + self._generated
             self._context_n += 1
         return list(rec.records) if record else []
 
