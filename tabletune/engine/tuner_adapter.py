@@ -74,6 +74,11 @@ def start(spec: EngineSpec) -> BuiltinEngine:
     return BuiltinEngine(spec)
 
 
+def static_same_as_dynamic(spec: EngineSpec) -> str | None:
+    """The builtin engine has one mode: a CUDA graph per (bucket, k), whatever the table."""
+    return "the builtin engine runs the same graphs with or without a table"
+
+
 def _weights_folder(model: str) -> str | None:
     if model == "smollm2-135m":
         from tabletune.integrations.hf import smollm2 as assets  # smollm2_model_dir moved out of the core
@@ -158,8 +163,16 @@ class BuiltinEngine:
     def fingerprint(self) -> Fingerprint:
         model = self.spec.model if self.weights else f"{self.spec.model} (shape, random weights)"
         drafter = self.method + (f":{self.spec.draft_model}" if self.spec.draft_model else "")
-        return Fingerprint(engine="builtin", engine_version=ENGINE_VERSION, device=device_name(self.engine),
-                           model=model, dtype=str(self.dtype).removeprefix("torch."), runner=RUNNER, drafter=drafter)
+        engine = self.engine
+        cfg = engine.cfg
+        graphs = "cudagraph-per-(bucket,k)" if engine.graphs else "none"
+        knobs = (f"max_num_seqs={cfg.max_num_seqs} max_len={cfg.max_len} k_max={cfg.k_max} "
+                 f"buckets={','.join(map(str, engine.buckets))} split_steps={cfg.split_steps} "
+                 f"triton={cfg.kernels.use_triton if cfg.kernels.use_triton is not None else self.device == 'cuda'} "
+                 f"pdl={cfg.kernels.pdl} split_k={cfg.kernels.split_k}")
+        return Fingerprint(engine="builtin", engine_version=ENGINE_VERSION, device=f"{device_name(engine)} x1",
+                           model=model, dtype=str(self.dtype).removeprefix("torch."), runner=RUNNER, drafter=drafter,
+                           graph_mode=graphs, flags=knobs)
 
     def measure_step(self, batch_size: int, k: int, num_steps: int) -> StepSamples:
         if not 1 <= batch_size <= self.max_batch_size or not 0 <= k <= self.k_max:

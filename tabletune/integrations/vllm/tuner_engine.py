@@ -44,10 +44,25 @@ def start(spec: EngineSpec) -> VllmEngine:
     return VllmEngine(spec)
 
 
+def static_same_as_dynamic(spec: EngineSpec) -> str | None:
+    """Why timing the static mode would measure nothing new here (None: it may differ, measure it)."""
+    if engine_args.on_cpu():
+        return "on CPU vLLM captures no CUDA graphs, so the table mechanism changes no graph mode"
+    return None
+
+
+def start_static(spec: EngineSpec, k: int):
+    """An engine with fixed ``num_speculative_tokens = k`` and no table (k = 0: no speculation), in a child
+    process (``static_engine``); call after the tuning engine closed."""
+    from tabletune.integrations.vllm.static_engine import StaticEngine
+
+    return StaticEngine(spec, k)
+
+
 class VllmEngine:
     """``tabletune.tuner.Engine`` over an in-process ``vllm.LLM``."""
 
-    def __init__(self, spec: EngineSpec, **llm_kwargs) -> None:
+    def __init__(self, spec: EngineSpec, static_k: int | None = None, **llm_kwargs) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core must live in this process
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; ~40k tokens of the tiny model
         self.spec = spec
@@ -63,11 +78,18 @@ class VllmEngine:
         from vllm import LLM, SamplingParams
 
         self._sampling_params = SamplingParams
-        config = presets.speculative_config(spec.method, spec.k_max, spec.draft_model,
-                                            presets.all_k_ranges(spec.k_max, spec.max_batch_size))
+        self.static_k = static_k
+        if static_k is None:
+            config = presets.speculative_config(spec.method, spec.k_max, spec.draft_model,
+                                                presets.all_k_ranges(spec.k_max, spec.max_batch_size))
+        else:  # the table mechanism off: vLLM's static mode
+            config = presets.speculative_config(spec.method, max(static_k, 1), spec.draft_model, [])
+            del config["num_speculative_tokens_per_batch_size"]
         args = engine_args.build(self.preset.path, spec.engine_args, max_num_seqs=spec.max_batch_size,
                                  seed=spec.seed, speculative_config=config,
                                  dummy_weights=self.preset.load_format == "dummy")
+        if static_k == 0:
+            args.speculative_config = None
         for name, value in llm_kwargs.items():
             setattr(args, name, value)
         self.llm = LLM.from_engine_args(args)
@@ -159,6 +181,10 @@ class VllmEngine:
 
     def force_k(self, k: int) -> None:
         """Every batch size drafts k from the next ``schedule()`` on."""
+        if self.static_k is not None:
+            if k != self.static_k:
+                raise ValueError(f"a static engine drafts k={self.static_k} only, not {k}")
+            return
         self.scheduler.dynamic_sd_lookup = [k] * (self.scheduler.scheduler_config.max_num_seqs + 1)
 
     def _prompt_input(self, text: str) -> dict | str:
