@@ -165,8 +165,22 @@ class VllmEngine:
         return counts
 
     def close(self) -> None:
+        """Shut the engine down and drop it, so that its GPU memory is free for the static-mode engine."""
+        if getattr(self, "llm", None) is None:
+            return
         self.stop_batch()
         self.llm.llm_engine.engine_core.shutdown()
+        self.llm = self.core = self.scheduler = self.recorder = None
+        import gc
+
+        gc.collect()
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except ImportError:
+            pass
 
     # ---- helpers ------------------------------------------------------------
 
