@@ -6,7 +6,8 @@ gone before the static one allocates; a child process does both. The parent
 speaks JSON lines with it: ``{"op": "context", "n": N}``, ``{"op": "step", "b":
 b, "k": k, "n": steps}`` (answer: ``{"samples_ms": [...], "scheduled_tokens":
 [...]}``), ``{"op": "close"}``. Answers are the stdout lines starting with
-``REPLY_PREFIX``; anything else the engine prints is passed through to stderr.
+``REPLY_PREFIX``; anything else the engine prints is passed through to stderr. The
+child runs ``python -m tabletune.integrations.vllm.tuner_engine`` (``serve_static`` there).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from tabletune.profile import Fingerprint
 from tabletune.tuner import EngineSpec, StepSamples
 
 REPLY_PREFIX = "TABLETUNE-REPLY "
+SERVER_MODULE = "tabletune.integrations.vllm.tuner_engine"  # its ``__main__`` runs ``serve_static``
 
 
 class StaticEngine:
@@ -30,7 +32,7 @@ class StaticEngine:
         self.max_batch_size = spec.max_batch_size
         self.context_len = spec.context_len
         arg = json.dumps({"spec": dataclasses.asdict(spec), "k": k})
-        self.proc = subprocess.Popen([sys.executable, "-m", __name__, arg], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-m", SERVER_MODULE, arg], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
         self._reply()  # started
 
@@ -68,33 +70,3 @@ class StaticEngine:
                 self._ask(op="close")
             finally:
                 self.proc.wait(timeout=120)
-
-
-def _serve(arg: str) -> None:
-    from tabletune.integrations.vllm.tuner_engine import VllmEngine
-
-    cfg = json.loads(arg)
-    spec = cfg["spec"]
-    spec = EngineSpec(**{**spec, "engine_args": tuple(spec["engine_args"]),
-                         "synthetic_acceptance": tuple(spec["synthetic_acceptance"] or ()) or None})
-    engine = VllmEngine(spec, static_k=cfg["k"])
-    reply = lambda obj: print(REPLY_PREFIX + json.dumps(obj), flush=True)  # noqa: E731
-    reply({"started": True})
-    for line in sys.stdin:
-        req = json.loads(line)
-        if req["op"] == "close":
-            engine.close()
-            reply({"closed": True})
-            return
-        if req["op"] == "context":
-            engine.set_context_len(req["n"])
-            reply({})
-        elif req["op"] == "fingerprint":
-            reply(dataclasses.asdict(engine.fingerprint()))
-        else:
-            got = engine.measure_step(req["b"], req["k"], req["n"])
-            reply({"samples_ms": list(got.samples_ms), "scheduled_tokens": list(got.scheduled_tokens)})
-
-
-if __name__ == "__main__":
-    _serve(sys.argv[1])

@@ -189,9 +189,29 @@ class VllmEngine:
         if context_len + REFRESH_TOKENS + 64 > self.max_model_len:
             raise InputError("--context-len", "context_len", context_len,
                              f"+ {REFRESH_TOKENS + 64} decode tokens exceeds vLLM's max_model_len={self.max_model_len}")
+        self.check_kv(context_len)
         self.stop_batch()
         self.context_target = self.context_len = context_len
         self._context_sum, self._context_n = 0.0, 0
+
+    def check_kv(self, context_len: int) -> None:
+        """Refuse, before any timing, a grid whose largest batch will not fit vLLM's KV cache.
+
+        The timing requests share one prompt (prefix caching keeps one copy of it, when on) and each
+        decodes up to REFRESH_TOKENS + 8 (k_max + 1) tokens before the batch restarts.
+        """
+        cache = self.llm.llm_engine.vllm_config.cache_config
+        have = getattr(cache, "kv_cache_size_tokens", None)
+        if not have:
+            return
+        per_request = REFRESH_TOKENS + 8 * (self.k_max + 1) + (cache.block_size or 16)
+        shared = bool(getattr(cache, "enable_prefix_caching", False))
+        need = (context_len if shared else 0) + self.max_batch_size * (per_request + (0 if shared else context_len))
+        if need > have:
+            raise InputError("--max-num-seqs", "max_num_seqs", self.max_batch_size,
+                             f"{self.max_batch_size} requests at context {context_len} need ~{need} KV tokens but "
+                             f"vLLM's cache holds {have}: lower --max-num-seqs / --context-lens, or give vLLM more "
+                             "KV memory (-- --gpu-memory-utilization ...; on CPU VLLM_CPU_KVCACHE_SPACE)")
 
     def force_k(self, k: int) -> None:
         """Every batch size drafts k from the next ``schedule()`` on."""
@@ -254,3 +274,40 @@ class VllmEngine:
 def speculative_config(spec: EngineSpec, ranges: list[list[int]]) -> dict:
     """The whole ``--speculative-config`` for the tuned table."""
     return presets.speculative_config(spec.method, spec.k_max, spec.draft_model, ranges)
+
+
+def serve_static(arg: str) -> None:
+    """The child process of ``static_engine.StaticEngine``: a static-mode engine answering JSON lines."""
+    import dataclasses
+    import json
+    import sys
+
+    from tabletune.integrations.vllm.static_engine import REPLY_PREFIX
+
+    cfg = json.loads(arg)
+    spec = cfg["spec"]
+    spec = EngineSpec(**{**spec, "engine_args": tuple(spec["engine_args"]),
+                         "synthetic_acceptance": tuple(spec["synthetic_acceptance"] or ()) or None})
+    engine = VllmEngine(spec, static_k=cfg["k"])
+    reply = lambda obj: print(REPLY_PREFIX + json.dumps(obj), flush=True)  # noqa: E731
+    reply({"started": True})
+    for line in sys.stdin:
+        req = json.loads(line)
+        if req["op"] == "close":
+            engine.close()
+            reply({"closed": True})
+            return
+        if req["op"] == "context":
+            engine.set_context_len(req["n"])
+            reply({})
+        elif req["op"] == "fingerprint":
+            reply(dataclasses.asdict(engine.fingerprint()))
+        else:
+            got = engine.measure_step(req["b"], req["k"], req["n"])
+            reply({"samples_ms": list(got.samples_ms), "scheduled_tokens": list(got.scheduled_tokens)})
+
+
+if __name__ == "__main__":
+    import sys
+
+    serve_static(sys.argv[1])
