@@ -182,7 +182,7 @@ def tune_cmd(engine_name, model, method, draft_model, k_max, batch_sizes, max_nu
         return {"method": method, "num_speculative_tokens": k_max, "num_speculative_tokens_per_batch_size": ranges}
 
     title = f"{engine_name} {model} {method}"
-    decision = _static_check(adapter, spec, plan, outcomes[0], noise_floor, console) if static_check else None
+    decision = _static_check(adapter, spec, plan, outcomes[0], lens[0], noise_floor, console) if static_check else None
     results, files = write_runs(out_dir, outcomes, config, command=command, draw_png=_png_drawer(title),
                                 noise_floor=noise_floor, static=decision)
     checkpoint.remove()
@@ -200,9 +200,9 @@ def tune_cmd(engine_name, model, method, draft_model, k_max, batch_sizes, max_nu
         click.echo(f"png: {files['tune.png']}")
 
 
-def _static_check(adapter, spec, plan, outcome, noise_floor, console: Console):
-    """Time the best fixed k with the table mechanism off (an engine of its own, started after the
-    tuning engine closed); None when the adapter's engine has one mode."""
+def _static_check(adapter, spec, plan, outcome, context_len, noise_floor, console: Console):
+    """Time the best fixed k with the table mechanism off at the smallest context (an engine of its own,
+    started after the tuning engine closed); None when the adapter's engine has one mode."""
     start_static = getattr(adapter, "start_static", None)
     result = smooth_within_noise(outcome.profile, outcome.rates,
                                  OptimizeOptions(k_max=max(plan.ks), draft_rate=outcome.draft_rate_modelled),
@@ -215,7 +215,8 @@ def _static_check(adapter, spec, plan, outcome, noise_floor, console: Console):
     sizes = check_batch_sizes(outcome.profile.batch_sizes)
     engine = start_static(spec, k)
     try:
-        engine.set_context_len(outcome.profile.context_len) if hasattr(engine, "set_context_len") else None
+        if hasattr(engine, "set_context_len"):
+            engine.set_context_len(context_len)
         points = measure_static(engine, plan, k, sizes)
     finally:
         engine.close()

@@ -73,7 +73,7 @@ def test_tune_cli_times_the_static_engine_and_writes_its_decision(tmp_path, monk
     out = tmp_path / "run"
     res = CliRunner().invoke(main, ["tune", "--engine", "builtin", "--model", "fake", "--k-max", "3",
                                     "--batch-sizes", "1,16,64", "--point-budget-s", "0.01", "--num-prompts", "1",
-                                    "--no-refine", "--close-call-margin", "0", "--out", str(out)])
+                                    "--no-refine", "--close-call-margin", "0", "--context-len", "100", "--out", str(out)])
     assert res.exit_code == 0, res.output
     check = json.loads((out / "static_check.json").read_text())
     assert check["recommend"] == recommend
