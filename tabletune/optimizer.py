@@ -10,11 +10,12 @@ optimal under the model at every b.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tabletune.goodput import expected_tokens, goodput, with_draft_rate
-from tabletune.profile import StepProfile
+from tabletune.profile import StepPoint, StepProfile
 from tabletune.table import DraftTable
 
 
@@ -165,19 +166,33 @@ def gain_vs(predictions: Sequence[BatchPrediction], other_goodput: Sequence[floa
     return sum(gains) / len(gains), min(gains)
 
 
-def noise_tolerance(profile: StepProfile, max_batch: int, ks: Sequence[int], floor: float = 0.0) -> list[dict[int, float]]:
-    """tol[b-1][k]: the relative spread (IQR / median) of T(b, k), at least ``floor``.
+def point_noise(samples_ms: Sequence[float]) -> float | None:
+    """Relative noise of one point's median: IQR / median from 4 samples on, (max - min) / median from 2 to 3,
+    None (unknown) for a single sample."""
+    n = len(samples_ms)
+    if n >= 4:
+        return StepPoint(1, 0, tuple(samples_ms)).spread
+    if n >= 2:
+        return (max(samples_ms) - min(samples_ms)) / statistics.median(samples_ms)
+    return None
 
-    A measured b uses its point's spread; a b between two measured batch sizes the
-    larger of theirs; beyond the largest measured b, that point's.
+
+def noise_tolerance(profile: StepProfile, max_batch: int, ks: Sequence[int], floor: float = 0.0) -> list[dict[int, float]]:
+    """tol[b-1][k]: the relative noise of T(b, k) (``point_noise``), at least ``floor``.
+
+    A point with a single sample takes the largest noise measured in the profile (unknown is not
+    zero). A measured b uses its point's noise; a b between two measured batch sizes the larger of
+    theirs; beyond the largest measured b, that point's.
     """
-    spread = {(p.batch_size, p.k): p.spread for p in profile.points}
+    known = {(p.batch_size, p.k): point_noise(p.samples_ms) for p in profile.points}
+    worst = max((v for v in known.values() if v is not None), default=0.0)
+    noise = {key: worst if v is None else v for key, v in known.items()}
     measured = profile.batch_sizes
     out = []
     for b in range(1, max_batch + 1):
         lo = max([x for x in measured if x <= b], default=measured[0])
         hi = min([x for x in measured if x >= b], default=measured[-1])
-        out.append({k: max(floor, spread.get((lo, k), 0.0), spread.get((hi, k), 0.0)) for k in ks})
+        out.append({k: max(floor, noise.get((lo, k), 0.0), noise.get((hi, k), 0.0)) for k in ks})
     return out
 
 
@@ -189,8 +204,8 @@ def smooth_within_noise(profile: StepProfile, rates: Sequence[float], options: O
 
         C(b) = {k : g(b, k) >= g(b, k_best) * (1 - max(tol(b, k), tol(b, k_best)))}
 
-    with tol = ``noise_tolerance`` (IQR / median of the T(b, k) samples, at least
-    ``noise_floor``; goodput's relative noise is T's). At b = 1 the table takes
+    with tol = ``noise_tolerance`` (IQR / median of the T(b, k) samples, the range with
+    2-3 samples, at least ``noise_floor``; goodput's relative noise is T's). At b = 1 the table takes
     k_best; at each next b it keeps the previous k while that is a candidate, else
     takes the candidate nearest to the previous k (ties: the smaller k). So within
     noise a table is monotone and keeps its neighbour's k, and a range boundary

@@ -103,3 +103,13 @@ def test_zero_spread_is_the_exact_optimum_and_noise_floor_widens():
     assert monotone(floored.ranges) and len(floored.ranges) <= 2
     with pytest.raises(ValueError):
         smooth_within_noise(profile, RATES, noise_floor=-0.1)
+
+
+def test_few_samples_count_as_noise_not_as_certainty():
+    from tabletune.optimizer import noise_tolerance, point_noise
+
+    assert point_noise([10.0, 11.0]) == pytest.approx(1 / 10.5)
+    assert point_noise([10.0]) is None
+    points = (StepPoint(1, 0, (10.0, 10.0, 10.0, 11.0, 12.0)), StepPoint(1, 1, (20.0,)))
+    tol = noise_tolerance(StepProfile(points, context_len=0), 1, (0, 1))
+    assert tol[0][1] == tol[0][0] == pytest.approx(StepPoint(1, 0, points[0].samples_ms).spread)
