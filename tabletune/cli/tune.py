@@ -25,6 +25,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from tabletune import fileio
 from tabletune.acceptance import parse_rates
 from tabletune.cli.common import command_line, print_predictions, stderr_console
 from tabletune.errors import InputError
@@ -33,7 +34,7 @@ from tabletune.padding import geometric_batch_sizes
 from tabletune.profile import StepProfile, parse_int_list
 from tabletune.tuner import EngineSpec, TunePlan, check_grid
 from tabletune.tuner.checkpoint import Checkpoint
-from tabletune.tuner.files import DrawPng, predict_gains, write_runs
+from tabletune.tuner.files import STATIC_FILE, DrawPng, predict_gains, static_json, write_runs
 from tabletune.tuner.run import measure_static, run_contexts
 from tabletune.tuner.static_check import check_batch_sizes, decide_static
 
@@ -182,10 +183,14 @@ def tune_cmd(engine_name, model, method, draft_model, k_max, batch_sizes, max_nu
         return {"method": method, "num_speculative_tokens": k_max, "num_speculative_tokens_per_batch_size": ranges}
 
     title = f"{engine_name} {model} {method}"
-    decision = _static_check(adapter, spec, plan, outcomes[0], lens[0], noise_floor, console) if static_check else None
     results, files = write_runs(out_dir, outcomes, config, command=command, draw_png=_png_drawer(title),
-                                noise_floor=noise_floor, static=decision)
+                                noise_floor=noise_floor)
     checkpoint.remove()
+    # after the tables are written: a failing static-mode engine loses none of them
+    decision = _static_check(adapter, spec, plan, outcomes[0], lens[0], noise_floor, console) if static_check else None
+    if decision is not None:
+        files[STATIC_FILE] = Path(out_dir) / STATIC_FILE
+        fileio.write_json(files[STATIC_FILE], static_json(decision, config))
     for outcome, result in zip(outcomes, results):
         if len(outcomes) > 1:
             console.print(f"context {outcome.profile.context_len}:")

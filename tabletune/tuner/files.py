@@ -3,7 +3,7 @@
 A run's folder holds ``step_profile.json``, ``acceptance.json``, ``table.json``
 (vLLM's keys), ``speculative_config.json`` (the whole ``--speculative-config``)
 and, when the caller passes a drawing function, ``tune.png``; with a static check,
-``static_check.json`` (``tabletune.tuner.static_check``). With several context
+``static_check.json`` (``static_json``, written after the rest). With several context
 lengths each profile gets a ``context-<N>/`` folder and the top holds
 ``table_by_context.json`` (``tabletune.table.ContextTable``). The table comes
 from the optimizer (``smooth_within_noise``: k changes only beyond the points'
@@ -64,18 +64,16 @@ def predict_gains(outcome: TuneOutcome, result: TableResult) -> Gains:
 
 
 def write_run(out_dir: str | Path, outcome: TuneOutcome, speculative_config: Callable[[list[list[int]]], dict],
-              command: str = "", draw_png: DrawPng | None = None, noise_floor: float = 0.0,
-              static: StaticDecision | None = None) -> tuple[TableResult, dict[str, Path]]:
-    """Optimise (``smooth_within_noise``) and write the JSON files (and ``tune.png`` with ``draw_png``,
-    ``static_check.json`` with ``static``) into ``out_dir``, all or nothing."""
+              command: str = "", draw_png: DrawPng | None = None,
+              noise_floor: float = 0.0) -> tuple[TableResult, dict[str, Path]]:
+    """Optimise (``smooth_within_noise``) and write the JSON files (and ``tune.png`` with ``draw_png``)
+    into ``out_dir``, all or nothing."""
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    names = (JSON_FILES if draw_png is None else FILES) + ((STATIC_FILE,) if static is not None else ())
+    names = JSON_FILES if draw_png is None else FILES
     try:
         result = _write_files(tmp, outcome, speculative_config, command, draw_png, noise_floor)
-        if static is not None:
-            _write_json(tmp / STATIC_FILE, static_json(static, speculative_config))
         _publish(tmp, out, names)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -112,18 +110,18 @@ def static_json(decision: StaticDecision, speculative_config: Callable[[list[lis
 
 def write_runs(out_dir: str | Path, outcomes: Sequence[TuneOutcome],
                speculative_config: Callable[[list[list[int]]], dict], command: str = "",
-               draw_png: DrawPng | None = None, noise_floor: float = 0.0,
-               static: StaticDecision | None = None) -> tuple[list[TableResult], dict[str, Path]]:
+               draw_png: DrawPng | None = None,
+               noise_floor: float = 0.0) -> tuple[list[TableResult], dict[str, Path]]:
     """One context: ``write_run``. Several: ``context-<N>/`` per profile (as ``write_run`` writes), and at the top
     ``table_by_context.json`` (``tabletune.table.ContextTable``) and ``speculative_config.json`` with the smallest
     context's row as vLLM's own table; all or nothing."""
     if len(outcomes) == 1:
-        result, files = write_run(out_dir, outcomes[0], speculative_config, command, draw_png, noise_floor, static)
+        result, files = write_run(out_dir, outcomes[0], speculative_config, command, draw_png, noise_floor)
         return [result], files
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    names = [BY_CONTEXT_FILE, "speculative_config.json"] + ([STATIC_FILE] if static is not None else [])
+    names = [BY_CONTEXT_FILE, "speculative_config.json"]
     try:
         results = []
         for outcome in outcomes:
@@ -133,8 +131,6 @@ def write_runs(out_dir: str | Path, outcomes: Sequence[TuneOutcome],
         table = ContextTable(tuple(ContextRow(o.profile.context_len, r.table) for o, r in zip(outcomes, results)))
         _write_json(tmp / BY_CONTEXT_FILE, table.to_json())
         _write_json(tmp / "speculative_config.json", speculative_config(table.rows[0].table.as_lists()))
-        if static is not None:
-            _write_json(tmp / STATIC_FILE, static_json(static, speculative_config))
         _publish_entries(tmp, out, names)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
