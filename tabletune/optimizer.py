@@ -10,12 +10,13 @@ optimal under the model at every b.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tabletune.cost import partial_draft_ms
 from tabletune.goodput import DraftYield, expected_tokens, goodput, with_draft_rate
-from tabletune.profile import StepProfile
+from tabletune.profile import StepPoint, StepProfile
 from tabletune.table import DraftTable
 
 
@@ -219,3 +220,70 @@ def optimize_yields(profile: StepProfile, yields: Sequence[DraftYield], draft_sh
     if not ks:
         raise ValueError(f"no allowed draft length has a measured yield (yields at k {sorted(measured)})")
     return table_from_grid(yield_goodput_grid(profile, [measured[k] for k in ks], max_batch, draft_share), ks, options)
+
+
+def point_noise(samples_ms: Sequence[float]) -> float | None:
+    """Relative noise of one point's median: IQR / median from 4 samples on, (max - min) / median from 2 to 3,
+    None (unknown) for a single sample."""
+    n = len(samples_ms)
+    if n >= 4:
+        return StepPoint(1, 0, tuple(samples_ms)).spread
+    if n >= 2:
+        return (max(samples_ms) - min(samples_ms)) / statistics.median(samples_ms)
+    return None
+
+
+def noise_tolerance(profile: StepProfile, max_batch: int, ks: Sequence[int], floor: float = 0.0) -> list[dict[int, float]]:
+    """tol[b-1][k]: the relative noise of T(b, k) (``point_noise``), at least ``floor``.
+
+    A point with a single sample takes the largest noise measured in the profile (unknown is not
+    zero). A measured b uses its point's noise; a b between two measured batch sizes the larger of
+    theirs; beyond the largest measured b, that point's.
+    """
+    known = {(p.batch_size, p.k): point_noise(p.samples_ms) for p in profile.points}
+    worst = max((v for v in known.values() if v is not None), default=0.0)
+    noise = {key: worst if v is None else v for key, v in known.items()}
+    measured = profile.batch_sizes
+    out = []
+    for b in range(1, max_batch + 1):
+        lo = max([x for x in measured if x <= b], default=measured[0])
+        hi = min([x for x in measured if x >= b], default=measured[-1])
+        out.append({k: max(floor, noise.get((lo, k), 0.0), noise.get((hi, k), 0.0)) for k in ks})
+    return out
+
+
+def smooth_within_noise(profile: StepProfile, rates: Sequence[float], options: OptimizeOptions = OptimizeOptions(),
+                        noise_floor: float = 0.0) -> TableResult:
+    """The table whose k changes between batch sizes only for a measured difference beyond the points' spread.
+
+    At batch size b the candidates are the k whose modelled goodput is within noise of the best:
+
+        C(b) = {k : g(b, k) >= g(b, k_best) * (1 - max(tol(b, k), tol(b, k_best)))}
+
+    with tol = ``noise_tolerance`` (IQR / median of the T(b, k) samples, the range with
+    2-3 samples, at least ``noise_floor``; goodput's relative noise is T's). At b = 1 the table takes
+    k_best; at each next b it keeps the previous k while that is a candidate, else
+    takes the candidate nearest to the previous k (ties: the smaller k). So within
+    noise a table is monotone and keeps its neighbour's k, and a range boundary
+    stands for a difference the measurement resolves. ``options.min_gain`` is not
+    used here. With zero spread this is ``optimize_table``.
+    """
+    if noise_floor < 0:
+        raise ValueError(f"noise_floor must be >= 0, got {noise_floor}")
+    max_batch = options.max_batch or profile.max_batch_size
+    ks = allowed_ks(profile, len(rates), options)
+    grid = goodput_grid(profile, rates, ks, max_batch, options.draft_rate)
+    tol = noise_tolerance(profile, max_batch, ks, noise_floor)
+    chosen: list[int] = []
+    for row, tol_row in zip(grid, tol):
+        best = best_k(row)
+        cands = [k for k in ks if row[k] >= row[best] * (1.0 - max(tol_row[k], tol_row[best]))]
+        if not chosen:
+            k = best
+        elif chosen[-1] in cands:
+            k = chosen[-1]
+        else:
+            k = min(cands, key=lambda c: (abs(c - chosen[-1]), c))
+        chosen.append(k)
+    table = DraftTable.from_dense(chosen)
+    return TableResult(table, ks, predict(table, grid))

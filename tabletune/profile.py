@@ -37,6 +37,9 @@ class Fingerprint:
     tp_size: int = 1
     runner: str = ""  # model runner and graph mode, e.g. "v1/cudagraph-per-k"
     drafter: str = ""  # speculative method: ngram, eagle, draft_model, ...
+    pp_size: int = 1
+    graph_mode: str = ""  # CUDA-graph mode the engine ran with, e.g. vLLM's "PIECEWISE" ("none" on CPU)
+    flags: str = ""  # the engine's flags beyond the defaults (vLLM: the args after ``--``; builtin: its knobs)
     command: str = ""  # the command that produced the profile (not compared)
 
     def mismatches(self, other: Fingerprint) -> list[str]:
@@ -183,7 +186,7 @@ class StepProfile:
                 )
             )
         for name, value in fp.items():
-            want = int if name == "tp_size" else str
+            want = int if name in ("tp_size", "pp_size") else str
             if not isinstance(value, want) or isinstance(value, bool):
                 raise InputError(source, f"fingerprint.{name}", value, f"must be {want.__name__}")
         fingerprint = Fingerprint(**fp)

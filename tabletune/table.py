@@ -155,3 +155,70 @@ class DraftTable:
 
     def __str__(self) -> str:
         return json.dumps(self.as_lists())
+
+
+@dataclass(frozen=True)
+class ContextRow:
+    max_context_len: int  # the row covers contexts up to this many tokens (the last row: every longer one too)
+    table: DraftTable
+
+
+@dataclass(frozen=True)
+class ContextTable:
+    """A 2-D table: one ``DraftTable`` per context-length bucket, rows sorted by ``max_context_len``.
+
+    JSON: ``{"by_context": [{"max_context_len": N, "num_speculative_tokens_per_batch_size":
+    [[lo, hi, k], ...]}, ...]}``. A step whose context is c uses the first row with
+    c <= max_context_len, and the last row when c exceeds every bound (open-ended).
+    """
+
+    rows: tuple[ContextRow, ...]
+
+    def __post_init__(self) -> None:
+        if not self.rows:
+            raise ValueError("a by-context table needs at least one row")
+        bounds = [r.max_context_len for r in self.rows]
+        if bounds != sorted(set(bounds)) or bounds[0] < 1:
+            raise ValueError(f"max_context_len must be >= 1 and strictly increasing, got {bounds}")
+
+    def row_index(self, context_len: float) -> int:
+        for i, row in enumerate(self.rows):
+            if context_len <= row.max_context_len:
+                return i
+        return len(self.rows) - 1
+
+    def table_for(self, context_len: float) -> DraftTable:
+        return self.rows[self.row_index(context_len)].table
+
+    @property
+    def k_max(self) -> int:
+        return max(r.table.k_max for r in self.rows)
+
+    def to_json(self) -> dict:
+        return {"by_context": [{"max_context_len": r.max_context_len,
+                                "num_speculative_tokens_per_batch_size": r.table.as_lists()} for r in self.rows]}
+
+    @classmethod
+    def from_json(cls, obj: object, source: str = "table") -> ContextTable:
+        """Parse the ``by_context`` format; errors name the file, the field and the value."""
+        rows_obj = obj.get("by_context") if isinstance(obj, dict) else None
+        if not isinstance(rows_obj, list) or not rows_obj:
+            raise InputError(source, "by_context", rows_obj, "must be a non-empty list of rows")
+        rows = []
+        for i, row in enumerate(rows_obj):
+            if not isinstance(row, dict):
+                raise InputError(source, f"by_context[{i}]", row, "must be an object")
+            bound = row.get("max_context_len")
+            if not isinstance(bound, int) or isinstance(bound, bool) or bound < 1:
+                raise InputError(source, f"by_context[{i}].max_context_len", bound, "must be an integer >= 1")
+            if rows and bound <= rows[-1].max_context_len:
+                raise InputError(source, f"by_context[{i}].max_context_len", bound,
+                                 f"must exceed the previous row's {rows[-1].max_context_len}")
+            table = DraftTable.from_ranges(row.get("num_speculative_tokens_per_batch_size"),
+                                           source=f"{source}: by_context[{i}]")
+            rows.append(ContextRow(bound, table))
+        return cls(tuple(rows))
+
+    @classmethod
+    def load(cls, path: str | Path) -> ContextTable:
+        return cls.from_json(fileio.read_json(path), source=str(path))

@@ -12,6 +12,7 @@ says so is set here, at the entry, before any adapter imports vLLM.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import logging
@@ -24,14 +25,18 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from tabletune import fileio
 from tabletune.acceptance import parse_rates
 from tabletune.cli.common import command_line, print_predictions, stderr_console
 from tabletune.errors import InputError
-from tabletune.optimizer import TableResult
+from tabletune.optimizer import OptimizeOptions, TableResult, smooth_within_noise
 from tabletune.padding import geometric_batch_sizes
 from tabletune.profile import StepProfile, parse_int_list
-from tabletune.tuner import EngineSpec, TunePlan, check_grid, run_plan
-from tabletune.tuner.files import DrawPng, predict_gains, write_run
+from tabletune.tuner import EngineSpec, TunePlan, check_grid
+from tabletune.tuner.checkpoint import Checkpoint
+from tabletune.tuner.files import STATIC_FILE, DrawPng, predict_gains, static_json, write_runs
+from tabletune.tuner.run import measure_static, run_contexts
+from tabletune.tuner.static_check import check_batch_sizes, decide_static
 
 ADAPTERS = {"vllm": "tabletune.integrations.vllm.tuner_engine", "builtin": "tabletune.engine.tuner_adapter"}
 
@@ -73,7 +78,7 @@ def load_prompt_texts(spec: str, limit: int) -> tuple[str, list[str]]:
 
 
 def build_spec(model, method, draft_model, k_max, max_num_seqs, batch_sizes, synthetic, context_len, seed,
-               policy=None):
+               policy=None, engine_args=()):
     """The engine to start and the batch sizes to measure, from the flags; bad values are InputError."""
     sizes = tuple(parse_int_list(batch_sizes, "--batch-sizes", "batch_sizes")) if batch_sizes else None
     max_num_seqs = max_num_seqs or (max(sizes) if sizes else 64)
@@ -83,15 +88,28 @@ def build_spec(model, method, draft_model, k_max, max_num_seqs, batch_sizes, syn
     if rates is not None and len(rates) < k_max:
         raise InputError("--synthetic-acceptance", "rates", list(rates), f"give at least k_max={k_max} rates")
     spec = EngineSpec(model=model, method=method, k_max=k_max, max_batch_size=max_num_seqs, draft_model=draft_model,
-                      synthetic_acceptance=rates, context_len=context_len, seed=seed, policy=policy)
+                      synthetic_acceptance=rates, context_len=context_len, seed=seed, policy=policy,
+                      engine_args=tuple(engine_args))
     return spec, tuple(sorted(set(sizes)))
 
 
-@click.command("tune")
+def parse_context_lens(context_len: int, context_lens: str | None) -> tuple[int, ...]:
+    """``--context-lens 512,2048,8192`` (ascending, each >= 1), else ``--context-len`` alone."""
+    if not context_lens:
+        return (context_len,)
+    lens = parse_int_list(context_lens, "--context-lens", "context_lens")
+    if not lens or min(lens) < 1:
+        raise InputError("--context-lens", "context_lens", context_lens, "give context lengths >= 1")
+    return tuple(sorted(set(lens)))
+
+
+@click.command("tune", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--engine", "engine_name", type=click.Choice(sorted(ADAPTERS)), default="vllm", show_default=True)
-@click.option("--model", required=True, help="tiny-llama, smollm2-135m, or a local HF model folder")
+@click.option("--model", required=True,
+              help="vllm: a hub id org/name, a local HF folder or .gguf, or tiny-llama / smollm2-135m; builtin: a "
+                   "shape preset or a local HF folder")
 @click.option("--method", default="ngram", show_default=True, help="speculative method: ngram, draft_model, eagle3, ...")
-@click.option("--draft-model", default=None, help="draft model folder (draft_model, eagle, eagle3)")
+@click.option("--draft-model", default=None, help="draft model or speculator (folder or hub id)")
 @click.option("--k-max", type=int, default=4, show_default=True)
 @click.option("--batch-sizes", default=None, help="e.g. 1,2,4,8 (default: 1,2,4,... max-num-seqs)")
 @click.option("--max-num-seqs", type=click.IntRange(min=1), default=None,
@@ -108,39 +126,106 @@ def build_spec(model, method, draft_model, k_max, max_num_seqs, batch_sizes, syn
               help="optimise with the measured draft rate q (linear cost model; off: every request drafts k)")
 @click.option("--context-len", type=click.IntRange(min=1), default=128, show_default=True,
               help="prompt tokens of timed requests")
+@click.option("--context-lens", default=None,
+              help="e.g. 512,2048,8192: one profile per context length and a by-context table (overrides --context-len)")
+@click.option("--noise-floor", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="change k between batch sizes only beyond max(this, the points' spread IQR/median)")
+@click.option("--static-check/--no-static-check", default=True, show_default=True,
+              help="also time the best fixed k with the table mechanism off, and recommend static or dynamic")
+@click.option("--resume", "resume_dir", type=click.Path(file_okay=False), default=None,
+              help="continue an interrupted tune from its checkpoint folder (OUT.partial); same options")
 @click.option("--seed", type=int, default=0)
 @click.option("--policy", default=None,
               help="builtin engine: the policy that picks draft lengths while acceptance is measured, as in "
                    "`tabletune simulate --policy` (default: every request drafts k-max)")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/tune", show_default=True)
 @click.option("--verbose", is_flag=True, help="show the engine's own logs (vLLM: INFO); default: errors only")
+@click.argument("engine_args", nargs=-1, type=click.UNPROCESSED)
 def tune_cmd(engine_name, model, method, draft_model, k_max, batch_sizes, max_num_seqs, prompt_set, num_prompts,
-             synthetic_acceptance, point_budget_s, no_refine, close_call_margin, model_draft_rate, context_len, seed,
-             policy, out_dir, verbose):
-    """Measure step times and acceptance on a real engine; write the table and speculative config."""
+             synthetic_acceptance, point_budget_s, no_refine, close_call_margin, model_draft_rate, context_len,
+             context_lens, noise_floor, static_check, resume_dir, seed, policy, out_dir, verbose, engine_args):
+    """Measure step times and acceptance on a real engine; write the table and speculative config.
+
+    Engine flags go after ``--``: with --engine vllm, any ``vllm serve`` engine flag
+    (e.g. -- --tensor-parallel-size 2 --gpu-memory-utilization 0.85), parsed by vLLM itself.
+    """
     quiet_engine_logs(verbose)
+    lens = parse_context_lens(context_len, context_lens)
     spec, sizes = build_spec(model, method, draft_model, k_max, max_num_seqs, batch_sizes, synthetic_acceptance,
-                             context_len, seed, policy)
+                             max(lens), seed, policy, engine_args)
     if policy and engine_name != "builtin":
         raise InputError("--policy", "engine", engine_name, "only the builtin engine measures under a policy")
+    if engine_args and engine_name != "vllm":
+        raise InputError("engine flags after --", "engine", engine_name, "only --engine vllm takes engine flags")
     adapter = load_adapter(engine_name)
     adapter.validate(spec)
     workload, prompts = load_prompt_texts(prompt_set, num_prompts)
     plan = TunePlan(batch_sizes=sizes, ks=tuple(range(k_max + 1)), point_budget_s=point_budget_s, refine=not no_refine,
                     close_call_margin=close_call_margin, model_draft_rate=model_draft_rate)
+    settings = {"engine": engine_name, "spec": dataclasses.asdict(spec), "batch_sizes": list(sizes),
+                "context_lens": list(lens), "prompts": prompt_set, "num_prompts": num_prompts}
+    checkpoint = Checkpoint.open(resume_dir or f"{Path(out_dir)}.partial", json.loads(json.dumps(settings)),
+                                 resume=bool(resume_dir))
     command = command_line()
     console = stderr_console()
+    console.print(f"checkpoint: {checkpoint.folder} (after an interruption: the same command with --resume "
+                  f"{checkpoint.folder})")
     engine = adapter.start(spec)
     try:
-        outcome = _measure(engine, plan, prompts, workload, command, console)
+        outcomes = _measure(engine, plan, prompts, workload, command, console, lens, checkpoint)
     finally:
         engine.close()
     make_config = getattr(adapter, "speculative_config", None)
-    result, files = write_run(out_dir, outcome, lambda ranges: make_config(spec, ranges) if make_config else
-                              {"method": method, "num_speculative_tokens": k_max,
-                               "num_speculative_tokens_per_batch_size": ranges},
-                              command=command, draw_png=_png_drawer(f"{engine_name} {model} {method}"))
-    _report(outcome, result, files, console)
+
+    def config(ranges):
+        if make_config:
+            return make_config(spec, ranges)
+        return {"method": method, "num_speculative_tokens": k_max, "num_speculative_tokens_per_batch_size": ranges}
+
+    title = f"{engine_name} {model} {method}"
+    results, files = write_runs(out_dir, outcomes, config, command=command, draw_png=_png_drawer(title),
+                                noise_floor=noise_floor)
+    checkpoint.remove()
+    # after the tables are written: a failing static-mode engine loses none of them
+    decision = _static_check(adapter, spec, plan, outcomes[0], lens[0], noise_floor, console) if static_check else None
+    if decision is not None:
+        files[STATIC_FILE] = Path(out_dir) / STATIC_FILE
+        fileio.write_json(files[STATIC_FILE], static_json(decision, config))
+    for outcome, result in zip(outcomes, results):
+        if len(outcomes) > 1:
+            console.print(f"context {outcome.profile.context_len}:")
+        _report(outcome, result, console)
+    if decision is not None:
+        console.print(decision.summary())
+    for path in files.values():
+        console.print(f"wrote {path}")
+    main_table = files.get("table_by_context.json", files["table.json"])
+    click.echo(json.dumps(json.loads(main_table.read_text())))
+    if "tune.png" in files:
+        click.echo(f"png: {files['tune.png']}")
+
+
+def _static_check(adapter, spec, plan, outcome, context_len, noise_floor, console: Console):
+    """Time the best fixed k with the table mechanism off at the smallest context (an engine of its own,
+    started after the tuning engine closed); None when the adapter's engine has one mode."""
+    start_static = getattr(adapter, "start_static", None)
+    result = smooth_within_noise(outcome.profile, outcome.rates,
+                                 OptimizeOptions(k_max=max(plan.ks), draft_rate=outcome.draft_rate_modelled),
+                                 noise_floor)
+    k = result.best_single_k
+    reason = getattr(adapter, "static_same_as_dynamic", lambda s: None)(spec)
+    if start_static is None or reason:
+        console.print(f"static check: skipped ({reason or 'this engine has no separate static mode'})")
+        return None
+    sizes = check_batch_sizes(outcome.profile.batch_sizes)
+    engine = start_static(spec, k)
+    try:
+        if hasattr(engine, "set_context_len"):
+            engine.set_context_len(context_len)
+        points = measure_static(engine, plan, k, sizes)
+    finally:
+        engine.close()
+    return decide_static(result, outcome.rates, points, {b: outcome.profile.step_ms(b, k) for b in sizes})
 
 
 def _png_drawer(title: str) -> DrawPng:
@@ -152,16 +237,18 @@ def _png_drawer(title: str) -> DrawPng:
     return draw
 
 
-def _measure(engine, plan, prompts, workload, command, console: Console):
+def _measure(engine, plan, prompts, workload, command, console: Console, context_lens, checkpoint):
     columns = (TextColumn("{task.description:<32}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
                TextColumn("ETA"), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task("tuning", total=1000)
-        return run_plan(engine, plan, prompts, workload=workload, command=command,
-                        progress=lambda text, frac: bar.update(task, description=text, completed=round(1000 * frac)))
+        return run_contexts(engine, plan, prompts, context_lens, workload=workload, command=command,
+                            progress=lambda text, frac: bar.update(task, description=text,
+                                                                   completed=round(1000 * frac)),
+                            checkpoint=checkpoint)
 
 
-def _report(outcome, result, files, console: Console) -> None:
+def _report(outcome, result, console: Console) -> None:
     print_predictions(result, console)
     gains = predict_gains(outcome, result)
     rates = ", ".join(f"{r:.3f}" for r in outcome.rates)
@@ -174,7 +261,3 @@ def _report(outcome, result, files, console: Console) -> None:
                   f"{gains.vs_best_fixed[1]:+.1%} worst b")
     console.print(f"predicted gain vs vLLM's documented table {gains.documented}: {gains.vs_documented[0]:+.1%} mean, "
                   f"{gains.vs_documented[1]:+.1%} worst b")
-    for path in files.values():
-        console.print(f"wrote {path}")
-    click.echo(json.dumps(json.loads(files["table.json"].read_text())))
-    click.echo(f"png: {files['tune.png']}")

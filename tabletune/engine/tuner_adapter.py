@@ -45,6 +45,9 @@ from tabletune.policies import resolve as resolve_policy
 from tabletune.profile import Fingerprint
 from tabletune.table import DraftTable
 from tabletune.tuner import EngineSpec, StepSamples
+from tabletune.tuner.budget import MemoryPlan, check_memory, kv_cache_bytes
+
+WORKSPACE_BYTES = 4 << 30  # activations, CUDA graphs' pools, cuBLAS workspace: a margin, not a measurement
 
 METHODS = {"ngram": "ngram", "eagle": "eagle", "eagle3": "eagle", "draft_model": "draft_model",
            "parallel_block": "parallel_block", "dflash": "parallel_block"}
@@ -71,6 +74,11 @@ def start(spec: EngineSpec) -> BuiltinEngine:
     return BuiltinEngine(spec)
 
 
+def static_same_as_dynamic(spec: EngineSpec) -> str | None:
+    """The builtin engine has one mode: a CUDA graph per (bucket, k), whatever the table."""
+    return "the builtin engine runs the same graphs with or without a table"
+
+
 def _weights_folder(model: str) -> str | None:
     if model == "smollm2-135m":
         from tabletune.integrations.hf import smollm2 as assets  # smollm2_model_dir moved out of the core
@@ -92,10 +100,30 @@ class BuiltinEngine:
             self.target.load_safetensors(self.weights)
         self.method = METHODS[spec.method]
         self.max_batch_size, self.k_max, self.context_len = spec.max_batch_size, spec.k_max, spec.context_len
-        head = spec.draft_model if self.method == "eagle" else None
-        self.engine = self._build(make_drafter(self.method, self.target, spec.k_max, draft_model=self._draft(),
-                                               head=head))
+        self._engine: SpecEngine | None = None  # the timing engine, built on first use (after the acceptance pass)
         self._rows_ready = 0
+        if self.device == "cuda":
+            check_memory(self.memory_plan())
+
+    @property
+    def engine(self) -> SpecEngine:
+        """The timing engine (every bucket, every k): built once, on first use, so that the acceptance
+        pass's replay engine is freed before it allocates; one engine holds memory at a time."""
+        if self._engine is None:
+            head = self.spec.draft_model if self.method == "eagle" else None
+            self._engine = self._build(make_drafter(self.method, self.target, self.spec.k_max,
+                                                    draft_model=self._draft(), head=head))
+        return self._engine
+
+    def memory_plan(self) -> MemoryPlan:
+        """What the tune will allocate on the GPU, before it allocates it (see ``tabletune.tuner.budget``)."""
+        cfg, bytes_per = self.target.cfg, torch.finfo(self.dtype).bits // 8
+        free, _ = torch.cuda.mem_get_info()
+        weights = sum(t.numel() * t.element_size() for t in (*self.target.parameters(), *self.target.buffers()))
+        kv = kv_cache_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, bytes_per,
+                            self.spec.max_batch_size + 1, self._max_len())
+        return MemoryPlan(free_bytes=free, weights_bytes=0, kv_bytes=kv, workspace_bytes=WORKSPACE_BYTES,
+                          engines=1, already_allocated_bytes=weights)
 
     def _draft(self) -> Decoder | None:
         if self.method != "draft_model":
@@ -112,20 +140,39 @@ class BuiltinEngine:
             replace(cfg, name=cfg.name + "-draft", num_layers=max(1, cfg.num_layers // 4))
         return Decoder(small, self.dtype, self.device, ops=self.target.ops)
 
-    def _build(self, drafter) -> SpecEngine:
+    def _max_len(self) -> int:
         spec = self.spec
-        max_len = max(spec.context_len, ACCEPTANCE_TOKENS) + spec.k_max + ACCEPTANCE_TOKENS
-        cfg = EngineConfig(max_num_seqs=spec.max_batch_size, max_len=max_len, k_max=spec.k_max,
-                           buckets=tuple(geometric_batch_sizes(spec.max_batch_size)), split_steps=bool(spec.policy))
+        return max(spec.context_len, ACCEPTANCE_TOKENS) + spec.k_max + ACCEPTANCE_TOKENS
+
+    def _build(self, drafter, max_num_seqs: int | None = None, ks: tuple[int, ...] = ()) -> SpecEngine:
+        spec = self.spec
+        n = max_num_seqs or spec.max_batch_size
+        cfg = EngineConfig(max_num_seqs=n, max_len=self._max_len(), k_max=spec.k_max, ks=ks,
+                           buckets=tuple(geometric_batch_sizes(n)), split_steps=bool(spec.policy))
         return SpecEngine(self.target, drafter, cfg)
+
+    def set_context_len(self, context_len: int) -> None:
+        """Time the next steps from ``context_len`` cached tokens (must fit the engine's ``max_len``)."""
+        if context_len + self.spec.k_max + 2 > self._max_len():
+            raise InputError("--context-lens", "context_len", context_len,
+                             f"exceeds the engine's cache length {self._max_len()} (start it with the largest)")
+        self.context_len, self._rows_ready = context_len, 0
 
     # ---- Engine protocol ----------------------------------------------------
 
     def fingerprint(self) -> Fingerprint:
         model = self.spec.model if self.weights else f"{self.spec.model} (shape, random weights)"
         drafter = self.method + (f":{self.spec.draft_model}" if self.spec.draft_model else "")
-        return Fingerprint(engine="builtin", engine_version=ENGINE_VERSION, device=device_name(self.engine),
-                           model=model, dtype=str(self.dtype).removeprefix("torch."), runner=RUNNER, drafter=drafter)
+        engine = self.engine
+        cfg = engine.cfg
+        graphs = "cudagraph-per-(bucket,k)" if engine.graphs else "none"
+        knobs = (f"max_num_seqs={cfg.max_num_seqs} max_len={cfg.max_len} k_max={cfg.k_max} "
+                 f"buckets={','.join(map(str, engine.buckets))} split_steps={cfg.split_steps} "
+                 f"triton={cfg.kernels.use_triton if cfg.kernels.use_triton is not None else self.device == 'cuda'} "
+                 f"pdl={cfg.kernels.pdl} split_k={cfg.kernels.split_k}")
+        return Fingerprint(engine="builtin", engine_version=ENGINE_VERSION, device=f"{device_name(engine)} x1",
+                           model=model, dtype=str(self.dtype).removeprefix("torch."), runner=RUNNER, drafter=drafter,
+                           graph_mode=graphs, flags=knobs)
 
     def measure_step(self, batch_size: int, k: int, num_steps: int) -> StepSamples:
         if not 1 <= batch_size <= self.max_batch_size or not 0 <= k <= self.k_max:
@@ -146,7 +193,8 @@ class BuiltinEngine:
             # a zero cap).
             # One batch shape for both runs (fixed_shape), so that the replay verifies each position with the
             # same kernels as the oracle's decode as far as possible.
-            replay = self._build(ReplayDrafter())
+            # a small engine of its own (the prompts' batch, k only); the timing engine is not built yet
+            replay = self._build(ReplayDrafter(), max_num_seqs=len(ids), ks=(k,))
             base = [Request(p, max_tokens, i) for i, p in enumerate(ids)]
             Scheduler(replay, DraftTable.fixed(k), cap_rates=[0.0] * k, fixed_shape=True).run(base)
             reqs = [Request(p, max_tokens, i, oracle=r.output + [0] * (k + 2)) for i, (p, r) in enumerate(zip(ids, base))]
@@ -157,6 +205,7 @@ class BuiltinEngine:
                 print(f"tabletune: synthetic acceptance: {stale}/{len(reqs)} requests left the oracle's path "
                       "(bf16 rounding); their later steps are not counted", flush=True)
             del replay
+            self._free()
         else:
             reqs = [Request(p, max_tokens, i) for i, p in enumerate(ids)]
             counts = Scheduler(self.engine, self._policy(self.engine, k)).run(reqs).counts
@@ -172,7 +221,10 @@ class BuiltinEngine:
         return make_policy(self.spec.policy, ctx)
 
     def close(self) -> None:
-        del self.engine
+        self._engine = None
+        self._free()
+
+    def _free(self) -> None:
         gc.collect()
         if self.device == "cuda":
             torch.cuda.empty_cache()

@@ -2,8 +2,12 @@
 
 A run's folder holds ``step_profile.json``, ``acceptance.json``, ``table.json``
 (vLLM's keys), ``speculative_config.json`` (the whole ``--speculative-config``)
-and, when the caller passes a drawing function, ``tune.png``. The table comes
-from the optimizer, never from a plot, so the JSON files need no matplotlib; the
+and, when the caller passes a drawing function, ``tune.png``; with a static check,
+``static_check.json`` (``static_json``, written after the rest). With several context
+lengths each profile gets a ``context-<N>/`` folder and the top holds
+``table_by_context.json`` (``tabletune.table.ContextTable``). The table comes
+from the optimizer (``smooth_within_noise``: k changes only beyond the points'
+spread), never from a plot, so the JSON files need no matplotlib; the
 PNG is drawn from the same ``TableResult`` (``tabletune.plot.draw_tune_png``).
 Every file is first written into a temporary sibling folder; only when all of
 them exist are they moved into place, so a failed run leaves nothing half-written.
@@ -16,22 +20,26 @@ b = 1..max_batch of table / other - 1.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from tabletune.acceptance import AcceptanceProfile
-from tabletune.optimizer import OptimizeOptions, TableResult, evaluate_table, gain_vs, optimize_table
+from tabletune.optimizer import OptimizeOptions, TableResult, evaluate_table, gain_vs, smooth_within_noise
 from tabletune.profile import StepProfile
-from tabletune.table import VLLM_DOCUMENTED_RANGES, DraftTable
+from tabletune.table import VLLM_DOCUMENTED_RANGES, ContextRow, ContextTable, DraftTable
 from tabletune.tuner.run import TuneOutcome
+from tabletune.tuner.static_check import StaticDecision
 
 JSON_FILES = ("step_profile.json", "acceptance.json", "table.json", "speculative_config.json")
 PNG_FILE = "tune.png"
+STATIC_FILE = "static_check.json"
+BY_CONTEXT_FILE = "table_by_context.json"
 FILES = (*JSON_FILES, PNG_FILE)
 
 DrawPng = Callable[[StepProfile, TableResult, Path], None]  # (profile, optimizer's result, path to write)
@@ -56,31 +64,94 @@ def predict_gains(outcome: TuneOutcome, result: TableResult) -> Gains:
 
 
 def write_run(out_dir: str | Path, outcome: TuneOutcome, speculative_config: Callable[[list[list[int]]], dict],
-              command: str = "", draw_png: DrawPng | None = None) -> tuple[TableResult, dict[str, Path]]:
-    """Optimise and write the JSON files (and ``tune.png`` with ``draw_png``) into ``out_dir``, all or nothing."""
+              command: str = "", draw_png: DrawPng | None = None,
+              noise_floor: float = 0.0) -> tuple[TableResult, dict[str, Path]]:
+    """Optimise (``smooth_within_noise``) and write the JSON files (and ``tune.png`` with ``draw_png``)
+    into ``out_dir``, all or nothing."""
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     names = JSON_FILES if draw_png is None else FILES
     try:
-        k_max = max(outcome.profile.ks)
-        outcome.profile.save(tmp / "step_profile.json")
-        AcceptanceProfile([outcome.acceptance], model=outcome.profile.fingerprint.model,
-                          command=command).save(tmp / "acceptance.json")
-        result = optimize_table(outcome.profile, outcome.rates,
-                                OptimizeOptions(k_max=k_max, draft_rate=outcome.draft_rate_modelled))
-        _write_json(tmp / "table.json", result.table.to_vllm(k_max))
-        _write_json(tmp / "speculative_config.json", speculative_config(result.table.as_lists()))
-        if draw_png is not None:
-            draw_png(outcome.profile, result, tmp / PNG_FILE)
+        result = _write_files(tmp, outcome, speculative_config, command, draw_png, noise_floor)
         _publish(tmp, out, names)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return result, {name: out / name for name in names}
 
 
+def _write_files(folder: Path, outcome: TuneOutcome, speculative_config: Callable[[list[list[int]]], dict],
+                 command: str, draw_png: DrawPng | None, noise_floor: float) -> TableResult:
+    folder.mkdir(parents=True, exist_ok=True)
+    k_max = max(outcome.profile.ks)
+    outcome.profile.save(folder / "step_profile.json")
+    AcceptanceProfile([outcome.acceptance], model=outcome.profile.fingerprint.model,
+                      command=command).save(folder / "acceptance.json")
+    result = smooth_within_noise(outcome.profile, outcome.rates,
+                                 OptimizeOptions(k_max=k_max, draft_rate=outcome.draft_rate_modelled), noise_floor)
+    _write_json(folder / "table.json", result.table.to_vllm(k_max))
+    _write_json(folder / "speculative_config.json", speculative_config(result.table.as_lists()))
+    if draw_png is not None:
+        draw_png(outcome.profile, result, folder / PNG_FILE)
+    return result
+
+
+def static_json(decision: StaticDecision, speculative_config: Callable[[list[list[int]]], dict]) -> dict:
+    """The static check's numbers and, when it recommends static, the config to serve (no table)."""
+    config = {key: value for key, value in speculative_config([[1, 1, decision.k]]).items()
+              if key != "num_speculative_tokens_per_batch_size"}
+    config["num_speculative_tokens"] = decision.k
+    return {"recommend": "static" if decision.recommend_static else "table", "k": decision.k,
+            "mean_vs_static": decision.mean_vs_static, "mean_dynamic_cost": decision.mean_dynamic_cost,
+            "mean_table_gain": decision.mean_table_gain, "min_gain": decision.min_gain,
+            "points": [dataclasses.asdict(p) for p in decision.points],
+            "static_speculative_config": config if decision.k > 0 else None}
+
+
+def write_runs(out_dir: str | Path, outcomes: Sequence[TuneOutcome],
+               speculative_config: Callable[[list[list[int]]], dict], command: str = "",
+               draw_png: DrawPng | None = None,
+               noise_floor: float = 0.0) -> tuple[list[TableResult], dict[str, Path]]:
+    """One context: ``write_run``. Several: ``context-<N>/`` per profile (as ``write_run`` writes), and at the top
+    ``table_by_context.json`` (``tabletune.table.ContextTable``) and ``speculative_config.json`` with the smallest
+    context's row as vLLM's own table; all or nothing."""
+    if len(outcomes) == 1:
+        result, files = write_run(out_dir, outcomes[0], speculative_config, command, draw_png, noise_floor)
+        return [result], files
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    names = [BY_CONTEXT_FILE, "speculative_config.json"]
+    try:
+        results = []
+        for outcome in outcomes:
+            sub = f"context-{outcome.profile.context_len}"
+            results.append(_write_files(tmp / sub, outcome, speculative_config, command, draw_png, noise_floor))
+            names.append(sub)
+        table = ContextTable(tuple(ContextRow(o.profile.context_len, r.table) for o, r in zip(outcomes, results)))
+        _write_json(tmp / BY_CONTEXT_FILE, table.to_json())
+        _write_json(tmp / "speculative_config.json", speculative_config(table.rows[0].table.as_lists()))
+        _publish_entries(tmp, out, names)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    files = {name: out / name for name in names if not name.startswith("context-")}
+    files["table.json"] = out / f"context-{outcomes[0].profile.context_len}" / "table.json"
+    return results, files
+
+
 def _write_json(path: Path, obj: object) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n")
+
+
+def _publish_entries(tmp: Path, out: Path, names: Sequence[str]) -> None:
+    """Rename the folder into place; into an existing folder, replace entry by entry (folders too)."""
+    if not out.exists():
+        os.rename(tmp, out)
+        return
+    for name in names:
+        if (out / name).is_dir():
+            shutil.rmtree(out / name)
+        os.replace(tmp / name, out / name)
 
 
 def _publish(tmp: Path, out: Path, names: tuple[str, ...]) -> None:

@@ -53,6 +53,12 @@ class Engine(Protocol):
       for up to ``max_tokens`` tokens drafting ``k`` tokens per step, and return
       the censored per-position counts (see ``tabletune.acceptance``).
     * ``close()``: free the engine.
+    * optional ``set_context_len(n)``: time the next steps from n cached tokens (needed for
+      ``tune --context-lens`` with more than one length; the engine starts at the largest).
+
+    An adapter module may also offer ``start_static(spec, k)`` (an engine with the table
+    mechanism off, for ``tabletune.tuner.static_check``) and ``static_same_as_dynamic(spec)``
+    (why timing it would measure nothing new, or None).
 
     Attributes: ``max_batch_size`` (largest b it can hold, e.g. vLLM's
     max_num_seqs), ``k_max`` (largest k it can draft), ``context_len`` (the
@@ -87,3 +93,5 @@ class EngineSpec:
     # the policy (``tabletune simulate --policy`` spellings) that picks draft lengths while acceptance is measured;
     # None: every request drafts k_max (engines that take only that reject any other)
     policy: str | None = None
+    # the engine's own flags, verbatim (vLLM: the ``vllm serve`` engine flags after ``--``, parsed by vLLM)
+    engine_args: tuple[str, ...] = ()

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from tabletune.acceptance import AcceptanceCounts
 from tabletune.profile import Fingerprint, StepPoint, StepProfile
+from tabletune.tuner.checkpoint import Checkpoint
 from tabletune.tuner.close_calls import CloseCall, close_calls, refinement_batch_sizes, settle
 from tabletune.tuner.measure import interference_filter, measure_points, recheck_points
 from tabletune.tuner.plan import ProgressFn, TunePlan
@@ -47,19 +48,52 @@ def _phase(progress: ProgressFn | None, lo: float, hi: float) -> ProgressFn | No
     return lambda text, frac: progress(text, lo + (hi - lo) * frac)
 
 
-def run_plan(engine: Engine, plan: TunePlan, prompts: Sequence[str], *, workload: str = "default",
-             command: str = "", progress: ProgressFn | None = None) -> TuneOutcome:
-    """Acceptance with the largest k, then T(b, k) on the grid, then the optional refinement."""
-    k_max = max(plan.ks)
-    if progress:
-        progress(f"acceptance: {len(prompts)} prompts, k={k_max}", 0.0)
-    counts = engine.measure_acceptance(prompts, k_max, plan.acceptance_max_tokens)
+def measure_acceptance(engine: Engine, plan: TunePlan, prompts: Sequence[str], workload: str,
+                       checkpoint: Checkpoint | None = None) -> AcceptanceCounts:
+    """The acceptance pass with the largest k (from the checkpoint when it already holds it)."""
+    if checkpoint is not None and checkpoint.acceptance is not None:
+        return checkpoint.acceptance
+    counts = engine.measure_acceptance(prompts, max(plan.ks), plan.acceptance_max_tokens)
     counts.workload = workload
+    if not counts.known_rates():
+        raise RuntimeError("no draft was verified while measuring acceptance: the drafter proposed nothing")
+    if checkpoint is not None:
+        checkpoint.save_acceptance(counts)
+    return counts
+
+
+def measure_grid(engine: Engine, plan: TunePlan, progress: ProgressFn | None = None,
+                 checkpoint: Checkpoint | None = None, context_len: int = 0) -> list[StepPoint]:
+    """Every (b, k) of the plan's grid, one batch size at a time; each batch size's points are
+    appended to the checkpoint as soon as they are measured, and points it already holds are kept."""
+    done = checkpoint.done_points(context_len) if checkpoint is not None else {}
+    points: list[StepPoint] = []
+    n = len(plan.batch_sizes)
+    for i, b in enumerate(plan.batch_sizes):
+        have = [done[(b, k)] for k in plan.ks if (b, k) in done]
+        if len(have) == len(plan.ks):
+            points.extend(have)
+            continue
+        got = measure_points(engine, [b], plan, _phase(progress, i / n, (i + 1) / n))
+        if checkpoint is not None:
+            checkpoint.save_points(context_len, got)
+        points.extend(got)
+    return points
+
+
+def run_plan(engine: Engine, plan: TunePlan, prompts: Sequence[str], *, workload: str = "default",
+             command: str = "", progress: ProgressFn | None = None,
+             checkpoint: Checkpoint | None = None, counts: AcceptanceCounts | None = None) -> TuneOutcome:
+    """Acceptance with the largest k (unless ``counts`` are given), then T(b, k) on the grid at the
+    engine's current context length, then the optional refinement and the close calls."""
+    k_max = max(plan.ks)
+    if counts is None:
+        if progress:
+            progress(f"acceptance: {len(prompts)} prompts, k={k_max}", 0.0)
+        counts = measure_acceptance(engine, plan, prompts, workload, checkpoint)
     rates = tuple(counts.known_rates())
     q = counts.draft_rate if plan.model_draft_rate else 1.0
-    if not rates:
-        raise RuntimeError("no draft was verified while measuring acceptance: the drafter proposed nothing")
-    points = measure_points(engine, plan.batch_sizes, plan, _phase(progress, 0.05, 0.7))
+    points = measure_grid(engine, plan, _phase(progress, 0.05, 0.7), checkpoint, engine.context_len)
     points = recheck_points(engine, points, plan, _phase(progress, 0.7, 0.75))
     fp = engine.fingerprint()
     fp = Fingerprint(**{**fp.__dict__, "command": command or fp.command})
@@ -96,3 +130,34 @@ def settle_close_calls(engine: Engine, profile: StepProfile, rates: Sequence[flo
 
     keep = lambda samples: interference_filter(samples, plan.interference_tolerance)  # noqa: E731
     return calls, settle(list(profile.points), calls, plan.close_call_windows, measure, keep)
+
+
+def run_contexts(engine: Engine, plan: TunePlan, prompts: Sequence[str], context_lens: Sequence[int], *,
+                 workload: str = "default", command: str = "", progress: ProgressFn | None = None,
+                 checkpoint: Checkpoint | None = None) -> list[TuneOutcome]:
+    """One outcome per context length (ascending): acceptance once, then ``run_plan`` at each context.
+
+    The engine must offer ``set_context_len(n)`` when there is more than one context length.
+    """
+    lens = sorted(set(context_lens))
+    counts = measure_acceptance(engine, plan, prompts, workload, checkpoint)
+    out = []
+    for i, n in enumerate(lens):
+        if len(lens) > 1:  # the engine started at the largest (its cache fits it); a single one is that
+            engine.set_context_len(n)  # type: ignore[attr-defined]
+        phase = _phase(progress, i / len(lens), (i + 1) / len(lens))
+        if phase and len(lens) > 1:
+            phase = _labelled(phase, f"ctx {n} ")
+        out.append(run_plan(engine, plan, prompts, workload=workload, command=command, progress=phase,
+                            checkpoint=checkpoint, counts=counts))
+    return out
+
+
+def _labelled(progress: ProgressFn, label: str) -> ProgressFn:
+    return lambda text, frac: progress(label + text, frac)
+
+
+def measure_static(engine: Engine, plan: TunePlan, k: int, batch_sizes: Sequence[int],
+                   progress: ProgressFn | None = None) -> list[StepPoint]:
+    """T_static(b, k) at ``batch_sizes`` on an engine started without the table mechanism."""
+    return measure_points(engine, batch_sizes, dataclasses.replace(plan, ks=(k,)), progress)

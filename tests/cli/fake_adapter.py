@@ -1,6 +1,7 @@
 """A tuner adapter module over an in-test engine, for ``tabletune tune`` end to end without vLLM.
 
-T(b, k) = 10 + 0.5 b (k + 1) ms; acceptance: 100 drafts of k=3 accepting 0/1/2/3 tokens
+T(b, k) = 10 + 0.5 b (k + 1) c / 100 ms at context c (100 unless ``set_context_len``); the engine
+``start_static`` returns times every step ``STATIC_SPEEDUP`` faster (the table mechanism's cost); acceptance: 100 drafts of k=3 accepting 0/1/2/3 tokens
 10/18/22/50 times (conditional rates 0.9, 0.8, 50/72).
 """
 
@@ -12,18 +13,31 @@ from tabletune.profile import Fingerprint
 from tabletune.tuner import EngineSpec, StepSamples
 
 
+STATIC_SPEEDUP = 0.0  # tests set it: T_static = T_dynamic / (1 + STATIC_SPEEDUP)
+
+
 class FakeEngine:
     context_len = 100
 
-    def __init__(self, spec: EngineSpec) -> None:
+    def __init__(self, spec: EngineSpec, static_k: int | None = None) -> None:
         self.max_batch_size = spec.max_batch_size
         self.k_max = spec.k_max
+        self.static_k = static_k
+        self.steps = 0  # measure_step calls
+
+    def set_context_len(self, context_len: int) -> None:
+        self.context_len = context_len
 
     def fingerprint(self) -> Fingerprint:
         return Fingerprint(engine="fake", model="m")
 
     def measure_step(self, batch_size, k, num_steps):
-        return StepSamples((10.0 + 0.5 * batch_size * (k + 1),) * num_steps)
+        self.steps += 1
+        ms = 10.0 + 0.5 * batch_size * (k + 1) * self.context_len / 100
+        if self.static_k is not None:
+            assert k == self.static_k
+            ms /= 1 + STATIC_SPEEDUP
+        return StepSamples((ms,) * num_steps)
 
     def measure_acceptance(self, prompts, k, max_tokens):
         counts = AcceptanceCounts(k_max=k)
@@ -44,3 +58,7 @@ def validate(spec: EngineSpec) -> None:
 def start(spec: EngineSpec) -> FakeEngine:
     validate(spec)
     return FakeEngine(spec)
+
+
+def start_static(spec: EngineSpec, k: int) -> FakeEngine:
+    return FakeEngine(spec, static_k=k)

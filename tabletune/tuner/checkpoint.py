@@ -1,0 +1,108 @@
+"""The partial profile: every measured point appended to disk as it is measured, for ``--resume``.
+
+``points.jsonl`` in the checkpoint folder holds one JSON object per line:
+
+* ``{"kind": "start", "settings": {...}}``: what the run measures (engine spec and grid);
+  a resume refuses a folder whose settings differ;
+* ``{"kind": "acceptance", "counts": {...}}``: the acceptance pass;
+* ``{"kind": "point", "context_len": N, "batch_size": b, "k": k, "samples_ms": [...],
+  "scheduled_tokens": [...]}``: one grid point, appended (and fsync'd) as soon as
+  its batch size is measured.
+
+A torn last line (a crash mid-write) is ignored. The finished run's outputs
+are still written all or nothing (``tabletune.tuner.files``); the checkpoint
+folder is removed only after they are in place. Core: no torch, no vllm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+from tabletune.acceptance import AcceptanceCounts
+from tabletune.errors import InputError
+from tabletune.profile import StepPoint
+
+FILE = "points.jsonl"
+
+
+class Checkpoint:
+    """Append-only record of one tune; ``open`` starts or resumes it."""
+
+    def __init__(self, folder: Path, settings: dict) -> None:
+        self.folder = folder
+        self.settings = settings
+        self.acceptance: AcceptanceCounts | None = None
+        self.points: dict[int, dict[tuple[int, int], StepPoint]] = {}  # context_len -> (b, k) -> point
+        self._fresh = False
+
+    @classmethod
+    def open(cls, folder: str | Path, settings: dict, resume: bool) -> Checkpoint:
+        """A fresh checkpoint in ``folder``, or (``resume``) the one there, whose settings must match."""
+        path = Path(folder) / FILE
+        cp = cls(Path(folder), settings)
+        if not resume:
+            if path.exists():
+                raise InputError(str(path), "<file>", str(folder),
+                                 "an interrupted tune is here: pass --resume with it, or delete it")
+            cp._fresh = True  # the folder and its start record appear with the first measurement
+            return cp
+        if not path.is_file():
+            raise InputError("--resume", "folder", str(folder), f"no {FILE} here")
+        cp._replay(path)
+        return cp
+
+    def _replay(self, path: Path) -> None:
+        lines = path.read_text().splitlines()
+        records = []
+        for i, line in enumerate(lines):
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                if i == len(lines) - 1:
+                    break  # torn last line: the crash interrupted this write
+                raise InputError(str(path), f"line {i + 1}", line[:40], "not JSON") from None
+        if not records or records[0].get("kind") != "start":
+            raise InputError(str(path), "line 1", lines[:1], "expected the start record")
+        old = records[0].get("settings", {})
+        for key in sorted(set(old) | set(self.settings)):
+            if old.get(key) != self.settings.get(key):
+                raise InputError(str(path), f"settings.{key}", old.get(key),
+                                 f"this run has {self.settings.get(key)!r}; resume with the same options")
+        for rec in records[1:]:
+            if rec.get("kind") == "acceptance":
+                self.acceptance = AcceptanceCounts(**rec["counts"])
+            elif rec.get("kind") == "point":
+                p = StepPoint(rec["batch_size"], rec["k"], tuple(rec["samples_ms"]),
+                              tuple(rec.get("scheduled_tokens", ())))
+                self.points.setdefault(rec["context_len"], {})[(p.batch_size, p.k)] = p
+
+    def _append(self, record: dict) -> None:
+        if self._fresh:
+            self._fresh = False
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._append({"kind": "start", "settings": self.settings})
+        with open(self.folder / FILE, "a") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def save_acceptance(self, counts: AcceptanceCounts) -> None:
+        self.acceptance = counts
+        self._append({"kind": "acceptance", "counts": dataclasses.asdict(counts)})
+
+    def save_points(self, context_len: int, points: Iterable[StepPoint]) -> None:
+        for p in points:
+            self.points.setdefault(context_len, {})[(p.batch_size, p.k)] = p
+            self._append({"kind": "point", "context_len": context_len, "batch_size": p.batch_size, "k": p.k,
+                          "samples_ms": list(p.samples_ms), "scheduled_tokens": list(p.scheduled_tokens)})
+
+    def done_points(self, context_len: int) -> dict[tuple[int, int], StepPoint]:
+        return dict(self.points.get(context_len, {}))
+
+    def remove(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
