@@ -8,7 +8,7 @@ padded); f = 0: it costs its drafted tokens. Each row then has the error of the 
 the fitted f, and at f = 0 (the linear draft-rate model) for comparison.
 
     python benchmarks/partial_draft_cost.py --out benchmarks/results/partial_draft_cost          # H200
-    python benchmarks/partial_draft_cost.py --quick --out /tmp/partial_draft_cost                # CPU smoke
+    python benchmarks/partial_draft_cost.py --quick --out out/partial_draft_cost                # CPU smoke
 
 Writes OUT.json and OUT.md; ``tabletune report`` takes f from OUT.json when it is in the results folder.
 """

@@ -8,7 +8,7 @@ target (2 minutes for the 8B grid below on an H200).
     # H200 (the target): 8B shape, EAGLE, k 0..7, b 1..256, context 1024
     python benchmarks/tune_speed.py --out benchmarks/results/tune_speed
     # CPU smoke run
-    python benchmarks/tune_speed.py --model tiny --k-max 3 --max-num-seqs 8 --context-len 64 --out /tmp/tune_speed
+    python benchmarks/tune_speed.py --model tiny --k-max 3 --max-num-seqs 8 --context-len 64 --out out/tune_speed
 """
 
 from __future__ import annotations
