@@ -24,7 +24,7 @@ def test_builtin_engine_measures_steps_and_synthetic_acceptance():
     try:
         assert isinstance(engine, Engine)
         fp = engine.fingerprint()
-        assert (fp.engine, fp.drafter, fp.device) == ("builtin", "eagle", "cpu")
+        assert (fp.engine, fp.drafter, fp.device) == ("builtin", "eagle", "cpu x1")  # device name and count
         got = engine.measure_step(2, 1, 3)
         assert len(got.samples_ms) == 3 and all(s > 0 for s in got.samples_ms)
         assert got.scheduled_tokens == (4, 4, 4)
