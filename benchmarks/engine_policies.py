@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_serving import make_predictable, staggered_len, window_start  # noqa: E402
 
 from tabletune import fileio  # noqa: E402
-from tabletune.cost import StepCost  # noqa: E402
+from tabletune.cost import MixedStep, StepCost, fit_draft_share  # noqa: E402
 from tabletune.engine.model import Decoder  # noqa: E402
 from tabletune.engine.presets import resolve  # noqa: E402
 from tabletune.engine.profiling import ENGINE_VERSION, RUNNER, device_name, time_steps  # noqa: E402
@@ -147,6 +147,8 @@ def measure_profile(engine: SpecEngine, args, fp: Fingerprint) -> StepProfile:
 def time_ragged(engine: SpecEngine, ks: list[int], steps: int, ctx: int, split: bool) -> float:
     """Median wall ms of a ragged step of these k_i (rows 0..b-1 reset to ctx before each); ``split``: draft
     k_max, read the signals, verify (a feature policy's step)."""
+    if not split:
+        return statistics.median(time_steps(engine, len(ks), ks, steps, ctx))
     slots = list(range(len(ks)))
     out = []
     for i in range(steps + 2):
@@ -154,12 +156,9 @@ def time_ragged(engine: SpecEngine, ks: list[int], steps: int, ctx: int, split: 
         if engine.device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        if split:
-            buf = engine.draft(slots, engine.k_max)
-            engine.read_signals(buf, len(ks), engine.k_max)
-            engine.read(engine.verify_drafted(slots, ks), len(ks), engine.k_max)
-        else:
-            engine.step(slots, ks)
+        buf = engine.draft(slots, engine.k_max)
+        engine.read_signals(buf, len(ks), engine.k_max)
+        engine.read(engine.verify_drafted(slots, ks), len(ks), engine.k_max)
         if i >= 2:
             out.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(out)
@@ -179,14 +178,11 @@ def mixed_check(engine: SpecEngine, profile: StepProfile, args, loads: list[int]
             rows.append({"batch_size": b, "pattern": name, "ks": ks if b <= 16 else None, "k_top": max(ks),
                          "k_bar": round(sum(ks) / b, 4), "measured_ms": round(fused, 4),
                          "split_ms": round(split, 4)})
-    cost = StepCost(profile)
-    x, y = [], []
-    for r in rows:  # measured - T(k_bar) = f (T(k_top) - T(k_bar))
-        t_top, t_bar = cost.step_ms(r["batch_size"], r["k_top"]), cost.step_ms(r["batch_size"], r["k_bar"])
-        x.append(t_top - t_bar)
-        y.append(r["measured_ms"] - t_bar)
-    xs, ys = np.array(x), np.array(y)
-    share = float(np.clip((xs * ys).sum() / (xs * xs).sum(), 0, 1)) if (xs * xs).sum() > 0 else 1.0
+    try:  # measured - T(k_bar) = f (T(k_top) - T(k_bar))
+        share = fit_draft_share(profile, [MixedStep(r["batch_size"], r["k_top"], r["k_bar"], r["measured_ms"])
+                                          for r in rows])
+    except ValueError:  # no row with k_bar < k_top: nothing to fit, the padded step's share
+        share = 1.0
     for r in rows:
         for label, f in (("sim_default", 0.5), ("fitted", share)):
             c = StepCost(profile, draft_share=f)

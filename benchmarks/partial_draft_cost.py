@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,7 +25,6 @@ import torch
 from tabletune import fileio
 from tabletune.cost import MixedStep, StepCost, fit_draft_share
 from tabletune.engine.profiling import ENGINE_VERSION, RUNNER, build_engine, device_name, time_steps
-from tabletune.engine.runner import SpecEngine
 from tabletune.padding import geometric_batch_sizes
 from tabletune.profile import Fingerprint, StepPoint, StepProfile
 
@@ -54,21 +51,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def time_ragged(engine: SpecEngine, ks: list[int], steps: int, ctx: int) -> float:
-    """Median wall ms of one ragged step of these k_i (rows reset to ``ctx`` before each)."""
-    slots = list(range(len(ks)))
-    out = []
-    for i in range(steps + 2):
-        engine.reset_rows(len(ks), ctx)
-        if engine.device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        engine.step(slots, ks)
-        if i >= 2:
-            out.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(out)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     command = "python benchmarks/partial_draft_cost.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -93,8 +75,9 @@ def main(argv: list[str] | None = None) -> int:
             for q in qs:
                 n = min(max(int(round(q * b)), 1), b - 1)
                 pattern = [k] * n + [0] * (b - n)
+                measured_ms = statistics.median(time_steps(engine, b, pattern, args.steps, args.context))
                 rows.append({"batch_size": b, "k": k, "drafting_rows": n, "q": round(n / b, 4),
-                             "measured_ms": round(time_ragged(engine, pattern, args.steps, args.context), 4)})
+                             "measured_ms": round(measured_ms, 4)})
         print(f"b={b}: {len(points)} uniform points, {len(rows)} ragged", flush=True)
     profile = StepProfile(points=tuple(points), context_len=args.context, fingerprint=fp)
     steps = [MixedStep(r["batch_size"], r["k"], r["k"] * r["q"], r["measured_ms"]) for r in rows]

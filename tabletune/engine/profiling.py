@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -123,9 +124,10 @@ def build_engine(model: str, drafter: str, k_max: int, max_batch: int, context_l
     return SpecEngine(target, make_drafter(drafter, target, k_max, draft_cfg=draft_cfg), ecfg)
 
 
-def time_steps(engine: SpecEngine, batch_size: int, k: int, num_steps: int, context_len: int,
+def time_steps(engine: SpecEngine, batch_size: int, k: int | Sequence[int], num_steps: int, context_len: int,
                warmup: int = 2) -> list[float]:
-    """Wall time (ms) of ``engine.step`` for rows 0..b-1 at context_len, each from a reset state."""
+    """Wall time (ms) of ``engine.step`` for rows 0..b-1 at context_len, each from a reset state; ``k`` is one
+    draft length or one per row (a ragged step)."""
     slots = list(range(batch_size))
     cuda = engine.device.type == "cuda"
     out = []
