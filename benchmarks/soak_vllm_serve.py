@@ -95,6 +95,27 @@ def zero_counters(metrics_dir: Path) -> None:
         fileio.write_text(path, json.dumps(snap))
 
 
+def reset_counters(port: int, metrics_dir: Path, before: str, tries: int = 10) -> str:
+    """Zero the snapshot until a scrape shows it; the scrape's text.
+
+    The engine republishes its snapshot about once a second, so under load it can overwrite the
+    zeroed one before the API server reads it; the fault is injected again until a scrape sees it.
+    """
+    from tabletune.integrations.prometheus import parse_metrics
+
+    def drafts(text: str) -> float:
+        counters = parse_metrics(text)
+        return counters.exact[0] if counters is not None and counters.exact is not None else 0.0
+
+    was = drafts(before)
+    for _ in range(tries):
+        zero_counters(metrics_dir)
+        text = vs.scrape(port)
+        if drafts(text) < was:
+            return text
+    raise RuntimeError(f"the engine overwrote the zeroed snapshot {tries} times in a row")
+
+
 def run_soak(duration_s: float, clients: int, max_tokens: int, fault_period_s: float, port: int,
              work: Path, plugin: bool = True) -> dict:
     """Start `vllm serve` with the plugin (tiny-llama), soak it, stop it.
@@ -181,11 +202,11 @@ def soak(port: int, pid: int, model: str, table_file: Path, metrics_dir: Path, p
                 done.add("corrupt")
                 fileio.write_text(table_file, '{"num_speculative_tokens_per_batch_size": [[1, 8, 3], [')
                 events.append({"t_s": t, "event": "corrupt"})
+            text = vs.scrape(port)
             if "reset" not in done and t >= reset_at:
                 done.add("reset")
-                zero_counters(metrics_dir)
+                text = reset_counters(port, metrics_dir, text)
                 events.append({"t_s": t, "event": "counter_reset"})
-            text = vs.scrape(port)
             e = parse_tabletune(text).get("0", {})
             sidecar.feed_all({"replica": parse_metrics(text)}, time.monotonic())
             sidecar_controller.maybe_rebuild(time.monotonic())
