@@ -15,18 +15,25 @@ Scenarios:
 * ``controlled``: the tiny dummy Llama, n-gram drafting, acceptance set by the
   acceptance cap to the rates the table was tuned for (``--tuned DIR`` from
   ``tabletune tune --model tiny-llama --synthetic-acceptance ...``);
-* ``real``: SmolLM2-135M with n-gram drafting on HumanEval prompts, real
-  acceptance (``--tuned DIR`` from ``tabletune tune --model smollm2-135m --prompts code``).
+* ``real``: SmolLM2-135M with n-gram drafting on real prompts (``--prompts``: HumanEval ``code`` or
+  MT-Bench ``chat``), real acceptance (``--tuned DIR`` from ``tabletune tune --model smollm2-135m
+  --prompts code``).
   Acceptance then depends on which requests are running; ``--paired`` gives every
   configuration of a round the same requests (a fresh batch, same prompts and lengths;
   greedy decoding makes their text identical), so the comparison is paired.
 
-Writes ``benchmarks/results/remeasure_vllm_<scenario>.csv`` and ``.md``.
+Beside the measured throughput, the ``.md`` shows what the tune predicted for the same loads (its
+step profile with its acceptance, or the per-k yields of ``yields.json`` when it measured them).
+
+Writes ``benchmarks/results/remeasure_vllm_<scenario>.csv`` and ``.md`` (``_<prompts>`` after the
+scenario for prompts other than code).
 
     .venv/bin/python benchmarks/remeasure_vllm.py --scenario controlled --tuned benchmarks/results/tune_tiny_llama \
         --rounds 6 --steps 32
     .venv/bin/python benchmarks/remeasure_vllm.py --scenario real --tuned benchmarks/results/tune_smollm2_code \
         --rounds 3 --steps 32 --mean-tokens 128 --warmup-steps 12 --paired
+    .venv/bin/python benchmarks/remeasure_vllm.py --scenario real --prompts chat \
+        --tuned benchmarks/results/tune_smollm2_chat --rounds 3 --steps 32 --mean-tokens 128 --warmup-steps 12 --paired
 """
 
 from __future__ import annotations
@@ -66,11 +73,11 @@ def start_engine(tuned_dir: Path, max_num_seqs: int):
     return start(spec), rates
 
 
-def prompts_for(engine, scenario: str, limit: int) -> list:
+def prompts_for(scenario: str, prompt_set: str, limit: int) -> list:
     from tabletune import assets
 
     if scenario == "real":
-        return [p.text for p in assets.load_prompts("code", limit=limit)]
+        return [p.text for p in assets.load_prompts(prompt_set, limit=limit)]
     pattern = (5, 6, 7, 8, 9, 10, 11)
     return [{"prompt_token_ids": [pattern[(i + s) % 7] for i in range(128)]} for s in range(7)]
 
@@ -84,7 +91,7 @@ def run(args) -> list[dict]:
     engine, rates = start_engine(tuned_dir, max(LOADS))
     k_max = engine.k_max
     lookups = configs(table, k_max, engine.scheduler.scheduler_config.max_num_seqs)
-    prompts = prompts_for(engine, args.scenario, 64)
+    prompts = prompts_for(args.scenario, args.prompts, 64)
     rows = []
     try:
         for load in args.loads:
@@ -139,9 +146,43 @@ def summarise(rows: list[dict], scenario: str, table: str, pooled: bool = False)
     return "\n".join(lines) + "\n"
 
 
+def predicted(tuned_dir: Path, loads: list[int]) -> str:
+    """The tune's modelled goodput at each load for every fixed k and the table, as a markdown table."""
+    import json
+
+    from tabletune.acceptance import AcceptanceProfile
+    from tabletune.goodput import DraftYield
+    from tabletune.optimizer import OptimizeOptions, evaluate_table
+    from tabletune.profile import StepProfile
+    from tabletune.table import DraftTable
+
+    profile = StepProfile.load(tuned_dir / "step_profile.json")
+    rates = AcceptanceProfile.load(tuned_dir / "acceptance.json").entries[0].known_rates()
+    table = DraftTable.load(tuned_dir / "table.json")
+    yields_file = tuned_dir / "yields.json"
+    options = OptimizeOptions()
+    if yields_file.exists():
+        saved = json.loads(yields_file.read_text())
+        options = OptimizeOptions(yields=tuple(DraftYield(**y) for y in saved["yields"]),
+                                  draft_share=saved["draft_share"])
+    ks = sorted(y.k for y in options.yields) if options.yields else [k for k in profile.ks if k <= len(rates)]
+    preds = evaluate_table(profile, rates, table, max(loads), ks, draft_share=options.draft_share,
+                           yields=options.yields)
+    model = "per-k yields (yields.json)" if options.yields else "acceptance rates, every request drafts k"
+    lines = [f"predicted by the tune ({model}), tok/s", "",
+             "| load | " + " | ".join(f"k={k}" for k in ks) + " | tuned | tuned / k=0 |",
+             "|---:|" + "---:|" * (len(ks) + 2)]
+    for load in loads:
+        p = preds[load - 1]
+        lines.append(f"| {load} | " + " | ".join(f"{p.fixed_goodput[k]:.1f}" for k in ks) +
+                     f" | {p.goodput:.1f} | {p.goodput / p.fixed_goodput[0]:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", choices=("controlled", "real"), default="controlled")
+    parser.add_argument("--prompts", default="code", help="real scenario: the prompt set (code, chat)")
     parser.add_argument("--tuned", required=True, help="folder written by tabletune tune")
     parser.add_argument("--loads", type=lambda s: [int(x) for x in s.split(",")], default=list(LOADS))
     parser.add_argument("--rounds", type=int, default=3)
@@ -159,7 +200,8 @@ def main() -> None:
 
     t0 = time.time()
     rows = run(args)
-    csv_path = RESULTS / f"remeasure_vllm_{args.scenario}.csv"
+    name = f"remeasure_vllm_{args.scenario}" + ("" if args.prompts == "code" else f"_{args.prompts}")
+    csv_path = RESULTS / f"{name}.csv"
     if args.replace_loads and csv_path.exists():
         with csv_path.open() as f:
             kept = [r for r in csv.DictReader(f) if int(r["load"]) not in args.loads]
@@ -172,10 +214,11 @@ def main() -> None:
     writer.writerows(rows)
     fileio.write_text(csv_path, buf.getvalue())
     md = summarise(rows, args.scenario, str(DraftTable.load(Path(args.tuned) / "table.json")), pooled=args.paired)
+    md += "\n" + predicted(Path(args.tuned), sorted({int(r["load"]) for r in rows}))
     md += (f"\n{len(rows)} segments; this run: loads {args.loads}, {time.time() - t0:.0f} s wall, "
            f"{args.rounds} rounds of {args.steps} steps{', paired' if args.paired else ''}; "
            "command: see the module docstring.\n")
-    fileio.write_text(RESULTS / f"remeasure_vllm_{args.scenario}.md", md)
+    fileio.write_text(RESULTS / f"{name}.md", md)
     print(md)
 
 

@@ -29,6 +29,10 @@ class OptimizeOptions:
     draft_rate: float = 1.0  # share of request-steps that draft (``AcceptanceCounts.draft_rate``)
     # measured draft share f of the partial-draft cost (``cost.partial_draft_ms``); None: the linear q model
     draft_share: float | None = None
+    # a drafter that proposes only on a match: its yield measured at each k (``goodput.DraftYield``); when
+    # given, these replace ``rates`` and ``draft_rate``, the allowed k are those measured, and a step costs
+    # T_q(b, k) at ``draft_share`` (1 when None)
+    yields: tuple[DraftYield, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_batch is not None and self.max_batch < 1:
@@ -43,6 +47,8 @@ class OptimizeOptions:
             raise ValueError(f"draft_share must lie in [0, 1], got {self.draft_share}")
         if self.ks is not None and (not self.ks or min(self.ks) < 0):
             raise ValueError(f"ks must be non-empty and >= 0, got {self.ks}")
+        if len({y.k for y in self.yields}) != len(self.yields):
+            raise ValueError(f"one yield per k, got k {[y.k for y in self.yields]}")
 
 
 @dataclass(frozen=True)
@@ -86,8 +92,10 @@ class TableResult:
 
 
 def allowed_ks(profile: StepProfile, num_rates: int, options: OptimizeOptions) -> tuple[int, ...]:
-    """Measured k, limited by the rates known, k_max and ``options.ks``."""
+    """Measured k, limited by the rates known (the yields measured, when given), k_max and ``options.ks``."""
     ks = [k for k in profile.ks if k <= num_rates]
+    if options.yields:
+        ks = [k for k in profile.ks if k in {y.k for y in options.yields}]
     if options.k_max is not None:
         ks = [k for k in ks if k <= options.k_max]
     if options.ks is not None:
@@ -96,14 +104,20 @@ def allowed_ks(profile: StepProfile, num_rates: int, options: OptimizeOptions) -
             raise ValueError(f"draft lengths {missing} have no step-time measurements (measured k: {profile.ks})")
         ks = [k for k in ks if k in options.ks]
     if not ks:
-        raise ValueError("no draft length is allowed by the profile, rates, k_max and ks")
+        raise ValueError("no draft length is allowed by the profile, rates (or yields), k_max and ks")
     return tuple(sorted(ks))
 
 
 def goodput_grid(profile: StepProfile, rates: Sequence[float], ks: Sequence[int], max_batch: int,
-                 draft_rate: float = 1.0, draft_share: float | None = None) -> list[dict[int, float]]:
+                 draft_rate: float = 1.0, draft_share: float | None = None,
+                 yields: Sequence[DraftYield] = ()) -> list[dict[int, float]]:
     """grid[b-1][k] = modelled goodput at batch size b with fixed k (``draft_rate``: see goodput.py;
-    with ``draft_share`` the partial-draft cost of ``partial_goodput_grid``)."""
+    with ``draft_share`` the partial-draft cost of ``partial_goodput_grid``; with ``yields`` the
+    measured yields of ``yield_goodput_grid``)."""
+    if yields:
+        by_k = {y.k: y for y in yields}
+        share = 1.0 if draft_share is None else draft_share
+        return yield_goodput_grid(profile, [by_k[k] for k in ks], max_batch, share)
     if draft_rate < 1.0 and draft_share is not None:
         return partial_goodput_grid(profile, rates, ks, max_batch, draft_rate, draft_share)
     tokens = {k: expected_tokens(rates, k) for k in ks}
@@ -131,7 +145,7 @@ def best_k(row: dict[int, float]) -> int:
 def optimize_table(profile: StepProfile, rates: Sequence[float], options: OptimizeOptions = OptimizeOptions()) -> TableResult:
     max_batch = options.max_batch or profile.max_batch_size
     ks = allowed_ks(profile, len(rates), options)
-    grid = goodput_grid(profile, rates, ks, max_batch, options.draft_rate, options.draft_share)
+    grid = goodput_grid(profile, rates, ks, max_batch, options.draft_rate, options.draft_share, options.yields)
     return table_from_grid(grid, ks, options)
 
 
@@ -163,10 +177,10 @@ def predict(table: DraftTable, grid: list[dict[int, float]]) -> tuple[BatchPredi
 
 def evaluate_table(profile: StepProfile, rates: Sequence[float], table: DraftTable, max_batch: int,
                    ks: Sequence[int] | None = None, draft_rate: float = 1.0,
-                   draft_share: float | None = None) -> tuple[BatchPrediction, ...]:
+                   draft_share: float | None = None, yields: Sequence[DraftYield] = ()) -> tuple[BatchPrediction, ...]:
     """Predicted goodput of any table (e.g. vLLM's documented one) under the model."""
     ks = list(ks) if ks is not None else [k for k in profile.ks if k <= len(rates)]
-    return predict(table, goodput_grid(profile, rates, ks, max_batch, draft_rate, draft_share))
+    return predict(table, goodput_grid(profile, rates, ks, max_batch, draft_rate, draft_share, yields))
 
 
 def best_single_k(predictions: Sequence[BatchPrediction]) -> int:
@@ -208,18 +222,6 @@ def yield_goodput_grid(profile: StepProfile, yields: Sequence[DraftYield], max_b
         raise ValueError(f"partial drafting needs T(b, 0) measured; the profile has k {profile.ks}")
     return [{y.k: goodput(b, partial_draft_ms(profile, b, y.k, max(y.draft_rate, 1e-6), draft_share),
                           y.tokens_per_step) for y in yields} for b in range(1, max_batch + 1)]
-
-
-def optimize_yields(profile: StepProfile, yields: Sequence[DraftYield], draft_share: float,
-                    options: OptimizeOptions = OptimizeOptions()) -> TableResult:
-    """The table for a drafter that proposes only on a match, from its per-k measured yields."""
-    max_batch = options.max_batch or profile.max_batch_size
-    measured = {y.k: y for y in yields}
-    ks = allowed_ks(profile, max(measured), options)
-    ks = tuple(k for k in ks if k in measured)
-    if not ks:
-        raise ValueError(f"no allowed draft length has a measured yield (yields at k {sorted(measured)})")
-    return table_from_grid(yield_goodput_grid(profile, [measured[k] for k in ks], max_batch, draft_share), ks, options)
 
 
 def point_noise(samples_ms: Sequence[float]) -> float | None:
@@ -272,7 +274,7 @@ def smooth_within_noise(profile: StepProfile, rates: Sequence[float], options: O
         raise ValueError(f"noise_floor must be >= 0, got {noise_floor}")
     max_batch = options.max_batch or profile.max_batch_size
     ks = allowed_ks(profile, len(rates), options)
-    grid = goodput_grid(profile, rates, ks, max_batch, options.draft_rate)
+    grid = goodput_grid(profile, rates, ks, max_batch, options.draft_rate, options.draft_share, options.yields)
     tol = noise_tolerance(profile, max_batch, ks, noise_floor)
     chosen: list[int] = []
     for row, tol_row in zip(grid, tol):

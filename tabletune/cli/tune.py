@@ -29,7 +29,7 @@ from tabletune import fileio
 from tabletune.acceptance import parse_rates
 from tabletune.cli.common import command_line, print_predictions, stderr_console
 from tabletune.errors import InputError
-from tabletune.optimizer import OptimizeOptions, TableResult, smooth_within_noise
+from tabletune.optimizer import TableResult, smooth_within_noise
 from tabletune.padding import geometric_batch_sizes
 from tabletune.profile import StepProfile, parse_int_list
 from tabletune.tuner import EngineSpec, TunePlan, check_grid
@@ -122,8 +122,10 @@ def parse_context_lens(context_len: int, context_lens: str | None) -> tuple[int,
 @click.option("--no-refine", is_flag=True, help="skip refining batch sizes where the chosen k changes")
 @click.option("--close-call-margin", type=click.FloatRange(0, 1, max_open=True), default=0.05, show_default=True,
               help="re-measure k whose predicted goodput is within this share of the best (0: off)")
-@click.option("--model-draft-rate", is_flag=True,
-              help="optimise with the measured draft rate q (linear cost model; off: every request drafts k)")
+@click.option("--draft-share", type=click.FloatRange(0, 1), default=1.0, show_default=True,
+              help="for a drafter that proposes only on a match (measured at every k when its draft rate is "
+                   "below 0.95): the share f of a drafted row's cost an undrafted row also pays (1: rows padded "
+                   "to the longest draft; benchmarks/partial_draft_cost.py measures it)")
 @click.option("--context-len", type=click.IntRange(min=1), default=128, show_default=True,
               help="prompt tokens of timed requests")
 @click.option("--context-lens", default=None,
@@ -142,7 +144,7 @@ def parse_context_lens(context_len: int, context_lens: str | None) -> tuple[int,
 @click.option("--verbose", is_flag=True, help="show the engine's own logs (vLLM: INFO); default: errors only")
 @click.argument("engine_args", nargs=-1, type=click.UNPROCESSED)
 def tune_cmd(engine_name, model, method, draft_model, k_max, batch_sizes, max_num_seqs, prompt_set, num_prompts,
-             synthetic_acceptance, point_budget_s, no_refine, close_call_margin, model_draft_rate, context_len,
+             synthetic_acceptance, point_budget_s, no_refine, close_call_margin, draft_share, context_len,
              context_lens, noise_floor, static_check, resume_dir, seed, policy, out_dir, verbose, engine_args):
     """Measure step times and acceptance on a real engine; write the table and speculative config.
 
@@ -161,7 +163,7 @@ def tune_cmd(engine_name, model, method, draft_model, k_max, batch_sizes, max_nu
     adapter.validate(spec)
     workload, prompts = load_prompt_texts(prompt_set, num_prompts)
     plan = TunePlan(batch_sizes=sizes, ks=tuple(range(k_max + 1)), point_budget_s=point_budget_s, refine=not no_refine,
-                    close_call_margin=close_call_margin, model_draft_rate=model_draft_rate)
+                    close_call_margin=close_call_margin, draft_share=draft_share)
     settings = {"engine": engine_name, "spec": dataclasses.asdict(spec), "batch_sizes": list(sizes),
                 "context_lens": list(lens), "prompts": prompt_set, "num_prompts": num_prompts}
     checkpoint = Checkpoint.open(resume_dir or f"{Path(out_dir)}.partial", json.loads(json.dumps(settings)),
@@ -209,9 +211,7 @@ def _static_check(adapter, spec, plan, outcome, context_len, noise_floor, consol
     """Time the best fixed k with the table mechanism off at the smallest context (an engine of its own,
     started after the tuning engine closed); None when the adapter's engine has one mode."""
     start_static = getattr(adapter, "start_static", None)
-    result = smooth_within_noise(outcome.profile, outcome.rates,
-                                 OptimizeOptions(k_max=max(plan.ks), draft_rate=outcome.draft_rate_modelled),
-                                 noise_floor)
+    result = smooth_within_noise(outcome.profile, outcome.rates, outcome.options(), noise_floor)
     k = result.best_single_k
     reason = getattr(adapter, "static_same_as_dynamic", lambda s: None)(spec)
     if start_static is None or reason:
@@ -225,7 +225,7 @@ def _static_check(adapter, spec, plan, outcome, context_len, noise_floor, consol
         points = measure_static(engine, plan, k, sizes)
     finally:
         engine.close()
-    return decide_static(result, outcome.rates, points, {b: outcome.profile.step_ms(b, k) for b in sizes})
+    return decide_static(result, points, {b: outcome.profile.step_ms(b, k) for b in sizes})
 
 
 def _png_drawer(title: str) -> DrawPng:
@@ -253,6 +253,10 @@ def _report(outcome, result, console: Console) -> None:
     gains = predict_gains(outcome, result)
     rates = ", ".join(f"{r:.3f}" for r in outcome.rates)
     console.print(f"measured acceptance a_j: {rates} ({outcome.acceptance.num_drafts} drafts)")
+    if outcome.yields:
+        per_k = ", ".join(f"k={y.k} {y.tokens_per_step:.3f} tok/step (q {y.draft_rate:.2f})" for y in outcome.yields)
+        console.print(f"draft rate {outcome.acceptance.draft_rate:.2f} at k={max(outcome.profile.ks)}: the table is "
+                      f"built from the yield measured at every k, draft share f={outcome.draft_share:g}: {per_k}")
     if outcome.refined_batch_sizes:
         console.print(f"refined batch sizes: {list(outcome.refined_batch_sizes)}")
     for call in outcome.close_calls:

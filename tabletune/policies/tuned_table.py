@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from tabletune.errors import InputError
-from tabletune.optimizer import OptimizeOptions, optimize_table, optimize_yields
+from tabletune.optimizer import OptimizeOptions, optimize_table
 from tabletune.policies.base import PolicyContext
 from tabletune.policies.static_table import StaticTable
 
@@ -24,8 +24,9 @@ class TunedTable(StaticTable):
 
     def __init__(self, ctx: PolicyContext) -> None:
         if ctx.prior_yields:
-            options = OptimizeOptions(max_batch=ctx.max_num_seqs, ks=ctx.ks)
-            result = optimize_yields(ctx.cost.profile, ctx.prior_yields, ctx.cost.draft_share, options)
+            options = OptimizeOptions(max_batch=ctx.max_num_seqs, ks=ctx.ks, yields=tuple(ctx.prior_yields),
+                                      draft_share=ctx.cost.draft_share)
+            result = optimize_table(ctx.cost.profile, list(ctx.prior_rates), options)
         else:
             options = OptimizeOptions(max_batch=ctx.max_num_seqs, ks=ctx.ks, **partial_options(ctx))
             result = optimize_table(ctx.cost.profile, list(ctx.prior_rates), options)

@@ -5,6 +5,8 @@
 * ``{"kind": "start", "settings": {...}}``: what the run measures (engine spec and grid);
   a resume refuses a folder whose settings differ;
 * ``{"kind": "acceptance", "counts": {...}}``: the acceptance pass;
+* ``{"kind": "yield", "k": k, "counts": {...}}``: the acceptance run at one shorter k, for a drafter
+  that proposes only on a match (``tabletune.tuner.yields``);
 * ``{"kind": "point", "context_len": N, "batch_size": b, "k": k, "samples_ms": [...],
   "scheduled_tokens": [...]}``: one grid point, appended (and fsync'd) as soon as
   its batch size is measured.
@@ -37,6 +39,7 @@ class Checkpoint:
         self.folder = folder
         self.settings = settings
         self.acceptance: AcceptanceCounts | None = None
+        self.yield_counts: dict[int, AcceptanceCounts] = {}  # k -> acceptance run at that k
         self.points: dict[int, dict[tuple[int, int], StepPoint]] = {}  # context_len -> (b, k) -> point
         self._fresh = False
 
@@ -76,6 +79,8 @@ class Checkpoint:
         for rec in records[1:]:
             if rec.get("kind") == "acceptance":
                 self.acceptance = AcceptanceCounts(**rec["counts"])
+            elif rec.get("kind") == "yield":
+                self.yield_counts[rec["k"]] = AcceptanceCounts(**rec["counts"])
             elif rec.get("kind") == "point":
                 p = StepPoint(rec["batch_size"], rec["k"], tuple(rec["samples_ms"]),
                               tuple(rec.get("scheduled_tokens", ())))
@@ -94,6 +99,10 @@ class Checkpoint:
     def save_acceptance(self, counts: AcceptanceCounts) -> None:
         self.acceptance = counts
         self._append({"kind": "acceptance", "counts": dataclasses.asdict(counts)})
+
+    def save_yield_counts(self, k: int, counts: AcceptanceCounts) -> None:
+        self.yield_counts[k] = counts
+        self._append({"kind": "yield", "k": k, "counts": dataclasses.asdict(counts)})
 
     def save_points(self, context_len: int, points: Iterable[StepPoint]) -> None:
         for p in points:

@@ -31,9 +31,10 @@ from tabletune.profile import StepPoint, StepProfile
 
 
 def refinement_batch_sizes(profile: StepProfile, rates: Sequence[float], k_max: int,
-                           draft_rate: float = 1.0) -> list[int]:
-    """Midpoints between neighbouring measured b whose chosen k differ (not yet measured)."""
-    result = optimize_table(profile, rates, OptimizeOptions(k_max=k_max, draft_rate=draft_rate))
+                           options: OptimizeOptions | None = None) -> list[int]:
+    """Midpoints between neighbouring measured b whose chosen k differ (not yet measured); ``options``
+    (default: k_max alone) as the table will be built, e.g. with measured yields."""
+    result = optimize_table(profile, rates, options or OptimizeOptions(k_max=k_max))
     chosen = {p.batch_size: p.k for p in result.predictions}
     bs = profile.batch_sizes
     out = []
@@ -56,11 +57,12 @@ class CloseCall:
 
 
 def close_calls(profile: StepProfile, rates: Sequence[float], k_max: int, margin: float,
-                draft_rate: float = 1.0) -> list[CloseCall]:
-    """Measured batch sizes where some other k's modelled goodput is within ``margin`` of the best."""
+                options: OptimizeOptions | None = None) -> list[CloseCall]:
+    """Measured batch sizes where some other k's modelled goodput is within ``margin`` of the best
+    (``options`` as in ``refinement_batch_sizes``)."""
     if margin < 0:
         raise ValueError(f"margin must be >= 0, got {margin}")
-    result = optimize_table(profile, rates, OptimizeOptions(k_max=k_max, draft_rate=draft_rate))
+    result = optimize_table(profile, rates, options or OptimizeOptions(k_max=k_max))
     measured = set(profile.batch_sizes)
     out = []
     for pred in result.predictions:

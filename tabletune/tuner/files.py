@@ -2,7 +2,8 @@
 
 A run's folder holds ``step_profile.json``, ``acceptance.json``, ``table.json``
 (vLLM's keys), ``speculative_config.json`` (the whole ``--speculative-config``)
-and, when the caller passes a drawing function, ``tune.png``; with a static check,
+and, when the caller passes a drawing function, ``tune.png``; for a drafter that proposes
+only on a match, ``yields.json`` (the per-k yields the table was built from); with a static check,
 ``static_check.json`` (``static_json``, written after the rest). With several context
 lengths each profile gets a ``context-<N>/`` folder and the top holds
 ``table_by_context.json`` (``tabletune.table.ContextTable``). The table comes
@@ -30,13 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tabletune.acceptance import AcceptanceProfile
-from tabletune.optimizer import OptimizeOptions, TableResult, evaluate_table, gain_vs, smooth_within_noise
+from tabletune.optimizer import TableResult, evaluate_table, gain_vs, smooth_within_noise
 from tabletune.profile import StepProfile
 from tabletune.table import VLLM_DOCUMENTED_RANGES, ContextRow, ContextTable, DraftTable
 from tabletune.tuner.run import TuneOutcome
 from tabletune.tuner.static_check import StaticDecision
 
 JSON_FILES = ("step_profile.json", "acceptance.json", "table.json", "speculative_config.json")
+YIELDS_FILE = "yields.json"
 PNG_FILE = "tune.png"
 STATIC_FILE = "static_check.json"
 BY_CONTEXT_FILE = "table_by_context.json"
@@ -57,8 +59,9 @@ def predict_gains(outcome: TuneOutcome, result: TableResult) -> Gains:
     k_max = max(result.ks)
     documented = DraftTable(VLLM_DOCUMENTED_RANGES).clamped(k_max)
     max_batch = len(result.predictions)
+    options = outcome.options()
     doc = evaluate_table(outcome.profile, outcome.rates, documented, max_batch, result.ks,
-                         outcome.draft_rate_modelled)
+                         draft_share=options.draft_share, yields=options.yields)
     k = result.best_single_k
     return Gains(k, result.gain_vs_fixed(k), documented, gain_vs(result.predictions, [p.goodput for p in doc]))
 
@@ -71,10 +74,12 @@ def write_run(out_dir: str | Path, outcome: TuneOutcome, speculative_config: Cal
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    names = JSON_FILES if draw_png is None else FILES
+    names = (*(JSON_FILES if draw_png is None else FILES), *((YIELDS_FILE,) if outcome.yields else ()))
     try:
         result = _write_files(tmp, outcome, speculative_config, command, draw_png, noise_floor)
         _publish(tmp, out, names)
+        if not outcome.yields:  # a previous run's yields do not belong to this table
+            (out / YIELDS_FILE).unlink(missing_ok=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return result, {name: out / name for name in names}
@@ -87,13 +92,21 @@ def _write_files(folder: Path, outcome: TuneOutcome, speculative_config: Callabl
     outcome.profile.save(folder / "step_profile.json")
     AcceptanceProfile([outcome.acceptance], model=outcome.profile.fingerprint.model,
                       command=command).save(folder / "acceptance.json")
-    result = smooth_within_noise(outcome.profile, outcome.rates,
-                                 OptimizeOptions(k_max=k_max, draft_rate=outcome.draft_rate_modelled), noise_floor)
+    if outcome.yields:
+        _write_json(folder / YIELDS_FILE, yields_json(outcome))
+    result = smooth_within_noise(outcome.profile, outcome.rates, outcome.options(), noise_floor)
     _write_json(folder / "table.json", result.table.to_vllm(k_max))
     _write_json(folder / "speculative_config.json", speculative_config(result.table.as_lists()))
     if draw_png is not None:
         draw_png(outcome.profile, result, folder / PNG_FILE)
     return result
+
+
+def yields_json(outcome: TuneOutcome) -> dict:
+    """The per-k yields the table was built from (a drafter that proposes only on a match)."""
+    return {"draft_share": outcome.draft_share,
+            "yields": [{"k": y.k, "tokens_per_step": y.tokens_per_step, "draft_rate": y.draft_rate}
+                       for y in outcome.yields]}
 
 
 def static_json(decision: StaticDecision, speculative_config: Callable[[list[list[int]]], dict]) -> dict:

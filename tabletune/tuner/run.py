@@ -11,7 +11,10 @@
 
 The table then maximises goodput(b, k) = b * E[tokens | k] / T(b, k), with
 E[tokens | k] = 1 + sum_{i<=k} prod_{j<=i} a_j from the measured acceptance
-(see ``tabletune.optimizer``). This module imports neither torch nor vllm.
+(see ``tabletune.optimizer``). A drafter that proposes only on a match (measured draft
+rate below the plan's ``yields_below_draft_rate``) gets one acceptance run per k instead,
+and the table maximises b * tokens_per_step(k) / T_q(b, k) on those yields
+(``tabletune.tuner.yields``). This module imports neither torch nor vllm.
 """
 
 from __future__ import annotations
@@ -21,12 +24,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tabletune.acceptance import AcceptanceCounts
+from tabletune.goodput import DraftYield
+from tabletune.optimizer import OptimizeOptions
 from tabletune.profile import Fingerprint, StepPoint, StepProfile
 from tabletune.tuner.checkpoint import Checkpoint
 from tabletune.tuner.close_calls import CloseCall, close_calls, refinement_batch_sizes, settle
 from tabletune.tuner.measure import interference_filter, measure_points, recheck_points
 from tabletune.tuner.plan import ProgressFn, TunePlan
 from tabletune.tuner.protocol import Engine
+from tabletune.tuner.yields import measure_yields
 
 
 @dataclass(frozen=True)
@@ -38,7 +44,13 @@ class TuneOutcome:
     rates: tuple[float, ...]  # conditional a_j measured with the largest k (censoring-correct)
     refined_batch_sizes: tuple[int, ...] = ()
     close_calls: tuple[CloseCall, ...] = ()  # found after the grid and refinement, then re-measured
-    draft_rate_modelled: float = 1.0  # the q the table is optimised with (1.0 unless plan.model_draft_rate)
+    yields: tuple[DraftYield, ...] = ()  # per-k yields of a drafter that proposes only on a match (else none)
+    draft_share: float = 1.0  # f of the partial-draft cost, used with the yields
+
+    def options(self, **kwargs) -> OptimizeOptions:
+        """The optimizer's options for this outcome: k_max, and the yields when measured."""
+        return OptimizeOptions(k_max=max(self.profile.ks), yields=self.yields,
+                               draft_share=self.draft_share if self.yields else None, **kwargs)
 
 
 def _phase(progress: ProgressFn | None, lo: float, hi: float) -> ProgressFn | None:
@@ -62,6 +74,22 @@ def measure_acceptance(engine: Engine, plan: TunePlan, prompts: Sequence[str], w
     return counts
 
 
+def plan_yields(engine: Engine, plan: TunePlan, prompts: Sequence[str], counts: AcceptanceCounts,
+                checkpoint: Checkpoint | None = None, progress: ProgressFn | None = None) -> tuple[DraftYield, ...]:
+    """The per-k yields when the draft rate at k_max is below the plan's threshold, else ()."""
+    if counts.draft_rate >= plan.yields_below_draft_rate:
+        return ()
+    known = {max(plan.ks): counts, **(checkpoint.yield_counts if checkpoint is not None else {})}
+
+    def measured(k: int, got: AcceptanceCounts) -> None:
+        if checkpoint is not None:
+            checkpoint.save_yield_counts(k, got)
+
+    if progress:
+        progress(f"draft rate {counts.draft_rate:.2f}: acceptance at every k", 0.0)
+    return measure_yields(engine, prompts, plan.ks, plan.acceptance_max_tokens, known, measured)
+
+
 def measure_grid(engine: Engine, plan: TunePlan, progress: ProgressFn | None = None,
                  checkpoint: Checkpoint | None = None, context_len: int = 0) -> list[StepPoint]:
     """Every (b, k) of the plan's grid, one batch size at a time; each batch size's points are
@@ -83,16 +111,20 @@ def measure_grid(engine: Engine, plan: TunePlan, progress: ProgressFn | None = N
 
 def run_plan(engine: Engine, plan: TunePlan, prompts: Sequence[str], *, workload: str = "default",
              command: str = "", progress: ProgressFn | None = None,
-             checkpoint: Checkpoint | None = None, counts: AcceptanceCounts | None = None) -> TuneOutcome:
-    """Acceptance with the largest k (unless ``counts`` are given), then T(b, k) on the grid at the
-    engine's current context length, then the optional refinement and the close calls."""
+             checkpoint: Checkpoint | None = None, counts: AcceptanceCounts | None = None,
+             yields: tuple[DraftYield, ...] | None = None) -> TuneOutcome:
+    """Acceptance with the largest k and the yields (unless ``counts`` and ``yields`` are given), then
+    T(b, k) on the grid at the engine's current context length, then the optional refinement and the
+    close calls."""
     k_max = max(plan.ks)
     if counts is None:
         if progress:
             progress(f"acceptance: {len(prompts)} prompts, k={k_max}", 0.0)
         counts = measure_acceptance(engine, plan, prompts, workload, checkpoint)
+    if yields is None:
+        yields = plan_yields(engine, plan, prompts, counts, checkpoint, progress)
     rates = tuple(counts.known_rates())
-    q = counts.draft_rate if plan.model_draft_rate else 1.0
+    options = OptimizeOptions(k_max=k_max, yields=yields, draft_share=plan.draft_share if yields else None)
     points = measure_grid(engine, plan, _phase(progress, 0.05, 0.7), checkpoint, engine.context_len)
     points = recheck_points(engine, points, plan, _phase(progress, 0.7, 0.75))
     fp = engine.fingerprint()
@@ -100,24 +132,25 @@ def run_plan(engine: Engine, plan: TunePlan, prompts: Sequence[str], *, workload
     profile = StepProfile(points=tuple(points), context_len=engine.context_len, fingerprint=fp)
     refined: list[int] = []
     if plan.refine:
-        refined = refinement_batch_sizes(profile, rates, k_max, q)
+        refined = refinement_batch_sizes(profile, rates, k_max, options)
         if refined:
             points = recheck_points(engine, points + measure_points(engine, refined, plan, _phase(progress, 0.75, 0.85)),
                                     plan, _phase(progress, 0.85, 0.88))
             profile = StepProfile(points=tuple(points), context_len=engine.context_len, fingerprint=fp)
-    calls = settle_close_calls(engine, profile, rates, plan, _phase(progress, 0.88, 1.0), q)
+    calls = settle_close_calls(engine, profile, rates, plan, _phase(progress, 0.88, 1.0), options)
     if calls:
         profile = StepProfile(points=tuple(calls[1]), context_len=engine.context_len, fingerprint=fp)
     if progress:
         progress("done", 1.0)
-    return TuneOutcome(profile, counts, rates, tuple(refined), tuple(calls[0]) if calls else (), q)
+    return TuneOutcome(profile, counts, rates, tuple(refined), tuple(calls[0]) if calls else (), yields,
+                       plan.draft_share)
 
 
 def settle_close_calls(engine: Engine, profile: StepProfile, rates: Sequence[float], plan: TunePlan,
                        progress: ProgressFn | None = None,
-                       draft_rate: float = 1.0) -> tuple[list[CloseCall], list[StepPoint]] | None:
+                       options: OptimizeOptions | None = None) -> tuple[list[CloseCall], list[StepPoint]] | None:
     """Re-measure the close calls (``tabletune.tuner.close_calls``); None when there are none."""
-    calls = (close_calls(profile, rates, max(plan.ks), plan.close_call_margin, draft_rate)
+    calls = (close_calls(profile, rates, max(plan.ks), plan.close_call_margin, options)
              if plan.close_call_windows else [])
     if not calls:
         return None
@@ -141,6 +174,7 @@ def run_contexts(engine: Engine, plan: TunePlan, prompts: Sequence[str], context
     """
     lens = sorted(set(context_lens))
     counts = measure_acceptance(engine, plan, prompts, workload, checkpoint)
+    yields = plan_yields(engine, plan, prompts, counts, checkpoint, progress)
     out = []
     for i, n in enumerate(lens):
         if len(lens) > 1:  # the engine started at the largest (its cache fits it); a single one is that
@@ -149,7 +183,7 @@ def run_contexts(engine: Engine, plan: TunePlan, prompts: Sequence[str], context
         if phase and len(lens) > 1:
             phase = _labelled(phase, f"ctx {n} ")
         out.append(run_plan(engine, plan, prompts, workload=workload, command=command, progress=phase,
-                            checkpoint=checkpoint, counts=counts))
+                            checkpoint=checkpoint, counts=counts, yields=yields))
     return out
 
 

@@ -23,7 +23,6 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tabletune.goodput import expected_tokens, goodput
 from tabletune.optimizer import TableResult
 from tabletune.profile import StepPoint
 
@@ -78,21 +77,23 @@ def check_batch_sizes(measured: Sequence[int], count: int = 3) -> tuple[int, ...
     return tuple(bs[i] for i in idx)
 
 
-def decide_static(result: TableResult, rates: Sequence[float], static_points: Sequence[StepPoint],
+def decide_static(result: TableResult, static_points: Sequence[StepPoint],
                   dynamic_ms: dict[int, float], min_gain: float = 0.0) -> StaticDecision:
-    """The decision from the table's predictions, T_dyn(b, k*) and the static points (all of one k*)."""
+    """The decision from the table's predictions, T_dyn(b, k*) and the static points (all of one k*).
+
+    Static goodput is the table mode's fixed-k* goodput with its step time T_dyn(b, k*) replaced by
+    T_static(b, k*): the same tokens per step (from the rates or the per-k yields) at the static cost."""
     if not static_points:
         raise ValueError("no static point measured")
     ks = {p.k for p in static_points}
     if len(ks) != 1:
         raise ValueError(f"static points must share one k, got {sorted(ks)}")
     k = ks.pop()
-    tokens = expected_tokens(rates, k)
     by_b = {p.batch_size: p for p in result.predictions}
     out = []
     for p in sorted(static_points, key=lambda p: p.batch_size):
         pred = by_b[p.batch_size]
-        static_goodput = goodput(p.batch_size, p.median_ms, tokens)
+        static_goodput = pred.fixed_goodput[k] * dynamic_ms[p.batch_size] / p.median_ms
         out.append(StaticPoint(p.batch_size, dynamic_ms[p.batch_size], p.median_ms,
                                pred.goodput / pred.fixed_goodput[k] - 1.0,
                                dynamic_ms[p.batch_size] / p.median_ms - 1.0,

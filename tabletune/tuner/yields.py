@@ -1,19 +1,21 @@
-"""Hook: tuning a drafter that proposes only on a match (n-gram) from yields measured at each k.
+"""Tuning a drafter that proposes only on a match (n-gram) from yields measured at each k.
 
-``run_plan`` measures acceptance once, at the largest k. For a drafter whose draft rate q is below 1,
-neither q nor the tokens a step yields carry over from k_max to a shorter k (``goodput.DraftYield``),
-so this measures acceptance at every k and turns each run's counts into a yield:
+``run_plan`` measures acceptance at the largest k. For a drafter whose draft rate q there is below
+the plan's ``yields_below_draft_rate``, neither q nor the tokens a step yields carry over from k_max
+to a shorter k (``goodput.DraftYield``), so this measures acceptance at every k and turns each run's
+counts into a yield:
 
     tokens_per_step = 1 + accepted tokens / request-steps,   request-steps = drafts + undrafted
     draft_rate      = drafts / request-steps
 
-``optimizer.optimize_yields`` then builds the table at the engine's draft share f (``cost.fit_draft_share``,
-``benchmarks/partial_draft_cost.py``). This module imports neither torch nor vllm.
+The optimizer (``OptimizeOptions.yields``) then builds the table from these yields at the engine's
+draft share f (the plan's ``draft_share``; ``cost.fit_draft_share``, ``benchmarks/partial_draft_cost.py``).
+This module imports neither torch nor vllm.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from tabletune.acceptance import AcceptanceCounts
 from tabletune.goodput import DraftYield
@@ -29,7 +31,23 @@ def yield_from_counts(k: int, counts: AcceptanceCounts) -> DraftYield:
     return DraftYield(k, min(tokens, k + 1.0), counts.draft_rate)
 
 
-def measure_yields(engine: Engine, prompts: Sequence[str], ks: Sequence[int], max_tokens: int) -> tuple[DraftYield, ...]:
-    """One acceptance run per k >= 1 on the same prompts (k = 0 yields one token a step, nothing to measure)."""
-    return tuple(yield_from_counts(k, engine.measure_acceptance(prompts, k, max_tokens)) if k else DraftYield(0, 1.0, 0.0)
-                 for k in sorted(set(ks)))
+def measure_yields(engine: Engine, prompts: Sequence[str], ks: Sequence[int], max_tokens: int,
+                   known: Mapping[int, AcceptanceCounts] | None = None,
+                   on_measured: Callable[[int, AcceptanceCounts], None] | None = None) -> tuple[DraftYield, ...]:
+    """One acceptance run per k >= 1 on the same prompts (k = 0 yields one token a step, nothing to measure).
+
+    Runs already in ``known`` (k -> counts: the pass at k_max, a checkpoint's) are not repeated;
+    ``on_measured(k, counts)`` sees each new run as soon as it ends.
+    """
+    known = dict(known or {})
+    out = []
+    for k in sorted(set(ks)):
+        if k == 0:
+            out.append(DraftYield(0, 1.0, 0.0))
+            continue
+        if k not in known:
+            known[k] = engine.measure_acceptance(prompts, k, max_tokens)
+            if on_measured is not None:
+                on_measured(k, known[k])
+        out.append(yield_from_counts(k, known[k]))
+    return tuple(out)

@@ -20,7 +20,7 @@ def decision(speedup: float, min_gain: float = 0.0):
     k = result.best_single_k
     sizes = (1, 8, 64)
     static = [StepPoint(b, k, (step_ms(b, k) / (1 + speedup),) * 3) for b in sizes]
-    return result, decide_static(result, RATES, static, {b: step_ms(b, k) for b in sizes}, min_gain)
+    return result, decide_static(result, static, {b: step_ms(b, k) for b in sizes}, min_gain)
 
 
 def test_hand_worked_point():
@@ -55,7 +55,7 @@ def test_check_batch_sizes_spread_over_the_range():
 def test_mixed_k_points_are_a_bug():
     result = optimize_table(profile_from(step_ms), RATES)
     with pytest.raises(ValueError, match="share one k"):
-        decide_static(result, RATES, [StepPoint(1, 0, (1.0,)), StepPoint(2, 1, (1.0,))], {1: 1.0, 2: 1.0})
+        decide_static(result, [StepPoint(1, 0, (1.0,)), StepPoint(2, 1, (1.0,))], {1: 1.0, 2: 1.0})
 
 
 @pytest.mark.parametrize("speedup, recommend", [(0.0, "table"), (0.6, "static")])

@@ -1,10 +1,18 @@
+import json
+
 import pytest
 
 from tabletune.acceptance import AcceptanceCounts
 from tabletune.goodput import DraftYield
-from tabletune.optimizer import OptimizeOptions, optimize_yields
+from tabletune.optimizer import OptimizeOptions, optimize_table
 from tabletune.profile import StepPoint, StepProfile
+from tabletune.tuner import TunePlan, run_plan
+from tabletune.tuner.checkpoint import Checkpoint
+from tabletune.tuner.files import YIELDS_FILE, predict_gains, write_run
+from tabletune.tuner.run import run_contexts
 from tabletune.tuner.yields import measure_yields, yield_from_counts
+
+from tuner_fakes import FakeEngine as FakeStepEngine, step_ms
 
 
 def counts(drafts: list[tuple[int, int]], undrafted: int) -> AcceptanceCounts:
@@ -41,10 +49,73 @@ def test_measure_yields_runs_every_k_and_the_table_follows_them():
     # T(b, k) = 10 + b (1 + k): drafting gets dear with b, so k falls as b grows
     prof = StepProfile(points=tuple(StepPoint(b, k, (10.0 + b * (1 + k),)) for b in (1, 64) for k in range(4)),
                        context_len=0)
-    result = optimize_yields(prof, yields, 1.0, OptimizeOptions(max_batch=64))
+    result = optimize_table(prof, (), OptimizeOptions(max_batch=64, yields=yields, draft_share=1.0))
     dense = result.table.dense(64)
     assert dense[1] == 3 and dense[64] < 3
-    with pytest.raises(ValueError, match="no allowed draft length"):
-        optimize_yields(prof, yields[1:], 1.0, OptimizeOptions(max_batch=64, ks=(0,)))
+    with pytest.raises(ValueError, match="no draft length is allowed"):
+        optimize_table(prof, (), OptimizeOptions(max_batch=64, ks=(0,), yields=yields[1:]))
     with pytest.raises(ValueError):
         DraftYield(2, 3.5, 0.5)
+
+
+class MatchOnlyEngine(FakeStepEngine):
+    """A drafter that proposes only on a match: 20 of 100 request-steps draft, each accepting min(k, 2)
+    tokens; the rates alone (a_1 = a_2 = 1) would promise up to k + 1 tokens a step."""
+
+    def __init__(self, die_at_k: int | None = None) -> None:
+        super().__init__()
+        self.asked: list[int] = []
+        self.die_at_k = die_at_k
+
+    def measure_acceptance(self, prompts, k, max_tokens):
+        if k == self.die_at_k:
+            raise KeyboardInterrupt
+        self.asked.append(k)
+        return counts([(k, min(k, 2))] * 20, 80)
+
+
+PLAN = TunePlan(batch_sizes=(1, 4, 16, 64), ks=(0, 1, 2, 3), steps_per_call=2, min_samples=2,
+                close_call_windows=0, recheck_passes=0)
+
+
+def test_run_plan_measures_every_k_below_the_draft_rate_and_predicts_the_gain_it_can_deliver(tmp_path):
+    engine = MatchOnlyEngine()
+    outcome = run_plan(engine, PLAN, ["p"])
+    assert engine.asked == [3, 1, 2]  # k_max first, then the shorter k
+    assert [y.k for y in outcome.yields] == [0, 1, 2, 3]
+    assert [y.tokens_per_step for y in outcome.yields] == pytest.approx([1.0, 1.2, 1.4, 1.4])
+    assert [y.draft_rate for y in outcome.yields] == pytest.approx([0.0, 0.2, 0.2, 0.2])
+    result, _ = write_run(tmp_path / "run", outcome, lambda ranges: {"ranges": ranges})
+    # b = 1: k = 2 gives 1.4 tokens a step at T_q = 0.8 T(1, 0) + 0.2 T(1, 2) = 10.7 ms
+    assert result.table.k_for(1) == 2
+    assert result.predictions[0].goodput == pytest.approx(1.4 * 1000 / (0.8 * step_ms(1, 0) + 0.2 * step_ms(1, 2)))
+    gains = predict_gains(outcome, result)
+    assert gains.vs_best_fixed[1] >= 0.0 and gains.vs_best_fixed[0] < 0.05  # never below the best fixed k
+    # the rates model would have promised E[tokens | 3] = 3 a step, 2.6x k=0 at b = 1
+    naive = optimize_table(outcome.profile, outcome.rates, OptimizeOptions(k_max=3)).predictions[0]
+    assert naive.goodput / naive.fixed_goodput[0] > 2.5
+    assert result.predictions[0].goodput / result.predictions[0].fixed_goodput[0] < 1.4
+    saved = json.loads((tmp_path / "run" / YIELDS_FILE).read_text())
+    assert saved["draft_share"] == 1.0 and [y["k"] for y in saved["yields"]] == [0, 1, 2, 3]
+
+
+def test_a_drafter_that_always_drafts_gets_no_per_k_runs(tmp_path):
+    engine = MatchOnlyEngine()
+    engine.measure_acceptance = lambda prompts, k, max_tokens: engine.asked.append(k) or counts([(k, 1)] * 20, 0)
+    outcome = run_plan(engine, PLAN, ["p"])
+    assert engine.asked == [3] and outcome.yields == ()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / YIELDS_FILE).write_text("{}")  # a previous run's
+    write_run(tmp_path / "run", outcome, lambda ranges: {"ranges": ranges})
+    assert not (tmp_path / "run" / YIELDS_FILE).exists()
+
+
+def test_yield_runs_are_checkpointed_and_not_repeated_on_resume(tmp_path):
+    settings = {"model": "m"}
+    cp = Checkpoint.open(tmp_path / "cp", settings, resume=False)
+    with pytest.raises(KeyboardInterrupt):
+        run_contexts(MatchOnlyEngine(die_at_k=2), PLAN, ["p"], [100], checkpoint=cp)
+    engine = MatchOnlyEngine()
+    resumed = run_contexts(engine, PLAN, ["p"], [100], checkpoint=Checkpoint.open(tmp_path / "cp", settings, True))[0]
+    assert engine.asked == [2]  # k = 3 and k = 1 came from the checkpoint
+    assert resumed.yields == run_plan(MatchOnlyEngine(), PLAN, ["p"]).yields
