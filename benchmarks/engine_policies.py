@@ -185,10 +185,9 @@ def mixed_check(engine: SpecEngine, profile: StepProfile, args, loads: list[int]
         share = 1.0
     for r in rows:
         for label, f in (("sim_default", 0.5), ("fitted", share)):
-            c = StepCost(profile, draft_share=f)
-            t0 = c.step_ms(r["batch_size"], 0)
-            pred = t0 + f * (c.step_ms(r["batch_size"], r["k_top"]) - t0) + \
-                (1 - f) * (c.step_ms(r["batch_size"], r["k_bar"]) - t0)
+            cost = StepCost(profile, draft_share=f)
+            pred = float(cost.mixed_curve_ms(r["batch_size"], np.array([float(r["k_top"])]),
+                                             np.array([float(r["k_bar"])]))[0])
             r[f"predicted_ms_{label}"] = round(pred, 4)
             r[f"error_{label}"] = round(r["measured_ms"] / pred - 1, 4)
     return {"fitted_draft_share": round(share, 4), "rows": rows,
