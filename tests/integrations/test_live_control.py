@@ -17,6 +17,8 @@ from tabletune.integrations.vllm.controller_hook import ControllerHook
 from tabletune.profile import StepPoint, StepProfile
 from tabletune.table import DraftTable
 
+from http_fixture import serve_text
+
 PROFILE = StepProfile(tuple(StepPoint(b, k, (10 + 0.5 * b * (1 + 0.6 * k),))
                             for b in (1, 2, 4, 8, 16, 32, 64) for k in range(5)), context_len=0)
 FAST = ControllerConfig(k_max=4, rebuild_interval_s=0, min_install_interval_s=0, rebuild_every_steps=1,
@@ -141,9 +143,6 @@ def test_sidecar_pools_replicas_and_skips_a_reset_source_alone():
 
 
 def test_status_cli_reads_the_series(tmp_path):
-    import http.server
-    import threading
-
     from click.testing import CliRunner
 
     from tabletune.cli import main
@@ -154,20 +153,7 @@ def test_status_cli_reads_the_series(tmp_path):
     registry = CollectorRegistry()
     registry.register(metrics.SnapshotCollector(tmp_path))
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = generate_latest(registry) if self.path == "/metrics" else b"# nothing\n"
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_port}"
-    try:
+    with serve_text(lambda path: generate_latest(registry) if path == "/metrics" else b"# nothing\n") as url:
         out = CliRunner().invoke(main, ["status", "--metrics-url", url + "/metrics"])
         assert out.exit_code == 0, out.output
         assert "table [[1, 64, 2]] (pinned), k_max 4" in out.output and "table honoured True" in out.output
@@ -176,8 +162,6 @@ def test_status_cli_reads_the_series(tmp_path):
         assert state["table"] == [[1, 64, 2]] and state["pinned"] == 1 and len(state["acceptance"]) == 4
         empty = CliRunner().invoke(main, ["status", "--metrics-url", url + "/other"])
         assert empty.exit_code == 2 and "no tabletune_* series" in empty.output
-    finally:
-        server.shutdown()
     down = CliRunner().invoke(main, ["status", "--metrics-url", "http://127.0.0.1:9/metrics"])
     assert down.exit_code == 2 and "cannot scrape" in down.output
 

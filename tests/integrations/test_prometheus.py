@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import http.server
 import json
 import math
-import threading
 
 import pytest
 from click.testing import CliRunner
@@ -22,6 +20,8 @@ from tabletune.integrations.prometheus import (
 )
 from tabletune.profile import StepPoint, StepProfile
 from tabletune.table import DraftTable
+
+from http_fixture import serve_text
 
 PROFILE = StepProfile(tuple(StepPoint(b, k, (10 + 0.5 * b * (1 + 0.6 * k),))
                             for b in (1, 2, 4, 8, 16, 32, 64) for k in range(5)), context_len=0)
@@ -89,23 +89,13 @@ def metrics_server():
     """A real HTTP /metrics endpoint whose counters grow with each scrape (acceptance 0.9, k = 4)."""
     state = {"n": 0}
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            n = state["n"] = state["n"] + 1
-            d = 200.0 * n
-            body = exposition(d, 4 * d, [d * 0.9 ** j for j in range(1, 5)], running=4).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain")
-            self.end_headers()
-            self.wfile.write(body)
+    def body(path: str) -> bytes:
+        n = state["n"] = state["n"] + 1
+        d = 200.0 * n
+        return exposition(d, 4 * d, [d * 0.9 ** j for j in range(1, 5)], running=4).encode()
 
-        def log_message(self, *args):
-            pass
-
-    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}/metrics"
-    server.shutdown()
+    with serve_text(body) as url:
+        yield url + "/metrics"
 
 
 def test_cli_control_recommends_a_table(tmp_path, metrics_server):
