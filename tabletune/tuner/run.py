@@ -82,6 +82,7 @@ def plan_yields(engine: Engine, plan: TunePlan, prompts: Sequence[str], counts: 
     known = {max(plan.ks): counts, **(checkpoint.yield_counts if checkpoint is not None else {})}
 
     def measured(k: int, got: AcceptanceCounts) -> None:
+        got.workload = counts.workload
         if checkpoint is not None:
             checkpoint.save_yield_counts(k, got)
 
