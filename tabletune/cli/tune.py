@@ -122,10 +122,11 @@ def parse_context_lens(context_len: int, context_lens: str | None) -> tuple[int,
 @click.option("--no-refine", is_flag=True, help="skip refining batch sizes where the chosen k changes")
 @click.option("--close-call-margin", type=click.FloatRange(0, 1, max_open=True), default=0.05, show_default=True,
               help="re-measure k whose predicted goodput is within this share of the best (0: off)")
-@click.option("--draft-share", type=click.FloatRange(0, 1), default=1.0, show_default=True,
+@click.option("--draft-share", type=click.FloatRange(0, 1), default=None,
               help="for a drafter that proposes only on a match (measured at every k when its draft rate is "
-                   "below 0.95): the share f of a drafted row's cost an undrafted row also pays (1: rows padded "
-                   "to the longest draft; benchmarks/partial_draft_cost.py measures it)")
+                   "below 0.95): the share f of the longest draft's cost a step pays whatever its other rows "
+                   "draft (1: rows padded; default: fitted to the acceptance runs' steps where the engine "
+                   "records them, else 1)")
 @click.option("--context-len", type=click.IntRange(min=1), default=128, show_default=True,
               help="prompt tokens of timed requests")
 @click.option("--context-lens", default=None,
@@ -255,8 +256,10 @@ def _report(outcome, result, console: Console) -> None:
     console.print(f"measured acceptance a_j: {rates} ({outcome.acceptance.num_drafts} drafts)")
     if outcome.yields:
         per_k = ", ".join(f"k={y.k} {y.tokens_per_step:.3f} tok/step (q {y.draft_rate:.2f})" for y in outcome.yields)
+        share = outcome.draft_share
+        how = {"fitted": f"fitted to {share.fitted_steps} steps", "given": "given"}.get(share.source, "padded default")
         console.print(f"draft rate {outcome.acceptance.draft_rate:.2f} at k={max(outcome.profile.ks)}: the table is "
-                      f"built from the yield measured at every k, draft share f={outcome.draft_share:g}: {per_k}")
+                      f"built from the yield measured at every k, draft share f={share.value:.2f} ({how}): {per_k}")
     if outcome.refined_batch_sizes:
         console.print(f"refined batch sizes: {list(outcome.refined_batch_sizes)}")
     for call in outcome.close_calls:

@@ -4,9 +4,10 @@
 
 * ``{"kind": "start", "settings": {...}}``: what the run measures (engine spec and grid);
   a resume refuses a folder whose settings differ;
-* ``{"kind": "acceptance", "counts": {...}}``: the acceptance pass;
-* ``{"kind": "yield", "k": k, "counts": {...}}``: the acceptance run at one shorter k, for a drafter
-  that proposes only on a match (``tabletune.tuner.yields``);
+* ``{"kind": "acceptance", "counts": {...}, "steps": [...]}``: the acceptance pass;
+* ``{"kind": "yield", "k": k, "counts": {...}, "steps": [...]}``: the acceptance run at one shorter k,
+  for a drafter that proposes only on a match (``tabletune.tuner.yields``); ``steps`` are the decode
+  steps the engine recorded during a run, ``[batch_size, k_top, k_bar, measured_ms]`` each;
 * ``{"kind": "point", "context_len": N, "batch_size": b, "k": k, "samples_ms": [...],
   "scheduled_tokens": [...]}``: one grid point, appended (and fsync'd) as soon as
   its batch size is measured.
@@ -26,6 +27,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from tabletune.acceptance import AcceptanceCounts
+from tabletune.cost import MixedStep
 from tabletune.errors import InputError
 from tabletune.profile import StepPoint
 
@@ -39,7 +41,8 @@ class Checkpoint:
         self.folder = folder
         self.settings = settings
         self.acceptance: AcceptanceCounts | None = None
-        self.yield_counts: dict[int, AcceptanceCounts] = {}  # k -> acceptance run at that k
+        self.acceptance_steps: tuple[MixedStep, ...] = ()
+        self.yield_runs: dict[int, tuple[AcceptanceCounts, tuple[MixedStep, ...]]] = {}  # k -> run at that k
         self.points: dict[int, dict[tuple[int, int], StepPoint]] = {}  # context_len -> (b, k) -> point
         self._fresh = False
 
@@ -79,8 +82,9 @@ class Checkpoint:
         for rec in records[1:]:
             if rec.get("kind") == "acceptance":
                 self.acceptance = AcceptanceCounts(**rec["counts"])
+                self.acceptance_steps = _steps(rec)
             elif rec.get("kind") == "yield":
-                self.yield_counts[rec["k"]] = AcceptanceCounts(**rec["counts"])
+                self.yield_runs[rec["k"]] = (AcceptanceCounts(**rec["counts"]), _steps(rec))
             elif rec.get("kind") == "point":
                 p = StepPoint(rec["batch_size"], rec["k"], tuple(rec["samples_ms"]),
                               tuple(rec.get("scheduled_tokens", ())))
@@ -96,13 +100,13 @@ class Checkpoint:
             f.flush()
             os.fsync(f.fileno())
 
-    def save_acceptance(self, counts: AcceptanceCounts) -> None:
-        self.acceptance = counts
-        self._append({"kind": "acceptance", "counts": dataclasses.asdict(counts)})
+    def save_acceptance(self, counts: AcceptanceCounts, steps: tuple[MixedStep, ...] = ()) -> None:
+        self.acceptance, self.acceptance_steps = counts, steps
+        self._append({"kind": "acceptance", "counts": dataclasses.asdict(counts), "steps": _rows(steps)})
 
-    def save_yield_counts(self, k: int, counts: AcceptanceCounts) -> None:
-        self.yield_counts[k] = counts
-        self._append({"kind": "yield", "k": k, "counts": dataclasses.asdict(counts)})
+    def save_yield_run(self, k: int, counts: AcceptanceCounts, steps: tuple[MixedStep, ...] = ()) -> None:
+        self.yield_runs[k] = (counts, steps)
+        self._append({"kind": "yield", "k": k, "counts": dataclasses.asdict(counts), "steps": _rows(steps)})
 
     def save_points(self, context_len: int, points: Iterable[StepPoint]) -> None:
         for p in points:
@@ -115,3 +119,11 @@ class Checkpoint:
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _rows(steps: tuple[MixedStep, ...]) -> list[list[float]]:
+    return [[s.batch_size, s.k_top, s.k_bar, s.measured_ms] for s in steps]
+
+
+def _steps(rec: dict) -> tuple[MixedStep, ...]:
+    return tuple(MixedStep(int(b), int(k_top), float(k_bar), float(ms)) for b, k_top, k_bar, ms in rec.get("steps", ()))

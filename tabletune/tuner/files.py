@@ -104,7 +104,8 @@ def _write_files(folder: Path, outcome: TuneOutcome, speculative_config: Callabl
 
 def yields_json(outcome: TuneOutcome) -> dict:
     """The per-k yields the table was built from (a drafter that proposes only on a match)."""
-    return {"draft_share": outcome.draft_share,
+    share = outcome.draft_share
+    return {"draft_share": share.value, "draft_share_source": share.source, "draft_share_steps": share.fitted_steps,
             "yields": [{"k": y.k, "tokens_per_step": y.tokens_per_step, "draft_rate": y.draft_rate}
                        for y in outcome.yields]}
 

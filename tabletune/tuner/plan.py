@@ -30,7 +30,8 @@ class TunePlan:
     # a drafter whose measured draft rate q is below this (n-gram: it proposes only on a match) has its
     # yield measured at every k (``tabletune.tuner.yields``); 0: never
     yields_below_draft_rate: float = 0.95
-    draft_share: float = 1.0  # f of ``cost.partial_draft_ms`` for such a drafter (1: rows padded to the longest)
+    # f of ``cost.partial_draft_ms`` for such a drafter; None: fitted to the acceptance runs' steps (else 1)
+    draft_share: float | None = None
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or min(self.batch_sizes) < 1:
@@ -43,7 +44,8 @@ class TunePlan:
             raise ValueError("point_budget_s and target_spread must be > 0")
         if self.close_call_margin < 0 or self.close_call_windows < 0:
             raise ValueError("close_call_margin and close_call_windows must be >= 0")
-        if not 0 <= self.yields_below_draft_rate <= 1 or not 0 <= self.draft_share <= 1:
+        share = 0.0 if self.draft_share is None else self.draft_share
+        if not 0 <= self.yields_below_draft_rate <= 1 or not 0 <= share <= 1:
             raise ValueError("yields_below_draft_rate and draft_share must lie in [0, 1]")
 
 

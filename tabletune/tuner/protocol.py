@@ -55,6 +55,9 @@ class Engine(Protocol):
     * ``close()``: free the engine.
     * optional ``set_context_len(n)``: time the next steps from n cached tokens (needed for
       ``tune --context-lens`` with more than one length; the engine starts at the largest).
+    * optional ``take_mixed_steps()``: the decode steps of the last ``measure_acceptance`` as
+      ``tabletune.cost.MixedStep`` (batch size, longest and mean draft of its rows, wall ms), from
+      which the tuner fits the draft share of a drafter that proposes only on a match.
 
     An adapter module may also offer ``start_static(spec, k)`` (an engine with the table
     mechanism off, for ``tabletune.tuner.static_check``) and ``static_same_as_dynamic(spec)``

@@ -13,8 +13,9 @@ The table then maximises goodput(b, k) = b * E[tokens | k] / T(b, k), with
 E[tokens | k] = 1 + sum_{i<=k} prod_{j<=i} a_j from the measured acceptance
 (see ``tabletune.optimizer``). A drafter that proposes only on a match (measured draft
 rate below the plan's ``yields_below_draft_rate``) gets one acceptance run per k instead,
-and the table maximises b * tokens_per_step(k) / T_q(b, k) on those yields
-(``tabletune.tuner.yields``). This module imports neither torch nor vllm.
+and the table maximises b * tokens_per_step(k) / T_q(b, k) on those yields, with the draft
+share f of T_q fitted to the runs' own steps (``tabletune.tuner.yields``). This module
+imports neither torch nor vllm.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tabletune.acceptance import AcceptanceCounts
+from tabletune.cost import MixedStep
 from tabletune.goodput import DraftYield
 from tabletune.optimizer import OptimizeOptions
 from tabletune.profile import Fingerprint, StepPoint, StepProfile
@@ -32,7 +34,7 @@ from tabletune.tuner.close_calls import CloseCall, close_calls, refinement_batch
 from tabletune.tuner.measure import interference_filter, measure_points, recheck_points
 from tabletune.tuner.plan import ProgressFn, TunePlan
 from tabletune.tuner.protocol import Engine
-from tabletune.tuner.yields import measure_yields
+from tabletune.tuner.yields import AcceptanceRun, DraftShare, fit_share, measure_yields, run_acceptance
 
 
 @dataclass(frozen=True)
@@ -45,12 +47,22 @@ class TuneOutcome:
     refined_batch_sizes: tuple[int, ...] = ()
     close_calls: tuple[CloseCall, ...] = ()  # found after the grid and refinement, then re-measured
     yields: tuple[DraftYield, ...] = ()  # per-k yields of a drafter that proposes only on a match (else none)
-    draft_share: float = 1.0  # f of the partial-draft cost, used with the yields
+    draft_share: DraftShare = DraftShare(1.0)  # f of the partial-draft cost, used with the yields
 
     def options(self, **kwargs) -> OptimizeOptions:
         """The optimizer's options for this outcome: k_max, and the yields when measured."""
         return OptimizeOptions(k_max=max(self.profile.ks), yields=self.yields,
-                               draft_share=self.draft_share if self.yields else None, **kwargs)
+                               draft_share=self.draft_share.value if self.yields else None, **kwargs)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the acceptance runs measured: counts at k_max and, for a drafter that proposes only on a
+    match, the per-k yields with the steps recorded during all the runs."""
+
+    counts: AcceptanceCounts
+    yields: tuple[DraftYield, ...] = ()
+    steps: tuple[MixedStep, ...] = ()
 
 
 def _phase(progress: ProgressFn | None, lo: float, hi: float) -> ProgressFn | None:
@@ -61,34 +73,40 @@ def _phase(progress: ProgressFn | None, lo: float, hi: float) -> ProgressFn | No
 
 
 def measure_acceptance(engine: Engine, plan: TunePlan, prompts: Sequence[str], workload: str,
-                       checkpoint: Checkpoint | None = None) -> AcceptanceCounts:
+                       checkpoint: Checkpoint | None = None) -> AcceptanceRun:
     """The acceptance pass with the largest k (from the checkpoint when it already holds it)."""
     if checkpoint is not None and checkpoint.acceptance is not None:
-        return checkpoint.acceptance
-    counts = engine.measure_acceptance(prompts, max(plan.ks), plan.acceptance_max_tokens)
-    counts.workload = workload
-    if not counts.known_rates():
+        return AcceptanceRun(checkpoint.acceptance, checkpoint.acceptance_steps)
+    run = run_acceptance(engine, prompts, max(plan.ks), plan.acceptance_max_tokens)
+    run.counts.workload = workload
+    if not run.counts.known_rates():
         raise RuntimeError("no draft was verified while measuring acceptance: the drafter proposed nothing")
     if checkpoint is not None:
-        checkpoint.save_acceptance(counts)
-    return counts
+        checkpoint.save_acceptance(run.counts, run.steps)
+    return run
 
 
-def plan_yields(engine: Engine, plan: TunePlan, prompts: Sequence[str], counts: AcceptanceCounts,
-                checkpoint: Checkpoint | None = None, progress: ProgressFn | None = None) -> tuple[DraftYield, ...]:
-    """The per-k yields when the draft rate at k_max is below the plan's threshold, else ()."""
+def measure_inputs(engine: Engine, plan: TunePlan, prompts: Sequence[str], workload: str,
+                   checkpoint: Checkpoint | None = None, progress: ProgressFn | None = None) -> Inputs:
+    """Acceptance at k_max; when its draft rate is below the plan's threshold, also at every other k."""
+    if progress:
+        progress(f"acceptance: {len(prompts)} prompts, k={max(plan.ks)}", 0.0)
+    first = measure_acceptance(engine, plan, prompts, workload, checkpoint)
+    counts = first.counts
     if counts.draft_rate >= plan.yields_below_draft_rate:
-        return ()
-    known = {max(plan.ks): counts, **(checkpoint.yield_counts if checkpoint is not None else {})}
+        return Inputs(counts)
+    saved = checkpoint.yield_runs if checkpoint is not None else {}
+    known = {max(plan.ks): first, **{k: AcceptanceRun(c, st) for k, (c, st) in saved.items()}}
 
-    def measured(k: int, got: AcceptanceCounts) -> None:
-        got.workload = counts.workload
+    def measured(k: int, run: AcceptanceRun) -> None:
+        run.counts.workload = counts.workload
         if checkpoint is not None:
-            checkpoint.save_yield_counts(k, got)
+            checkpoint.save_yield_run(k, run.counts, run.steps)
 
     if progress:
         progress(f"draft rate {counts.draft_rate:.2f}: acceptance at every k", 0.0)
-    return measure_yields(engine, prompts, plan.ks, plan.acceptance_max_tokens, known, measured)
+    yields, steps = measure_yields(engine, prompts, plan.ks, plan.acceptance_max_tokens, known, measured)
+    return Inputs(counts, yields, steps)
 
 
 def measure_grid(engine: Engine, plan: TunePlan, progress: ProgressFn | None = None,
@@ -112,25 +130,22 @@ def measure_grid(engine: Engine, plan: TunePlan, progress: ProgressFn | None = N
 
 def run_plan(engine: Engine, plan: TunePlan, prompts: Sequence[str], *, workload: str = "default",
              command: str = "", progress: ProgressFn | None = None,
-             checkpoint: Checkpoint | None = None, counts: AcceptanceCounts | None = None,
-             yields: tuple[DraftYield, ...] | None = None) -> TuneOutcome:
-    """Acceptance with the largest k and the yields (unless ``counts`` and ``yields`` are given), then
-    T(b, k) on the grid at the engine's current context length, then the optional refinement and the
-    close calls."""
+             checkpoint: Checkpoint | None = None, inputs: Inputs | None = None) -> TuneOutcome:
+    """Acceptance (``measure_inputs``, unless ``inputs`` are given), then T(b, k) on the grid at the
+    engine's current context length, the draft share f when there are yields, then the optional
+    refinement and the close calls."""
     k_max = max(plan.ks)
-    if counts is None:
-        if progress:
-            progress(f"acceptance: {len(prompts)} prompts, k={k_max}", 0.0)
-        counts = measure_acceptance(engine, plan, prompts, workload, checkpoint)
-    if yields is None:
-        yields = plan_yields(engine, plan, prompts, counts, checkpoint, progress)
+    if inputs is None:
+        inputs = measure_inputs(engine, plan, prompts, workload, checkpoint, progress)
+    counts, yields = inputs.counts, inputs.yields
     rates = tuple(counts.known_rates())
-    options = OptimizeOptions(k_max=k_max, yields=yields, draft_share=plan.draft_share if yields else None)
     points = measure_grid(engine, plan, _phase(progress, 0.05, 0.7), checkpoint, engine.context_len)
     points = recheck_points(engine, points, plan, _phase(progress, 0.7, 0.75))
     fp = engine.fingerprint()
     fp = Fingerprint(**{**fp.__dict__, "command": command or fp.command})
     profile = StepProfile(points=tuple(points), context_len=engine.context_len, fingerprint=fp)
+    share = fit_share(profile, inputs.steps, plan.draft_share) if yields else DraftShare(1.0)
+    options = OptimizeOptions(k_max=k_max, yields=yields, draft_share=share.value if yields else None)
     refined: list[int] = []
     if plan.refine:
         refined = refinement_batch_sizes(profile, rates, k_max, options)
@@ -143,8 +158,7 @@ def run_plan(engine: Engine, plan: TunePlan, prompts: Sequence[str], *, workload
         profile = StepProfile(points=tuple(calls[1]), context_len=engine.context_len, fingerprint=fp)
     if progress:
         progress("done", 1.0)
-    return TuneOutcome(profile, counts, rates, tuple(refined), tuple(calls[0]) if calls else (), yields,
-                       plan.draft_share)
+    return TuneOutcome(profile, counts, rates, tuple(refined), tuple(calls[0]) if calls else (), yields, share)
 
 
 def settle_close_calls(engine: Engine, profile: StepProfile, rates: Sequence[float], plan: TunePlan,
@@ -174,8 +188,7 @@ def run_contexts(engine: Engine, plan: TunePlan, prompts: Sequence[str], context
     The engine must offer ``set_context_len(n)`` when there is more than one context length.
     """
     lens = sorted(set(context_lens))
-    counts = measure_acceptance(engine, plan, prompts, workload, checkpoint)
-    yields = plan_yields(engine, plan, prompts, counts, checkpoint, progress)
+    inputs = measure_inputs(engine, plan, prompts, workload, checkpoint, progress)
     out = []
     for i, n in enumerate(lens):
         if len(lens) > 1:  # the engine started at the largest (its cache fits it); a single one is that
@@ -184,7 +197,7 @@ def run_contexts(engine: Engine, plan: TunePlan, prompts: Sequence[str], context
         if phase and len(lens) > 1:
             phase = _labelled(phase, f"ctx {n} ")
         out.append(run_plan(engine, plan, prompts, workload=workload, command=command, progress=phase,
-                            checkpoint=checkpoint, counts=counts, yields=yields))
+                            checkpoint=checkpoint, inputs=inputs))
     return out
 
 

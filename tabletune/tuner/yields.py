@@ -8,18 +8,44 @@ counts into a yield:
     tokens_per_step = 1 + accepted tokens / request-steps,   request-steps = drafts + undrafted
     draft_rate      = drafts / request-steps
 
-The optimizer (``OptimizeOptions.yields``) then builds the table from these yields at the engine's
-draft share f (the plan's ``draft_share``; ``cost.fit_draft_share``, ``benchmarks/partial_draft_cost.py``).
+The optimizer (``OptimizeOptions.yields``) then builds the table from these yields, each step costed
+T_q(b, k) (``cost.partial_draft_ms``) at the engine's draft share f. f is measured, not assumed: an
+engine that records its steps (``take_mixed_steps``, vLLM) hands over the decode steps of these same
+runs, real steps in which some rows drafted and others did not, and ``fit_share`` fits f to them
+against the grid's uniform T(b, k) (``cost.fit_draft_share``). An engine that pads every row to the
+longest draft (the built-in one) has f = 1, the default when there is nothing to fit.
 This module imports neither torch nor vllm.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from tabletune.acceptance import AcceptanceCounts
+from tabletune.cost import MixedStep, fit_draft_share
 from tabletune.goodput import DraftYield
+from tabletune.profile import StepProfile
 from tabletune.tuner.protocol import Engine
+
+PADDED_SHARE = 1.0  # f with nothing to fit: every row pays for the longest draft
+
+
+@dataclass(frozen=True)
+class AcceptanceRun:
+    """One acceptance run at one k: its counts and the decode steps the engine recorded meanwhile."""
+
+    counts: AcceptanceCounts
+    steps: tuple[MixedStep, ...] = ()
+
+
+@dataclass(frozen=True)
+class DraftShare:
+    """The draft share f the table is built with, and where it came from."""
+
+    value: float
+    fitted_steps: int = 0  # informative steps it was fitted on (0: given or the padded default)
+    source: str = "default"  # "fitted", "given" or "default"
 
 
 def yield_from_counts(k: int, counts: AcceptanceCounts) -> DraftYield:
@@ -31,23 +57,46 @@ def yield_from_counts(k: int, counts: AcceptanceCounts) -> DraftYield:
     return DraftYield(k, min(tokens, k + 1.0), counts.draft_rate)
 
 
-def measure_yields(engine: Engine, prompts: Sequence[str], ks: Sequence[int], max_tokens: int,
-                   known: Mapping[int, AcceptanceCounts] | None = None,
-                   on_measured: Callable[[int, AcceptanceCounts], None] | None = None) -> tuple[DraftYield, ...]:
-    """One acceptance run per k >= 1 on the same prompts (k = 0 yields one token a step, nothing to measure).
+def run_acceptance(engine: Engine, prompts: Sequence[str], k: int, max_tokens: int) -> AcceptanceRun:
+    """``engine.measure_acceptance`` and, from an engine that records them, the run's decode steps."""
+    counts = engine.measure_acceptance(prompts, k, max_tokens)
+    take = getattr(engine, "take_mixed_steps", None)
+    return AcceptanceRun(counts, tuple(take()) if take is not None else ())
 
-    Runs already in ``known`` (k -> counts: the pass at k_max, a checkpoint's) are not repeated;
-    ``on_measured(k, counts)`` sees each new run as soon as it ends.
+
+def measure_yields(engine: Engine, prompts: Sequence[str], ks: Sequence[int], max_tokens: int,
+                   known: Mapping[int, AcceptanceRun] | None = None,
+                   on_measured: Callable[[int, AcceptanceRun], None] | None = None,
+                   ) -> tuple[tuple[DraftYield, ...], tuple[MixedStep, ...]]:
+    """One acceptance run per k >= 1 on the same prompts (k = 0 yields one token a step, nothing to
+    measure): the yields, and every run's recorded steps.
+
+    Runs already in ``known`` (k -> run: the pass at k_max, a checkpoint's) are not repeated;
+    ``on_measured(k, run)`` sees each new run as soon as it ends.
     """
     known = dict(known or {})
-    out = []
+    yields, steps = [], []
     for k in sorted(set(ks)):
         if k == 0:
-            out.append(DraftYield(0, 1.0, 0.0))
+            yields.append(DraftYield(0, 1.0, 0.0))
             continue
         if k not in known:
-            known[k] = engine.measure_acceptance(prompts, k, max_tokens)
+            known[k] = run_acceptance(engine, prompts, k, max_tokens)
             if on_measured is not None:
                 on_measured(k, known[k])
-        out.append(yield_from_counts(k, known[k]))
-    return tuple(out)
+        yields.append(yield_from_counts(k, known[k].counts))
+        steps.extend(known[k].steps)
+    return tuple(yields), tuple(steps)
+
+
+def fit_share(profile: StepProfile, steps: Sequence[MixedStep], given: float | None = None) -> DraftShare:
+    """f given by the operator, else fitted to the recorded steps that carry information about it (some
+    rows drafted less than the longest, within the profile's k), else the padded default."""
+    if given is not None:
+        return DraftShare(given, 0, "given")
+    k_max = max(profile.ks)
+    useful = [s for s in steps if s.k_bar < s.k_top <= k_max]
+    try:
+        return DraftShare(fit_draft_share(profile, useful), len(useful), "fitted")
+    except ValueError:
+        return DraftShare(PADDED_SHARE, 0, "default")

@@ -20,6 +20,7 @@ import os
 from collections.abc import Sequence
 
 from tabletune.acceptance import AcceptanceCounts
+from tabletune.cost import MixedStep
 from tabletune.integrations.vllm import engine_args, presets
 from tabletune.integrations.vllm.step_hooks import StepRecorder
 from tabletune.errors import InputError
@@ -98,6 +99,7 @@ class VllmEngine:
         self.scheduler = self.core.scheduler
         self.recorder = StepRecorder(self.core)
         self._batch: list[str] = []
+        self._mixed: list[MixedStep] = []
         self._generated = 0
         self._next_id = 0
         self._context_sum = 0.0
@@ -157,12 +159,22 @@ class VllmEngine:
         params = self._sampling_params(max_tokens=max_tokens, temperature=0.0,
                                        ignore_eos=self.preset.skip_tokenizer_init)
         inputs = [self._prompt_input(p) for p in prompts]
-        self.recorder.counts = counts
+        rec = self.recorder
+        rec.counts, rec.recording = counts, True
+        rec.records.clear()
         try:
             self.llm.generate(inputs, params, use_tqdm=False)
         finally:
-            self.recorder.counts = None
+            rec.counts, rec.recording = None, False
+        self._mixed = [MixedStep(r.num_reqs, max(r.drafts_per_req), sum(r.drafts_per_req) / r.num_reqs, r.step_ms)
+                       for r in rec.records if not r.has_prefill and r.num_reqs and r.drafts_per_req]
+        rec.records.clear()
         return counts
+
+    def take_mixed_steps(self) -> list[MixedStep]:
+        """The decode steps of the last ``measure_acceptance``: real text, rows drafting what matched."""
+        steps, self._mixed = self._mixed, []
+        return steps
 
     def close(self) -> None:
         """Shut the engine down and drop it, so that its GPU memory is free for the static-mode engine."""
