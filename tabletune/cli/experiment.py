@@ -22,7 +22,7 @@ from tabletune.profile import parse_int_list
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=20.0, show_default=True,
               help="simulated seconds per point")
 @click.option("--fig3-settings", default="eagle", show_default=True, help="comma-separated Table 1 settings")
-@click.option("--fig4b-loads", default="32", show_default=True)
+@click.option("--fig4b-loads", default="", help="loads for every fig4b switch (default: each switch's own load)")
 @click.option("--no-per-request", is_flag=True, help="skip the per-request policies in fig3")
 @click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True, help="worker processes")
 def experiment_cmd(name, out_dir, profiles_dir, results_dir, loads, seeds, duration, fig3_settings, fig4b_loads,
@@ -39,7 +39,7 @@ def experiment_cmd(name, out_dir, profiles_dir, results_dir, loads, seeds, durat
     if unknown or not settings:
         raise InputError("--fig3-settings", "fig3_settings", fig3_settings, f"choose from {list(TABLE1)}")
     opts = ExperimentOptions(loads=_loads(loads, "--loads"), seeds=tuple(range(seeds)), duration_s=duration,
-                             fig3_settings=settings, fig4b_loads=_loads(fig4b_loads, "--fig4b-loads"),
+                             fig3_settings=settings, fig4b_loads=_loads(fig4b_loads, "--fig4b-loads") if fig4b_loads else (),
                              per_request=not no_per_request, jobs=jobs, profiles=profiles_dir, results=results_dir)
     check_inputs(opts)
     out = Path(out_dir)

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from tabletune import fileio
 from tabletune.experiments.runner import Point
 
@@ -63,6 +65,32 @@ def shares(points: Sequence[Point], fixed: Sequence[str]) -> list[Share]:
                          sum(p.throughput_tok_s for _, p, _ in items) / len(items),
                          sum(p.mean_k for _, p, _ in items) / len(items), max(set(bests), key=bests.count)))
     return out
+
+
+def seed_shares(points: Sequence[Point], fixed: Sequence[str]) -> dict[tuple[str, str, int], dict[int, float]]:
+    """{(setting, policy, load): {seed: throughput / that seed's best fixed k}} (the per-seed values of ``shares``)."""
+    by_key: dict[tuple, dict[str, Point]] = defaultdict(dict)
+    for p in points:
+        by_key[(p.setting, p.load, p.seed)][p.policy] = p
+    out: dict[tuple[str, str, int], dict[int, float]] = defaultdict(dict)
+    for (setting, load, seed), row in by_key.items():
+        fixed_here = [row[f].throughput_tok_s for f in fixed if f in row]
+        if fixed_here:
+            for name, p in row.items():
+                out[(setting, name, load)][seed] = p.throughput_tok_s / max(fixed_here)
+    return dict(out)
+
+
+def bootstrap_ci(statistic, num_seeds: int, num_resamples: int = 2000, level: float = 0.95,
+                 seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap over seeds: ``statistic(idx)`` on seed indices drawn with replacement.
+
+    Seeds are the independent replicates (each a different request sample; every policy sees the same one
+    under a seed), so a paired statistic (a difference between policies) is resampled by whole seeds."""
+    rng = np.random.default_rng(seed)
+    values = np.array([statistic(rng.integers(0, num_seeds, num_seeds)) for _ in range(num_resamples)])
+    tail = (1.0 - level) / 2.0
+    return float(np.quantile(values, tail)), float(np.quantile(values, 1.0 - tail))
 
 
 def worst_loss(rows: Sequence[Share], setting: str, policy: str) -> tuple[float, int]:

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from tabletune.experiments.analysis import (Section, md_table, pct, share_matrix_md, share_plot, shares, worst_loss,
-                                            write_csv)
+from tabletune.experiments.analysis import (Section, bootstrap_ci, md_table, pct, seed_shares, share_matrix_md,
+                                            share_plot, shares, worst_loss, write_csv)
 from tabletune.experiments.provenance import figure_note, inputs_markdown
 from tabletune.experiments.runner import Lab, fixed_policies
 from tabletune.experiments.settings import SETTINGS, TABLE1
@@ -25,6 +25,8 @@ from tabletune.policies import PER_REQUEST_POLICIES, resolve
 from tabletune.errors import InputError
 
 COMPARED = ("tabletune", "controller", "turbospec", "nightjar", "sglang")
+#: Fig 3's claim: the tuned table's worst loss is below these policies' in every setting.
+RIVALS = ("turbospec", "nightjar")
 
 
 def available_per_request() -> list[str]:
@@ -94,28 +96,61 @@ def fig3(lab: Lab, out: Path, loads: Sequence[int], seeds: Sequence[int], settin
     extra = available_per_request() if per_request else []
     missing = [p for p in PER_REQUEST_POLICIES if p not in extra] if per_request else []
     policies = [*COMPARED, *extra]
-    all_rows, body, summary = [], [], {}
+    all_rows, body, versus, summary = [], [], [], {}
     for setting in settings:
         fixed = fixed_policies(lab, setting)
-        rows = shares(lab.grid(setting, [*fixed, *policies], loads, seeds), fixed)
+        points = lab.grid(setting, [*fixed, *policies], loads, seeds)
+        rows = shares(points, fixed)
         all_rows += rows
+        per_seed = seed_shares(points, fixed)
         for name in policies:
             loss, at = worst_loss(rows, setting, name)
+            low, high = worst_loss_ci(per_seed, setting, name, loads, seeds)
             mean = sum(s.mean for s in rows if s.policy == name and s.setting == setting) / len(loads)
-            summary[f"{setting}/{name}"] = {"worst_loss": loss, "at_load": at, "mean_share": mean}
-            body.append([setting, name, pct(loss), at, pct(mean)])
+            summary[f"{setting}/{name}"] = {"worst_loss": loss, "at_load": at, "mean_share": mean,
+                                            "worst_loss_ci": (low, high)}
+            body.append([setting, name, pct(loss), f"{pct(low)} to {pct(high)}", at, pct(mean)])
+        for rival in (r for r in RIVALS if r in policies and "tabletune" in policies):
+            diff = summary[f"{setting}/tabletune"]["worst_loss"] - summary[f"{setting}/{rival}"]["worst_loss"]
+            low, high = worst_loss_ci(per_seed, setting, "tabletune", loads, seeds, minus=rival)
+            verdict = "lower" if high < 0 else "higher" if low > 0 else "not resolved"
+            summary[f"{setting}/tabletune-{rival}"] = {"difference": diff, "ci": (low, high), "verdict": verdict}
+            versus.append([setting, rival, f"{100 * diff:+.1f} pt", f"{100 * low:+.1f} to {100 * high:+.1f} pt",
+                           verdict])
     files = [write_csv(out / "fig3.csv", all_rows)]
     first = [s for s in all_rows if s.setting == settings[0]]
     files.append(share_plot(out / "fig3.png", first, policies, f"Fig 3: draft-length policies, {settings[0]} (simulated)",
                             note=figure_note(lab, [settings[0]])))
     md = (inputs_markdown(lab, settings) + "\n\n"
           f"Every method chooses among the same lengths {lab.cost(SETTINGS[settings[0]]).ks}. "
-          "Worst loss = max over loads of 1 - mean share of the best fixed k.\n\n"
-          + md_table(["setting", "policy", "worst loss", "at load", "mean share"], body)
+          "Worst loss = max over loads of 1 - mean share of the best fixed k (each seed's best); 95% interval: "
+          f"percentile bootstrap over the {len(seeds)} seeds (each seed one request sample, shared by every policy).\n\n"
+          + md_table(["setting", "policy", "worst loss", "95% interval", "at load", "mean share"], body)
+          + "\n\nThe tuned table's worst loss minus the rival's (negative: the table loses less), with the 95% "
+          "interval of the paired seed bootstrap; \"not resolved\": the interval contains 0.\n\n"
+          + md_table(["setting", "rival", "difference", "95% interval", "tuned table's worst loss is"], versus)
           + "\n\n" + share_matrix_md(first, policies, loads))
     if missing:
         md += f"\n\nNot run (module not available): {', '.join(missing)}."
     return Section("fig3", "Fig 3: TableTune vs TurboSpec-, Nightjar- and SGLang-style", md, files, summary)
+
+
+def worst_loss_ci(per_seed: dict, setting: str, policy: str, loads: Sequence[int], seeds: Sequence[int],
+                  minus: str | None = None) -> tuple[float, float]:
+    """95% bootstrap interval of the policy's worst loss over loads (of its difference to ``minus``'s when given),
+    resampling whole seeds so that every load and policy keeps its pairing."""
+    import numpy as np
+
+    def matrix(name: str) -> np.ndarray:  # [num_loads, num_seeds]
+        return np.array([[per_seed[(setting, name, n)][s] for s in seeds] for n in loads])
+
+    mine, other = matrix(policy), matrix(minus) if minus else None
+
+    def stat(idx: np.ndarray) -> float:
+        loss = 1.0 - mine[:, idx].mean(axis=1).min()
+        return loss - (1.0 - other[:, idx].mean(axis=1).min()) if other is not None else loss
+
+    return bootstrap_ci(stat, len(seeds))
 
 
 def moe(lab: Lab, out: Path, loads: Sequence[int], seeds: Sequence[int], setting: str = "moe") -> Section:

@@ -31,7 +31,7 @@ class ExperimentOptions:
     seeds: tuple[int, ...] = DEFAULT_SEEDS
     duration_s: float = 20.0
     fig3_settings: tuple[str, ...] = ("eagle",)
-    fig4b_loads: tuple[int, ...] = (32,)
+    fig4b_loads: tuple[int, ...] = ()  # empty: each switch at its own load (``switch.SWITCHES``)
     fig4b_window_s: float = 60.0
     per_request: bool = True
     jobs: int = 2  # worker processes

@@ -72,7 +72,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
 #: The settings of Table 1, in order.
 TABLE1 = ("eagle", "draft-model", "parallel-block", "ngram-code-edit", "32b", "moe")
 
-# Fig 4b: the EAGLE-style head on code (HumanEval), then on chat (MT-Bench): the workload switch.
+# Fig 4b: the EAGLE-style head on code (HumanEval), then on chat (MT-Bench): the workload switch, on the 8B
+# and on the MoE step profile.
 SETTINGS["eagle-code"] = dataclasses.replace(SETTINGS["eagle"], name="eagle-code", acceptance="acceptance/eagle_code_T0.json",
                                              description="8B, EAGLE-style head; trained head on HumanEval")
 SETTINGS["eagle-chat"] = dataclasses.replace(SETTINGS["eagle"], name="eagle-chat")
+SETTINGS["moe-code"] = dataclasses.replace(SETTINGS["moe"], name="moe-code", acceptance="acceptance/eagle_code_T0.json",
+                                           description="30B-A3B MoE, EAGLE-style head; trained head on HumanEval")
+SETTINGS["moe-chat"] = dataclasses.replace(SETTINGS["moe"], name="moe-chat")

@@ -25,6 +25,9 @@ def test_fig1_and_fig4b_write_their_files_with_provenance(tmp_path):
     best = [r for r in rows if r["policy"] == r["best_fixed"]]
     assert best and all(float(r["mean"]) == pytest.approx(1.0) for r in best)
     assert {r["policy"] for r in rows} >= {"fixed:0", "fixed:7", "tabletune"}
+    switches = list(csv.DictReader((tmp_path / "fig4b.csv").open()))
+    assert {(r["switch"], r["load"]) for r in switches} == {("eagle", "16"), ("moe", "16")}
+    assert "h200/qwen3-30b-a3b_eagle_ctx1024.json" in (tmp_path / "fig4b.md").read_text()
 
 
 def test_report_collects_measured_results_or_says_they_are_absent(tmp_path):
