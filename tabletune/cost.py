@@ -196,3 +196,40 @@ def fit_draft_share(profile: StepProfile, steps: list[MixedStep]) -> float:
         raise ValueError("no mixed step with k_bar < k_top (and T(k_top) > T(k_bar)) to fit the draft share on")
     x, y = np.array(xs), np.array(ys)
     return float(np.clip((x * y).sum() / (x * x).sum(), 0.0, 1.0))
+
+
+def fit_share_and_level(profile: StepProfile, steps: list[MixedStep], iterations: int = 50) -> tuple[float, float]:
+    """(f, level) for steps timed apart from the profile: measured = level (T~(b, k_bar) + f (T(b, k_top) -
+    T~(b, k_bar))), fitted robustly on relative times.
+
+    Steps recorded while serving real text (the tuner's acceptance runs) differ from the profile's
+    uniform steps in context, content and the machine's load at the time, so their level is a
+    parameter of its own: dividing by T~(b, k_bar), r = level + level f x with x = (T(b, k_top) -
+    T~(b, k_bar)) / T~(b, k_bar) is a line whose intercept is the level and whose slope over
+    intercept is f. Steps with x = 0 (no row drafted, or all alike) pin the level. Huber-weighted
+    least squares (re-weighted ``iterations`` times, MAD scale) keeps a step slowed by another
+    process from moving the fit; f is clipped to [0, 1]. Raises ValueError without a step with x > 0.
+    """
+    cost = StepCost(profile)
+    xs, rs = [], []
+    for s in steps:
+        t_top, t_bar = cost.step_ms(s.batch_size, s.k_top), cost.step_ms(s.batch_size, s.k_bar)
+        if t_bar > 0:
+            xs.append(max(t_top - t_bar, 0.0) / t_bar)
+            rs.append(s.measured_ms / t_bar)
+    x, r = np.array(xs), np.array(rs)
+    if not np.any(x > 0):
+        raise ValueError("no mixed step with k_bar < k_top (and T(k_top) > T(k_bar)) to fit the draft share on")
+    design = np.stack([np.ones_like(x), x], axis=1)
+    weights = np.ones_like(r)
+    for _ in range(iterations):
+        root = np.sqrt(weights)
+        coef = np.linalg.lstsq(design * root[:, None], r * root, rcond=None)[0]
+        resid = r - design @ coef
+        scale = 1.4826 * float(np.median(np.abs(resid - np.median(resid))))
+        if scale <= 0:
+            break
+        limit = 1.345 * scale
+        weights = np.where(np.abs(resid) <= limit, 1.0, limit / np.maximum(np.abs(resid), 1e-12))
+    level, slope = float(coef[0]), float(coef[1])
+    return float(np.clip(slope / level, 0.0, 1.0)) if level > 0 else 1.0, level

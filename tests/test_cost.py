@@ -83,3 +83,22 @@ def test_fit_draft_share_recovers_f():
     assert fit_draft_share(p, steps) == pytest.approx(0.7)
     with pytest.raises(ValueError, match="no mixed step"):
         fit_draft_share(p, [MixedStep(2, 2, 2.0, 15.0)])
+
+
+def test_fit_share_and_level_recovers_both_through_outliers():
+    from tabletune.cost import MixedStep, fit_share_and_level
+
+    p = profile()
+    cost = StepCost(p, draft_share=0.4)
+    rng = np.random.default_rng(0)
+    steps = []
+    for _ in range(200):
+        b = int(rng.integers(2, 5))
+        ks = rng.integers(0, 4, size=b)
+        slow = 3.0 if rng.random() < 0.05 else 1.0  # another process took the CPU
+        steps.append(MixedStep(b, int(ks.max()), float(ks.mean()), 0.8 * slow * cost.mixed_ms(ks)))
+    share, level = fit_share_and_level(p, steps)
+    assert share == pytest.approx(0.4, abs=0.02) and level == pytest.approx(0.8, abs=0.01)
+    # steps with all rows alike fix the level only
+    with pytest.raises(ValueError, match="no mixed step"):
+        fit_share_and_level(p, [MixedStep(2, 2, 2.0, 15.0), MixedStep(3, 0, 0.0, 9.0)])

@@ -106,6 +106,7 @@ def yields_json(outcome: TuneOutcome) -> dict:
     """The per-k yields the table was built from (a drafter that proposes only on a match)."""
     share = outcome.draft_share
     return {"draft_share": share.value, "draft_share_source": share.source, "draft_share_steps": share.fitted_steps,
+            "draft_share_level": share.level,
             "yields": [{"k": y.k, "tokens_per_step": y.tokens_per_step, "draft_rate": y.draft_rate}
                        for y in outcome.yields]}
 

@@ -12,7 +12,8 @@ The optimizer (``OptimizeOptions.yields``) then builds the table from these yiel
 T_q(b, k) (``cost.partial_draft_ms``) at the engine's draft share f. f is measured, not assumed: an
 engine that records its steps (``take_mixed_steps``, vLLM) hands over the decode steps of these same
 runs, real steps in which some rows drafted and others did not, and ``fit_share`` fits f to them
-against the grid's uniform T(b, k) (``cost.fit_draft_share``). An engine that pads every row to the
+against the grid's uniform T(b, k), with a level of their own for the difference in context, text
+and machine load (``cost.fit_share_and_level``). An engine that pads every row to the
 longest draft (the built-in one) has f = 1, the default when there is nothing to fit.
 This module imports neither torch nor vllm.
 """
@@ -23,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from tabletune.acceptance import AcceptanceCounts
-from tabletune.cost import MixedStep, fit_draft_share
+from tabletune.cost import MixedStep, fit_share_and_level
 from tabletune.goodput import DraftYield
 from tabletune.profile import StepProfile
 from tabletune.tuner.protocol import Engine
@@ -46,6 +47,7 @@ class DraftShare:
     value: float
     fitted_steps: int = 0  # informative steps it was fitted on (0: given or the padded default)
     source: str = "default"  # "fitted", "given" or "default"
+    level: float = 1.0  # fitted: the recorded steps' time over the profile's (context, content, load)
 
 
 def yield_from_counts(k: int, counts: AcceptanceCounts) -> DraftYield:
@@ -94,9 +96,9 @@ def fit_share(profile: StepProfile, steps: Sequence[MixedStep], given: float | N
     rows drafted less than the longest, within the profile's k), else the padded default."""
     if given is not None:
         return DraftShare(given, 0, "given")
-    k_max = max(profile.ks)
-    useful = [s for s in steps if s.k_bar < s.k_top <= k_max]
+    usable = [s for s in steps if s.k_top <= max(profile.ks)]
     try:
-        return DraftShare(fit_draft_share(profile, useful), len(useful), "fitted")
+        share, level = fit_share_and_level(profile, usable)
     except ValueError:
         return DraftShare(PADDED_SHARE, 0, "default")
+    return DraftShare(share, sum(s.k_bar < s.k_top for s in usable), "fitted", level)

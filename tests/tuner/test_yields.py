@@ -134,7 +134,9 @@ def test_fit_share_needs_rows_that_drafted_less_than_the_longest():
     uniform = [MixedStep(4, 2, 2.0, step_ms(4, 2)), MixedStep(4, 0, 0.0, step_ms(4, 0))]
     assert fit_share(prof, uniform) == DraftShare(1.0, 0, "default")
     padded = [MixedStep(4, 3, 1.5, step_ms(4, 3)), MixedStep(8, 2, 0.5, step_ms(8, 2))]
-    assert fit_share(prof, padded) == DraftShare(pytest.approx(1.0), 2, "fitted")
+    fitted = fit_share(prof, padded)
+    assert (fitted.source, fitted.fitted_steps) == ("fitted", 2)
+    assert fitted.value == pytest.approx(1.0) and fitted.level == pytest.approx(1.0)
     beyond = [MixedStep(4, 5, 1.0, 99.0)]  # a draft longer than the profile's k: no T to compare with
     assert fit_share(prof, beyond).source == "default"
 
