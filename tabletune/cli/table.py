@@ -38,7 +38,7 @@ from tabletune.table import ContextRow, ContextTable
 @click.option("--model-draft-rate", is_flag=True,
               help="with an acceptance.json: optimise with its draft rate q (linear cost model; opt-in)")
 @click.option("--within-noise", is_flag=True,
-              help="change k between batch sizes only for a difference beyond the points' spread (as tune does)")
+              help="change k between batch sizes only for a difference the points resolve (as tune does)")
 @click.option("--noise-floor", type=click.FloatRange(min=0), default=0.0, help="with --within-noise: least noise")
 def table_cmd(step_times, acceptance, workload, temperature, max_batch, k_max, ks, min_gain, fmt, output, quiet,
               model_draft_rate, within_noise, noise_floor):

@@ -132,7 +132,7 @@ def parse_context_lens(context_len: int, context_lens: str | None) -> tuple[int,
 @click.option("--context-lens", default=None,
               help="e.g. 512,2048,8192: one profile per context length and a by-context table (overrides --context-len)")
 @click.option("--noise-floor", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="change k between batch sizes only beyond max(this, the points' spread IQR/median)")
+              help="change k between batch sizes only beyond max(this, what the points resolve)")
 @click.option("--static-check/--no-static-check", default=True, show_default=True,
               help="also time the best fixed k with the table mechanism off, and recommend static or dynamic")
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False), default=None,

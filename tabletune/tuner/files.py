@@ -7,8 +7,8 @@ only on a match, ``yields.json`` (the per-k yields the table was built from); wi
 ``static_check.json`` (``static_json``, written after the rest). With several context
 lengths each profile gets a ``context-<N>/`` folder and the top holds
 ``table_by_context.json`` (``tabletune.table.ContextTable``). The table comes
-from the optimizer (``smooth_within_noise``: k changes only beyond the points'
-spread), never from a plot, so the JSON files need no matplotlib; the
+from the optimizer (``smooth_within_noise``: k changes only for a difference the
+points resolve), never from a plot, so the JSON files need no matplotlib; the
 PNG is drawn from the same ``TableResult`` (``tabletune.plot.draw_tune_png``).
 Every file is first written into a temporary sibling folder; only when all of
 them exist are they moved into place, so a failed run leaves nothing half-written.

@@ -1,4 +1,4 @@
-"""Ranges change k only for a measured difference beyond the points' spread (a fake engine with set noise)."""
+"""Ranges change k only for a difference the measurement resolves (a fake engine with set noise)."""
 
 from __future__ import annotations
 
@@ -108,8 +108,12 @@ def test_zero_spread_is_the_exact_optimum_and_noise_floor_widens():
 def test_few_samples_count_as_noise_not_as_certainty():
     from tabletune.optimizer import noise_tolerance, point_noise
 
-    assert point_noise([10.0, 11.0]) == pytest.approx(1 / 10.5)
+    # two standard errors of a difference of medians: sigma from the range (2 samples: range / 1.128)
+    assert point_noise([10.0, 11.0]) == pytest.approx(2 * 2 ** 0.5 * 1.2533 * (1 / 1.128) / 2 ** 0.5 / 10.5)
     assert point_noise([10.0]) is None
+    # it shrinks as 1 / sqrt(n) with the same spread
+    many = [10.0, 10.5, 11.0, 11.5] * 25
+    assert point_noise(many) == pytest.approx(point_noise(many[:4]) / 5)
     points = (StepPoint(1, 0, (10.0, 10.0, 10.0, 11.0, 12.0)), StepPoint(1, 1, (20.0,)))
     tol = noise_tolerance(StepProfile(points, context_len=0), 1, (0, 1))
-    assert tol[0][1] == tol[0][0] == pytest.approx(StepPoint(1, 0, points[0].samples_ms).spread)
+    assert tol[0][1] == tol[0][0] == pytest.approx(point_noise(points[0].samples_ms))
