@@ -148,23 +148,19 @@ def summarise(rows: list[dict], scenario: str, table: str, pooled: bool = False)
 
 def predicted(tuned_dir: Path, loads: list[int]) -> str:
     """The tune's modelled goodput at each load for every fixed k and the table, as a markdown table."""
-    import json
-
     from tabletune.acceptance import AcceptanceProfile
-    from tabletune.goodput import DraftYield
     from tabletune.optimizer import OptimizeOptions, evaluate_table
     from tabletune.profile import StepProfile
     from tabletune.table import DraftTable
+    from tabletune.tuner.files import YIELDS_FILE, load_yields
 
     profile = StepProfile.load(tuned_dir / "step_profile.json")
     rates = AcceptanceProfile.load(tuned_dir / "acceptance.json").entries[0].known_rates()
     table = DraftTable.load(tuned_dir / "table.json")
-    yields_file = tuned_dir / "yields.json"
     options = OptimizeOptions()
-    if yields_file.exists():
-        saved = json.loads(yields_file.read_text())
-        options = OptimizeOptions(yields=tuple(DraftYield(**y) for y in saved["yields"]),
-                                  draft_share=saved["draft_share"])
+    if (tuned_dir / YIELDS_FILE).exists():
+        yields, share = load_yields(tuned_dir / YIELDS_FILE)
+        options = OptimizeOptions(yields=yields, draft_share=share)
     ks = sorted(y.k for y in options.yields) if options.yields else [k for k in profile.ks if k <= len(rates)]
     preds = evaluate_table(profile, rates, table, max(loads), ks, draft_share=options.draft_share,
                            yields=options.yields)

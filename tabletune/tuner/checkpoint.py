@@ -28,6 +28,7 @@ from pathlib import Path
 
 from tabletune.acceptance import AcceptanceCounts
 from tabletune.cost import MixedStep
+from tabletune.tuner.yields import AcceptanceRun
 from tabletune.errors import InputError
 from tabletune.profile import StepPoint
 
@@ -40,9 +41,8 @@ class Checkpoint:
     def __init__(self, folder: Path, settings: dict) -> None:
         self.folder = folder
         self.settings = settings
-        self.acceptance: AcceptanceCounts | None = None
-        self.acceptance_steps: tuple[MixedStep, ...] = ()
-        self.yield_runs: dict[int, tuple[AcceptanceCounts, tuple[MixedStep, ...]]] = {}  # k -> run at that k
+        self.acceptance: AcceptanceRun | None = None  # the pass at k_max
+        self.yield_runs: dict[int, AcceptanceRun] = {}  # k -> the run at that shorter k
         self.points: dict[int, dict[tuple[int, int], StepPoint]] = {}  # context_len -> (b, k) -> point
         self._fresh = False
 
@@ -81,10 +81,9 @@ class Checkpoint:
                                  f"this run has {self.settings.get(key)!r}; resume with the same options")
         for rec in records[1:]:
             if rec.get("kind") == "acceptance":
-                self.acceptance = AcceptanceCounts(**rec["counts"])
-                self.acceptance_steps = _steps(rec)
+                self.acceptance = _run(rec)
             elif rec.get("kind") == "yield":
-                self.yield_runs[rec["k"]] = (AcceptanceCounts(**rec["counts"]), _steps(rec))
+                self.yield_runs[rec["k"]] = _run(rec)
             elif rec.get("kind") == "point":
                 p = StepPoint(rec["batch_size"], rec["k"], tuple(rec["samples_ms"]),
                               tuple(rec.get("scheduled_tokens", ())))
@@ -100,13 +99,13 @@ class Checkpoint:
             f.flush()
             os.fsync(f.fileno())
 
-    def save_acceptance(self, counts: AcceptanceCounts, steps: tuple[MixedStep, ...] = ()) -> None:
-        self.acceptance, self.acceptance_steps = counts, steps
-        self._append({"kind": "acceptance", "counts": dataclasses.asdict(counts), "steps": _rows(steps)})
+    def save_acceptance(self, run: AcceptanceRun) -> None:
+        self.acceptance = run
+        self._append({"kind": "acceptance", **_record(run)})
 
-    def save_yield_run(self, k: int, counts: AcceptanceCounts, steps: tuple[MixedStep, ...] = ()) -> None:
-        self.yield_runs[k] = (counts, steps)
-        self._append({"kind": "yield", "k": k, "counts": dataclasses.asdict(counts), "steps": _rows(steps)})
+    def save_yield_run(self, k: int, run: AcceptanceRun) -> None:
+        self.yield_runs[k] = run
+        self._append({"kind": "yield", "k": k, **_record(run)})
 
     def save_points(self, context_len: int, points: Iterable[StepPoint]) -> None:
         for p in points:
@@ -121,9 +120,11 @@ class Checkpoint:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _rows(steps: tuple[MixedStep, ...]) -> list[list[float]]:
-    return [[s.batch_size, s.k_top, s.k_bar, s.measured_ms] for s in steps]
+def _record(run: AcceptanceRun) -> dict:
+    return {"counts": dataclasses.asdict(run.counts),
+            "steps": [[s.batch_size, s.k_top, s.k_bar, s.measured_ms] for s in run.steps]}
 
 
-def _steps(rec: dict) -> tuple[MixedStep, ...]:
-    return tuple(MixedStep(int(b), int(k_top), float(k_bar), float(ms)) for b, k_top, k_bar, ms in rec.get("steps", ()))
+def _run(rec: dict) -> AcceptanceRun:
+    steps = tuple(MixedStep(int(b), int(k_top), float(k_bar), float(ms)) for b, k_top, k_bar, ms in rec.get("steps", ()))
+    return AcceptanceRun(AcceptanceCounts(**rec["counts"]), steps)

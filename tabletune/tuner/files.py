@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tabletune.acceptance import AcceptanceProfile
+from tabletune.goodput import DraftYield
 from tabletune.optimizer import TableResult, evaluate_table, gain_vs, smooth_within_noise
 from tabletune.profile import StepProfile
 from tabletune.table import VLLM_DOCUMENTED_RANGES, ContextRow, ContextTable, DraftTable
@@ -109,6 +110,12 @@ def yields_json(outcome: TuneOutcome) -> dict:
             "draft_share_level": share.level,
             "yields": [{"k": y.k, "tokens_per_step": y.tokens_per_step, "draft_rate": y.draft_rate}
                        for y in outcome.yields]}
+
+
+def load_yields(path: str | Path) -> tuple[tuple[DraftYield, ...], float]:
+    """(yields, draft share) of a ``yields.json`` that ``yields_json`` wrote."""
+    saved = json.loads(Path(path).read_text())
+    return tuple(DraftYield(**y) for y in saved["yields"]), saved["draft_share"]
 
 
 def static_json(decision: StaticDecision, speculative_config: Callable[[list[list[int]]], dict]) -> dict:

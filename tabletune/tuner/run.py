@@ -49,10 +49,14 @@ class TuneOutcome:
     yields: tuple[DraftYield, ...] = ()  # per-k yields of a drafter that proposes only on a match (else none)
     draft_share: DraftShare = DraftShare(1.0)  # f of the partial-draft cost, used with the yields
 
-    def options(self, **kwargs) -> OptimizeOptions:
-        """The optimizer's options for this outcome: k_max, and the yields when measured."""
-        return OptimizeOptions(k_max=max(self.profile.ks), yields=self.yields,
-                               draft_share=self.draft_share.value if self.yields else None, **kwargs)
+    def options(self) -> OptimizeOptions:
+        """The optimizer's options for this outcome (``table_options``)."""
+        return table_options(max(self.profile.ks), self.yields, self.draft_share)
+
+
+def table_options(k_max: int, yields: tuple[DraftYield, ...], share: DraftShare) -> OptimizeOptions:
+    """The optimizer's options of a tune: k_max, and the yields with their draft share when measured."""
+    return OptimizeOptions(k_max=k_max, yields=yields, draft_share=share.value if yields else None)
 
 
 @dataclass(frozen=True)
@@ -76,13 +80,13 @@ def measure_acceptance(engine: Engine, plan: TunePlan, prompts: Sequence[str], w
                        checkpoint: Checkpoint | None = None) -> AcceptanceRun:
     """The acceptance pass with the largest k (from the checkpoint when it already holds it)."""
     if checkpoint is not None and checkpoint.acceptance is not None:
-        return AcceptanceRun(checkpoint.acceptance, checkpoint.acceptance_steps)
+        return checkpoint.acceptance
     run = run_acceptance(engine, prompts, max(plan.ks), plan.acceptance_max_tokens)
     run.counts.workload = workload
     if not run.counts.known_rates():
         raise RuntimeError("no draft was verified while measuring acceptance: the drafter proposed nothing")
     if checkpoint is not None:
-        checkpoint.save_acceptance(run.counts, run.steps)
+        checkpoint.save_acceptance(run)
     return run
 
 
@@ -95,13 +99,12 @@ def measure_inputs(engine: Engine, plan: TunePlan, prompts: Sequence[str], workl
     counts = first.counts
     if counts.draft_rate >= plan.yields_below_draft_rate:
         return Inputs(counts)
-    saved = checkpoint.yield_runs if checkpoint is not None else {}
-    known = {max(plan.ks): first, **{k: AcceptanceRun(c, st) for k, (c, st) in saved.items()}}
+    known = {max(plan.ks): first, **(checkpoint.yield_runs if checkpoint is not None else {})}
 
     def measured(k: int, run: AcceptanceRun) -> None:
         run.counts.workload = counts.workload
         if checkpoint is not None:
-            checkpoint.save_yield_run(k, run.counts, run.steps)
+            checkpoint.save_yield_run(k, run)
 
     if progress:
         progress(f"draft rate {counts.draft_rate:.2f}: acceptance at every k", 0.0)
@@ -145,7 +148,7 @@ def run_plan(engine: Engine, plan: TunePlan, prompts: Sequence[str], *, workload
     fp = Fingerprint(**{**fp.__dict__, "command": command or fp.command})
     profile = StepProfile(points=tuple(points), context_len=engine.context_len, fingerprint=fp)
     share = fit_share(profile, inputs.steps, plan.draft_share) if yields else DraftShare(1.0)
-    options = OptimizeOptions(k_max=k_max, yields=yields, draft_share=share.value if yields else None)
+    options = table_options(k_max, yields, share)
     refined: list[int] = []
     if plan.refine:
         refined = refinement_batch_sizes(profile, rates, k_max, options)

@@ -10,7 +10,7 @@ from tabletune.optimizer import OptimizeOptions, optimize_table
 from tabletune.profile import StepPoint, StepProfile
 from tabletune.tuner import TunePlan, run_plan
 from tabletune.tuner.checkpoint import Checkpoint
-from tabletune.tuner.files import YIELDS_FILE, predict_gains, write_run
+from tabletune.tuner.files import YIELDS_FILE, load_yields, predict_gains, write_run
 from tabletune.tuner.run import run_contexts
 from tabletune.tuner.yields import DraftShare, fit_share, measure_yields, yield_from_counts
 
@@ -124,6 +124,7 @@ def test_run_plan_measures_every_k_below_the_draft_rate_and_predicts_the_gain_it
     saved = json.loads((tmp_path / "run" / YIELDS_FILE).read_text())
     assert saved["draft_share"] == pytest.approx(TRUE_SHARE) and saved["draft_share_source"] == "fitted"
     assert [y["k"] for y in saved["yields"]] == [0, 1, 2, 3]
+    assert load_yields(tmp_path / "run" / YIELDS_FILE) == (outcome.yields, outcome.draft_share.value)
     # the operator's f wins; an engine that records nothing gets the padded default
     assert run_plan(MatchOnlyEngine(), dataclasses.replace(PLAN, draft_share=0.8), ["p"]).draft_share.value == 0.8
     assert run_plan(Unrecorded(), PLAN, ["p"]).draft_share == DraftShare(1.0, 0, "default")
