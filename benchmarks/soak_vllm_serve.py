@@ -187,6 +187,9 @@ def soak(port: int, pid: int, model: str, table_file: Path, metrics_dir: Path, p
     with Clients(port, model, clients, max_tokens) as load:
         done = set()
         while (t := time.time() - t0) < duration_s:
+            # one time stamp for this iteration's events and its sample: a sample taken just after an
+            # event must not sort before it (the verdict judges each sample by the last event before it)
+            t_s = round(t, 1)
             phase = int(t // fault_period_s)
             if phase >= 1 and phase not in done:
                 done.add(phase)
@@ -194,23 +197,23 @@ def soak(port: int, pid: int, model: str, table_file: Path, metrics_dir: Path, p
                     table = PIN_TABLES[(phase // 2) % 2]
                     fileio.write_json(table_file, {"num_speculative_tokens": K_MAX,
                                                    "num_speculative_tokens_per_batch_size": table})
-                    events.append({"t_s": t, "event": "pin", "table": table})
+                    events.append({"t_s": t_s, "event": "pin", "table": table})
                 else:
                     table_file.unlink(missing_ok=True)
-                    events.append({"t_s": t, "event": "unpin"})
+                    events.append({"t_s": t_s, "event": "unpin"})
             if "corrupt" not in done and t >= 3.5 * fault_period_s:
                 done.add("corrupt")
                 fileio.write_text(table_file, '{"num_speculative_tokens_per_batch_size": [[1, 8, 3], [')
-                events.append({"t_s": t, "event": "corrupt"})
+                events.append({"t_s": t_s, "event": "corrupt"})
             text = vs.scrape(port)
             if "reset" not in done and t >= reset_at:
                 done.add("reset")
                 text = reset_counters(port, metrics_dir, text)
-                events.append({"t_s": t, "event": "counter_reset"})
+                events.append({"t_s": t_s, "event": "counter_reset"})
             e = parse_tabletune(text).get("0", {})
             sidecar.feed_all({"replica": parse_metrics(text)}, time.monotonic())
             sidecar_controller.maybe_rebuild(time.monotonic())
-            samples.append({"t_s": round(t, 1), "table": e.get("table"), "pinned": e.get("pinned"),
+            samples.append({"t_s": t_s, "table": e.get("table"), "pinned": e.get("pinned"),
                             "installs": e.get("table_installs"), "rejected": e.get("table_file_rejected"),
                             "errors": e.get("errors", {}), "sidecar_table": sidecar_controller.table.as_lists(),
                             "requests": load.requests})
