@@ -197,6 +197,39 @@ class BatchPolicy:
         return None
 
 
+@runtime_checkable
+class DraftStop(Protocol):
+    """Ends a row's draft at any position, while the drafter runs (DISCO, TapOut, GammaTune, any signal rule).
+
+    The engine (or the simulator) drafts position by position. After drafting position j
+    (1-based) for the rows in ``active`` it calls ``keep_drafting(state, features, j, active)``;
+    ``features`` holds the signals of positions 1..j (columns 0..j-1) and ``state`` is the
+    batch before the step. The answer is a [batch_size] bool mask, True where the row drafts
+    position j+1; it is read only where ``active`` is True (a row that stopped never restarts).
+    The draft loop ends when no row continues or j reaches the step's cap; a row that
+    stopped at j drafted j tokens and is verified on at most those j (``decide`` may verify
+    fewer). Rows that stop cost no further drafting and no verification past their stop.
+    The rule may use positions <= j only, which is all it is given.
+    """
+
+    def keep_drafting(self, state: BatchState, features: DraftFeatures, j: int, active: np.ndarray) -> np.ndarray: ...
+
+
+class AlwaysDraft:
+    """The null ``DraftStop``: every active row drafts up to the step's cap."""
+
+    def keep_drafting(self, state: BatchState, features: DraftFeatures, j: int, active: np.ndarray) -> np.ndarray:
+        return active.copy()
+
+
+ALWAYS_DRAFT = AlwaysDraft()
+
+
+def draft_stop_of(policy: object) -> DraftStop:
+    """The policy itself when it implements ``keep_drafting``, else the null rule that never stops a draft."""
+    return policy if callable(getattr(policy, "keep_drafting", None)) else ALWAYS_DRAFT  # type: ignore[return-value]
+
+
 def nearest_k(k: int, ks: tuple[int, ...]) -> int:
     """The largest allowed k' <= k (the smallest allowed one if none is)."""
     below = [x for x in ks if x <= k]
