@@ -52,10 +52,11 @@ and reported in ``state()``. Rebuilds optimise with it only with ``model_draft_r
 path on CPU (see the README), so by default every request is modelled as drafting.
 
 Pinning: ``pin(table)`` installs an operator's table (e.g. from ``TABLETUNE_TABLE_FILE``) and
-freezes it: the controller keeps observing (and exploring, so a sidecar that pools
-replicas still sees deep positions), so its estimate stays current, but it installs
-nothing until ``unpin()``. The next rebuild after ``unpin()`` starts from the
-pinned table and the estimate at that time.
+freezes it: the controller keeps observing, so its estimate (and the exported series) stay
+current, but it neither installs nor explores until ``unpin()``: an exploration step would
+draft k_max where the operator pinned a smaller k. Exploration credit does not accrue while
+pinned. The next rebuild after ``unpin()`` starts from the pinned table and the estimate at
+that time.
 
 Safety: observations with NaN, negative or inconsistent counts are ignored and
 counted in ``state()['ignored']``. Memory is bounded: fixed-size counters, a
@@ -186,8 +187,10 @@ class Controller:
         return dataclasses.replace(self.options, draft_rate=self.draft_rate.rate, draft_share=self.config.draft_share)
 
     def explore_next(self, batch_size: int | None = None) -> bool:
-        """Whether the next step drafts k_max; call once per step (it spends credit)."""
+        """Whether the next step drafts k_max; call once per step (it spends credit). Never while pinned."""
         cfg = self.config
+        if self.pinned:
+            return False
         self._credit = min(self._credit + cfg.explore_fraction, 1.0)
         self._calls += 1
         b = self.last_batch_size if batch_size is None else batch_size

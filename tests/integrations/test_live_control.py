@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-from types import SimpleNamespace
 
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -17,6 +17,7 @@ from tabletune.integrations.vllm.controller_hook import ControllerHook
 from tabletune.profile import StepPoint, StepProfile
 from tabletune.table import DraftTable
 
+from hook_fakes import make_hook, step
 from http_fixture import serve_text
 
 PROFILE = StepProfile(tuple(StepPoint(b, k, (10 + 0.5 * b * (1 + 0.6 * k),))
@@ -61,28 +62,30 @@ def test_watcher_refuses_k_above_k_max_and_respects_poll_interval(tmp_path):
     assert w.poll(10).kind == "pin"
 
 
-def test_pinned_controller_observes_but_installs_nothing():
-    c = Controller(PROFILE, [0.3] * 4, FAST, table=DraftTable.from_ranges([[1, 64, 1]]))
-    c.pin([[1, 64, 4]], 0.0)
+def test_pinned_controller_observes_but_neither_installs_nor_explores():
+    """A pin is the operator's k: the controller keeps its estimate current, drafts no k_max to explore
+    (that would serve another k than the pinned one) and installs nothing until unpinned."""
+    explorer = dataclasses.replace(FAST, explore_fraction=0.5)
+    c = Controller(PROFILE, [0.3] * 4, explorer, table=DraftTable.from_ranges([[1, 64, 1]]))
+    c.pin([[1, 64, 2]], 0.0)
+    assert not any(c.explore_next(8) for _ in range(50)) and c.explore_steps == 0
+    assert [c.k_for(8) for _ in range(10)] == [2] * 10
     good = StepObservation.from_drafts(8, 4, [(4, 4)] * 200, time_s=1.0)
     assert c.observe(good)
-    assert c.maybe_rebuild(1.0) is None and c.table.as_lists() == [[1, 64, 4]]
+    assert c.maybe_rebuild(1.0) is None and c.table.as_lists() == [[1, 64, 2]]
     assert c.estimator.rates()[0] > 0.9  # it kept learning
     bad = StepObservation.from_drafts(8, 4, [(4, 0)] * 2000, time_s=2.0)
     c.observe(bad)
     assert c.maybe_rebuild(2.0) is None and c.state(light=True)["pinned"]
     c.unpin()
     assert c.maybe_rebuild(3.0) is not None and c.table.k_for(8) < 4
+    c.set_table([[1, 64, 1]])
+    assert sum(c.explore_next(8) for _ in range(10)) >= 4  # unpinned, it explores again
 
 
 def bare_hook(controller: Controller, watcher=None, snapshot_file=None) -> ControllerHook:
-    hook = object.__new__(ControllerHook)  # skip __init__: it wraps a real vLLM scheduler
-    hook.controller, hook.scheduler = controller, SimpleNamespace(dynamic_sd_lookup=None)
-    hook.max_batch, hook.num_spec_tokens = 64, controller.k_max
-    hook._expand = lambda ranges, max_batch, n: DraftTable.from_ranges(ranges).dense(max_batch, n)
-    hook.table_lookup = hook.scheduler.dynamic_sd_lookup = hook.lookup_for(controller.table)
-    hook.errors, hook.totals, hook._next_publish_s = {}, metrics.CumulativeDrafts(controller.k_max), 0.0
-    hook.overhead_us, hook.overhead_total_s, hook.windows, hook.enabled = [], 0.0, 0, True
+    """The hook through its real constructor on a fake scheduler (``hook_fakes``), with the attach-time options."""
+    hook = make_hook(controller)
     hook.watcher, hook.snapshot_file = watcher, snapshot_file
     return hook
 
@@ -171,8 +174,6 @@ def test_table_file_is_polled_between_observation_windows(tmp_path):
     path = tmp_path / "table.json"
     c = Controller(PROFILE, [0.3] * 4, FAST, table=DraftTable.from_ranges([[1, 64, 1]]))
     hook = bare_hook(c, TableFileWatcher(path, 4, poll_s=0))
-    hook.pairs, hook.window, hook.window_undrafted, hook.last_k = [], [], 0, 0
-    hook.explore_lookup = hook.table_lookup
     write(path, [[1, 64, 3]])
-    hook._step(SimpleNamespace(num_scheduled_tokens={"a": 1, "b": 1}, num_spec_tokens_to_schedule=1))
+    step(hook, {"a": 1, "b": 1}, 1)
     assert hook.windows == 0 and c.pinned and hook.scheduler.dynamic_sd_lookup[2] == 3

@@ -25,7 +25,7 @@ What it patches (idempotent; harmless in processes that never build a Scheduler)
   ``table_honoured``, ``k_mismatch_steps`` in the state) and, when the profile folder
   holds a by-context table (``table_by_context.json``), installs the row for the
   scheduled requests' mean context (``table_check.ContextRows``; ``context_row``)
-  until the controller installs a table of its own.
+  until the controller installs a table of its own or a table is pinned.
 * ``EngineCore.tabletune_state()`` and ``EngineCore.tabletune_set_table(ranges)``:
   utility methods for ``call_utility`` / ``call_utility_async``. The in-process
   client (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) gets a ``call_utility`` that calls
@@ -50,18 +50,17 @@ import logging
 import os
 import time
 from collections import deque
-from pathlib import Path
-
+from collections.abc import Callable
 from pathlib import Path
 
 from tabletune.controller import Controller, load_controller
 from tabletune.controller.estimator import StepObservation
 from tabletune.controller.table_file import TableFileWatcher
 from tabletune.integrations.vllm import metrics
-from tabletune.table import DraftTable
 from tabletune.integrations.vllm.table_check import ContextRows, DraftCheck, engine_description
 from tabletune.table import ContextTable, DraftTable
 
+Expand = Callable[[list[list[int]], int, int], list[int]]
 BY_CONTEXT_FILE = "table_by_context.json"  # as ``tabletune.tuner.files`` writes it
 
 PROFILE_ENV = "TABLETUNE_PROFILE"
@@ -106,8 +105,8 @@ def install() -> None:
     _status.update(reason="no scheduler built yet")
 
 
-def attach(scheduler) -> ControllerHook | None:
-    """Build the controller for this scheduler and wrap its methods (once)."""
+def attach(scheduler, expand: Expand | None = None) -> ControllerHook | None:
+    """Build the controller for this scheduler and wrap its methods (once); ``expand``: see ``ControllerHook``."""
     if getattr(scheduler, "_tabletune_hook", None) is not None:
         return scheduler._tabletune_hook
     if not os.environ.get(PROFILE_ENV, "").strip():
@@ -124,7 +123,7 @@ def attach(scheduler) -> ControllerHook | None:
     profile_dir, by_context = by_context_table(os.environ[PROFILE_ENV])
     controller = load_controller(profile_dir, os.environ.get(OPTIONS_ENV, ""), table,
                                  scheduler.num_spec_tokens, max_batch, source=OPTIONS_ENV)
-    hook = ControllerHook(scheduler, controller)
+    hook = ControllerHook(scheduler, controller, expand)
     table_file = os.environ.get(TABLE_FILE_ENV, "").strip()
     if table_file:
         hook.watcher = TableFileWatcher(table_file, controller.k_max)
@@ -163,10 +162,12 @@ class ControllerHook:
     check: DraftCheck | None = None
     rows: ContextRows | None = None  # a by-context table's rows, used until the controller rebuilds
 
-    def __init__(self, scheduler, controller: Controller) -> None:
-        from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
-
-        self._expand = build_dynamic_sd_schedule_lookup
+    def __init__(self, scheduler, controller: Controller, expand: Expand | None = None) -> None:
+        """``expand(ranges, max_batch, num_spec_tokens)``: the dense lookup of a table; vLLM's own
+        ``build_dynamic_sd_schedule_lookup`` unless given (tests pass an equivalent without importing vLLM)."""
+        if expand is None:
+            from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup as expand
+        self._expand = expand
         self.scheduler = scheduler
         self.controller = controller
         self.max_batch = scheduler.scheduler_config.max_num_seqs
@@ -269,7 +270,7 @@ class ControllerHook:
             self.after_window(now_s)
         explore = c.explore_next(batch_size)
         lookup = self.explore_lookup if explore else self.table_lookup
-        if self.rows is not None and not explore and c.installs == 0:
+        if self.rows is not None and not explore and c.installs == 0 and c.pins == 0:
             requests = self.scheduler.requests
             lookup = self.rows.pick([requests[r].num_computed_tokens for r in scheduler_output.num_scheduled_tokens
                                      if r in requests]) or lookup
