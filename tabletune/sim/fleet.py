@@ -19,7 +19,7 @@ stream (seed, replica index). Pure numpy.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,9 +32,21 @@ from tabletune.sim.simulator import Simulator
 ROUTERS = ("round-robin", "least-loaded")
 
 
+def route(router: str, loads: Sequence[int], turn: int) -> int:
+    """The replica an arrival goes to.
+
+    round-robin: ``turn mod n``, where ``turn`` counts the arrivals routed before this one;
+    least-loaded: ``argmin_i loads[i]`` (running + waiting requests), ties to the lowest index.
+    """
+    if router == "round-robin":
+        return turn % len(loads)
+    return min(range(len(loads)), key=loads.__getitem__)
+
+
 @dataclass(frozen=True)
 class FleetResult:
     replicas: tuple[SimResult, ...]
+    routes: tuple[int, ...] = ()  # the replica of each arrival, in arrival order
 
     @property
     def combined(self) -> SimResult:
@@ -70,17 +82,16 @@ def run_fleet(sim: Simulator, make_policy: Callable[[int], Policy], replicas: in
     rng_req = np.random.default_rng([cfg.seed, 1])
     rng_arrival = np.random.default_rng([cfg.seed, 2])
     next_arrival_s = rng_arrival.exponential(1.0 / cfg.arrival_rate)
-    next_id = turn = 0
+    next_id = 0
+    routes: list[int] = []
     while True:
         busy = [r.time_s if (len(r.reqs) or r.queue) else np.inf for r in runs]
         i = int(np.argmin(busy))
         if next_arrival_s <= busy[i]:
             if next_arrival_s >= cfg.duration_s:
                 break
-            if router == "round-robin":
-                target, turn = runs[turn % replicas], turn + 1
-            else:
-                target = min(runs, key=lambda r: len(r.reqs) + len(r.queue))
+            routes.append(route(router, [len(r.reqs) + len(r.queue) for r in runs], len(routes)))
+            target = runs[routes[-1]]
             target.queue.append(sim.new_requests(1, next_arrival_s, rng_req, next_id))
             next_id += 1
             if not (len(target.reqs) or len(target.queue) > 1):  # idle: its clock jumps to the arrival
@@ -92,4 +103,4 @@ def run_fleet(sim: Simulator, make_policy: Callable[[int], Policy], replicas: in
             break
         run.admit()
         run.step()
-    return FleetResult(tuple(r.result() for r in runs))
+    return FleetResult(tuple(r.result() for r in runs), tuple(routes))

@@ -1,6 +1,7 @@
 """The fleet simulator: N replicas behind a router with open-loop arrivals."""
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -10,8 +11,9 @@ from tabletune.cost import StepCost
 from tabletune.policies import make_policy
 from tabletune.profile import StepProfile
 from tabletune.sim import Schedule, SimConfig, Simulator, Workload
-from tabletune.sim.fleet import run_fleet
+from tabletune.sim.fleet import FleetResult, route, run_fleet
 
+STARTER_8B = Path(__file__).resolve().parents[2] / "profiles" / "starter" / "h200_qwen3-8b-shape_ctx1024_eagle-like.csv"
 RATES = (0.8, 0.75, 0.7, 0.65, 0.6, 0.55, 0.5)
 
 
@@ -65,3 +67,33 @@ def test_cli_replicas(starter_8b):
     assert len(json.loads(out.output)["replicas"]) == 2
     bad = CliRunner().invoke(main, [*args, "--replicas", "2"])
     assert bad.exit_code == 2 and "--arrival-rate" in bad.output
+
+
+def test_route_hand_worked():
+    """Three replicas; loads are running + waiting requests when each arrival is routed."""
+    loads = [(0, 0, 0), (1, 0, 0), (1, 1, 0), (1, 1, 1), (0, 1, 1), (0, 2, 1), (3, 0, 2)]
+    assert [route("round-robin", x, turn) for turn, x in enumerate(loads)] == [0, 1, 2, 0, 1, 2, 0]
+    assert [route("least-loaded", x, turn) for turn, x in enumerate(loads)] == [0, 1, 2, 0, 0, 0, 1]
+
+
+def fleet_routes(router: str, rate: float, output_len: int, duration_s: float) -> FleetResult:
+    w = Workload("w", RATES, output_len=output_len, prompt_len_mean=0)
+    sim = Simulator(StepCost(StepProfile.load(STARTER_8B), 0.5), Schedule.constant(w),
+                    SimConfig(duration_s=duration_s, arrival_rate=rate, max_num_seqs=128, seed=4))
+    return run_fleet(sim, lambda i: make_policy("fixed:0", sim.context()), 3, router)
+
+
+def test_routers_on_an_idle_fleet():
+    """Arrivals 10 s apart, one-token requests: every replica is idle when a request arrives."""
+    rr = fleet_routes("round-robin", 0.1, 1, 100.0)
+    assert len(rr.routes) >= 6 and rr.routes == tuple(i % 3 for i in range(len(rr.routes)))
+    assert [len(r.requests.finish_s) for r in rr.replicas] == [rr.routes.count(i) for i in range(3)]
+    ll = fleet_routes("least-loaded", 0.1, 1, 100.0)
+    assert ll.routes == (0,) * len(ll.routes)  # all idle: ties go to the lowest index
+    assert len(ll.replicas[0].requests.finish_s) == len(ll.routes)
+
+
+def test_least_loaded_spreads_requests_that_never_finish():
+    """Requests longer than the run: the loads are the counts routed so far, so least-loaded takes turns."""
+    ll = fleet_routes("least-loaded", 200.0, 10**6, 0.1)
+    assert len(ll.routes) >= 9 and ll.routes == tuple(i % 3 for i in range(len(ll.routes)))
