@@ -171,9 +171,9 @@ def tune_cmd(engine_name, model, method, draft_model, k_max, batch_sizes, max_nu
                                  resume=bool(resume_dir))
     command = command_line()
     console = stderr_console()
+    engine = adapter.start(spec)  # an engine that will not fit refuses here: one line, nothing written
     console.print(f"checkpoint: {checkpoint.folder} (after an interruption: the same command with --resume "
                   f"{checkpoint.folder})")
-    engine = adapter.start(spec)
     try:
         outcomes = _measure(engine, plan, prompts, workload, command, console, lens, checkpoint)
     finally:

@@ -34,7 +34,7 @@ import torch
 from tabletune.acceptance import AcceptanceCounts
 from tabletune.engine.drafters import ReplayDrafter, make_drafter
 from tabletune.engine.model import Decoder
-from tabletune.engine.presets import PRESETS, replace, resolve
+from tabletune.engine.presets import PRESETS, ModelConfig, replace, resolve
 from tabletune.engine.profiling import ENGINE_VERSION, RUNNER, device_name, time_steps
 from tabletune.engine.runner import EngineConfig, SpecEngine
 from tabletune.engine.scheduler import Request, Scheduler, policy_context
@@ -119,26 +119,33 @@ class BuiltinEngine:
         """What the tune will allocate on the GPU, before it allocates it (see ``tabletune.tuner.budget``)."""
         cfg, bytes_per = self.target.cfg, torch.finfo(self.dtype).bits // 8
         free, _ = torch.cuda.mem_get_info()
-        weights = sum(t.numel() * t.element_size() for t in (*self.target.parameters(), *self.target.buffers()))
+        loaded = sum(t.numel() * t.element_size() for t in (*self.target.parameters(), *self.target.buffers()))
+        draft = self._draft_config()
+        to_load = draft.num_params() * bytes_per if draft is not None else 0  # the draft model loads later
         kv = kv_cache_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, bytes_per,
                             self.spec.max_batch_size + 1, self._max_len())
-        return MemoryPlan(free_bytes=free, weights_bytes=0, kv_bytes=kv, workspace_bytes=WORKSPACE_BYTES,
-                          engines=1, already_allocated_bytes=weights)
+        return MemoryPlan(free_bytes=free, weights_bytes=to_load, kv_bytes=kv, workspace_bytes=WORKSPACE_BYTES,
+                          engines=1, already_allocated_bytes=loaded)
 
-    def _draft(self) -> Decoder | None:
+    def _draft_config(self) -> ModelConfig | None:
+        """The shape of the draft model (``draft_model`` method only; else None)."""
         if self.method != "draft_model":
             return None
-        name = self.spec.draft_model
-        if name:
-            folder = _weights_folder(name)
-            model = Decoder(resolve(folder or name), self.dtype, self.device, ops=self.target.ops)
-            if folder:
-                model.load_safetensors(folder)
-            return model
+        if self.spec.draft_model:
+            return resolve(_weights_folder(self.spec.draft_model) or self.spec.draft_model)
         cfg = self.target.cfg
-        small = PRESETS["qwen3-0.6b"] if cfg.vocab_size == PRESETS["qwen3-0.6b"].vocab_size else \
+        return PRESETS["qwen3-0.6b"] if cfg.vocab_size == PRESETS["qwen3-0.6b"].vocab_size else \
             replace(cfg, name=cfg.name + "-draft", num_layers=max(1, cfg.num_layers // 4))
-        return Decoder(small, self.dtype, self.device, ops=self.target.ops)
+
+    def _draft(self) -> Decoder | None:
+        cfg = self._draft_config()
+        if cfg is None:
+            return None
+        model = Decoder(cfg, self.dtype, self.device, ops=self.target.ops)
+        folder = _weights_folder(self.spec.draft_model) if self.spec.draft_model else None
+        if folder:
+            model.load_safetensors(folder)
+        return model
 
     def _max_len(self) -> int:
         spec = self.spec

@@ -14,6 +14,8 @@ from tabletune.tuner import EngineSpec, StepSamples
 
 
 STATIC_SPEEDUP = 0.0  # tests set it: T_static = T_dynamic / (1 + STATIC_SPEEDUP)
+REFUSE_AT_START = None  # tests set it: a check start() runs, as a real engine checks its memory budget
+STATIC_FAILS = None  # tests set it: an exception the static-mode engine raises on its first step
 
 
 class FakeEngine:
@@ -35,6 +37,8 @@ class FakeEngine:
         self.steps += 1
         ms = 10.0 + 0.5 * batch_size * (k + 1) * self.context_len / 100
         if self.static_k is not None:
+            if STATIC_FAILS is not None:
+                raise STATIC_FAILS
             assert k == self.static_k
             ms /= 1 + STATIC_SPEEDUP
         return StepSamples((ms,) * num_steps)
@@ -57,6 +61,8 @@ def validate(spec: EngineSpec) -> None:
 
 def start(spec: EngineSpec) -> FakeEngine:
     validate(spec)
+    if REFUSE_AT_START is not None:
+        REFUSE_AT_START(spec)
     return FakeEngine(spec)
 
 

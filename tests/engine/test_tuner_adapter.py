@@ -54,3 +54,27 @@ def test_builtin_engine_measures_acceptance_under_a_per_request_policy():
         assert counts.drafted[0] == counts.num_drafts > counts.drafted[1] > 0
     finally:
         engine.close()
+
+
+def test_memory_plan_counts_the_cache_the_loaded_weights_and_the_draft_model_to_load(monkeypatch):
+    """Tiny shape on CPU (float32, 4 bytes); the device's free memory is the edge, faked."""
+    import torch
+
+    from tabletune.engine.presets import PRESETS
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (3 << 30, 8 << 30))
+    spec = EngineSpec(model="tiny", method="draft_model", k_max=2, max_batch_size=2, context_len=16)
+    plan = tuner_adapter.BuiltinEngine(spec).memory_plan()
+    # KV: 2 (K, V) x 2 layers x 2 KV heads x 16 dims x 4 bytes x 3 slots x (max(16, 256) + 2 + 256) tokens
+    assert plan.kv_bytes == 2 * 2 * 2 * 16 * 4 * 3 * 514 == 789_504
+    # the draft (1 layer of the tiny shape) is still to load: attention 64*16*(4+2*2) + 4*16*64, MLP 3*64*128,
+    # untied embeddings 2*97*64 -> 49,280 parameters
+    assert plan.weights_bytes == 49_280 * 4
+    tiny = PRESETS["tiny"].num_params()
+    assert tiny == 2 * (12_288 + 24_576) + 12_416
+    assert tiny * 4 <= plan.already_allocated_bytes < tiny * 4 * 1.1  # the target, loaded (plus norms)
+    assert plan.free_bytes == 3 << 30 and plan.workspace_bytes == tuner_adapter.WORKSPACE_BYTES
+    assert plan.need_bytes == plan.weights_bytes + plan.kv_bytes + plan.workspace_bytes
+    eagle = tuner_adapter.BuiltinEngine(EngineSpec(model="tiny", method="eagle", k_max=2, max_batch_size=2,
+                                                   context_len=16, synthetic_acceptance=(1.0, 0.0)))
+    assert eagle.memory_plan().weights_bytes == 0

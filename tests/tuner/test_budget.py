@@ -21,3 +21,25 @@ def test_refuses_with_the_numbers_when_it_will_not_fit():
     text = str(err.value)
     assert "needs 88.0 GiB" in text and "KV 40.0 GiB x 2 engine(s)" in text and "60.0 GiB is free" in text
     check_memory(MemoryPlan(free_bytes=int(60 * GIB), weights_bytes=0, kv_bytes=kv, workspace_bytes=int(4 * GIB)))
+
+
+def test_the_weights_still_to_load_count():
+    """KV and workspace fit the free memory; the weights to load tip it over."""
+    plan = MemoryPlan(free_bytes=int(50 * GIB), weights_bytes=int(16 * GIB), kv_bytes=int(30 * GIB),
+                      workspace_bytes=int(4 * GIB))
+    assert plan.need_bytes == int(50 * GIB)
+    check_memory(plan)
+    heavier = MemoryPlan(free_bytes=int(50 * GIB), weights_bytes=int(17 * GIB), kv_bytes=int(30 * GIB),
+                         workspace_bytes=int(4 * GIB))
+    with pytest.raises(InputError) as err:
+        check_memory(heavier)
+    assert "needs 51.0 GiB" in str(err.value) and "weights to load 17.0 GiB" in str(err.value)
+
+
+def test_refusal_names_the_flag_and_is_one_line():
+    plan = MemoryPlan(free_bytes=int(8 * GIB), weights_bytes=0, kv_bytes=int(8 * GIB), workspace_bytes=int(4 * GIB),
+                      already_allocated_bytes=int(16 * GIB))
+    with pytest.raises(InputError) as err:
+        check_memory(plan)
+    text = str(err.value)
+    assert "\n" not in text and "--max-num-seqs" in text and "after 16.0 GiB of weights" in text

@@ -213,17 +213,8 @@ class VllmEngine:
         decodes up to REFRESH_TOKENS + 8 (k_max + 1) tokens before the batch restarts.
         """
         cache = self.llm.llm_engine.vllm_config.cache_config
-        have = getattr(cache, "kv_cache_size_tokens", None)
-        if not have:
-            return
-        per_request = REFRESH_TOKENS + 8 * (self.k_max + 1) + (cache.block_size or 16)
-        shared = bool(getattr(cache, "enable_prefix_caching", False))
-        need = (context_len if shared else 0) + self.max_batch_size * (per_request + (0 if shared else context_len))
-        if need > have:
-            raise InputError("--max-num-seqs", "max_num_seqs", self.max_batch_size,
-                             f"{self.max_batch_size} requests at context {context_len} need ~{need} KV tokens but "
-                             f"vLLM's cache holds {have}: lower --max-num-seqs / --context-lens, or give vLLM more "
-                             "KV memory (-- --gpu-memory-utilization ...; on CPU VLLM_CPU_KVCACHE_SPACE)")
+        refuse_kv(getattr(cache, "kv_cache_size_tokens", None), self.max_batch_size, self.k_max, context_len,
+                  cache.block_size or 16, bool(getattr(cache, "enable_prefix_caching", False)))
 
     def force_k(self, k: int) -> None:
         """Every batch size drafts k from the next ``schedule()`` on."""
@@ -282,6 +273,27 @@ class VllmEngine:
             self._context_n += 1
         return list(rec.records) if record else []
 
+
+
+def refuse_kv(have_tokens: int | None, max_batch_size: int, k_max: int, context_len: int, block_size: int,
+              prefix_caching: bool) -> None:
+    """Raise InputError (exit 2) when the timing batches need more KV tokens than vLLM's cache holds.
+
+        need = [prefix caching] c + b * (REFRESH_TOKENS + 8 (k_max + 1) + block_size + [else] c)
+
+    b requests each decode up to REFRESH_TOKENS + 8 (k_max + 1) tokens (plus a partly filled block)
+    before the batch restarts; their shared prompt of c tokens is cached once with prefix caching,
+    else once per request. ``have_tokens`` None or 0: vLLM did not say, nothing is refused.
+    """
+    if not have_tokens:
+        return
+    shared = context_len if prefix_caching else 0
+    need = shared + max_batch_size * (REFRESH_TOKENS + 8 * (k_max + 1) + block_size + context_len - shared)
+    if need > have_tokens:
+        raise InputError("--max-num-seqs", "max_num_seqs", max_batch_size,
+                         f"{max_batch_size} requests at context {context_len} need ~{need} KV tokens but "
+                         f"vLLM's cache holds {have_tokens}: lower --max-num-seqs / --context-lens, or give vLLM more "
+                         "KV memory (-- --gpu-memory-utilization ...; on CPU VLLM_CPU_KVCACHE_SPACE)")
 
 def speculative_config(spec: EngineSpec, ranges: list[list[int]]) -> dict:
     """The whole ``--speculative-config`` for the tuned table."""
