@@ -12,7 +12,8 @@
   "scheduled_tokens": [...]}``: one grid point, appended (and fsync'd) as soon as
   its batch size is measured.
 
-A torn last line (a crash mid-write) is ignored. The finished run's outputs
+A torn last line (a crash mid-write) is ignored; any other line that is not a record
+(not JSON, or missing fields) is refused, naming the file and the line (exit 2). The finished run's outputs
 are still written all or nothing (``tabletune.tuner.files``); the checkpoint
 folder is removed only after they are in place. Core: no torch, no vllm.
 """
@@ -79,15 +80,23 @@ class Checkpoint:
             if old.get(key) != self.settings.get(key):
                 raise InputError(str(path), f"settings.{key}", old.get(key),
                                  f"this run has {self.settings.get(key)!r}; resume with the same options")
-        for rec in records[1:]:
-            if rec.get("kind") == "acceptance":
-                self.acceptance = _run(rec)
-            elif rec.get("kind") == "yield":
-                self.yield_runs[rec["k"]] = _run(rec)
-            elif rec.get("kind") == "point":
-                p = StepPoint(rec["batch_size"], rec["k"], tuple(rec["samples_ms"]),
-                              tuple(rec.get("scheduled_tokens", ())))
-                self.points.setdefault(rec["context_len"], {})[(p.batch_size, p.k)] = p
+        for i, rec in enumerate(records[1:], 2):
+            try:
+                self._restore(rec)
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                raise InputError(str(path), f"line {i}", lines[i - 1][:40],
+                                 f"not a checkpoint record ({type(exc).__name__}: {exc})") from None
+
+    def _restore(self, rec: dict) -> None:
+        """One replayed record (a malformed one raises KeyError, TypeError or ValueError)."""
+        if rec.get("kind") == "acceptance":
+            self.acceptance = _run(rec)
+        elif rec.get("kind") == "yield":
+            self.yield_runs[int(rec["k"])] = _run(rec)
+        elif rec.get("kind") == "point":
+            p = StepPoint(int(rec["batch_size"]), int(rec["k"]), tuple(map(float, rec["samples_ms"])),
+                          tuple(rec.get("scheduled_tokens", ())))
+            self.points.setdefault(int(rec["context_len"]), {})[(p.batch_size, p.k)] = p
 
     def _append(self, record: dict) -> None:
         if self._fresh:

@@ -76,3 +76,18 @@ def test_resume_refuses_other_settings_and_fresh_runs_refuse_a_leftover(tmp_path
 def test_nothing_is_written_before_the_first_measurement(tmp_path):
     Checkpoint.open(tmp_path / "c", SETTINGS, resume=False)
     assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("bad", ['{"kind": "point", "context_len": 100, "batch_si',  # torn, then more lines
+                                 '{"kind": "point", "context_len": 100}',  # JSON, fields missing
+                                 '{"kind": "point", "context_len": 100, "batch_size": 2, "k": 1, "samples_ms": 3}'])
+def test_a_corrupted_line_in_the_middle_is_refused_with_its_line_number(tmp_path, bad):
+    cp = Checkpoint.open(tmp_path / "c", SETTINGS, resume=False)
+    run_contexts(FakeEngine(), PLAN, ["p"], [100], checkpoint=cp)
+    path = tmp_path / "c" / FILE
+    lines = path.read_text().splitlines()
+    lines.insert(5, bad)  # after start, acceptance and three points
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError) as err:
+        Checkpoint.open(tmp_path / "c", SETTINGS, resume=True)
+    assert err.value.field == "line 6" and str(path) in str(err.value) and "\n" not in str(err.value)

@@ -163,3 +163,19 @@ def test_yield_runs_are_checkpointed_and_not_repeated_on_resume(tmp_path):
     assert engine.asked == [2]  # k = 3 and k = 1 came from the checkpoint, with their steps
     whole = run_plan(MatchOnlyEngine(), PLAN, ["p"])
     assert resumed.yields == whole.yields and resumed.draft_share == whole.draft_share
+
+
+@pytest.mark.parametrize("drafts, undrafted, per_k", [(19, 1, False),  # q = 19 / 20 = 0.95: at the threshold
+                                                       (94, 5, True),  # q = 94 / 99 = 0.9495: just below
+                                                       (20, 0, False)])
+def test_the_draft_rate_threshold_at_its_boundary(drafts, undrafted, per_k):
+    """Per-k runs when q < plan.yields_below_draft_rate (0.95 by default); q = 0.95 itself needs none."""
+    assert PLAN.yields_below_draft_rate == 0.95
+    engine = MatchOnlyEngine()
+    engine.measure_acceptance = lambda prompts, k, max_tokens: engine.asked.append(k) or counts(
+        [(k, 1)] * drafts, undrafted)
+    from tabletune.tuner.run import measure_inputs
+
+    inputs = measure_inputs(engine, PLAN, ["p"], "w")
+    assert engine.asked == ([3, 1, 2] if per_k else [3])  # k = 0 drafts nothing: no run
+    assert bool(inputs.yields) == per_k
