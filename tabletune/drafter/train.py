@@ -186,13 +186,15 @@ def train(target, records: list[dict], eos_id: int, cfg: TrainConfig, log) -> Ea
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     t0 = last_ckpt = time.monotonic()
     step, epoch = 0, 0
+    last_loss = math.nan  # the last step's loss, in the "done" record
     while True:
         order = list(range(len(train_b)))
         rng.shuffle(order)
         for i in order:
             frac = (time.monotonic() - t0) / cfg.train_budget_s
             if frac >= 1 or (cfg.max_steps is not None and step >= cfg.max_steps):
-                log({"event": "done", "steps": step, "epochs": epoch, "train_s": round(time.monotonic() - t0, 1)})
+                log({"event": "done", "steps": step, "epochs": epoch, "train_s": round(time.monotonic() - t0, 1),
+                     "loss": round(last_loss, 4)})
                 return head
             lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0)))
             for g in opt.param_groups:
@@ -203,6 +205,7 @@ def train(target, records: list[dict], eos_id: int, cfg: TrainConfig, log) -> Ea
             torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
             opt.step()
             step += 1
+            last_loss = loss.item()
             if step % 50 == 0 or step == 1:
                 log({"event": "step", "step": step, "epoch": epoch, "lr": lr, "loss": round(loss.item(), 4),
                      "top1": [round(a, 4) for a, _ in stats], "elapsed_s": round(time.monotonic() - t0, 1)})
