@@ -114,3 +114,20 @@ def test_end_to_end_in_the_simulator():
     # code accepts well (a_j ~0.9 to 0.76): the EMA passes 2.5 and the small-batch bucket runs k = 7
     assert policy.slots[0].k == 7
     assert 5.0 < result.mean_k <= 7.0
+
+
+def test_a_step_down_drops_the_windows_above_the_new_k():
+    """After k 3 -> 1 the positions above 1 get no new evidence; kept, their stale zeros would pin k at 1
+    after acceptance recovers. Dropped, they are extrapolated from p_0 and k steps back up."""
+    p = make_policy("sglang:strategy=throughput", ctx7())
+    seen = []
+    for step in range(80):
+        st = state(4)
+        k = p.decide(st).k
+        seen.append(k)
+        good = step >= 20
+        p.observe(outcome(st, [k] * 4, [k if good else 0] * 4))
+        if step == 20:
+            assert seen[-1] == 1 and [len(w) for w in p.windows[:3]] == [20, 0, 0]
+    assert seen[:20] == [3] * 20 and seen[20] == 1
+    assert max(seen[21:]) > 1  # acceptance recovered: a longer k again
