@@ -105,10 +105,11 @@ def run_experiments(names: Sequence[str], out: Path, opts: ExperimentOptions) ->
     return sections
 
 
-def build_report(out: Path, opts: ExperimentOptions, command: str) -> list[Section]:
-    """Every experiment and collected result, rendered into ``out/report.md`` with the PNGs beside it."""
+def build_report(out: Path, opts: ExperimentOptions, command: str, names: Sequence[str] = NAMES) -> list[Section]:
+    """The experiments (every one unless ``names`` says otherwise) and the collected results, rendered into
+    ``out/report.md`` with the PNGs beside it."""
     start = time.perf_counter()
-    sections = run_experiments(["all"], out, opts)
+    sections = run_experiments(list(names), out, opts)
     results = Path(opts.results)
     sections += [policy_grid(results), controller_timeline(results, out)]
     head = (f"# TableTune report\n\nCommand: `{command}`. Simulated sections: loads {list(opts.loads)}, seeds "

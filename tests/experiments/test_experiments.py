@@ -85,3 +85,23 @@ def test_report_quick_renders_every_section_within_a_minute_and_a_half(tmp_path)
         assert f"![{png}]({png})" in report and (tmp_path / png).stat().st_size > 10_000
     # every section states its provenance, except a collected result that is absent (it says so)
     assert report.count("Provenance: **") == report.count("\n## ") - report.count("\n\nAbsent: ")
+
+
+def test_report_md_embeds_its_figures_and_every_section_names_its_provenance(tmp_path):
+    """The report folder of docs/formats.md, on the two cheapest experiments and the collected results."""
+    opts = ExperimentOptions(**{**TINY.__dict__, "loads": (1,), "duration_s": 0.3,
+                                "results": str(PROFILES.parent / "benchmarks" / "results")})
+    from tabletune.experiments.report import build_report
+
+    build_report(tmp_path, opts, "tabletune report --test", names=("fig1", "moe"))
+    report = (tmp_path / "report.md").read_text()
+    assert report.startswith("# TableTune report\n\nCommand: `tabletune report --test`")
+    titles = [line[3:] for line in report.splitlines() if line.startswith("## ")]
+    assert [t.split(":")[0] for t in titles] == ["Fig 1", "MoE", "Per-request policies on the built-in engine (H200)",
+                                                 "Controller timeline after a workload switch (vllm-cpu)"]
+    for png in ("fig1.png", "moe.png", "controller_timeline.png"):
+        assert f"![{png}]({png})" in report and (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
+    for name in ("fig1", "moe"):
+        assert (tmp_path / f"{name}.md").is_file() and (tmp_path / f"{name}.csv").stat().st_size > 0
+    sections = report.split("\n## ")[1:]
+    assert all(s.split("\n\n")[1].startswith("Provenance: **") for s in sections), sections
