@@ -42,6 +42,13 @@ METRIC_TESTS = ("tests/integrations/test_metrics_names.py", "tests/integrations/
 FLEET_TESTS = ("tests/sim/test_fleet.py",)
 TUNE_TESTS = ("tests/cli/test_tune_failures.py", "tests/cli/test_tune_cmd.py", "tests/tuner/test_static_check.py")
 
+def rename(kind: str, name: str, exported: str) -> tuple[str, str]:
+    """(old, new) text that exports the family ``name`` as ``tabletune_<exported>`` (the code keeps its key)."""
+    family = "GaugeMetricFamily" if kind == "g" else "CounterMetricFamily"
+    old = f'{kind} = {{name: {family}(f"tabletune_{{name}}", doc,'
+    return old, old.replace('f"tabletune_{name}"', f'f"tabletune_{{name}}".replace("{name}", "{exported}")')
+
+
 BREAKS = (
     Break("fleet: round-robin sends every request to replica 0", "tabletune/sim/fleet.py",
           "return turn % len(loads)", "return 0", FLEET_TESTS),
@@ -79,16 +86,14 @@ BREAKS = (
     Break("controller: a pinned controller explores", "tabletune/controller/controller.py",
           "        if self.pinned:\n            return False\n        self._credit", "        self._credit",
           HOOK_TESTS + ("tests/controller/test_controller.py",)),
-    Break("metrics: tabletune_draft_rate renamed", METRICS, '("draft_rate", "share', '("draft_ratio", "share',
+    Break("metrics: tabletune_draft_rate renamed", METRICS, *rename("g", "draft_rate", "draft_ratio"), METRIC_TESTS),
+    Break("metrics: tabletune_steps renamed", METRICS, *rename("c", "steps", "step_count"), METRIC_TESTS),
+    Break("metrics: tabletune_table_installs renamed", METRICS, *rename("c", "table_installs", "installs"),
           METRIC_TESTS),
-    Break("metrics: tabletune_steps renamed", METRICS, '("steps", "engine steps', '("step", "engine steps',
+    Break("metrics: tabletune_exploration_steps renamed", METRICS,
+          *rename("c", "exploration_steps", "explore_steps"), METRIC_TESTS),
+    Break("metrics: tabletune_ignored_windows renamed", METRICS, *rename("c", "ignored_windows", "ignored"),
           METRIC_TESTS),
-    Break("metrics: tabletune_table_installs renamed", METRICS, '("table_installs", "tables',
-          '("installs", "tables', METRIC_TESTS),
-    Break("metrics: tabletune_exploration_steps renamed", METRICS, '("exploration_steps", "steps',
-          '("explore_steps", "steps', METRIC_TESTS),
-    Break("metrics: tabletune_ignored_windows renamed", METRICS, '("ignored_windows", "observation',
-          '("ignored", "observation', METRIC_TESTS),
     Break("metrics: ignored windows never exported", METRICS,
           'c["ignored_windows"].add_metric([e, reason], n)', "pass", METRIC_TESTS),
     Break("metrics: the draft rate exported as a constant", METRICS,
