@@ -5,7 +5,7 @@ import pytest
 from click.testing import CliRunner
 
 from tabletune.cli import main
-from tabletune.experiments.report import ExperimentOptions, run_experiments
+from tabletune.experiments.report import ExperimentOptions, build_report, run_experiments
 from tabletune.experiments.runner import Lab
 
 PROFILES = Path(__file__).resolve().parents[2] / "profiles"
@@ -91,8 +91,6 @@ def test_report_md_embeds_its_figures_and_every_section_names_its_provenance(tmp
     """The report folder of docs/formats.md, on the two cheapest experiments and the collected results."""
     opts = ExperimentOptions(**{**TINY.__dict__, "loads": (1,), "duration_s": 0.3,
                                 "results": str(PROFILES.parent / "benchmarks" / "results")})
-    from tabletune.experiments.report import build_report
-
     build_report(tmp_path, opts, "tabletune report --test", names=("fig1", "moe"))
     report = (tmp_path / "report.md").read_text()
     assert report.startswith("# TableTune report\n\nCommand: `tabletune report --test`")

@@ -7,6 +7,8 @@ The steps go through the scheduler methods the hook wraps (``make_spec_decoding_
 from types import SimpleNamespace
 
 from tabletune.controller import Controller, ControllerConfig
+from tabletune.controller.table_file import TableFileWatcher
+from tabletune.integrations.vllm.table_check import ContextRows
 from tabletune.profile import StepPoint, StepProfile
 from tabletune.table import ContextTable
 
@@ -51,8 +53,6 @@ def test_the_constructor_builds_the_draft_check_and_the_state_reports_it():
 
 
 def test_by_context_rows_pick_the_lookup_until_the_controller_installs_a_table():
-    from tabletune.integrations.vllm.table_check import ContextRows
-
     hook = make_hook(Controller(PROFILE, [0.5, 0.5], quiet()), FakeScheduler(max_num_seqs=8, num_spec_tokens=2))
     hook.rows = ContextRows(BY_CONTEXT, hook.lookup_for_ranges)
     hook.scheduler.requests = {"a": SimpleNamespace(num_computed_tokens=100),
@@ -67,9 +67,6 @@ def test_by_context_rows_pick_the_lookup_until_the_controller_installs_a_table()
 
 
 def test_a_pinned_table_is_not_overridden_by_the_rows(tmp_path):
-    from tabletune.controller.table_file import TableFileWatcher
-    from tabletune.integrations.vllm.table_check import ContextRows
-
     hook = make_hook(Controller(PROFILE, [0.5, 0.5], quiet()), FakeScheduler(max_num_seqs=8, num_spec_tokens=2))
     hook.rows = ContextRows(BY_CONTEXT, hook.lookup_for_ranges)
     hook.watcher = TableFileWatcher(tmp_path / "table.json", 2, poll_s=0)

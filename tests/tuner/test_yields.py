@@ -11,7 +11,7 @@ from tabletune.profile import StepPoint, StepProfile
 from tabletune.tuner import TunePlan, run_plan
 from tabletune.tuner.checkpoint import Checkpoint
 from tabletune.tuner.files import YIELDS_FILE, load_yields, predict_gains, write_run
-from tabletune.tuner.run import run_contexts
+from tabletune.tuner.run import measure_inputs, run_contexts
 from tabletune.tuner.yields import DraftShare, fit_share, measure_yields, yield_from_counts
 
 from tuner_fakes import FakeEngine as FakeStepEngine, profile_from, step_ms
@@ -174,8 +174,6 @@ def test_the_draft_rate_threshold_at_its_boundary(drafts, undrafted, per_k):
     engine = MatchOnlyEngine()
     engine.measure_acceptance = lambda prompts, k, max_tokens: engine.asked.append(k) or counts(
         [(k, 1)] * drafts, undrafted)
-    from tabletune.tuner.run import measure_inputs
-
     inputs = measure_inputs(engine, PLAN, ["p"], "w")
     assert engine.asked == ([3, 1, 2] if per_k else [3])  # k = 0 drafts nothing: no run
     assert bool(inputs.yields) == per_k
