@@ -81,11 +81,18 @@ class TableResult:
     table: DraftTable
     ks: tuple[int, ...]  # the allowed draft lengths the table chose among
     predictions: tuple[BatchPrediction, ...]
+    tolerance: tuple[dict[int, float], ...] = ()  # tol[b-1][k] the table was smoothed with (else none)
 
     @property
     def best_single_k(self) -> int:
         """The one k an operator would fix for all loads: best mean share of the optimum."""
         return best_single_k(self.predictions)
+
+    @property
+    def loss_vs_optimum(self) -> tuple[float, float]:
+        """(mean, worst) over b of 1 - table / exact-optimum goodput: what the table gives up for simplicity."""
+        losses = [p.loss_vs_best_fixed for p in self.predictions]
+        return sum(losses) / len(losses), max(losses)
 
     def gain_vs_fixed(self, k: int) -> tuple[float, float]:
         """(mean, minimum) over b of table goodput / fixed-k goodput - 1."""
@@ -248,8 +255,19 @@ def point_noise(samples_ms: Sequence[float]) -> float | None:
     return RESOLVE_Z * 1.2533 * sigma / math.sqrt(n) / median
 
 
-def noise_tolerance(profile: StepProfile, max_batch: int, ks: Sequence[int], floor: float = 0.0) -> list[dict[int, float]]:
-    """tol[b-1][k]: the relative difference T(b, k) resolves (``point_noise``), at least ``floor``.
+def family_scale(comparisons: int) -> float:
+    """How much wider a two-sided 95% interval must be for ``comparisons`` differences tested at once
+    (Bonferroni): z(0.025 / m) / z(0.025), e.g. 1.0 for m = 1, 1.68 for 13 batch sizes x 4 other k."""
+    if comparisons < 1:
+        raise ValueError(f"comparisons must be >= 1, got {comparisons}")
+    z = statistics.NormalDist().inv_cdf
+    return z(1 - 0.025 / comparisons) / z(1 - 0.025)
+
+
+def noise_tolerance(profile: StepProfile, max_batch: int, ks: Sequence[int], floor: float = 0.0,
+                    comparisons: int = 1) -> list[dict[int, float]]:
+    """tol[b-1][k]: the relative difference T(b, k) resolves (``point_noise`` times
+    ``family_scale(comparisons)``), at least ``floor``.
 
     A point with a single sample takes the largest noise measured in the profile (unknown is not
     zero). A measured b uses its point's noise; a b between two measured batch sizes the larger of
@@ -257,7 +275,8 @@ def noise_tolerance(profile: StepProfile, max_batch: int, ks: Sequence[int], flo
     """
     known = {(p.batch_size, p.k): point_noise(p.samples_ms) for p in profile.points}
     worst = max((v for v in known.values() if v is not None), default=0.0)
-    noise = {key: worst if v is None else v for key, v in known.items()}
+    scale = family_scale(comparisons)
+    noise = {key: scale * (worst if v is None else v) for key, v in known.items()}
     measured = profile.batch_sizes
     out = []
     for b in range(1, max_batch + 1):
@@ -267,39 +286,166 @@ def noise_tolerance(profile: StepProfile, max_batch: int, ks: Sequence[int], flo
     return out
 
 
+DEFAULT_NOISE_FLOOR = 0.01  # a change of k must gain at least 1% at some batch size of its range
+
+
+def resolved_gain(row: dict[int, float], tol_row: dict[int, float], k: int, other: int) -> float:
+    """How far k beats ``other`` at one batch size beyond what the points resolve:
+
+        g(b, k) / g(b, other) - 1 - max(tol(b, k), tol(b, other))
+
+    >= 0 (with g(b, k) > g(b, other)) means the change from ``other`` to k gains at least the noise floor
+    and more than the two points resolve (``noise_tolerance``)."""
+    gain = row[k] / row[other] - 1.0
+    return gain - max(tol_row[k], tol_row[other]) if gain > 0 else -math.inf
+
+
+def best_fixed_k(grid: Sequence[dict[int, float]]) -> int:
+    """The one k an operator would fix for all loads: argmax_k sum_b g(b, k) / max_k' g(b, k')
+    (ties: the smaller k); ``best_single_k`` on a grid."""
+    ks = sorted(grid[0])
+    return max(ks, key=lambda k: (sum(row[k] / max(row.values()) for row in grid), -k))
+
+
+def _best_window(d: Sequence[float], justified: Sequence[bool], lo: int, hi: int) -> tuple[float, int, int]:
+    """(sum, a, c): the largest sum of d[a..c], lo <= a <= c <= hi, over windows holding a justified index
+    (Kadane's maximum subarray, forced through a justified index j: best sum ending at j plus best
+    non-negative sum starting after j); (-inf, 0, 0) when none is justified."""
+    ending: dict[int, tuple[float, int]] = {}
+    s, a = 0.0, lo
+    for j in range(lo, hi + 1):
+        s, a = (s + d[j], a) if s > 0 else (d[j], j)
+        ending[j] = (s, a)
+    starting: dict[int, tuple[float, int]] = {hi + 1: (0.0, hi)}
+    s, c = 0.0, hi
+    for j in range(hi, lo - 1, -1):
+        s, c = (s + d[j], c) if s > 0 else (d[j], j)
+        starting[j] = (s, c)
+    best = (-math.inf, 0, 0)
+    for j in range(lo, hi + 1):
+        if justified[j]:
+            after, c = starting[j + 1] if starting[j + 1][0] > 0 else (0.0, j)
+            total = ending[j][0] + after
+            if total > best[0]:
+                best = (total, ending[j][1], c)
+    return best
+
+
+def simple_ks(grid: Sequence[dict[int, float]], tol: Sequence[dict[int, float]]) -> list[int]:
+    """The dense k per batch size (index b - 1) of the simplest table whose every change of k gains what
+    the points resolve.
+
+    With r(b, k) = g(b, k) / g(b, k_fix), k_fix = ``best_fixed_k`` (so sum_b r = n is the best fixed k):
+
+    1. start from k_fix at every b (where the points cannot tell k apart, the best fixed k stays);
+    2. in a range [lo, hi] holding k_here, take the window [a, c] and k != k_here that maximise
+       sum_{b=a..c} r(b, k) - r(b, k_here) > 0 among windows holding a b where
+       ``resolved_gain``(b, k, k_here) >= 0; give it k, then do the same inside it (against k) and in
+       the parts left and right of it (against k_here);
+    3. merge neighbouring ranges (k1 on R1, k2 on R2) when neither gains resolved over the other
+       anywhere in its own range, into the k that maximises sum r over R1 + R2; repeat;
+    4. if the mean of r is below 1 (the table below the best fixed k), return k_fix everywhere.
+
+    With zero noise and floor every strict gain is resolved and this is the exact argmax per b (up to ties).
+    """
+    n, ks = len(grid), sorted(grid[0])
+    fix = best_fixed_k(grid)
+    r = [{k: row[k] / row[fix] for k in ks} for row in grid]
+    chosen = [fix] * n
+    todo = [(0, n - 1, fix)]
+    while todo:
+        lo, hi, here = todo.pop()
+        best = (0.0, 0, 0, here)
+        for k in ks:
+            if k == here:
+                continue
+            d = {b: r[b][k] - r[b][here] for b in range(lo, hi + 1)}
+            ok = {b: resolved_gain(grid[b], tol[b], k, here) >= 0 for b in range(lo, hi + 1)}
+            total, a, c = _best_window(d, ok, lo, hi)
+            if total > best[0] + 1e-12:
+                best = (total, a, c, k)
+        total, a, c, k = best
+        if k == here:
+            continue
+        chosen[a:c + 1] = [k] * (c - a + 1)
+        todo += [(a, c, k)] + ([(lo, a - 1, here)] if a > lo else []) + ([(c + 1, hi, here)] if c < hi else [])
+    chosen = _merge_unresolved(chosen, grid, tol, r)
+    return chosen if sum(r[b][k] for b, k in enumerate(chosen)) >= n - 1e-9 else [fix] * n
+
+
+def _merge_unresolved(chosen: list[int], grid: Sequence[dict[int, float]], tol: Sequence[dict[int, float]],
+                      r: Sequence[dict[int, float]]) -> list[int]:
+    """Step 3 of ``simple_ks``: merge neighbouring ranges whose change of k neither side resolves."""
+    while True:
+        ranges = DraftTable.from_dense(chosen).ranges
+        for (s1, e1, k1), (s2, e2, k2) in zip(ranges, ranges[1:]):
+            left = any(resolved_gain(grid[b - 1], tol[b - 1], k1, k2) >= 0 for b in range(s1, e1 + 1))
+            right = any(resolved_gain(grid[b - 1], tol[b - 1], k2, k1) >= 0 for b in range(s2, e2 + 1))
+            if not (left or right):
+                span = range(s1 - 1, e2)
+                k = max(sorted(r[0]), key=lambda x: (sum(r[b][x] for b in span), -x))
+                chosen = chosen[:s1 - 1] + [k] * len(span) + chosen[e2:]
+                break
+        else:
+            return chosen
+
+
 def smooth_within_noise(profile: StepProfile, rates: Sequence[float], options: OptimizeOptions = OptimizeOptions(),
-                        noise_floor: float = 0.0) -> TableResult:
-    """The table whose k changes between batch sizes only for a difference the measurement resolves.
+                        noise_floor: float = DEFAULT_NOISE_FLOOR) -> TableResult:
+    """The simplest table whose every change of k gains, by the model, at least ``noise_floor`` at some batch
+    size of its range and more than the points there resolve (``simple_ks``; default floor 1%).
 
-    At batch size b the candidates are the k whose modelled goodput is within noise of the best:
-
-        C(b) = {k : g(b, k) >= g(b, k_best) * (1 - max(tol(b, k), tol(b, k_best)))}
-
-    with tol = ``noise_tolerance`` (``point_noise``: two standard errors of the difference of two
-    medians, from the IQR of the T(b, k) samples or their range with 2-3 samples, at least
-    ``noise_floor``; goodput's relative noise is T's). At b = 1 the table takes
-    k_best; at each next b it keeps the previous k while that is a candidate, else
-    takes the candidate nearest to the previous k (ties: the smaller k). So within
-    noise a table is monotone and keeps its neighbour's k, and a range boundary
-    stands for a difference the measurement resolves. ``options.min_gain`` is not
-    used here. With zero spread this is ``optimize_table``.
+    tol(b, k) = max(``noise_floor``, s_m * ``point_noise`` of the T(b, k) points around b) (``noise_tolerance``:
+    two standard errors of the difference of two medians, widened by s_m = ``family_scale``(m) for the
+    m = measured batch sizes x (allowed k - 1) differences the table tests; goodput's relative noise is
+    T's). Where the
+    points cannot tell k apart the table holds the best fixed k over the range, and it is never below the
+    best fixed k in mean goodput. ``options.min_gain`` is not used here. With zero spread and a zero floor
+    this is ``optimize_table``.
     """
     if noise_floor < 0:
         raise ValueError(f"noise_floor must be >= 0, got {noise_floor}")
     max_batch = options.max_batch or profile.max_batch_size
     ks = allowed_ks(profile, len(rates), options)
     grid = goodput_grid(profile, rates, ks, max_batch, options.draft_rate, options.draft_share, options.yields)
-    tol = noise_tolerance(profile, max_batch, ks, noise_floor)
-    chosen: list[int] = []
-    for row, tol_row in zip(grid, tol):
-        best = best_k(row)
-        cands = [k for k in ks if row[k] >= row[best] * (1.0 - max(tol_row[k], tol_row[best]))]
-        if not chosen:
-            k = best
-        elif chosen[-1] in cands:
-            k = chosen[-1]
-        else:
-            k = min(cands, key=lambda c: (abs(c - chosen[-1]), c))
-        chosen.append(k)
-    table = DraftTable.from_dense(chosen)
-    return TableResult(table, ks, predict(table, grid))
+    comparisons = len(profile.batch_sizes) * max(1, len(ks) - 1)
+    tol = noise_tolerance(profile, max_batch, ks, noise_floor, comparisons)
+    table = DraftTable.from_dense(simple_ks(grid, tol))
+    return TableResult(table, ks, predict(table, grid), tuple(tol))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Is the table worth using over the best fixed k, within the noise measured?"""
+
+    fixed_k: int
+    worth_it: bool  # some change of k gains more than the noise (the table has more than one range)
+    mean_gain: float  # mean over b of g_table / g_fixed - 1
+    best_gain: float  # the largest g_table / g_fixed - 1 over b
+    best_b: int  # where
+    noise: float  # what the points resolve there (max of tol of both k, at least the floor)
+    loss_vs_optimum: tuple[float, float]  # (mean, worst b) of 1 - g_table / max_k g: what simplicity gives up
+
+    def summary(self) -> str:
+        given_up = f"gives up {self.loss_vs_optimum[0]:.1%} mean ({self.loss_vs_optimum[1]:.1%} worst b) vs the exact optimum"
+        if not self.worth_it:
+            return (f"verdict: fixed k={self.fixed_k} is as good within the measured noise (no change of k gains "
+                    f"more than the noise at any batch size); serve num_speculative_tokens={self.fixed_k} "
+                    f"(the table {given_up})")
+        return (f"verdict: the table is worth using over fixed k={self.fixed_k}: {self.mean_gain:+.1%} mean, "
+                f"{self.best_gain:+.1%} at b={self.best_b} where the points resolve {self.noise:.1%}; it {given_up}")
+
+
+def verdict(result: TableResult) -> Verdict:
+    """The table against its best fixed k: gain_b = g(b, k(b)) / g(b, k_fix) - 1, worth it when the table
+    changes k at all (``smooth_within_noise`` changes k only for a resolved gain); a one-range table is
+    its own fixed k."""
+    fix = result.best_single_k
+    gains = [p.goodput / p.fixed_goodput[fix] - 1.0 for p in result.predictions]
+    i = max(range(len(gains)), key=lambda j: gains[j])
+    p = result.predictions[i]
+    noise = max(result.tolerance[i][p.k], result.tolerance[i][fix]) if result.tolerance else 0.0
+    losses = [pr.loss_vs_best_fixed for pr in result.predictions]
+    worth = len(result.table.ranges) > 1
+    return Verdict(fix if worth else result.table.ranges[0][2], worth, sum(gains) / len(gains), gains[i], i + 1, noise,
+                   (sum(losses) / len(losses), max(losses)))

@@ -15,7 +15,7 @@ from tabletune import fileio
 from tabletune.acceptance import load_acceptance
 from tabletune.cli.common import format_table, optimize_options, print_predictions, stderr_console
 from tabletune.errors import InputError
-from tabletune.optimizer import optimize_table, smooth_within_noise
+from tabletune.optimizer import DEFAULT_NOISE_FLOOR, optimize_table, smooth_within_noise
 from tabletune.profile import StepProfile
 from tabletune.table import ContextRow, ContextTable
 
@@ -39,7 +39,8 @@ from tabletune.table import ContextRow, ContextTable
               help="with an acceptance.json: optimise with its draft rate q (linear cost model; opt-in)")
 @click.option("--within-noise", is_flag=True,
               help="change k between batch sizes only for a difference the points resolve (as tune does)")
-@click.option("--noise-floor", type=click.FloatRange(min=0), default=0.0, help="with --within-noise: least noise")
+@click.option("--noise-floor", type=click.FloatRange(min=0), default=DEFAULT_NOISE_FLOOR, show_default=True,
+              help="with --within-noise: the least gain a change of k must show at some batch size of its range")
 def table_cmd(step_times, acceptance, workload, temperature, max_batch, k_max, ks, min_gain, fmt, output, quiet,
               model_draft_rate, within_noise, noise_floor):
     """Compute the goodput-optimal draft-length table (2-D by context with several --step-times)."""

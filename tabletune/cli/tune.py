@@ -29,7 +29,7 @@ from tabletune import fileio
 from tabletune.acceptance import parse_rates
 from tabletune.cli.common import command_line, print_predictions, stderr_console
 from tabletune.errors import InputError
-from tabletune.optimizer import TableResult, smooth_within_noise
+from tabletune.optimizer import DEFAULT_NOISE_FLOOR, TableResult, smooth_within_noise, verdict
 from tabletune.padding import geometric_batch_sizes
 from tabletune.profile import StepProfile, parse_int_list
 from tabletune.tuner import EngineSpec, TunePlan, check_grid
@@ -131,8 +131,9 @@ def parse_context_lens(context_len: int, context_lens: str | None) -> tuple[int,
               help="prompt tokens of timed requests")
 @click.option("--context-lens", default=None,
               help="e.g. 512,2048,8192: one profile per context length and a by-context table (overrides --context-len)")
-@click.option("--noise-floor", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="change k between batch sizes only beyond max(this, what the points resolve)")
+@click.option("--noise-floor", type=click.FloatRange(min=0), default=DEFAULT_NOISE_FLOOR, show_default=True,
+              help="change k between batch sizes only where the change gains at least this at some batch size "
+                   "of its range, and more than the points resolve")
 @click.option("--static-check/--no-static-check", default=True, show_default=True,
               help="also time the best fixed k with the table mechanism off, and recommend static or dynamic")
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False), default=None,
@@ -268,3 +269,4 @@ def _report(outcome, result, console: Console) -> None:
                   f"{gains.vs_best_fixed[1]:+.1%} worst b")
     console.print(f"predicted gain vs vLLM's documented table {gains.documented}: {gains.vs_documented[0]:+.1%} mean, "
                   f"{gains.vs_documented[1]:+.1%} worst b")
+    console.print(verdict(result).summary())

@@ -98,7 +98,7 @@ def test_zero_spread_is_the_exact_optimum_and_noise_floor_widens():
     points = tuple(StepPoint(b, k, (true_ms(b, k) * (1 + 0.01 * ((b * 7 + k * 3) % 5 - 2)),))
                    for b in BATCH_SIZES for k in range(5))
     profile = StepProfile(points, context_len=100)
-    assert smooth_within_noise(profile, RATES).table == optimize_table(profile, RATES).table
+    assert smooth_within_noise(profile, RATES, noise_floor=0.0).table == optimize_table(profile, RATES).table
     floored = smooth_within_noise(profile, RATES, noise_floor=0.05).table
     assert monotone(floored.ranges) and len(floored.ranges) <= 2
     with pytest.raises(ValueError):
