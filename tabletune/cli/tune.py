@@ -35,7 +35,7 @@ from tabletune.profile import StepProfile, parse_int_list
 from tabletune.tuner import EngineSpec, TunePlan, check_grid
 from tabletune.tuner.checkpoint import Checkpoint
 from tabletune.tuner.files import STATIC_FILE, DrawPng, predict_gains, static_json, write_runs
-from tabletune.tuner.run import measure_static, run_contexts
+from tabletune.tuner.run import batch_caps, measure_static, run_contexts
 from tabletune.tuner.static_check import check_batch_sizes, decide_static
 
 ADAPTERS = {"vllm": "tabletune.integrations.vllm.tuner_engine", "builtin": "tabletune.engine.tuner_adapter"}
@@ -172,11 +172,15 @@ def tune_cmd(engine_name, model, method, draft_model, k_max, batch_sizes, max_nu
                                  resume=bool(resume_dir))
     command = command_line()
     console = stderr_console()
-    console.print(f"checkpoint: {checkpoint.folder} (after an interruption: the same command with --resume "
-                  f"{checkpoint.folder})")
     engine = adapter.start(spec)
     try:
-        outcomes = _measure(engine, plan, prompts, workload, command, console, lens, checkpoint)
+        caps = batch_caps(engine, lens)  # refuses before anything is measured when a context holds no sequence
+        for cap in caps:
+            if cap.capped:
+                console.print(cap.describe())
+        console.print(f"checkpoint: {checkpoint.folder} (after an interruption: the same command with --resume "
+                      f"{checkpoint.folder})")
+        outcomes = _measure(engine, plan, prompts, workload, command, console, lens, checkpoint, caps)
     finally:
         engine.close()
     make_config = getattr(adapter, "speculative_config", None)
@@ -239,7 +243,7 @@ def _png_drawer(title: str) -> DrawPng:
     return draw
 
 
-def _measure(engine, plan, prompts, workload, command, console: Console, context_lens, checkpoint):
+def _measure(engine, plan, prompts, workload, command, console: Console, context_lens, checkpoint, caps):
     columns = (TextColumn("{task.description:<32}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
                TextColumn("ETA"), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=False) as bar:
@@ -247,11 +251,13 @@ def _measure(engine, plan, prompts, workload, command, console: Console, context
         return run_contexts(engine, plan, prompts, context_lens, workload=workload, command=command,
                             progress=lambda text, frac: bar.update(task, description=text,
                                                                    completed=round(1000 * frac)),
-                            checkpoint=checkpoint)
+                            checkpoint=checkpoint, caps=caps)
 
 
 def _report(outcome, result, console: Console) -> None:
     print_predictions(result, console)
+    if outcome.batch_cap is not None and outcome.batch_cap.capped:
+        console.print(outcome.batch_cap.describe())
     gains = predict_gains(outcome, result)
     rates = ", ".join(f"{r:.3f}" for r in outcome.rates)
     console.print(f"measured acceptance a_j: {rates} ({outcome.acceptance.num_drafts} drafts)")

@@ -6,7 +6,8 @@ and, when the caller passes a drawing function, ``tune.png``; for a drafter that
 only on a match, ``yields.json`` (the per-k yields the table was built from); with a static check,
 ``static_check.json`` (``static_json``, written after the rest). With several context
 lengths each profile gets a ``context-<N>/`` folder and the top holds
-``table_by_context.json`` (``tabletune.table.ContextTable``). The table comes
+``table_by_context.json`` (``tabletune.table.ContextTable``). A context measured only up to the
+largest batch it holds (``TuneOutcome.batch_cap``) has its table's last k extended to ``max_num_seqs``. The table comes
 from the optimizer (``smooth_within_noise``: k changes only for a difference the
 points resolve), never from a plot, so the JSON files need no matplotlib; the
 PNG is drawn from the same ``TableResult`` (``tabletune.plot.draw_tune_png``).
@@ -96,6 +97,9 @@ def _write_files(folder: Path, outcome: TuneOutcome, speculative_config: Callabl
     if outcome.yields:
         _write_json(folder / YIELDS_FILE, yields_json(outcome))
     result = smooth_within_noise(outcome.profile, outcome.rates, outcome.options(), noise_floor)
+    cap = outcome.batch_cap
+    if cap is not None and cap.capped:  # measured up to what this context holds: its last k on to max_num_seqs
+        result = dataclasses.replace(result, table=result.table.extended_to(cap.max_num_seqs))
     _write_json(folder / "table.json", result.table.to_vllm(k_max))
     _write_json(folder / "speculative_config.json", speculative_config(result.table.as_lists()))
     if draw_png is not None:

@@ -54,3 +54,26 @@ def test_builtin_engine_measures_acceptance_under_a_per_request_policy():
         assert counts.drafted[0] == counts.num_drafts > counts.drafted[1] > 0
     finally:
         engine.close()
+
+
+def test_builtin_engine_caps_each_context_to_its_free_memory():
+    """A fake 'free memory' on the CPU: the tiny shape's KV per slot grows with the context, so the long context
+    holds fewer sequences; the timing engine is rebuilt with that many slots and that cache length."""
+    spec = EngineSpec(model="tiny", method="ngram", k_max=2, max_batch_size=8, context_len=2048)
+    probe = tuner_adapter.BuiltinEngine(spec)
+    assert probe.batch_cap(2048).batch_size == 8 and not probe.batch_cap(2048).capped  # CPU: no limit given
+    per_slot = probe._sequence_bytes(probe._max_len(2048))
+    free = tuner_adapter.WORKSPACE_BYTES + 4 * per_slot  # 3 sequences + the spare slot at context 2048
+    engine = tuner_adapter.BuiltinEngine(spec, free_bytes=free)
+    assert engine.batch_cap(2048).batch_size == 3 and "8 sequences of" in engine.batch_cap(2048).numbers
+    assert engine.batch_cap(64).batch_size == 8  # a short context holds them all
+    engine.set_context_len(64)
+    assert (engine.engine.cfg.max_num_seqs, engine.engine.cfg.max_len) == (8, engine._max_len(64))
+    engine.set_context_len(2048)  # the cache is too short: rebuilt with the slots that fit
+    assert (engine.engine.cfg.max_num_seqs, engine.engine.cfg.max_len) == (3, engine._max_len(2048))
+    with pytest.raises(ValueError, match="outside 1..3"):
+        engine.measure_step(4, 1, 1)
+    assert len(engine.measure_step(3, 1, 1).samples_ms) == 1
+    engine.close()
+    tiny = tuner_adapter.BuiltinEngine(spec, free_bytes=tuner_adapter.WORKSPACE_BYTES)
+    assert tiny.batch_cap(2048).batch_size == 0

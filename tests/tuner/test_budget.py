@@ -21,3 +21,24 @@ def test_refuses_with_the_numbers_when_it_will_not_fit():
     text = str(err.value)
     assert "needs 88.0 GiB" in text and "KV 40.0 GiB x 2 engine(s)" in text and "60.0 GiB is free" in text
     check_memory(MemoryPlan(free_bytes=int(60 * GIB), weights_bytes=0, kv_bytes=kv, workspace_bytes=int(4 * GIB)))
+
+
+def test_largest_batch_that_fits_hand_worked():
+    from tabletune.tuner.budget import largest_batch
+
+    # 100 free, 10 fixed, 7 a sequence and one spare slot: 10 + (b + 1) 7 <= 100 -> b = 11
+    assert largest_batch(100, 10, 7, 256, extra_slots=1) == 11
+    assert largest_batch(100, 10, 7, 8, extra_slots=1) == 8  # never above max_num_seqs
+    assert largest_batch(16, 10, 7, 8, extra_slots=1) == 0  # not even one
+
+
+def test_capped_grid_and_refusal():
+    from tabletune.tuner.budget import BatchCap, capped_batch_sizes, check_caps
+
+    assert capped_batch_sizes((1, 2, 4, 8, 16), 16) == (1, 2, 4, 8, 16)
+    assert capped_batch_sizes((1, 2, 4, 8, 16), 6) == (1, 2, 4, 6)
+    assert capped_batch_sizes((4, 8), 2) == (2,)
+    check_caps([BatchCap(2048, 256, 256), BatchCap(32768, 3, 256, "x")])
+    with pytest.raises(InputError) as err:
+        check_caps([BatchCap(2048, 256, 256), BatchCap(32768, 0, 256, "256 sequences need 900 GiB")])
+    assert "32768" in str(err.value) and "not even one sequence fits (256 sequences need 900 GiB)" in str(err.value)

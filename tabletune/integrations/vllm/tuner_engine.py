@@ -26,6 +26,7 @@ from tabletune.integrations.vllm.step_hooks import StepRecorder
 from tabletune.errors import InputError
 from tabletune.profile import Fingerprint
 from tabletune.tuner import EngineSpec, StepSamples
+from tabletune.tuner.budget import BatchCap, largest_batch
 
 WARMUP_STEPS = 1  # the first step after a change verifies drafts sized by the old k
 PATTERN = (5, 6, 7, 8, 9, 10, 11)  # the repeated prompt tokens (valid in every vocabulary)
@@ -201,29 +202,30 @@ class VllmEngine:
         if context_len + REFRESH_TOKENS + 64 > self.max_model_len:
             raise InputError("--context-len", "context_len", context_len,
                              f"+ {REFRESH_TOKENS + 64} decode tokens exceeds vLLM's max_model_len={self.max_model_len}")
-        self.check_kv(context_len)
         self.stop_batch()
         self.context_target = self.context_len = context_len
         self._context_sum, self._context_n = 0.0, 0
 
-    def check_kv(self, context_len: int) -> None:
-        """Refuse, before any timing, a grid whose largest batch will not fit vLLM's KV cache.
+    def batch_cap(self, context_len: int) -> BatchCap:
+        """The largest batch vLLM's KV cache holds at ``context_len`` (``tabletune.tuner.budget``).
 
         The timing requests share one prompt (prefix caching keeps one copy of it, when on) and each
-        decodes up to REFRESH_TOKENS + 8 (k_max + 1) tokens before the batch restarts.
+        decodes up to REFRESH_TOKENS + 8 (k_max + 1) tokens before the batch restarts:
+
+            need(b) = (context_len if shared) + b * (per_request + (0 if shared else context_len)) <= have
         """
+        n = self.max_batch_size
         cache = self.llm.llm_engine.vllm_config.cache_config
         have = getattr(cache, "kv_cache_size_tokens", None)
         if not have:
-            return
+            return BatchCap(context_len, n, n)
         per_request = REFRESH_TOKENS + 8 * (self.k_max + 1) + (cache.block_size or 16)
         shared = bool(getattr(cache, "enable_prefix_caching", False))
-        need = (context_len if shared else 0) + self.max_batch_size * (per_request + (0 if shared else context_len))
-        if need > have:
-            raise InputError("--max-num-seqs", "max_num_seqs", self.max_batch_size,
-                             f"{self.max_batch_size} requests at context {context_len} need ~{need} KV tokens but "
-                             f"vLLM's cache holds {have}: lower --max-num-seqs / --context-lens, or give vLLM more "
-                             "KV memory (-- --gpu-memory-utilization ...; on CPU VLLM_CPU_KVCACHE_SPACE)")
+        b = largest_batch(have, context_len if shared else 0, per_request + (0 if shared else context_len), n)
+        need = (context_len if shared else 0) + n * (per_request + (0 if shared else context_len))
+        numbers = (f"{n} requests need ~{need} KV tokens but vLLM's cache holds {have}; give vLLM more KV memory "
+                   "with -- --gpu-memory-utilization ... (on CPU VLLM_CPU_KVCACHE_SPACE)") if b < n else ""
+        return BatchCap(context_len, b, n, numbers)
 
     def force_k(self, k: int) -> None:
         """Every batch size drafts k from the next ``schedule()`` on."""
