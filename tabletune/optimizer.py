@@ -427,7 +427,8 @@ class Verdict:
     loss_vs_optimum: tuple[float, float]  # (mean, worst b) of 1 - g_table / max_k g: what simplicity gives up
 
     def summary(self) -> str:
-        given_up = f"gives up {self.loss_vs_optimum[0]:.1%} mean ({self.loss_vs_optimum[1]:.1%} worst b) vs the exact optimum"
+        mean, worst = self.loss_vs_optimum
+        given_up = f"gives up {mean:.1%} mean ({worst:.1%} worst b) vs the exact optimum"
         if not self.worth_it:
             return (f"verdict: fixed k={self.fixed_k} is as good within the measured noise (no change of k gains "
                     f"more than the noise at any batch size); serve num_speculative_tokens={self.fixed_k} "

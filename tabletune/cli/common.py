@@ -13,6 +13,7 @@ from tabletune.errors import InputError
 from tabletune.optimizer import OptimizeOptions, TableResult
 from tabletune.padding import geometric_batch_sizes
 from tabletune.profile import StepProfile, parse_int_list
+from tabletune.sglang_config import to_sglang
 
 
 def stderr_console() -> Console:
@@ -51,9 +52,12 @@ def optimize_options(profile: StepProfile, num_rates: int, max_batch: int | None
                            draft_rate=draft_rate)
 
 
-def format_table(result: TableResult, fmt: str) -> str:
-    """The table as vLLM's keys (``vllm``), TensorRT-LLM's schedule (``trtllm``) or with predictions (``json``)."""
+def format_table(result: TableResult, fmt: str, sglang_min_step: int = 0) -> str:
+    """The table as vLLM's keys (``vllm``), TensorRT-LLM's schedule (``trtllm``), SGLang's adaptive config
+    (``sglang``, ``tabletune.sglang_config``) or with predictions (``json``)."""
     k_max = max(result.ks)
+    if fmt == "sglang":
+        return json.dumps(to_sglang(result.table, sglang_min_step))
     if fmt == "vllm":
         return json.dumps(result.table.to_vllm(k_max))
     if fmt == "trtllm":

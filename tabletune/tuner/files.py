@@ -1,8 +1,8 @@
 """What ``tabletune tune`` writes, and the gains it predicts. Core: no torch, no vllm.
 
 A run's folder holds ``step_profile.json``, ``acceptance.json``, ``table.json``
-(vLLM's keys), ``speculative_config.json`` (the whole ``--speculative-config``)
-and, when the caller passes a drawing function, ``tune.png``; for a drafter that proposes
+(vLLM's keys), ``speculative_config.json`` (the whole ``--speculative-config``),
+``sglang_adaptive_config.json`` (SGLang's ``--speculative-adaptive-config``) and, when the caller passes a drawing function, ``tune.png``; for a drafter that proposes
 only on a match, ``yields.json`` (the per-k yields the table was built from); with a static check,
 ``static_check.json`` (``static_json``, written after the rest). With several context
 lengths each profile gets a ``context-<N>/`` folder and the top holds
@@ -35,11 +35,13 @@ from tabletune.acceptance import AcceptanceProfile
 from tabletune.goodput import DraftYield
 from tabletune.optimizer import TableResult, evaluate_table, gain_vs, smooth_within_noise
 from tabletune.profile import StepProfile
+from tabletune.sglang_config import to_sglang
 from tabletune.table import VLLM_DOCUMENTED_RANGES, ContextRow, ContextTable, DraftTable
 from tabletune.tuner.run import TuneOutcome
 from tabletune.tuner.static_check import StaticDecision
 
-JSON_FILES = ("step_profile.json", "acceptance.json", "table.json", "speculative_config.json")
+SGLANG_FILE = "sglang_adaptive_config.json"  # SGLang's --speculative-adaptive-config (``tabletune.sglang_config``)
+JSON_FILES = ("step_profile.json", "acceptance.json", "table.json", "speculative_config.json", SGLANG_FILE)
 YIELDS_FILE = "yields.json"
 PNG_FILE = "tune.png"
 STATIC_FILE = "static_check.json"
@@ -102,6 +104,7 @@ def _write_files(folder: Path, outcome: TuneOutcome, speculative_config: Callabl
         result = dataclasses.replace(result, table=result.table.extended_to(cap.max_num_seqs))
     _write_json(folder / "table.json", result.table.to_vllm(k_max))
     _write_json(folder / "speculative_config.json", speculative_config(result.table.as_lists()))
+    _write_json(folder / SGLANG_FILE, to_sglang(result.table))
     if draw_png is not None:
         draw_png(outcome.profile, result, folder / PNG_FILE)
     return result
@@ -140,14 +143,14 @@ def write_runs(out_dir: str | Path, outcomes: Sequence[TuneOutcome],
                noise_floor: float = 0.0) -> tuple[list[TableResult], dict[str, Path]]:
     """One context: ``write_run``. Several: ``context-<N>/`` per profile (as ``write_run`` writes), and at the top
     ``table_by_context.json`` (``tabletune.table.ContextTable``) and ``speculative_config.json`` with the smallest
-    context's row as vLLM's own table; all or nothing."""
+    context's row as vLLM's own table (and SGLang's, which has no context axis); all or nothing."""
     if len(outcomes) == 1:
         result, files = write_run(out_dir, outcomes[0], speculative_config, command, draw_png, noise_floor)
         return [result], files
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    names = [BY_CONTEXT_FILE, "speculative_config.json"]
+    names = [BY_CONTEXT_FILE, "speculative_config.json", SGLANG_FILE]
     try:
         results = []
         for outcome in outcomes:
@@ -157,6 +160,7 @@ def write_runs(out_dir: str | Path, outcomes: Sequence[TuneOutcome],
         table = ContextTable(tuple(ContextRow(o.profile.context_len, r.table) for o, r in zip(outcomes, results)))
         _write_json(tmp / BY_CONTEXT_FILE, table.to_json())
         _write_json(tmp / "speculative_config.json", speculative_config(table.rows[0].table.as_lists()))
+        _write_json(tmp / SGLANG_FILE, to_sglang(table.rows[0].table))
         _publish_entries(tmp, out, names)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

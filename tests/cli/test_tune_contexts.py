@@ -26,8 +26,8 @@ def test_context_lens_write_a_by_context_table(tmp_path, fake_engine):
     out = tmp_path / "run"
     res = CliRunner().invoke(main, [*ARGS, "--context-lens", "1000,100", "--out", str(out)])
     assert res.exit_code == 0, res.output
-    assert sorted(p.name for p in out.iterdir()) == ["context-100", "context-1000", "speculative_config.json",
-                                                     "table_by_context.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["context-100", "context-1000", "sglang_adaptive_config.json",
+                                                     "speculative_config.json", "table_by_context.json"]
     table = ContextTable.load(out / "table_by_context.json")
     assert [r.max_context_len for r in table.rows] == [100, 1000]
     for row in table.rows:  # each row is that profile's own 1-D table
