@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tabletune.errors import InputError
-from tabletune.optimizer import OptimizeOptions, TableResult
+from tabletune.optimizer import OptimizeOptions, TableResult, verdict
 from tabletune.padding import geometric_batch_sizes
 from tabletune.profile import StepProfile, parse_int_list
 from tabletune.sglang_config import to_sglang
@@ -89,4 +89,6 @@ def print_predictions(result: TableResult, console: Console) -> None:
     k = result.best_single_k
     mean, worst = result.gain_vs_fixed(k)
     console.print(f"best single fixed k={k}: table gains {mean:+.1%} on average, {worst:+.1%} at worst")
+    if result.tolerance:  # a table smoothed within noise: is it worth using over the best fixed k?
+        console.print(verdict(result).summary())
 

@@ -29,7 +29,7 @@ from tabletune import fileio
 from tabletune.acceptance import parse_rates
 from tabletune.cli.common import command_line, print_predictions, stderr_console
 from tabletune.errors import InputError
-from tabletune.optimizer import DEFAULT_NOISE_FLOOR, TableResult, smooth_within_noise, verdict
+from tabletune.optimizer import DEFAULT_NOISE_FLOOR, TableResult, smooth_within_noise
 from tabletune.padding import geometric_batch_sizes
 from tabletune.profile import StepProfile, parse_int_list
 from tabletune.tuner import EngineSpec, TunePlan, check_grid
@@ -275,4 +275,3 @@ def _report(outcome, result, console: Console) -> None:
                   f"{gains.vs_best_fixed[1]:+.1%} worst b")
     console.print(f"predicted gain vs vLLM's documented table {gains.documented}: {gains.vs_documented[0]:+.1%} mean, "
                   f"{gains.vs_documented[1]:+.1%} worst b")
-    console.print(verdict(result).summary())
