@@ -77,3 +77,30 @@ def test_builtin_engine_caps_each_context_to_its_free_memory():
     engine.close()
     tiny = tuner_adapter.BuiltinEngine(spec, free_bytes=tuner_adapter.WORKSPACE_BYTES)
     assert tiny.batch_cap(2048).batch_size == 0
+
+
+@pytest.mark.slow
+def test_a_tune_over_two_contexts_measures_the_long_one_up_to_what_fits(tmp_path):
+    """The H200 long-context run's code path on the CPU: fake free memory that holds 8 sequences at context 64 and
+    3 at context 2048; the tune measures each up to its cap and its table reaches max_num_seqs."""
+    from tabletune.tuner import TunePlan
+    from tabletune.tuner.files import write_runs
+    from tabletune.tuner.run import batch_caps, run_contexts
+
+    spec = EngineSpec(model="tiny", method="eagle", k_max=2, max_batch_size=8, context_len=2048,
+                      synthetic_acceptance=(0.9, 0.5))
+    probe = tuner_adapter.BuiltinEngine(spec)
+    free = tuner_adapter.WORKSPACE_BYTES + 4 * probe._sequence_bytes(probe._max_len(2048))
+    engine = tuner_adapter.BuiltinEngine(spec, free_bytes=free)
+    plan = TunePlan(batch_sizes=(1, 2, 4, 8), ks=(0, 1, 2), point_budget_s=0.05, min_samples=2, refine=False,
+                    close_call_windows=0, recheck_passes=0)
+    try:
+        caps = batch_caps(engine, [64, 2048])
+        outcomes = run_contexts(engine, plan, ["def f(x):\n    return x"], [64, 2048], caps=caps)
+    finally:
+        engine.close()
+    assert [o.profile.batch_sizes for o in outcomes] == [[1, 2, 4, 8], [1, 2, 3]]
+    assert outcomes[1].batch_cap.capped and "measured up to b=3" in outcomes[1].batch_cap.describe()
+    results, _ = write_runs(tmp_path / "run", outcomes, lambda r: {"num_speculative_tokens_per_batch_size": r})
+    assert [r.table.ranges[-1][1] for r in results] == [8, 8]
+
