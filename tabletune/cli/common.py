@@ -10,10 +10,11 @@ from rich.console import Console
 from rich.table import Table
 
 from tabletune.errors import InputError
-from tabletune.optimizer import OptimizeOptions, TableResult, verdict
+from tabletune.optimizer import OptimizeOptions, TableResult
 from tabletune.padding import geometric_batch_sizes
 from tabletune.profile import StepProfile, parse_int_list
 from tabletune.sglang_config import to_sglang
+from tabletune.simple_table import verdict
 
 
 def stderr_console() -> Console:

@@ -15,8 +15,9 @@ from tabletune import fileio
 from tabletune.acceptance import load_acceptance
 from tabletune.cli.common import format_table, optimize_options, print_predictions, stderr_console
 from tabletune.errors import InputError
-from tabletune.optimizer import DEFAULT_NOISE_FLOOR, optimize_table, smooth_within_noise
+from tabletune.optimizer import optimize_table
 from tabletune.profile import StepProfile
+from tabletune.simple_table import DEFAULT_NOISE_FLOOR, smooth_within_noise
 from tabletune.table import ContextRow, ContextTable
 
 

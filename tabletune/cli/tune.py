@@ -29,9 +29,10 @@ from tabletune import fileio
 from tabletune.acceptance import parse_rates
 from tabletune.cli.common import command_line, print_predictions, stderr_console
 from tabletune.errors import InputError
-from tabletune.optimizer import DEFAULT_NOISE_FLOOR, TableResult, smooth_within_noise
+from tabletune.optimizer import TableResult
 from tabletune.padding import geometric_batch_sizes
 from tabletune.profile import StepProfile, parse_int_list
+from tabletune.simple_table import DEFAULT_NOISE_FLOOR, smooth_within_noise
 from tabletune.tuner import EngineSpec, TunePlan, check_grid
 from tabletune.tuner.checkpoint import Checkpoint
 from tabletune.tuner.files import STATIC_FILE, DrawPng, predict_gains, static_json, write_runs

@@ -6,10 +6,10 @@ A run's folder holds ``step_profile.json``, ``acceptance.json``, ``table.json``
 only on a match, ``yields.json`` (the per-k yields the table was built from); with a static check,
 ``static_check.json`` (``static_json``, written after the rest). With several context
 lengths each profile gets a ``context-<N>/`` folder and the top holds
-``table_by_context.json`` (``tabletune.table.ContextTable``). A context measured only up to the
-largest batch it holds (``TuneOutcome.batch_cap``) has its table's last k extended to ``max_num_seqs``. The table comes
-from the optimizer (``smooth_within_noise``: k changes only for a difference the
-points resolve), never from a plot, so the JSON files need no matplotlib; the
+``table_by_context.json`` (``tabletune.table.ContextTable``). A context measured only up to
+the largest batch it holds (``TuneOutcome.batch_cap``) has its table's last k extended to
+``max_num_seqs``. The table comes from ``tabletune.simple_table.smooth_within_noise`` (k changes
+only for a gain the points resolve), never from a plot, so the JSON files need no matplotlib; the
 PNG is drawn from the same ``TableResult`` (``tabletune.plot.draw_tune_png``).
 Every file is first written into a temporary sibling folder; only when all of
 them exist are they moved into place, so a failed run leaves nothing half-written.
@@ -33,9 +33,10 @@ from pathlib import Path
 
 from tabletune.acceptance import AcceptanceProfile
 from tabletune.goodput import DraftYield
-from tabletune.optimizer import TableResult, evaluate_table, gain_vs, smooth_within_noise
+from tabletune.optimizer import TableResult, evaluate_table, gain_vs
 from tabletune.profile import StepProfile
 from tabletune.sglang_config import to_sglang
+from tabletune.simple_table import smooth_within_noise
 from tabletune.table import VLLM_DOCUMENTED_RANGES, ContextRow, ContextTable, DraftTable
 from tabletune.tuner.run import TuneOutcome
 from tabletune.tuner.static_check import StaticDecision

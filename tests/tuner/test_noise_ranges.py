@@ -8,7 +8,8 @@ import pytest
 
 from tabletune.acceptance import AcceptanceCounts
 from tabletune.goodput import expected_tokens
-from tabletune.optimizer import optimize_table, smooth_within_noise
+from tabletune.optimizer import optimize_table
+from tabletune.simple_table import smooth_within_noise
 from tabletune.profile import Fingerprint, StepPoint, StepProfile
 from tabletune.tuner import StepSamples, TunePlan, run_plan
 
@@ -106,7 +107,7 @@ def test_zero_spread_is_the_exact_optimum_and_noise_floor_widens():
 
 
 def test_few_samples_count_as_noise_not_as_certainty():
-    from tabletune.optimizer import noise_tolerance, point_noise
+    from tabletune.simple_table import noise_tolerance, point_noise
 
     # two standard errors of a difference of medians: sigma from the range (2 samples: range / 1.128)
     assert point_noise([10.0, 11.0]) == pytest.approx(2 * 2 ** 0.5 * 1.2533 * (1 / 1.128) / 2 ** 0.5 / 10.5)

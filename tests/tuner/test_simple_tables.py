@@ -8,8 +8,8 @@ import random
 import pytest
 
 from tabletune.goodput import expected_tokens
-from tabletune.optimizer import (best_fixed_k, optimize_table, resolved_gain, simple_ks, smooth_within_noise,
-                                 verdict)
+from tabletune.optimizer import optimize_table
+from tabletune.simple_table import best_fixed_k, resolved_gain, simple_ks, smooth_within_noise, verdict
 from tabletune.profile import StepPoint, StepProfile
 
 RATES = (0.8, 0.75, 0.7, 0.65)
