@@ -214,7 +214,7 @@ class Verdict:
 
     def summary(self) -> str:
         mean, worst = self.loss_vs_optimum
-        given_up = f"gives up {mean:.1%} mean ({worst:.1%} worst b) vs the exact optimum"
+        given_up = f"gives up {mean:.1%} mean ({worst:.1%} worst b) vs the exact optimum of the measured medians"
         if not self.worth_it:
             return (f"verdict: fixed k={self.fixed_k} is as good within the measured noise (no change of k gains "
                     f"more than the noise at any batch size); serve num_speculative_tokens={self.fixed_k} "
