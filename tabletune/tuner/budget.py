@@ -7,9 +7,8 @@ tokens each:
 
 and need a workspace (activations, CUDA graphs' memory pools). A tune runs its
 engines one after another (never two at once), so what must fit is the largest
-one: ``engines`` counts those that would be alive together. ``check_memory``
-refuses up front, with the numbers, when ``weights + engines * (kv + workspace)``
-exceeds the free device memory.
+one: ``engines`` counts those that would be alive together, and ``MemoryPlan``
+says what ``weights + engines * (kv + workspace)`` needs against the free memory.
 
 A long context may not hold ``max_num_seqs`` sequences. ``largest_batch`` is the largest
 batch size that fits, per context (``BatchCap``); the tune measures that context up to it,
@@ -53,13 +52,6 @@ class MemoryPlan:
                 f"but {self.free_bytes / GIB:.1f} GiB is free"
                 + (f" after {self.already_allocated_bytes / GIB:.1f} GiB of weights" if self.already_allocated_bytes
                    else ""))
-
-
-def check_memory(plan: MemoryPlan, source: str = "--max-num-seqs") -> None:
-    """Refuse (InputError, exit 2) a tune whose allocations will not fit."""
-    if plan.need_bytes > plan.free_bytes:
-        raise InputError(source, "memory", f"{plan.need_bytes / GIB:.1f} GiB", plan.describe()
-                         + ": lower --max-num-seqs or --context-len")
 
 
 def largest_batch(free: int, fixed: int, per_sequence: int, max_num_seqs: int, extra_slots: int = 0) -> int:
