@@ -1,4 +1,5 @@
-"""The SGLang writer against a fixture of SGLang's documented parsing rules (``tests/fixtures/sglang_adaptive_rules``)."""
+"""The SGLang writer against a fixture of SGLang's documented parsing rules
+(``tests/fixtures/sglang_adaptive_rules.py``)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 A run's folder holds ``step_profile.json``, ``acceptance.json``, ``table.json``
 (vLLM's keys), ``speculative_config.json`` (the whole ``--speculative-config``),
-``sglang_adaptive_config.json`` (SGLang's ``--speculative-adaptive-config``) and, when the caller passes a drawing function, ``tune.png``; for a drafter that proposes
+``sglang_adaptive_config.json`` (SGLang's ``--speculative-adaptive-config``) and, when the
+caller passes a drawing function, ``tune.png``; for a drafter that proposes
 only on a match, ``yields.json`` (the per-k yields the table was built from); with a static check,
 ``static_check.json`` (``static_json``, written after the rest). With several context
 lengths each profile gets a ``context-<N>/`` folder and the top holds
