@@ -31,6 +31,7 @@ from tabletune.errors import InputError
 from tabletune.table import DraftTable
 
 STRATEGY = "ema"
+SGLANG_ADAPTIVE_METHODS = ("eagle", "eagle3")  # the methods (``tune --method``) SGLang's adaptive steps serve
 
 
 def to_sglang(table: DraftTable, min_step: int = 0) -> dict:

@@ -32,10 +32,11 @@ from tabletune.errors import InputError
 from tabletune.optimizer import TableResult
 from tabletune.padding import geometric_batch_sizes
 from tabletune.profile import StepProfile, parse_int_list
+from tabletune.sglang_config import SGLANG_ADAPTIVE_METHODS, launch_flags
 from tabletune.simple_table import DEFAULT_NOISE_FLOOR, smooth_within_noise
 from tabletune.tuner import EngineSpec, TunePlan, check_grid
 from tabletune.tuner.checkpoint import Checkpoint
-from tabletune.tuner.files import STATIC_FILE, DrawPng, predict_gains, static_json, write_runs
+from tabletune.tuner.files import SGLANG_FILE, STATIC_FILE, DrawPng, predict_gains, static_json, write_runs
 from tabletune.tuner.run import batch_caps, measure_static, run_contexts
 from tabletune.tuner.static_check import check_batch_sizes, decide_static
 
@@ -208,6 +209,11 @@ def tune_cmd(engine_name, model, method, draft_model, k_max, batch_sizes, max_nu
         console.print(decision.summary())
     for path in files.values():
         console.print(f"wrote {path}")
+    if method in SGLANG_ADAPTIVE_METHODS:  # SGLang's adaptive steps serve EAGLE/EAGLE3 only
+        sglang_file = files[SGLANG_FILE]
+        console.print("on SGLang: python -m sglang.launch_server --model-path MODEL --speculative-algorithm EAGLE3 "
+                      "--speculative-draft-model-path DRAFT "
+                      f"{launch_flags(json.loads(sglang_file.read_text()), str(sglang_file))}")
     main_table = files.get("table_by_context.json", files["table.json"])
     click.echo(json.dumps(json.loads(main_table.read_text())))
     if "tune.png" in files:

@@ -113,3 +113,13 @@ def test_a_bug_in_the_engine_exits_1_and_writes_no_output(tmp_path, fake_engine,
     assert [p.name for p in tmp_path.iterdir()] == ["run.partial"]
     kinds = [json.loads(line)["kind"] for line in (tmp_path / "run.partial" / "points.jsonl").read_text().splitlines()]
     assert kinds == ["start", "acceptance"]
+
+
+def test_an_eagle_tune_prints_how_to_serve_it_on_sglang(tmp_path, fake_engine):
+    out = tmp_path / "run"
+    res = CliRunner().invoke(main, ["tune", "--engine", "builtin", "--model", "fake", "--method", "eagle",
+                                    "--k-max", "3", "--batch-sizes", "1,16,64", *FAST, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    flags = " ".join(res.stderr.split())  # rich wraps long lines
+    assert "--speculative-num-steps 3 --speculative-num-draft-tokens 4 --speculative-adaptive" in flags
+    assert f"--speculative-adaptive-config {out / 'sglang_adaptive_config.json'}" in flags
