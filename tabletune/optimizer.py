@@ -10,14 +10,12 @@ optimal under the model at every b.
 
 from __future__ import annotations
 
-import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tabletune.cost import partial_draft_ms
 from tabletune.goodput import DraftYield, expected_tokens, goodput, with_draft_rate
-from tabletune.profile import StepPoint, StepProfile
+from tabletune.profile import StepProfile
 from tabletune.table import DraftTable
 
 
@@ -81,11 +79,18 @@ class TableResult:
     table: DraftTable
     ks: tuple[int, ...]  # the allowed draft lengths the table chose among
     predictions: tuple[BatchPrediction, ...]
+    tolerance: tuple[dict[int, float], ...] = ()  # tol[b-1][k] the table was smoothed with (else none)
 
     @property
     def best_single_k(self) -> int:
         """The one k an operator would fix for all loads: best mean share of the optimum."""
         return best_single_k(self.predictions)
+
+    @property
+    def loss_vs_optimum(self) -> tuple[float, float]:
+        """(mean, worst) over b of 1 - table / exact-optimum goodput: what the table gives up for simplicity."""
+        losses = [p.loss_vs_best_fixed for p in self.predictions]
+        return sum(losses) / len(losses), max(losses)
 
     def gain_vs_fixed(self, k: int) -> tuple[float, float]:
         """(mean, minimum) over b of table goodput / fixed-k goodput - 1."""
@@ -223,83 +228,3 @@ def yield_goodput_grid(profile: StepProfile, yields: Sequence[DraftYield], max_b
         raise ValueError(f"partial drafting needs T(b, 0) measured; the profile has k {profile.ks}")
     return [{y.k: goodput(b, partial_draft_ms(profile, b, y.k, max(y.draft_rate, 1e-6), draft_share),
                           y.tokens_per_step) for y in yields} for b in range(1, max_batch + 1)]
-
-
-RESOLVE_Z = 2.0 * math.sqrt(2.0)  # two standard errors of the difference of two equally noisy medians
-RANGE_TO_SIGMA = {2: 1.128, 3: 1.693}  # expected range of n normal samples, in standard deviations
-
-
-def point_noise(samples_ms: Sequence[float]) -> float | None:
-    """The smallest relative difference from another point that this point's median resolves: about two
-    standard errors of the difference of two medians, RESOLVE_Z * se / median.
-
-    se is the standard error of the median, 1.2533 sigma / sqrt(n), with sigma = IQR / 1.349 from 4
-    samples on and range / d2(n) from 2 to 3; None (unknown) for a single sample. It shrinks with the
-    samples: a point of 100 steps with a 10% spread resolves 2.5%, one of 4 steps 12%.
-    """
-    n = len(samples_ms)
-    median = statistics.median(samples_ms)
-    if n >= 4:
-        sigma = StepPoint(1, 0, tuple(samples_ms)).spread * median / 1.349
-    elif n >= 2:
-        sigma = (max(samples_ms) - min(samples_ms)) / RANGE_TO_SIGMA[n]
-    else:
-        return None
-    return RESOLVE_Z * 1.2533 * sigma / math.sqrt(n) / median
-
-
-def noise_tolerance(profile: StepProfile, max_batch: int, ks: Sequence[int], floor: float = 0.0) -> list[dict[int, float]]:
-    """tol[b-1][k]: the relative difference T(b, k) resolves (``point_noise``), at least ``floor``.
-
-    A point with a single sample takes the largest noise measured in the profile (unknown is not
-    zero). A measured b uses its point's noise; a b between two measured batch sizes the larger of
-    theirs; beyond the largest measured b, that point's.
-    """
-    known = {(p.batch_size, p.k): point_noise(p.samples_ms) for p in profile.points}
-    worst = max((v for v in known.values() if v is not None), default=0.0)
-    noise = {key: worst if v is None else v for key, v in known.items()}
-    measured = profile.batch_sizes
-    out = []
-    for b in range(1, max_batch + 1):
-        lo = max([x for x in measured if x <= b], default=measured[0])
-        hi = min([x for x in measured if x >= b], default=measured[-1])
-        out.append({k: max(floor, noise.get((lo, k), 0.0), noise.get((hi, k), 0.0)) for k in ks})
-    return out
-
-
-def smooth_within_noise(profile: StepProfile, rates: Sequence[float], options: OptimizeOptions = OptimizeOptions(),
-                        noise_floor: float = 0.0) -> TableResult:
-    """The table whose k changes between batch sizes only for a difference the measurement resolves.
-
-    At batch size b the candidates are the k whose modelled goodput is within noise of the best:
-
-        C(b) = {k : g(b, k) >= g(b, k_best) * (1 - max(tol(b, k), tol(b, k_best)))}
-
-    with tol = ``noise_tolerance`` (``point_noise``: two standard errors of the difference of two
-    medians, from the IQR of the T(b, k) samples or their range with 2-3 samples, at least
-    ``noise_floor``; goodput's relative noise is T's). At b = 1 the table takes
-    k_best; at each next b it keeps the previous k while that is a candidate, else
-    takes the candidate nearest to the previous k (ties: the smaller k). So within
-    noise a table is monotone and keeps its neighbour's k, and a range boundary
-    stands for a difference the measurement resolves. ``options.min_gain`` is not
-    used here. With zero spread this is ``optimize_table``.
-    """
-    if noise_floor < 0:
-        raise ValueError(f"noise_floor must be >= 0, got {noise_floor}")
-    max_batch = options.max_batch or profile.max_batch_size
-    ks = allowed_ks(profile, len(rates), options)
-    grid = goodput_grid(profile, rates, ks, max_batch, options.draft_rate, options.draft_share, options.yields)
-    tol = noise_tolerance(profile, max_batch, ks, noise_floor)
-    chosen: list[int] = []
-    for row, tol_row in zip(grid, tol):
-        best = best_k(row)
-        cands = [k for k in ks if row[k] >= row[best] * (1.0 - max(tol_row[k], tol_row[best]))]
-        if not chosen:
-            k = best
-        elif chosen[-1] in cands:
-            k = chosen[-1]
-        else:
-            k = min(cands, key=lambda c: (abs(c - chosen[-1]), c))
-        chosen.append(k)
-    table = DraftTable.from_dense(chosen)
-    return TableResult(table, ks, predict(table, grid))

@@ -118,6 +118,11 @@ class DraftTable:
                 return k
         raise ValueError(f"batch_size {batch_size} < 1")
 
+    def extended_to(self, max_batch: int) -> DraftTable:
+        """The same table with its last range reaching ``max_batch`` (the last k held beyond what was measured)."""
+        *head, (start, end, k) = self.ranges
+        return DraftTable((*head, (start, max(end, max_batch), k)))
+
     def clamped(self, k_max: int) -> DraftTable:
         return DraftTable(tuple((s, e, min(k, k_max)) for s, e, k in self.ranges))
 

@@ -13,6 +13,8 @@ from tabletune.errors import InputError
 from tabletune.optimizer import OptimizeOptions, TableResult
 from tabletune.padding import geometric_batch_sizes
 from tabletune.profile import StepProfile, parse_int_list
+from tabletune.sglang_config import to_sglang
+from tabletune.simple_table import verdict
 
 
 def stderr_console() -> Console:
@@ -51,9 +53,12 @@ def optimize_options(profile: StepProfile, num_rates: int, max_batch: int | None
                            draft_rate=draft_rate)
 
 
-def format_table(result: TableResult, fmt: str) -> str:
-    """The table as vLLM's keys (``vllm``), TensorRT-LLM's schedule (``trtllm``) or with predictions (``json``)."""
+def format_table(result: TableResult, fmt: str, sglang_min_step: int = 0) -> str:
+    """The table as vLLM's keys (``vllm``), TensorRT-LLM's schedule (``trtllm``), SGLang's adaptive config
+    (``sglang``, ``tabletune.sglang_config``) or with predictions (``json``)."""
     k_max = max(result.ks)
+    if fmt == "sglang":
+        return json.dumps(to_sglang(result.table, sglang_min_step))
     if fmt == "vllm":
         return json.dumps(result.table.to_vllm(k_max))
     if fmt == "trtllm":
@@ -85,4 +90,6 @@ def print_predictions(result: TableResult, console: Console) -> None:
     k = result.best_single_k
     mean, worst = result.gain_vs_fixed(k)
     console.print(f"best single fixed k={k}: table gains {mean:+.1%} on average, {worst:+.1%} at worst")
+    if result.tolerance:  # a table smoothed within noise: is it worth using over the best fixed k?
+        console.print(verdict(result).summary())
 

@@ -15,8 +15,9 @@ from tabletune import fileio
 from tabletune.acceptance import load_acceptance
 from tabletune.cli.common import format_table, optimize_options, print_predictions, stderr_console
 from tabletune.errors import InputError
-from tabletune.optimizer import optimize_table, smooth_within_noise
+from tabletune.optimizer import optimize_table
 from tabletune.profile import StepProfile
+from tabletune.simple_table import DEFAULT_NOISE_FLOOR, smooth_within_noise
 from tabletune.table import ContextRow, ContextTable
 
 
@@ -32,16 +33,20 @@ from tabletune.table import ContextRow, ContextTable
 @click.option("--ks", default=None, help="allowed k only, e.g. 0,1,3")
 @click.option("--min-gain", type=click.FloatRange(min=0), default=0.0,
               help="change k between ranges only for this gain")
-@click.option("--format", "fmt", type=click.Choice(["vllm", "trtllm", "json"]), default="vllm")
+@click.option("--format", "fmt", type=click.Choice(["vllm", "trtllm", "sglang", "json"]), default="vllm",
+              help="sglang: SGLang's --speculative-adaptive-config (docs/formats.md)")
+@click.option("--sglang-min-step", type=click.IntRange(0, 1), default=0, show_default=True,
+              help="with --format sglang: 1 for SGLang releases whose candidate_steps must be >= 1 (no step 0)")
 @click.option("--output", type=click.Path(dir_okay=False), default=None, help="write here (atomically)")
 @click.option("--quiet", is_flag=True, help="print only the table")
 @click.option("--model-draft-rate", is_flag=True,
               help="with an acceptance.json: optimise with its draft rate q (linear cost model; opt-in)")
 @click.option("--within-noise", is_flag=True,
               help="change k between batch sizes only for a difference the points resolve (as tune does)")
-@click.option("--noise-floor", type=click.FloatRange(min=0), default=0.0, help="with --within-noise: least noise")
-def table_cmd(step_times, acceptance, workload, temperature, max_batch, k_max, ks, min_gain, fmt, output, quiet,
-              model_draft_rate, within_noise, noise_floor):
+@click.option("--noise-floor", type=click.FloatRange(min=0), default=DEFAULT_NOISE_FLOOR, show_default=True,
+              help="with --within-noise: the least gain a change of k must show at some batch size of its range")
+def table_cmd(step_times, acceptance, workload, temperature, max_batch, k_max, ks, min_gain, fmt, sglang_min_step,
+              output, quiet, model_draft_rate, within_noise, noise_floor):
     """Compute the goodput-optimal draft-length table (2-D by context with several --step-times)."""
     profiles = [StepProfile.load(path) for path in step_times]
     rates, draft_rate = load_acceptance(acceptance, workload, temperature)
@@ -54,7 +59,7 @@ def table_cmd(step_times, acceptance, workload, temperature, max_batch, k_max, k
     if len(profiles) > 1:
         text = json.dumps(by_context(profiles, results, fmt).to_json())
     else:
-        text = format_table(results[0], fmt)
+        text = format_table(results[0], fmt, sglang_min_step)
     result = results[0]
     if output:
         fileio.write_text(output, text + "\n")

@@ -29,13 +29,15 @@ from tabletune import fileio
 from tabletune.acceptance import parse_rates
 from tabletune.cli.common import command_line, print_predictions, stderr_console
 from tabletune.errors import InputError
-from tabletune.optimizer import TableResult, smooth_within_noise
+from tabletune.optimizer import TableResult
 from tabletune.padding import geometric_batch_sizes
 from tabletune.profile import StepProfile, parse_int_list
+from tabletune.sglang_config import SGLANG_ADAPTIVE_METHODS, launch_flags
+from tabletune.simple_table import DEFAULT_NOISE_FLOOR, smooth_within_noise
 from tabletune.tuner import EngineSpec, TunePlan, check_grid
 from tabletune.tuner.checkpoint import Checkpoint
-from tabletune.tuner.files import STATIC_FILE, DrawPng, predict_gains, static_json, write_runs
-from tabletune.tuner.run import measure_static, run_contexts
+from tabletune.tuner.files import SGLANG_FILE, STATIC_FILE, DrawPng, predict_gains, static_json, write_runs
+from tabletune.tuner.run import batch_caps, measure_static, run_contexts
 from tabletune.tuner.static_check import check_batch_sizes, decide_static
 
 ADAPTERS = {"vllm": "tabletune.integrations.vllm.tuner_engine", "builtin": "tabletune.engine.tuner_adapter"}
@@ -131,8 +133,9 @@ def parse_context_lens(context_len: int, context_lens: str | None) -> tuple[int,
               help="prompt tokens of timed requests")
 @click.option("--context-lens", default=None,
               help="e.g. 512,2048,8192: one profile per context length and a by-context table (overrides --context-len)")
-@click.option("--noise-floor", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="change k between batch sizes only beyond max(this, what the points resolve)")
+@click.option("--noise-floor", type=click.FloatRange(min=0), default=DEFAULT_NOISE_FLOOR, show_default=True,
+              help="change k between batch sizes only where the change gains at least this at some batch size "
+                   "of its range, and more than the points resolve")
 @click.option("--static-check/--no-static-check", default=True, show_default=True,
               help="also time the best fixed k with the table mechanism off, and recommend static or dynamic")
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False), default=None,
@@ -171,11 +174,15 @@ def tune_cmd(engine_name, model, method, draft_model, k_max, batch_sizes, max_nu
                                  resume=bool(resume_dir))
     command = command_line()
     console = stderr_console()
-    engine = adapter.start(spec)  # an engine that will not fit refuses here: one line, nothing written
-    console.print(f"checkpoint: {checkpoint.folder} (after an interruption: the same command with --resume "
-                  f"{checkpoint.folder})")
+    engine = adapter.start(spec)
     try:
-        outcomes = _measure(engine, plan, prompts, workload, command, console, lens, checkpoint)
+        caps = batch_caps(engine, lens)  # refuses before anything is measured when a context holds no sequence
+        for cap in caps:
+            if cap.capped:
+                console.print(cap.describe())
+        console.print(f"checkpoint: {checkpoint.folder} (after an interruption: the same command with --resume "
+                      f"{checkpoint.folder})")
+        outcomes = _measure(engine, plan, prompts, workload, command, console, lens, checkpoint, caps)
     finally:
         engine.close()
     make_config = getattr(adapter, "speculative_config", None)
@@ -202,6 +209,11 @@ def tune_cmd(engine_name, model, method, draft_model, k_max, batch_sizes, max_nu
         console.print(decision.summary())
     for path in files.values():
         console.print(f"wrote {path}")
+    if method in SGLANG_ADAPTIVE_METHODS:  # SGLang's adaptive steps serve EAGLE/EAGLE3 only
+        sglang_file = files[SGLANG_FILE]
+        console.print("on SGLang: python -m sglang.launch_server --model-path MODEL --speculative-algorithm EAGLE3 "
+                      "--speculative-draft-model-path DRAFT "
+                      f"{launch_flags(json.loads(sglang_file.read_text()), str(sglang_file))}")
     main_table = files.get("table_by_context.json", files["table.json"])
     click.echo(json.dumps(json.loads(main_table.read_text())))
     if "tune.png" in files:
@@ -238,7 +250,7 @@ def _png_drawer(title: str) -> DrawPng:
     return draw
 
 
-def _measure(engine, plan, prompts, workload, command, console: Console, context_lens, checkpoint):
+def _measure(engine, plan, prompts, workload, command, console: Console, context_lens, checkpoint, caps):
     columns = (TextColumn("{task.description:<32}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
                TextColumn("ETA"), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=False) as bar:
@@ -246,11 +258,13 @@ def _measure(engine, plan, prompts, workload, command, console: Console, context
         return run_contexts(engine, plan, prompts, context_lens, workload=workload, command=command,
                             progress=lambda text, frac: bar.update(task, description=text,
                                                                    completed=round(1000 * frac)),
-                            checkpoint=checkpoint)
+                            checkpoint=checkpoint, caps=caps)
 
 
 def _report(outcome, result, console: Console) -> None:
     print_predictions(result, console)
+    if outcome.batch_cap is not None and outcome.batch_cap.capped:
+        console.print(outcome.batch_cap.describe())
     gains = predict_gains(outcome, result)
     rates = ", ".join(f"{r:.3f}" for r in outcome.rates)
     console.print(f"measured acceptance a_j: {rates} ({outcome.acceptance.num_drafts} drafts)")

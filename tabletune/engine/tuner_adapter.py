@@ -17,7 +17,10 @@
   else the CPU in float32.
 
 ``measure_step`` times whole steps from ``context_len`` cached tokens (each
-sample starts from the same context); ``measure_acceptance`` decodes the prompts
+sample starts from the same context) on a timing engine sized for that context: ``batch_cap(n)``
+sequences (all ``max_num_seqs`` when they fit the free GPU memory, else the largest batch that
+fits, ``tabletune.tuner.budget``) of ``context_len + k_max + 256`` tokens, rebuilt when a context
+needs more room than the engine holds; ``measure_acceptance`` decodes the prompts
 with the real drafter, or, with synthetic acceptance, replays the target's own
 greedy continuation through the forced-rejection cap (lossless; the acceptance
 then follows the given conditional rates).
@@ -34,7 +37,7 @@ import torch
 from tabletune.acceptance import AcceptanceCounts
 from tabletune.engine.drafters import ReplayDrafter, make_drafter
 from tabletune.engine.model import Decoder
-from tabletune.engine.presets import PRESETS, ModelConfig, replace, resolve
+from tabletune.engine.presets import PRESETS, replace, resolve
 from tabletune.engine.profiling import ENGINE_VERSION, RUNNER, device_name, time_steps
 from tabletune.engine.runner import EngineConfig, SpecEngine
 from tabletune.engine.scheduler import Request, Scheduler, policy_context
@@ -45,7 +48,7 @@ from tabletune.policies import resolve as resolve_policy
 from tabletune.profile import Fingerprint
 from tabletune.table import DraftTable
 from tabletune.tuner import EngineSpec, StepSamples
-from tabletune.tuner.budget import MemoryPlan, check_memory, kv_cache_bytes
+from tabletune.tuner.budget import BatchCap, MemoryPlan, kv_cache_bytes, largest_batch
 
 WORKSPACE_BYTES = 4 << 30  # activations, CUDA graphs' pools, cuBLAS workspace: a margin, not a measurement
 
@@ -88,7 +91,9 @@ def _weights_folder(model: str) -> str | None:
 
 
 class BuiltinEngine:
-    def __init__(self, spec: EngineSpec) -> None:
+    def __init__(self, spec: EngineSpec, free_bytes: int | None = None) -> None:
+        """``free_bytes``: device memory free for the KV caches and workspace once the weights are loaded
+        (default: measured on a GPU; on the CPU none, every batch size fits)."""
         self.spec = spec
         cuda = torch.cuda.is_available()
         self.device, self.dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
@@ -102,67 +107,94 @@ class BuiltinEngine:
         self.max_batch_size, self.k_max, self.context_len = spec.max_batch_size, spec.k_max, spec.context_len
         self._engine: SpecEngine | None = None  # the timing engine, built on first use (after the acceptance pass)
         self._rows_ready = 0
-        if self.device == "cuda":
-            check_memory(self.memory_plan())
+        if free_bytes is None and self.device == "cuda":
+            free_bytes = torch.cuda.mem_get_info()[0]
+        self.free_bytes = free_bytes
 
     @property
     def engine(self) -> SpecEngine:
-        """The timing engine (every bucket, every k): built once, on first use, so that the acceptance
-        pass's replay engine is freed before it allocates; one engine holds memory at a time."""
+        """The timing engine (every bucket, every k) for the current context: ``batch_cap`` slots of
+        ``_max_len(context_len)`` tokens, built on first use (after the acceptance pass's own engine is
+        freed); one engine holds memory at a time."""
         if self._engine is None:
-            head = self.spec.draft_model if self.method == "eagle" else None
-            self._engine = self._build(make_drafter(self.method, self.target, self.spec.k_max,
-                                                    draft_model=self._draft(), head=head))
+            self._engine = self._build(self._drafter(), max_num_seqs=self.batch_cap(self.context_len).batch_size,
+                                       max_len=self._max_len(self.context_len))
         return self._engine
 
-    def memory_plan(self) -> MemoryPlan:
-        """What the tune will allocate on the GPU, before it allocates it (see ``tabletune.tuner.budget``)."""
-        cfg, bytes_per = self.target.cfg, torch.finfo(self.dtype).bits // 8
-        free, _ = torch.cuda.mem_get_info()
-        loaded = sum(t.numel() * t.element_size() for t in (*self.target.parameters(), *self.target.buffers()))
-        draft = self._draft_config()
-        to_load = draft.num_params() * bytes_per if draft is not None else 0  # the draft model loads later
-        kv = kv_cache_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, bytes_per,
-                            self.spec.max_batch_size + 1, self._max_len())
-        return MemoryPlan(free_bytes=free, weights_bytes=to_load, kv_bytes=kv, workspace_bytes=WORKSPACE_BYTES,
-                          engines=1, already_allocated_bytes=loaded)
+    def _drafter(self):
+        head = self.spec.draft_model if self.method == "eagle" else None
+        return make_drafter(self.method, self.target, self.spec.k_max, draft_model=self._draft(), head=head)
 
-    def _draft_config(self) -> ModelConfig | None:
-        """The shape of the draft model (``draft_model`` method only; else None)."""
+    def _sequence_bytes(self, max_len: int) -> int:
+        """KV bytes of one slot of ``max_len`` tokens: the target's layers, plus the EAGLE head's one layer
+        or the draft model's layers (``tabletune.engine.drafters`` give the drafter a cache of the same slots)."""
+        cfg, bytes_per = self.target.cfg, torch.finfo(self.dtype).bits // 8
+        layers = cfg.num_layers + (1 if self.method == "eagle" else 0)
+        out = kv_cache_bytes(layers, cfg.num_kv_heads, cfg.head_dim, bytes_per, 1, max_len)
+        if self.method == "draft_model":
+            d = self._draft_cfg()
+            out += kv_cache_bytes(d.num_layers, d.num_kv_heads, d.head_dim, bytes_per, 1, max_len)
+        return out
+
+    def _weights_to_load(self) -> int:
+        """Bytes of the draft model (``draft_model`` method) that each timing engine's build loads."""
         if self.method != "draft_model":
-            return None
-        if self.spec.draft_model:
-            return resolve(_weights_folder(self.spec.draft_model) or self.spec.draft_model)
+            return 0
+        return self._draft_cfg().num_params() * (torch.finfo(self.dtype).bits // 8)
+
+    def memory_plan(self, context_len: int, slots: int) -> MemoryPlan:
+        """What a timing engine of ``slots`` sequences at ``context_len`` allocates (``tabletune.tuner.budget``)."""
+        loaded = sum(t.numel() * t.element_size() for t in (*self.target.parameters(), *self.target.buffers()))
+        return MemoryPlan(free_bytes=self.free_bytes or 0, weights_bytes=self._weights_to_load(),
+                          kv_bytes=(slots + 1) * self._sequence_bytes(self._max_len(context_len)),
+                          workspace_bytes=WORKSPACE_BYTES, already_allocated_bytes=loaded)
+
+    def batch_cap(self, context_len: int) -> BatchCap:
+        """The largest batch a timing engine at ``context_len`` holds in the free memory:
+        WORKSPACE_BYTES + weights to load + (b + 1 slots) * KV bytes per slot <= free (``budget.largest_batch``)."""
+        n = self.spec.max_batch_size
+        if self.free_bytes is None:
+            return BatchCap(context_len, n, n)
+        b = largest_batch(self.free_bytes, WORKSPACE_BYTES + self._weights_to_load(),
+                          self._sequence_bytes(self._max_len(context_len)), n, extra_slots=1)
+        plan = self.memory_plan(context_len, n)
+        numbers = (f"{n} sequences of {self._max_len(context_len)} tokens {plan.describe()}" if b < n else "")
+        return BatchCap(context_len, b, n, numbers)
+
+    def _draft_cfg(self):
+        name = self.spec.draft_model
+        if name:
+            return resolve(_weights_folder(name) or name)
         cfg = self.target.cfg
         return PRESETS["qwen3-0.6b"] if cfg.vocab_size == PRESETS["qwen3-0.6b"].vocab_size else \
             replace(cfg, name=cfg.name + "-draft", num_layers=max(1, cfg.num_layers // 4))
 
     def _draft(self) -> Decoder | None:
-        cfg = self._draft_config()
-        if cfg is None:
+        if self.method != "draft_model":
             return None
-        model = Decoder(cfg, self.dtype, self.device, ops=self.target.ops)
+        model = Decoder(self._draft_cfg(), self.dtype, self.device, ops=self.target.ops)
         folder = _weights_folder(self.spec.draft_model) if self.spec.draft_model else None
         if folder:
             model.load_safetensors(folder)
         return model
 
-    def _max_len(self) -> int:
-        spec = self.spec
-        return max(spec.context_len, ACCEPTANCE_TOKENS) + spec.k_max + ACCEPTANCE_TOKENS
+    def _max_len(self, context_len: int) -> int:
+        """Tokens per slot for steps from ``context_len`` cached tokens (or prompts of that length)."""
+        return max(context_len, ACCEPTANCE_TOKENS) + self.spec.k_max + ACCEPTANCE_TOKENS
 
-    def _build(self, drafter, max_num_seqs: int | None = None, ks: tuple[int, ...] = ()) -> SpecEngine:
-        spec = self.spec
-        n = max_num_seqs or spec.max_batch_size
-        cfg = EngineConfig(max_num_seqs=n, max_len=self._max_len(), k_max=spec.k_max, ks=ks,
-                           buckets=tuple(geometric_batch_sizes(n)), split_steps=bool(spec.policy))
+    def _build(self, drafter, max_num_seqs: int, max_len: int, ks: tuple[int, ...] = ()) -> SpecEngine:
+        cfg = EngineConfig(max_num_seqs=max_num_seqs, max_len=max_len, k_max=self.spec.k_max, ks=ks,
+                           buckets=tuple(geometric_batch_sizes(max_num_seqs)), split_steps=bool(self.spec.policy))
         return SpecEngine(self.target, drafter, cfg)
 
     def set_context_len(self, context_len: int) -> None:
-        """Time the next steps from ``context_len`` cached tokens (must fit the engine's ``max_len``)."""
-        if context_len + self.spec.k_max + 2 > self._max_len():
-            raise InputError("--context-lens", "context_len", context_len,
-                             f"exceeds the engine's cache length {self._max_len()} (start it with the largest)")
+        """Time the next steps from ``context_len`` cached tokens; a timing engine too small for it (fewer
+        slots than ``batch_cap`` or a shorter cache) is freed, and the next step builds one that fits."""
+        built = self._engine
+        if built is not None and (built.cfg.max_len < self._max_len(context_len)
+                                  or built.cfg.max_num_seqs < self.batch_cap(context_len).batch_size):
+            self._engine = None
+            self._free()
         self.context_len, self._rows_ready = context_len, 0
 
     # ---- Engine protocol ----------------------------------------------------
@@ -173,8 +205,10 @@ class BuiltinEngine:
         engine = self.engine
         cfg = engine.cfg
         graphs = "cudagraph-per-(bucket,k)" if engine.graphs else "none"
-        knobs = (f"max_num_seqs={cfg.max_num_seqs} max_len={cfg.max_len} k_max={cfg.k_max} "
-                 f"buckets={','.join(map(str, engine.buckets))} split_steps={cfg.split_steps} "
+        # the configured max_num_seqs, not this context's engine (its slots and cache length follow the context)
+        buckets = ",".join(map(str, geometric_batch_sizes(self.spec.max_batch_size)))
+        knobs = (f"max_num_seqs={self.spec.max_batch_size} k_max={cfg.k_max} buckets={buckets} "
+                 f"split_steps={cfg.split_steps} "
                  f"triton={cfg.kernels.use_triton if cfg.kernels.use_triton is not None else self.device == 'cuda'} "
                  f"pdl={cfg.kernels.pdl} split_k={cfg.kernels.split_k}")
         return Fingerprint(engine="builtin", engine_version=ENGINE_VERSION, device=f"{device_name(engine)} x1",
@@ -182,8 +216,10 @@ class BuiltinEngine:
                            graph_mode=graphs, flags=knobs)
 
     def measure_step(self, batch_size: int, k: int, num_steps: int) -> StepSamples:
-        if not 1 <= batch_size <= self.max_batch_size or not 0 <= k <= self.k_max:
-            raise ValueError(f"(b={batch_size}, k={k}) outside 1..{self.max_batch_size} x 0..{self.k_max}")
+        fits = self.batch_cap(self.context_len).batch_size
+        if not 1 <= batch_size <= fits or not 0 <= k <= self.k_max:
+            raise ValueError(f"(b={batch_size}, k={k}) outside 1..{fits} x 0..{self.k_max} "
+                             f"at context {self.context_len}")
         if batch_size > self._rows_ready:
             self.engine.set_context(batch_size, self.context_len, seed=self.spec.seed)
             self._rows_ready = batch_size
@@ -194,6 +230,7 @@ class BuiltinEngine:
         self._rows_ready = 0  # the decode below overwrites the timing rows' state
         ids = [self._tokenize(p) for p in prompts]
         max_tokens = min(max_tokens, ACCEPTANCE_TOKENS - 8)
+        prompt_len = self._max_len(max(len(i) for i in ids))  # an engine of the prompts' own size
         rates = self.spec.synthetic_acceptance
         if rates:
             # The oracle: the target's greedy path, decoded by the same graphs (same k, every draft rejected by
@@ -201,7 +238,7 @@ class BuiltinEngine:
             # One batch shape for both runs (fixed_shape), so that the replay verifies each position with the
             # same kernels as the oracle's decode as far as possible.
             # a small engine of its own (the prompts' batch, k only); the timing engine is not built yet
-            replay = self._build(ReplayDrafter(), max_num_seqs=len(ids), ks=(k,))
+            replay = self._build(ReplayDrafter(), max_num_seqs=len(ids), max_len=prompt_len, ks=(k,))
             base = [Request(p, max_tokens, i) for i, p in enumerate(ids)]
             Scheduler(replay, DraftTable.fixed(k), cap_rates=[0.0] * k, fixed_shape=True).run(base)
             reqs = [Request(p, max_tokens, i, oracle=r.output + [0] * (k + 2)) for i, (p, r) in enumerate(zip(ids, base))]
@@ -215,7 +252,10 @@ class BuiltinEngine:
             self._free()
         else:
             reqs = [Request(p, max_tokens, i) for i, p in enumerate(ids)]
-            counts = Scheduler(self.engine, self._policy(self.engine, k)).run(reqs).counts
+            engine = self._build(self._drafter(), max_num_seqs=len(ids), max_len=prompt_len)
+            counts = Scheduler(engine, self._policy(engine, k)).run(reqs).counts
+            del engine
+            self._free()
         out = AcceptanceCounts(k_max=k, drafter=self.method, num_drafts=counts.num_drafts,
                                reached=counts.reached[:k], accepted=counts.accepted[:k], drafted=counts.drafted[:k])
         return out

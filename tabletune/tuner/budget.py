@@ -7,9 +7,13 @@ tokens each:
 
 and need a workspace (activations, CUDA graphs' memory pools). A tune runs its
 engines one after another (never two at once), so what must fit is the largest
-one: ``engines`` counts those that would be alive together. ``check_memory``
-refuses up front, with the numbers, when ``weights + engines * (kv + workspace)``
-exceeds the free device memory.
+one: ``engines`` counts those that would be alive together, and ``MemoryPlan``
+says what ``weights + engines * (kv + workspace)`` needs against the free memory.
+
+A long context may not hold ``max_num_seqs`` sequences. ``largest_batch`` is the largest
+batch size that fits, per context (``BatchCap``); the tune measures that context up to it,
+extends its row's last k to ``max_num_seqs`` (``capped_batch_sizes``, ``tabletune.tuner.run``),
+and refuses (``check_caps``) only when not even one sequence fits.
 """
 
 from __future__ import annotations
@@ -50,8 +54,47 @@ class MemoryPlan:
                    else ""))
 
 
-def check_memory(plan: MemoryPlan, source: str = "--max-num-seqs") -> None:
-    """Refuse (InputError, exit 2) a tune whose allocations will not fit."""
-    if plan.need_bytes > plan.free_bytes:
-        raise InputError(source, "memory", f"{plan.need_bytes / GIB:.1f} GiB", plan.describe()
-                         + ": lower --max-num-seqs or --context-len")
+def largest_batch(free: int, fixed: int, per_sequence: int, max_num_seqs: int, extra_slots: int = 0) -> int:
+    """The largest b in 0..max_num_seqs with  fixed + (b + extra_slots) * per_sequence <= free
+    (bytes, or KV tokens); 0 when not even one fits."""
+    if per_sequence <= 0:
+        return max_num_seqs
+    return max(0, min(max_num_seqs, (free - fixed) // per_sequence - extra_slots))
+
+
+@dataclass(frozen=True)
+class BatchCap:
+    """How many sequences one context length holds: ``batch_size`` (<= ``max_num_seqs``; 0: none), with
+    ``numbers`` saying why (what ``max_num_seqs`` would need, and what there is)."""
+
+    context_len: int
+    batch_size: int
+    max_num_seqs: int
+    numbers: str = ""
+
+    @property
+    def capped(self) -> bool:
+        return self.batch_size < self.max_num_seqs
+
+    def describe(self) -> str:
+        if not self.capped:
+            return f"context {self.context_len}: {self.max_num_seqs} sequences fit"
+        if self.batch_size < 1:
+            return f"context {self.context_len}: not even one sequence fits ({self.numbers})"
+        return (f"context {self.context_len}: {self.max_num_seqs} sequences do not fit ({self.numbers}): measured up "
+                f"to b={self.batch_size}, its last k extended to {self.max_num_seqs}")
+
+
+def capped_batch_sizes(batch_sizes: tuple[int, ...], cap: int) -> tuple[int, ...]:
+    """The grid's batch sizes up to ``cap``, and ``cap`` itself when the grid goes beyond it."""
+    if cap >= max(batch_sizes):
+        return batch_sizes
+    return tuple(sorted({b for b in batch_sizes if b <= cap} | {cap}))
+
+
+def check_caps(caps: list[BatchCap], source: str = "--context-lens") -> None:
+    """Refuse (InputError, exit 2) when a context holds not even one sequence."""
+    for cap in caps:
+        if cap.batch_size < 1:
+            raise InputError(source, "context_len", cap.context_len, cap.describe()
+                             + ": lower the context length, or give the engine more memory")

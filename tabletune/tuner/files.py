@@ -1,14 +1,16 @@
 """What ``tabletune tune`` writes, and the gains it predicts. Core: no torch, no vllm.
 
 A run's folder holds ``step_profile.json``, ``acceptance.json``, ``table.json``
-(vLLM's keys), ``speculative_config.json`` (the whole ``--speculative-config``)
-and, when the caller passes a drawing function, ``tune.png``; for a drafter that proposes
+(vLLM's keys), ``speculative_config.json`` (the whole ``--speculative-config``),
+``sglang_adaptive_config.json`` (SGLang's ``--speculative-adaptive-config``) and, when the
+caller passes a drawing function, ``tune.png``; for a drafter that proposes
 only on a match, ``yields.json`` (the per-k yields the table was built from); with a static check,
 ``static_check.json`` (``static_json``, written after the rest). With several context
 lengths each profile gets a ``context-<N>/`` folder and the top holds
-``table_by_context.json`` (``tabletune.table.ContextTable``). The table comes
-from the optimizer (``smooth_within_noise``: k changes only for a difference the
-points resolve), never from a plot, so the JSON files need no matplotlib; the
+``table_by_context.json`` (``tabletune.table.ContextTable``). A context measured only up to
+the largest batch it holds (``TuneOutcome.batch_cap``) has its table's last k extended to
+``max_num_seqs``. The table comes from ``tabletune.simple_table.smooth_within_noise`` (k changes
+only for a gain the points resolve), never from a plot, so the JSON files need no matplotlib; the
 PNG is drawn from the same ``TableResult`` (``tabletune.plot.draw_tune_png``).
 Every file is first written into a temporary sibling folder; only when all of
 them exist are they moved into place, so a failed run leaves nothing half-written.
@@ -32,13 +34,16 @@ from pathlib import Path
 
 from tabletune.acceptance import AcceptanceProfile
 from tabletune.goodput import DraftYield
-from tabletune.optimizer import TableResult, evaluate_table, gain_vs, smooth_within_noise
+from tabletune.optimizer import TableResult, evaluate_table, gain_vs
 from tabletune.profile import StepProfile
+from tabletune.sglang_config import to_sglang
+from tabletune.simple_table import smooth_within_noise
 from tabletune.table import VLLM_DOCUMENTED_RANGES, ContextRow, ContextTable, DraftTable
 from tabletune.tuner.run import TuneOutcome
 from tabletune.tuner.static_check import StaticDecision
 
-JSON_FILES = ("step_profile.json", "acceptance.json", "table.json", "speculative_config.json")
+SGLANG_FILE = "sglang_adaptive_config.json"  # SGLang's --speculative-adaptive-config (``tabletune.sglang_config``)
+JSON_FILES = ("step_profile.json", "acceptance.json", "table.json", "speculative_config.json", SGLANG_FILE)
 YIELDS_FILE = "yields.json"
 PNG_FILE = "tune.png"
 STATIC_FILE = "static_check.json"
@@ -96,8 +101,12 @@ def _write_files(folder: Path, outcome: TuneOutcome, speculative_config: Callabl
     if outcome.yields:
         _write_json(folder / YIELDS_FILE, yields_json(outcome))
     result = smooth_within_noise(outcome.profile, outcome.rates, outcome.options(), noise_floor)
+    cap = outcome.batch_cap
+    if cap is not None and cap.capped:  # measured up to what this context holds: its last k on to max_num_seqs
+        result = dataclasses.replace(result, table=result.table.extended_to(cap.max_num_seqs))
     _write_json(folder / "table.json", result.table.to_vllm(k_max))
     _write_json(folder / "speculative_config.json", speculative_config(result.table.as_lists()))
+    _write_json(folder / SGLANG_FILE, to_sglang(result.table))
     if draw_png is not None:
         draw_png(outcome.profile, result, folder / PNG_FILE)
     return result
@@ -136,14 +145,14 @@ def write_runs(out_dir: str | Path, outcomes: Sequence[TuneOutcome],
                noise_floor: float = 0.0) -> tuple[list[TableResult], dict[str, Path]]:
     """One context: ``write_run``. Several: ``context-<N>/`` per profile (as ``write_run`` writes), and at the top
     ``table_by_context.json`` (``tabletune.table.ContextTable``) and ``speculative_config.json`` with the smallest
-    context's row as vLLM's own table; all or nothing."""
+    context's row as vLLM's own table (and SGLang's, which has no context axis); all or nothing."""
     if len(outcomes) == 1:
         result, files = write_run(out_dir, outcomes[0], speculative_config, command, draw_png, noise_floor)
         return [result], files
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    names = [BY_CONTEXT_FILE, "speculative_config.json"]
+    names = [BY_CONTEXT_FILE, "speculative_config.json", SGLANG_FILE]
     try:
         results = []
         for outcome in outcomes:
@@ -153,6 +162,7 @@ def write_runs(out_dir: str | Path, outcomes: Sequence[TuneOutcome],
         table = ContextTable(tuple(ContextRow(o.profile.context_len, r.table) for o, r in zip(outcomes, results)))
         _write_json(tmp / BY_CONTEXT_FILE, table.to_json())
         _write_json(tmp / "speculative_config.json", speculative_config(table.rows[0].table.as_lists()))
+        _write_json(tmp / SGLANG_FILE, to_sglang(table.rows[0].table))
         _publish_entries(tmp, out, names)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

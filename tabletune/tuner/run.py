@@ -29,6 +29,7 @@ from tabletune.cost import MixedStep
 from tabletune.goodput import DraftYield
 from tabletune.optimizer import OptimizeOptions
 from tabletune.profile import Fingerprint, StepPoint, StepProfile
+from tabletune.tuner.budget import BatchCap, capped_batch_sizes, check_caps
 from tabletune.tuner.checkpoint import Checkpoint
 from tabletune.tuner.close_calls import CloseCall, close_calls, refinement_batch_sizes, settle
 from tabletune.tuner.measure import interference_filter, measure_points, recheck_points
@@ -48,6 +49,7 @@ class TuneOutcome:
     close_calls: tuple[CloseCall, ...] = ()  # found after the grid and refinement, then re-measured
     yields: tuple[DraftYield, ...] = ()  # per-k yields of a drafter that proposes only on a match (else none)
     draft_share: DraftShare = DraftShare(1.0)  # f of the partial-draft cost, used with the yields
+    batch_cap: BatchCap | None = None  # how many sequences this context held (the grid stops there when capped)
 
     def options(self) -> OptimizeOptions:
         """The optimizer's options for this outcome (``table_options``)."""
@@ -183,14 +185,28 @@ def settle_close_calls(engine: Engine, profile: StepProfile, rates: Sequence[flo
     return calls, settle(list(profile.points), calls, plan.close_call_windows, measure, keep)
 
 
+def batch_caps(engine: Engine, context_lens: Sequence[int]) -> list[BatchCap]:
+    """Per context length, the largest batch the engine holds (its optional ``batch_cap(n)``, else all of
+    ``max_batch_size``); refuses (InputError) when a context holds not even one sequence. Measures nothing."""
+    cap = getattr(engine, "batch_cap", None)
+    n = engine.max_batch_size
+    caps = [cap(c) if cap is not None else BatchCap(c, n, n) for c in sorted(set(context_lens))]
+    check_caps(caps)
+    return caps
+
+
 def run_contexts(engine: Engine, plan: TunePlan, prompts: Sequence[str], context_lens: Sequence[int], *,
                  workload: str = "default", command: str = "", progress: ProgressFn | None = None,
-                 checkpoint: Checkpoint | None = None) -> list[TuneOutcome]:
-    """One outcome per context length (ascending): acceptance once, then ``run_plan`` at each context.
+                 checkpoint: Checkpoint | None = None, caps: Sequence[BatchCap] | None = None) -> list[TuneOutcome]:
+    """One outcome per context length (ascending): acceptance once, then ``run_plan`` at each context, on the
+    plan's batch sizes up to what that context holds (``batch_caps``, checked before anything is measured;
+    ``capped_batch_sizes``).
 
     The engine must offer ``set_context_len(n)`` when there is more than one context length.
     """
     lens = sorted(set(context_lens))
+    caps = list(caps) if caps is not None else batch_caps(engine, lens)
+    by_len = {c.context_len: c for c in caps}
     inputs = measure_inputs(engine, plan, prompts, workload, checkpoint, progress)
     out = []
     for i, n in enumerate(lens):
@@ -199,8 +215,11 @@ def run_contexts(engine: Engine, plan: TunePlan, prompts: Sequence[str], context
         phase = _phase(progress, i / len(lens), (i + 1) / len(lens))
         if phase and len(lens) > 1:
             phase = _labelled(phase, f"ctx {n} ")
-        out.append(run_plan(engine, plan, prompts, workload=workload, command=command, progress=phase,
-                            checkpoint=checkpoint, inputs=inputs))
+        cap = by_len[n]
+        grid = dataclasses.replace(plan, batch_sizes=capped_batch_sizes(plan.batch_sizes, cap.batch_size))
+        outcome = run_plan(engine, grid, prompts, workload=workload, command=command, progress=phase,
+                           checkpoint=checkpoint, inputs=inputs)
+        out.append(dataclasses.replace(outcome, batch_cap=cap))
     return out
 
 

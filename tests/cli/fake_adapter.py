@@ -11,11 +11,13 @@ from tabletune.acceptance import AcceptanceCounts
 from tabletune.errors import InputError
 from tabletune.profile import Fingerprint
 from tabletune.tuner import EngineSpec, StepSamples
+from tabletune.tuner.budget import BatchCap, largest_batch
 
 
 STATIC_SPEEDUP = 0.0  # tests set it: T_static = T_dynamic / (1 + STATIC_SPEEDUP)
-REFUSE_AT_START = None  # tests set it: a check start() runs, as a real engine checks its memory budget
 STATIC_FAILS = None  # tests set it: an exception the static-mode engine raises on its first step
+MEMORY_TOKENS = None  # tests set it: a KV cache of this many tokens holds b sequences of context c while b c <= it
+CAP = None  # tests set it: (context_len, max_num_seqs) -> BatchCap, as a real engine's memory check answers
 
 
 class FakeEngine:
@@ -30,10 +32,20 @@ class FakeEngine:
     def set_context_len(self, context_len: int) -> None:
         self.context_len = context_len
 
+    def batch_cap(self, context_len: int) -> BatchCap:
+        n = self.max_batch_size
+        if CAP is not None:
+            return CAP(context_len, n)
+        if MEMORY_TOKENS is None:
+            return BatchCap(context_len, n, n)
+        return BatchCap(context_len, largest_batch(MEMORY_TOKENS, 0, context_len, n), n,
+                        f"{n * context_len} KV tokens, {MEMORY_TOKENS} held")
+
     def fingerprint(self) -> Fingerprint:
         return Fingerprint(engine="fake", model="m")
 
     def measure_step(self, batch_size, k, num_steps):
+        assert batch_size <= self.batch_cap(self.context_len).batch_size, "a batch that does not fit was measured"
         self.steps += 1
         ms = 10.0 + 0.5 * batch_size * (k + 1) * self.context_len / 100
         if self.static_k is not None:
@@ -61,8 +73,6 @@ def validate(spec: EngineSpec) -> None:
 
 def start(spec: EngineSpec) -> FakeEngine:
     validate(spec)
-    if REFUSE_AT_START is not None:
-        REFUSE_AT_START(spec)
     return FakeEngine(spec)
 
 

@@ -82,7 +82,7 @@ def test_tune_over_a_fake_engine_writes_every_file(tmp_path, fake_engine):
     assert res.exit_code == 0, res.output
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["step_profile.json", "acceptance.json", "table.json", "speculative_config.json", "tune.png",
-         "static_check.json"])
+         "static_check.json", "sglang_adaptive_config.json"])
     table = DraftTable.load(out / "table.json")
     # rates 0.9, 0.8, 50/72: E = 1, 1.9, 2.62, 3.12 tokens. b=1: k=3 (3.12 / 12 ms); b=64: k=1 (64 * 1.9 / 74 ms)
     assert table.k_for(1) == 3 and table.k_for(64) == 1
@@ -92,6 +92,9 @@ def test_tune_over_a_fake_engine_writes_every_file(tmp_path, fake_engine):
     assert spec == {"method": "ngram", "num_speculative_tokens": 3,
                     "num_speculative_tokens_per_batch_size": table.as_lists()}
     assert (out / "tune.png").read_bytes()[:4] == b"\x89PNG"
+    sglang = json.loads((out / "sglang_adaptive_config.json").read_text())
+    assert [sglang[str(s)]["candidate_steps"] for s, _, _ in table.ranges] == [[k] for _, _, k in table.ranges]
+    assert "verdict: the table is worth using over fixed k=" in res.stderr
 
 
 def test_a_bug_in_the_engine_exits_1_and_writes_no_output(tmp_path, fake_engine, monkeypatch):
@@ -110,3 +113,13 @@ def test_a_bug_in_the_engine_exits_1_and_writes_no_output(tmp_path, fake_engine,
     assert [p.name for p in tmp_path.iterdir()] == ["run.partial"]
     kinds = [json.loads(line)["kind"] for line in (tmp_path / "run.partial" / "points.jsonl").read_text().splitlines()]
     assert kinds == ["start", "acceptance"]
+
+
+def test_an_eagle_tune_prints_how_to_serve_it_on_sglang(tmp_path, fake_engine):
+    out = tmp_path / "run"
+    res = CliRunner().invoke(main, ["tune", "--engine", "builtin", "--model", "fake", "--method", "eagle",
+                                    "--k-max", "3", "--batch-sizes", "1,16,64", *FAST, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    flags = " ".join(res.stderr.split())  # rich wraps long lines
+    assert "--speculative-num-steps 3 --speculative-num-draft-tokens 4 --speculative-adaptive" in flags
+    assert f"--speculative-adaptive-config {out / 'sglang_adaptive_config.json'}" in flags

@@ -26,8 +26,8 @@ def test_context_lens_write_a_by_context_table(tmp_path, fake_engine):
     out = tmp_path / "run"
     res = CliRunner().invoke(main, [*ARGS, "--context-lens", "1000,100", "--out", str(out)])
     assert res.exit_code == 0, res.output
-    assert sorted(p.name for p in out.iterdir()) == ["context-100", "context-1000", "speculative_config.json",
-                                                     "table_by_context.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["context-100", "context-1000", "sglang_adaptive_config.json",
+                                                     "speculative_config.json", "table_by_context.json"]
     table = ContextTable.load(out / "table_by_context.json")
     assert [r.max_context_len for r in table.rows] == [100, 1000]
     for row in table.rows:  # each row is that profile's own 1-D table
@@ -84,3 +84,35 @@ def test_resume_after_an_interruption(tmp_path, fake_engine, monkeypatch):
     assert (out / "table.json").exists() and not (tmp_path / "run.partial").exists()
     gone = CliRunner().invoke(main, [*ARGS, "--out", str(out), "--resume", str(tmp_path / "run.partial")])
     assert gone.exit_code == 2 and "no points.jsonl" in gone.stderr  # removed once the outputs were in place
+
+
+def test_a_context_that_holds_part_of_the_grid_is_measured_up_to_what_fits(tmp_path, fake_engine, monkeypatch):
+    """64 sequences of 1000 tokens do not fit 20,000 KV tokens: context 1000 is measured up to b = 20 (and the
+    cap printed), and its row's last k reaches --max-num-seqs; context 100 holds the whole grid."""
+    import fake_adapter
+
+    monkeypatch.setattr(fake_adapter, "MEMORY_TOKENS", 20_000)
+    out = tmp_path / "run"
+    res = CliRunner().invoke(main, [*ARGS, "--context-lens", "100,1000", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "context 1000: 64 sequences do not fit (64000 KV tokens, 20000 held): measured up to b=20" in res.stderr
+    small = json.loads((out / "context-100" / "step_profile.json").read_text())
+    large = json.loads((out / "context-1000" / "step_profile.json").read_text())
+    assert sorted({p["batch_size"] for p in small["points"]}) == [1, 16, 64]
+    assert sorted({p["batch_size"] for p in large["points"]}) == [1, 16, 20]
+    table = ContextTable.load(out / "table_by_context.json")
+    assert table.rows[1].table.ranges[-1][1] == 64 and table.rows[0].table.ranges[-1][1] == 64
+    assert DraftTable.load(out / "context-1000" / "table.json").ranges[-1][1] == 64
+
+
+def test_a_context_that_holds_no_sequence_is_refused_before_anything_is_measured(tmp_path, fake_engine,
+                                                                                  monkeypatch):
+    import fake_adapter
+
+    monkeypatch.setattr(fake_adapter, "MEMORY_TOKENS", 500)
+    out = tmp_path / "run"
+    res = CliRunner().invoke(main, [*ARGS, "--context-lens", "100,1000", "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert "--context-lens" in res.stderr and "1000" in res.stderr and "not even one sequence fits" in res.stderr
+    assert not out.exists() and not (tmp_path / "run.partial").exists()

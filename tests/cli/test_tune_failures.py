@@ -14,9 +14,9 @@ from click.testing import CliRunner
 
 from tabletune.cli import main
 from tabletune.cli import tune as tune_module
-from tabletune.integrations.vllm.tuner_engine import refuse_kv
+from tabletune.integrations.vllm.tuner_engine import kv_batch_cap
 from tabletune.table import DraftTable
-from tabletune.tuner.budget import GIB, MemoryPlan, check_memory, kv_cache_bytes
+from tabletune.tuner.budget import GIB, BatchCap, MemoryPlan, kv_cache_bytes, largest_batch
 
 FAST = ["--point-budget-s", "0.01", "--num-prompts", "1", "--no-refine", "--close-call-margin", "0"]
 
@@ -30,40 +30,44 @@ def fake_adapter(monkeypatch):
     return fake_adapter
 
 
-def builtin_budget(spec) -> None:
-    """What the builtin engine checks at start: an 8B-shaped cache that does not fit 10 GiB."""
-    kv = kv_cache_bytes(36, 8, 128, 2, spec.max_batch_size + 1, 8192)
-    check_memory(MemoryPlan(free_bytes=int(10 * GIB), weights_bytes=0, kv_bytes=kv, workspace_bytes=int(4 * GIB)))
+def builtin_budget(context_len: int, n: int) -> BatchCap:
+    """What the builtin engine answers: an 8B-shaped cache of 8,192-token slots that does not fit 10 GiB."""
+    per_slot = kv_cache_bytes(36, 8, 128, 2, 1, 8192)
+    b = largest_batch(int(10 * GIB), int(12 * GIB), per_slot, n, extra_slots=1)
+    plan = MemoryPlan(free_bytes=int(10 * GIB), weights_bytes=0, kv_bytes=(n + 1) * per_slot,
+                      workspace_bytes=int(12 * GIB))
+    return BatchCap(context_len, b, n, plan.describe())
 
 
-def vllm_kv(spec) -> None:
-    """What the vLLM engine checks at start: a cache of 2,000 tokens."""
-    refuse_kv(2000, spec.max_batch_size, spec.k_max, spec.context_len, 16, True)
+def vllm_kv(context_len: int, n: int) -> BatchCap:
+    """What the vLLM engine answers: a cache of 2,000 tokens, less than one request at the tune's context."""
+    return kv_batch_cap(2000, n, 3, 8192, 16, True)
 
 
-@pytest.mark.parametrize("refuse, text", [(builtin_budget, "GiB is free"), (vllm_kv, "vLLM's cache holds 2000")])
+@pytest.mark.parametrize("cap, text", [(builtin_budget, "GiB is free"), (vllm_kv, "vLLM's cache holds 2000")])
 def test_a_tune_that_cannot_fit_exits_2_with_one_line_and_writes_nothing(tmp_path, fake_adapter, monkeypatch,
-                                                                          refuse, text):
-    monkeypatch.setattr(fake_adapter, "REFUSE_AT_START", refuse)
+                                                                          cap, text):
+    monkeypatch.setattr(fake_adapter, "CAP", cap)
     out = tmp_path / "run"
     res = CliRunner().invoke(main, ["tune", "--engine", "builtin", "--model", "fake", "--k-max", "3",
                                     "--batch-sizes", "1,16,64", *FAST, "--out", str(out)])
     assert res.exit_code == 2, res.output
     (line,) = res.stderr.splitlines()
-    assert line.startswith("tabletune: error: --max-num-seqs") and text in line
+    assert line.startswith("tabletune: error: --context-lens") and "not even one sequence fits" in line
+    assert text in line
     assert res.stdout == ""
     assert list(tmp_path.iterdir()) == []  # no output folder, no checkpoint
 
 
-def test_refuse_kv_hand_worked():
+def test_kv_batch_cap_hand_worked():
     # prefix caching: the 1000-token prompt once, + 4 x (384 + 8 x 3 + 16) = 1000 + 1696 = 2696 tokens
-    refuse_kv(2696, 4, 2, 1000, 16, True)
-    with pytest.raises(Exception, match="need ~2696 KV tokens but vLLM's cache holds 2695"):
-        refuse_kv(2695, 4, 2, 1000, 16, True)
+    assert kv_batch_cap(2696, 4, 2, 1000, 16, True).batch_size == 4
+    short = kv_batch_cap(2695, 4, 2, 1000, 16, True)
+    assert short.batch_size == 3 and "need ~2696 KV tokens but vLLM's cache holds 2695" in short.numbers
     # without it, every request holds the prompt: 4 x (424 + 1000) = 5696
-    with pytest.raises(Exception, match="need ~5696 KV tokens"):
-        refuse_kv(5695, 4, 2, 1000, 16, False)
-    refuse_kv(None, 4, 2, 1000, 16, False)  # vLLM did not say: nothing refused
+    alone = kv_batch_cap(5695, 4, 2, 1000, 16, False)
+    assert alone.batch_size == 3 and "need ~5696 KV tokens" in alone.numbers
+    assert kv_batch_cap(None, 4, 2, 1000, 16, False).batch_size == 4  # vLLM did not say: every batch fits
 
 
 def test_the_tables_survive_a_failing_static_mode_engine(tmp_path, fake_adapter, monkeypatch):
@@ -73,7 +77,8 @@ def test_the_tables_survive_a_failing_static_mode_engine(tmp_path, fake_adapter,
                                     "--batch-sizes", "1,16,64", *FAST, "--out", str(out)])
     assert res.exit_code == 1 and isinstance(res.exception, RuntimeError)
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["step_profile.json", "acceptance.json", "table.json", "speculative_config.json", "tune.png"])
+        ["step_profile.json", "acceptance.json", "table.json", "speculative_config.json", "sglang_adaptive_config.json",
+         "tune.png"])
     table = DraftTable.load(out / "table.json")
     assert table.k_for(1) == 3 and table.k_for(64) == 1  # the tuned table, as in a run without the failure
     assert json.loads((out / "speculative_config.json").read_text())["num_speculative_tokens_per_batch_size"] == \

@@ -8,7 +8,8 @@ import pytest
 
 from tabletune.acceptance import AcceptanceCounts
 from tabletune.goodput import expected_tokens
-from tabletune.optimizer import optimize_table, smooth_within_noise
+from tabletune.optimizer import optimize_table
+from tabletune.simple_table import smooth_within_noise
 from tabletune.profile import Fingerprint, StepPoint, StepProfile
 from tabletune.tuner import StepSamples, TunePlan, run_plan
 
@@ -98,7 +99,7 @@ def test_zero_spread_is_the_exact_optimum_and_noise_floor_widens():
     points = tuple(StepPoint(b, k, (true_ms(b, k) * (1 + 0.01 * ((b * 7 + k * 3) % 5 - 2)),))
                    for b in BATCH_SIZES for k in range(5))
     profile = StepProfile(points, context_len=100)
-    assert smooth_within_noise(profile, RATES).table == optimize_table(profile, RATES).table
+    assert smooth_within_noise(profile, RATES, noise_floor=0.0).table == optimize_table(profile, RATES).table
     floored = smooth_within_noise(profile, RATES, noise_floor=0.05).table
     assert monotone(floored.ranges) and len(floored.ranges) <= 2
     with pytest.raises(ValueError):
@@ -106,7 +107,7 @@ def test_zero_spread_is_the_exact_optimum_and_noise_floor_widens():
 
 
 def test_few_samples_count_as_noise_not_as_certainty():
-    from tabletune.optimizer import noise_tolerance, point_noise
+    from tabletune.simple_table import noise_tolerance, point_noise
 
     # two standard errors of a difference of medians: sigma from the range (2 samples: range / 1.128)
     assert point_noise([10.0, 11.0]) == pytest.approx(2 * 2 ** 0.5 * 1.2533 * (1 / 1.128) / 2 ** 0.5 / 10.5)

@@ -26,6 +26,7 @@ from tabletune.integrations.vllm.step_hooks import StepRecorder
 from tabletune.errors import InputError
 from tabletune.profile import Fingerprint
 from tabletune.tuner import EngineSpec, StepSamples
+from tabletune.tuner.budget import BatchCap, largest_batch
 
 WARMUP_STEPS = 1  # the first step after a change verifies drafts sized by the old k
 PATTERN = (5, 6, 7, 8, 9, 10, 11)  # the repeated prompt tokens (valid in every vocabulary)
@@ -201,20 +202,15 @@ class VllmEngine:
         if context_len + REFRESH_TOKENS + 64 > self.max_model_len:
             raise InputError("--context-len", "context_len", context_len,
                              f"+ {REFRESH_TOKENS + 64} decode tokens exceeds vLLM's max_model_len={self.max_model_len}")
-        self.check_kv(context_len)
         self.stop_batch()
         self.context_target = self.context_len = context_len
         self._context_sum, self._context_n = 0.0, 0
 
-    def check_kv(self, context_len: int) -> None:
-        """Refuse, before any timing, a grid whose largest batch will not fit vLLM's KV cache.
-
-        The timing requests share one prompt (prefix caching keeps one copy of it, when on) and each
-        decodes up to REFRESH_TOKENS + 8 (k_max + 1) tokens before the batch restarts.
-        """
+    def batch_cap(self, context_len: int) -> BatchCap:
+        """The largest batch vLLM's KV cache holds at ``context_len`` (``kv_batch_cap``)."""
         cache = self.llm.llm_engine.vllm_config.cache_config
-        refuse_kv(getattr(cache, "kv_cache_size_tokens", None), self.max_batch_size, self.k_max, context_len,
-                  cache.block_size or 16, bool(getattr(cache, "enable_prefix_caching", False)))
+        return kv_batch_cap(getattr(cache, "kv_cache_size_tokens", None), self.max_batch_size, self.k_max,
+                            context_len, cache.block_size or 16, bool(getattr(cache, "enable_prefix_caching", False)))
 
     def force_k(self, k: int) -> None:
         """Every batch size drafts k from the next ``schedule()`` on."""
@@ -274,26 +270,27 @@ class VllmEngine:
         return list(rec.records) if record else []
 
 
+def kv_batch_cap(have_tokens: int | None, max_batch_size: int, k_max: int, context_len: int, block_size: int,
+                 prefix_caching: bool) -> BatchCap:
+    """The largest batch b <= max_batch_size whose timing requests fit vLLM's KV cache of ``have_tokens``:
 
-def refuse_kv(have_tokens: int | None, max_batch_size: int, k_max: int, context_len: int, block_size: int,
-              prefix_caching: bool) -> None:
-    """Raise InputError (exit 2) when the timing batches need more KV tokens than vLLM's cache holds.
-
-        need = [prefix caching] c + b * (REFRESH_TOKENS + 8 (k_max + 1) + block_size + [else] c)
+        need(b) = [prefix caching] c + b * (REFRESH_TOKENS + 8 (k_max + 1) + block_size + [else] c) <= have
 
     b requests each decode up to REFRESH_TOKENS + 8 (k_max + 1) tokens (plus a partly filled block)
     before the batch restarts; their shared prompt of c tokens is cached once with prefix caching,
-    else once per request. ``have_tokens`` None or 0: vLLM did not say, nothing is refused.
+    else once per request. ``have_tokens`` None or 0: vLLM did not say, every batch size fits.
     """
+    n = max_batch_size
     if not have_tokens:
-        return
+        return BatchCap(context_len, n, n)
     shared = context_len if prefix_caching else 0
-    need = shared + max_batch_size * (REFRESH_TOKENS + 8 * (k_max + 1) + block_size + context_len - shared)
-    if need > have_tokens:
-        raise InputError("--max-num-seqs", "max_num_seqs", max_batch_size,
-                         f"{max_batch_size} requests at context {context_len} need ~{need} KV tokens but "
-                         f"vLLM's cache holds {have_tokens}: lower --max-num-seqs / --context-lens, or give vLLM more "
-                         "KV memory (-- --gpu-memory-utilization ...; on CPU VLLM_CPU_KVCACHE_SPACE)")
+    per_request = REFRESH_TOKENS + 8 * (k_max + 1) + block_size + context_len - shared
+    b = largest_batch(have_tokens, shared, per_request, n)
+    numbers = (f"{n} requests need ~{shared + n * per_request} KV tokens but vLLM's cache holds {have_tokens}; "
+               "give vLLM more KV memory with -- --gpu-memory-utilization ... (on CPU VLLM_CPU_KVCACHE_SPACE)"
+               if b < n else "")
+    return BatchCap(context_len, b, n, numbers)
+
 
 def speculative_config(spec: EngineSpec, ranges: list[list[int]]) -> dict:
     """The whole ``--speculative-config`` for the tuned table."""
