@@ -17,7 +17,9 @@
   else the CPU in float32.
 
 ``measure_step`` times whole steps from ``context_len`` cached tokens (each
-sample starts from the same context); ``measure_acceptance`` decodes the prompts
+sample starts from the same context); those tokens are the workload's own text
+(``EngineSpec.timing_prompts``, laid out by ``tabletune.tuner.workload.timing_rows``), so the
+n-gram drafter searches real text, else random tokens; ``measure_acceptance`` decodes the prompts
 with the real drafter, or, with synthetic acceptance, replays the target's own
 greedy continuation through the forced-rejection cap (lossless; the acceptance
 then follows the given conditional rates).
@@ -46,6 +48,7 @@ from tabletune.profile import Fingerprint
 from tabletune.table import DraftTable
 from tabletune.tuner import EngineSpec, StepSamples
 from tabletune.tuner.budget import MemoryPlan, check_memory, kv_cache_bytes
+from tabletune.tuner.workload import byte_token_ids, timing_rows
 
 WORKSPACE_BYTES = 4 << 30  # activations, CUDA graphs' pools, cuBLAS workspace: a margin, not a measurement
 
@@ -72,6 +75,18 @@ def validate(spec: EngineSpec) -> None:
 def start(spec: EngineSpec) -> BuiltinEngine:
     validate(spec)
     return BuiltinEngine(spec)
+
+
+def prompt_token_ids(spec: EngineSpec, texts: Sequence[str]) -> list[list[int]]:
+    """The model's token ids of each text: its tokenizer with real weights, bytes (mod vocab) for a shape."""
+    folder = _weights_folder(spec.model)
+    if folder is None:
+        vocab = resolve(spec.model).vocab_size
+        return [byte_token_ids(t, vocab) for t in texts]
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    return [list(tok(t).input_ids) for t in texts]
 
 
 def static_same_as_dynamic(spec: EngineSpec) -> str | None:
@@ -101,6 +116,7 @@ class BuiltinEngine:
         self.method = METHODS[spec.method]
         self.max_batch_size, self.k_max, self.context_len = spec.max_batch_size, spec.k_max, spec.context_len
         self._engine: SpecEngine | None = None  # the timing engine, built on first use (after the acceptance pass)
+        self._timing_ids = prompt_token_ids(spec, spec.timing_prompts) if spec.timing_prompts else []
         self._rows_ready = 0
         if self.device == "cuda":
             check_memory(self.memory_plan())
@@ -179,9 +195,19 @@ class BuiltinEngine:
             raise ValueError(f"(b={batch_size}, k={k}) outside 1..{self.max_batch_size} x 0..{self.k_max}")
         if batch_size > self._rows_ready:
             self.engine.set_context(batch_size, self.context_len, seed=self.spec.seed)
+            self._write_workload_text(batch_size)
             self._rows_ready = batch_size
         samples = time_steps(self.engine, batch_size, k, num_steps, self.context_len, warmup=1)
         return StepSamples(tuple(samples), tuple([batch_size * (k + 1)] * len(samples)))
+
+    def _write_workload_text(self, num_rows: int) -> None:
+        """The timing rows' context: the workload's text in place of ``set_context``'s random tokens."""
+        if not self._timing_ids:
+            return
+        engine, n = self.engine, self.context_len + 1  # positions 0..context_len (the last: the row's last token)
+        rows = timing_rows(self._timing_ids, num_rows, n)
+        engine.history[:num_rows, :n] = torch.tensor(rows, dtype=engine.history.dtype, device=engine.history.device)
+        engine.last_token[:num_rows] = engine.history[:num_rows, self.context_len]
 
     def measure_acceptance(self, prompts: Sequence[str], k: int, max_tokens: int) -> AcceptanceCounts:
         self._rows_ready = 0  # the decode below overwrites the timing rows' state
