@@ -54,3 +54,22 @@ def test_builtin_engine_measures_acceptance_under_a_per_request_policy():
         assert counts.drafted[0] == counts.num_drafts > counts.drafted[1] > 0
     finally:
         engine.close()
+
+
+def test_builtin_timing_rows_hold_the_workloads_text():
+    """The timed rows' context is the prompts' own tokens (bytes for a random-weight shape), laid out by
+    ``timing_rows``, so the n-gram drafter searches the workload's text, not random tokens."""
+    from tabletune.tuner.workload import timing_rows
+
+    texts = ("def add(a, b):\n    return a + b\n", "hello world")
+    spec = EngineSpec(model="tiny", method="ngram", k_max=2, max_batch_size=2, context_len=24, timing_prompts=texts)
+    ids = tuner_adapter.prompt_token_ids(spec, texts)
+    assert ids[1] == [b % 97 for b in b"hello world"]  # the tiny shape's 97-token vocabulary
+    engine = tuner_adapter.start(spec)
+    try:
+        got = engine.measure_step(2, 1, 2)
+        assert got.scheduled_tokens == (4, 4)
+        history = engine.engine.history[:2, :25].tolist()
+    finally:
+        engine.close()
+    assert history == timing_rows(ids, 2, 25)
