@@ -33,12 +33,12 @@ Writes ``benchmarks/results/remeasure_vllm_<scenario>.csv`` and ``.md`` (real sc
 
     .venv/bin/python benchmarks/remeasure_vllm.py --scenario controlled --tuned benchmarks/results/tune_tiny_llama \
         --rounds 6 --steps 32
-    .venv/bin/python benchmarks/remeasure_vllm.py --scenario real --tuned benchmarks/results/tune_smollm2_code \
-        --rounds 3 --steps 32 --mean-tokens 128 --warmup-steps 12 --paired
-    .venv/bin/python benchmarks/remeasure_vllm.py --scenario real --prompts code-edit \
-        --tuned benchmarks/results/tune_smollm2_code-edit --rounds 3 --steps 32 --mean-tokens 128 --warmup-steps 12 --paired
-    .venv/bin/python benchmarks/remeasure_vllm.py --scenario real --prompts chat \
-        --tuned benchmarks/results/tune_smollm2_chat --rounds 3 --steps 32 --mean-tokens 128 --warmup-steps 12 --paired
+    # real: for W in code code-edit chat, tune on the prompts it serves (the first 64 of the set), then re-measure
+    VLLM_CPU_KVCACHE_SPACE=4 .venv/bin/tabletune tune --engine vllm --model smollm2-135m --method ngram \
+        --prompts $W --num-prompts 64 --output-tokens 128 --k-max 4 --batch-sizes 1,2,4,8,16,32,64 \
+        --out benchmarks/results/tune_smollm2_$W
+    VLLM_CPU_KVCACHE_SPACE=4 .venv/bin/python benchmarks/remeasure_vllm.py --scenario real --prompts $W \
+        --tuned benchmarks/results/tune_smollm2_$W --rounds 3 --steps 32 --mean-tokens 128 --warmup-steps 12 --paired
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ def full_drafts(core, method: str) -> FullDrafts | None:
     return FullDrafts(drafter)
 
 
-def prompt_token_ids(model_path: str, skip_tokenizer_init: bool, texts: Sequence[str]) -> list[list[int]]:
+def model_token_ids(model_path: str, skip_tokenizer_init: bool, texts: Sequence[str]) -> list[list[int]]:
     """The model's token ids of each text: its tokenizer, or, without one (dummy weights), the UTF-8 bytes
     mod its vocabulary (from its config.json)."""
     if skip_tokenizer_init:

@@ -26,7 +26,7 @@ from tabletune.acceptance import AcceptanceCounts
 from tabletune.cost import MixedStep
 from tabletune.integrations.vllm import engine_args, presets
 from tabletune.integrations.vllm.step_hooks import StepRecorder
-from tabletune.integrations.vllm.timing_requests import full_drafts, prompt_token_ids as _token_ids, timing_window
+from tabletune.integrations.vllm.timing_requests import full_drafts, model_token_ids, timing_window
 from tabletune.errors import InputError
 from tabletune.profile import Fingerprint
 from tabletune.tuner import EngineSpec, StepSamples
@@ -48,7 +48,7 @@ def prompt_token_ids(spec: EngineSpec, texts) -> list[list[int]]:
     """The model's token ids of each text, without starting vLLM (the CLI sizes the grid's context from them)."""
     preset = presets.resolve_model(spec.model)
     try:
-        return _token_ids(preset.path, preset.skip_tokenizer_init, texts)
+        return model_token_ids(preset.path, preset.skip_tokenizer_init, texts)
     except (OSError, ValueError) as exc:
         raise InputError("--model", "model", spec.model, f"cannot load its tokenizer to size the context from the "
                          f"prompts ({exc.__class__.__name__}): give --context-len") from None
@@ -274,7 +274,7 @@ class VllmEngine:
     def _token_ids(self, text: str) -> list[int]:
         """Token ids of a timing prompt: vLLM's own tokenizer, or the text's bytes without one."""
         if self.preset.skip_tokenizer_init:
-            return _token_ids(self.preset.path, True, [text])[0]
+            return model_token_ids(self.preset.path, True, [text])[0]
         return list(self.llm.get_tokenizer().encode(text))
 
     def _timing_prompts(self, batch_size: int) -> list[dict]:
