@@ -34,3 +34,10 @@ def test_full_drafts_pad_only_while_on():
     assert proposer.propose(2, [[4], [6]], None) == [[], []]
     hook.on = True
     assert proposer.propose(2, [[4], [6]], None, slot_mappings=None) == [[4, 4], [6, 6]]
+
+
+def test_a_model_without_tokenizer_takes_the_bytes_mod_its_vocabulary(tmp_path):
+    from tabletune.integrations.vllm.timing_requests import model_token_ids
+
+    (tmp_path / "config.json").write_text('{"vocab_size": 100}')
+    assert model_token_ids(str(tmp_path), True, ["ab", "é"]) == [[97, 98], [0xC3 % 100, 0xA9 % 100]]
