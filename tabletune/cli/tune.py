@@ -38,6 +38,7 @@ from tabletune.tuner import EngineSpec, TunePlan, check_grid
 from tabletune.tuner.checkpoint import Checkpoint
 from tabletune.tuner.files import SGLANG_FILE, STATIC_FILE, DrawPng, predict_gains, static_json, write_runs
 from tabletune.tuner.run import batch_caps, measure_static, run_contexts
+from tabletune.tuner import workload as workload_shape
 from tabletune.tuner.static_check import check_batch_sizes, decide_static
 
 ADAPTERS = {"vllm": "tabletune.integrations.vllm.tuner_engine", "builtin": "tabletune.engine.tuner_adapter"}
@@ -95,14 +96,18 @@ def build_spec(model, method, draft_model, k_max, max_num_seqs, batch_sizes, syn
     return spec, tuple(sorted(set(sizes)))
 
 
-def parse_context_lens(context_len: int, context_lens: str | None) -> tuple[int, ...]:
-    """``--context-lens 512,2048,8192`` (ascending, each >= 1), else ``--context-len`` alone."""
-    if not context_lens:
+def parse_context_lens(context_len: int | None, context_lens: str | None, prompt_tokens=lambda: (),
+                       output_tokens: int = 0) -> tuple[int, ...]:
+    """``--context-lens 512,p50,p90`` (tokens, or quantiles of the prompts' lengths + output_tokens // 2;
+    ascending, each >= 1), else ``--context-len`` alone, else the workload's: the prompts' median +
+    output_tokens // 2 (``tabletune.tuner.workload``). ``prompt_tokens()`` counts the prompts' tokens,
+    called only when a quantile needs them."""
+    if context_lens:
+        quantiles = any(workload_shape.QUANTILE.match(s.strip()) for s in context_lens.split(","))
+        return workload_shape.context_lens(context_lens, prompt_tokens() if quantiles else (), output_tokens)
+    if context_len:
         return (context_len,)
-    lens = parse_int_list(context_lens, "--context-lens", "context_lens")
-    if not lens or min(lens) < 1:
-        raise InputError("--context-lens", "context_lens", context_lens, "give context lengths >= 1")
-    return tuple(sorted(set(lens)))
+    return workload_shape.context_lens(None, prompt_tokens(), output_tokens)
 
 
 @click.command("tune", context_settings={"help_option_names": ["-h", "--help"]})
@@ -129,10 +134,15 @@ def parse_context_lens(context_len: int, context_lens: str | None) -> tuple[int,
                    "below 0.95): the share f of the longest draft's cost a step pays whatever its other rows "
                    "draft (1: rows padded; default: fitted to the acceptance runs' steps where the engine "
                    "records them, else 1)")
-@click.option("--context-len", type=click.IntRange(min=1), default=128, show_default=True,
-              help="prompt tokens of timed requests")
+@click.option("--context-len", type=click.IntRange(min=1), default=None,
+              help="mean context (tokens) of the timed steps (default: the prompts' median length + half of "
+                   "--output-tokens)")
 @click.option("--context-lens", default=None,
-              help="e.g. 512,2048,8192: one profile per context length and a by-context table (overrides --context-len)")
+              help="e.g. 512,2048,8192 or p10,p50,p90 (quantiles of the prompts' lengths + half of --output-tokens): "
+                   "one profile per context length and a by-context table (overrides --context-len)")
+@click.option("--output-tokens", type=click.IntRange(min=1), default=128, show_default=True,
+              help="tokens a request of the workload generates: the acceptance runs' length, and half of it is "
+                   "added to the prompts' lengths for the grid's default context")
 @click.option("--noise-floor", type=click.FloatRange(min=0), default=DEFAULT_NOISE_FLOOR, show_default=True,
               help="change k between batch sizes only where the change gains at least this at some batch size "
                    "of its range, and more than the points resolve")
@@ -149,16 +159,16 @@ def parse_context_lens(context_len: int, context_lens: str | None) -> tuple[int,
 @click.argument("engine_args", nargs=-1, type=click.UNPROCESSED)
 def tune_cmd(engine_name, model, method, draft_model, k_max, batch_sizes, max_num_seqs, prompt_set, num_prompts,
              synthetic_acceptance, point_budget_s, no_refine, close_call_margin, draft_share, context_len,
-             context_lens, noise_floor, static_check, resume_dir, seed, policy, out_dir, verbose, engine_args):
+             context_lens, output_tokens, noise_floor, static_check, resume_dir, seed, policy, out_dir, verbose,
+             engine_args):
     """Measure step times and acceptance on a real engine; write the table and speculative config.
 
     Engine flags go after ``--``: with --engine vllm, any ``vllm serve`` engine flag
     (e.g. -- --tensor-parallel-size 2 --gpu-memory-utilization 0.85), parsed by vLLM itself.
     """
     quiet_engine_logs(verbose)
-    lens = parse_context_lens(context_len, context_lens)
     spec, sizes = build_spec(model, method, draft_model, k_max, max_num_seqs, batch_sizes, synthetic_acceptance,
-                             max(lens), seed, policy, engine_args)
+                             context_len or 1, seed, policy, engine_args)
     if policy and engine_name != "builtin":
         raise InputError("--policy", "engine", engine_name, "only the builtin engine measures under a policy")
     if engine_args and engine_name != "vllm":
@@ -166,10 +176,15 @@ def tune_cmd(engine_name, model, method, draft_model, k_max, batch_sizes, max_nu
     adapter = load_adapter(engine_name)
     adapter.validate(spec)
     workload, prompts = load_prompt_texts(prompt_set, num_prompts)
+    lens = parse_context_lens(context_len, context_lens, lambda: prompt_token_counts(adapter, spec, prompts),
+                              output_tokens)
+    spec = dataclasses.replace(spec, context_len=max(lens), timing_prompts=tuple(prompts))
     plan = TunePlan(batch_sizes=sizes, ks=tuple(range(k_max + 1)), point_budget_s=point_budget_s, refine=not no_refine,
-                    close_call_margin=close_call_margin, draft_share=draft_share)
-    settings = {"engine": engine_name, "spec": dataclasses.asdict(spec), "batch_sizes": list(sizes),
-                "context_lens": list(lens), "prompts": prompt_set, "num_prompts": num_prompts}
+                    close_call_margin=close_call_margin, draft_share=draft_share, acceptance_max_tokens=output_tokens)
+    spec_settings = {key: v for key, v in dataclasses.asdict(spec).items() if key != "timing_prompts"}
+    settings = {"engine": engine_name, "spec": spec_settings, "batch_sizes": list(sizes),
+                "context_lens": list(lens), "prompts": prompt_set, "num_prompts": num_prompts,
+                "output_tokens": output_tokens}
     checkpoint = Checkpoint.open(resume_dir or f"{Path(out_dir)}.partial", json.loads(json.dumps(settings)),
                                  resume=bool(resume_dir))
     command = command_line()
@@ -218,6 +233,14 @@ def tune_cmd(engine_name, model, method, draft_model, k_max, batch_sizes, max_nu
     click.echo(json.dumps(json.loads(main_table.read_text())))
     if "tune.png" in files:
         click.echo(f"png: {files['tune.png']}")
+
+
+def prompt_token_counts(adapter: ModuleType, spec: EngineSpec, prompts: list[str]) -> list[int]:
+    """Tokens of each prompt in the model's tokenizer (the adapter's ``prompt_token_ids``), else its UTF-8 bytes."""
+    count = getattr(adapter, "prompt_token_ids", None)
+    if count is None:
+        return [len(p.encode()) for p in prompts]
+    return [len(ids) for ids in count(spec, prompts)]
 
 
 def _static_check(adapter, spec, plan, outcome, context_len, noise_floor, console: Console):

@@ -20,7 +20,9 @@
 sample starts from the same context) on a timing engine sized for that context: ``batch_cap(n)``
 sequences (all ``max_num_seqs`` when they fit the free GPU memory, else the largest batch that
 fits, ``tabletune.tuner.budget``) of ``context_len + k_max + 256`` tokens, rebuilt when a context
-needs more room than the engine holds; ``measure_acceptance`` decodes the prompts
+needs more room than the engine holds. Those tokens are the workload's own text
+(``EngineSpec.timing_prompts``, laid out by ``tabletune.tuner.workload.timing_rows``), so the
+n-gram drafter searches real text, else random tokens; ``measure_acceptance`` decodes the prompts
 with the real drafter, or, with synthetic acceptance, replays the target's own
 greedy continuation through the forced-rejection cap (lossless; the acceptance
 then follows the given conditional rates).
@@ -49,6 +51,7 @@ from tabletune.profile import Fingerprint
 from tabletune.table import DraftTable
 from tabletune.tuner import EngineSpec, StepSamples
 from tabletune.tuner.budget import BatchCap, MemoryPlan, kv_cache_bytes, largest_batch
+from tabletune.tuner.workload import byte_token_ids, timing_rows
 
 WORKSPACE_BYTES = 4 << 30  # activations, CUDA graphs' pools, cuBLAS workspace: a margin, not a measurement
 
@@ -75,6 +78,18 @@ def validate(spec: EngineSpec) -> None:
 def start(spec: EngineSpec) -> BuiltinEngine:
     validate(spec)
     return BuiltinEngine(spec)
+
+
+def prompt_token_ids(spec: EngineSpec, texts: Sequence[str]) -> list[list[int]]:
+    """The model's token ids of each text: its tokenizer with real weights, bytes (mod vocab) for a shape."""
+    folder = _weights_folder(spec.model)
+    if folder is None:
+        vocab = resolve(spec.model).vocab_size
+        return [byte_token_ids(t, vocab) for t in texts]
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    return [list(tok(t).input_ids) for t in texts]
 
 
 def static_same_as_dynamic(spec: EngineSpec) -> str | None:
@@ -106,6 +121,7 @@ class BuiltinEngine:
         self.method = METHODS[spec.method]
         self.max_batch_size, self.k_max, self.context_len = spec.max_batch_size, spec.k_max, spec.context_len
         self._engine: SpecEngine | None = None  # the timing engine, built on first use (after the acceptance pass)
+        self._timing_ids = prompt_token_ids(spec, spec.timing_prompts) if spec.timing_prompts else []
         self._rows_ready = 0
         if free_bytes is None and self.device == "cuda":
             free_bytes = torch.cuda.mem_get_info()[0]
@@ -222,9 +238,19 @@ class BuiltinEngine:
                              f"at context {self.context_len}")
         if batch_size > self._rows_ready:
             self.engine.set_context(batch_size, self.context_len, seed=self.spec.seed)
+            self._write_workload_text(batch_size)
             self._rows_ready = batch_size
         samples = time_steps(self.engine, batch_size, k, num_steps, self.context_len, warmup=1)
         return StepSamples(tuple(samples), tuple([batch_size * (k + 1)] * len(samples)))
+
+    def _write_workload_text(self, num_rows: int) -> None:
+        """The timing rows' context: the workload's text in place of ``set_context``'s random tokens."""
+        if not self._timing_ids:
+            return
+        engine, n = self.engine, self.context_len + 1  # positions 0..context_len (the last: the row's last token)
+        rows = timing_rows(self._timing_ids, num_rows, n)
+        engine.history[:num_rows, :n] = torch.tensor(rows, dtype=engine.history.dtype, device=engine.history.device)
+        engine.last_token[:num_rows] = engine.history[:num_rows, self.context_len]
 
     def measure_acceptance(self, prompts: Sequence[str], k: int, max_tokens: int) -> AcceptanceCounts:
         self._rows_ready = 0  # the decode below overwrites the timing rows' state

@@ -3,7 +3,9 @@
 An adapter module (vLLM: ``tabletune.integrations.vllm.tuner_engine``; the
 reference engine: ``tabletune.engine.tuner_adapter``) exposes
 ``validate(spec)`` (raise InputError, cheap, no engine), ``start(spec) -> Engine``
-and optionally ``speculative_config(spec, ranges)``. This module imports
+and optionally ``speculative_config(spec, ranges)`` and ``prompt_token_ids(spec, texts)`` (the
+model's token ids of each text, no engine: the CLI sizes the grid's context from them,
+``tabletune.tuner.workload``). This module imports
 neither torch nor vllm.
 """
 
@@ -53,7 +55,7 @@ class Engine(Protocol):
       for up to ``max_tokens`` tokens drafting ``k`` tokens per step, and return
       the censored per-position counts (see ``tabletune.acceptance``).
     * ``close()``: free the engine.
-    * optional ``set_context_len(n)``: time the next steps from n cached tokens (needed for
+    * optional ``set_context_len(n)``: time the next steps at a mean context of n tokens (needed for
       ``tune --context-lens`` with more than one length; the engine starts at the largest).
     * optional ``batch_cap(n) -> tabletune.tuner.budget.BatchCap``: the largest batch the engine holds at
       context n (its memory or KV cache); the tune measures each context up to it, and refuses before
@@ -101,3 +103,6 @@ class EngineSpec:
     policy: str | None = None
     # the engine's own flags, verbatim (vLLM: the ``vllm serve`` engine flags after ``--``, parsed by vLLM)
     engine_args: tuple[str, ...] = ()
+    # the workload's prompt texts: the timed requests carry their tokens (``tabletune.tuner.workload.timing_rows``),
+    # so a drafter that searches the context searches real text; empty: the engine's own filler
+    timing_prompts: tuple[str, ...] = ()

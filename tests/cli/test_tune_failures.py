@@ -41,7 +41,7 @@ def builtin_budget(context_len: int, n: int) -> BatchCap:
 
 def vllm_kv(context_len: int, n: int) -> BatchCap:
     """What the vLLM engine answers: a cache of 2,000 tokens, less than one request at the tune's context."""
-    return kv_batch_cap(2000, n, 3, 8192, 16, True)
+    return kv_batch_cap(2000, n, 3, 8192, 8000, 384, 16, True)
 
 
 @pytest.mark.parametrize("cap, text", [(builtin_budget, "GiB is free"), (vllm_kv, "vLLM's cache holds 2000")])
@@ -60,14 +60,14 @@ def test_a_tune_that_cannot_fit_exits_2_with_one_line_and_writes_nothing(tmp_pat
 
 
 def test_kv_batch_cap_hand_worked():
-    # prefix caching: the 1000-token prompt once, + 4 x (384 + 8 x 3 + 16) = 1000 + 1696 = 2696 tokens
-    assert kv_batch_cap(2696, 4, 2, 1000, 16, True).batch_size == 4
-    short = kv_batch_cap(2695, 4, 2, 1000, 16, True)
+    # context 1192 = a 1000-token prompt + 384 / 2; prefix caching: the prompt once, + 4 x (384 + 8 x 3 + 16) = 1000 + 1696 = 2696 tokens
+    assert kv_batch_cap(2696, 4, 2, 1192, 1000, 384, 16, True).batch_size == 4
+    short = kv_batch_cap(2695, 4, 2, 1192, 1000, 384, 16, True)
     assert short.batch_size == 3 and "need ~2696 KV tokens but vLLM's cache holds 2695" in short.numbers
     # without it, every request holds the prompt: 4 x (424 + 1000) = 5696
-    alone = kv_batch_cap(5695, 4, 2, 1000, 16, False)
+    alone = kv_batch_cap(5695, 4, 2, 1192, 1000, 384, 16, False)
     assert alone.batch_size == 3 and "need ~5696 KV tokens" in alone.numbers
-    assert kv_batch_cap(None, 4, 2, 1000, 16, False).batch_size == 4  # vLLM did not say: every batch fits
+    assert kv_batch_cap(None, 4, 2, 1192, 1000, 384, 16, False).batch_size == 4  # vLLM did not say: every batch fits
 
 
 def test_the_tables_survive_a_failing_static_mode_engine(tmp_path, fake_adapter, monkeypatch):

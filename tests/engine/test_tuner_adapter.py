@@ -72,7 +72,8 @@ def test_memory_plan_counts_the_cache_the_loaded_weights_and_the_draft_model_to_
     tiny = PRESETS["tiny"].num_params()
     assert tiny == 2 * (12_288 + 24_576) + 12_416
     assert tiny * 4 <= plan.already_allocated_bytes < tiny * 4 * 1.1  # the target, loaded (plus norms)
-    assert plan.free_bytes == tuner_adapter.WORKSPACE_BYTES + (3 << 30) and plan.workspace_bytes == tuner_adapter.WORKSPACE_BYTES
+    assert plan.free_bytes == tuner_adapter.WORKSPACE_BYTES + (3 << 30)
+    assert plan.workspace_bytes == tuner_adapter.WORKSPACE_BYTES
     assert plan.need_bytes == plan.weights_bytes + plan.kv_bytes + plan.workspace_bytes
     # the weights to load come off the free memory before the slots: 3 GiB holds fewer slots with them
     per_slot = plan.kv_bytes // 3
@@ -133,3 +134,21 @@ def test_a_tune_over_two_contexts_measures_the_long_one_up_to_what_fits(tmp_path
     results, _ = write_runs(tmp_path / "run", outcomes, lambda r: {"num_speculative_tokens_per_batch_size": r})
     assert [r.table.ranges[-1][1] for r in results] == [8, 8]
 
+
+def test_builtin_timing_rows_hold_the_workloads_text():
+    """The timed rows' context is the prompts' own tokens (bytes for a random-weight shape), laid out by
+    ``timing_rows``, so the n-gram drafter searches the workload's text, not random tokens."""
+    from tabletune.tuner.workload import timing_rows
+
+    texts = ("def add(a, b):\n    return a + b\n", "hello world")
+    spec = EngineSpec(model="tiny", method="ngram", k_max=2, max_batch_size=2, context_len=24, timing_prompts=texts)
+    ids = tuner_adapter.prompt_token_ids(spec, texts)
+    assert ids[1] == [b % 97 for b in b"hello world"]  # the tiny shape's 97-token vocabulary
+    engine = tuner_adapter.start(spec)
+    try:
+        got = engine.measure_step(2, 1, 2)
+        assert got.scheduled_tokens == (4, 4)
+        history = engine.engine.history[:2, :25].tolist()
+    finally:
+        engine.close()
+    assert history == timing_rows(ids, 2, 25)

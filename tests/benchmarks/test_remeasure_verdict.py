@@ -1,0 +1,46 @@
+"""The re-measure's noise, said plainly: a ratio within the rounds' spread is a tie (benchmarks/remeasure_vllm.py)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import remeasure_vllm as rm  # noqa: E402
+
+
+def test_spread_of_rounds():
+    s = rm.spread_of([90.0, 110.0, 100.0])
+    assert (s.low, s.median, s.high) == (90.0, 100.0, 110.0)
+    assert s.relative == pytest.approx(0.2)  # (110 - 90) / 100
+
+
+def test_a_ratio_within_the_larger_spread_is_a_tie():
+    tight, loose = rm.spread_of([99.0, 100.0, 101.0]), rm.spread_of([95.0, 100.0, 105.0])  # 2% and 10%
+    assert rm.verdict(0.95, tight) == "loss"  # 5% below, spread 2%
+    assert rm.verdict(0.95, tight, loose) == "tie"  # within the larger, 10%
+    assert rm.verdict(1.05, tight) == "win"
+    assert rm.verdict(1.015, tight) == "tie"  # |1.015 - 1| <= 0.02
+    assert rm.verdict(0.899, loose) == "loss"
+
+
+def rows(load, by_config):
+    return [{"load": load, "config": name, "round": i, "throughput_tok_s": v, "output_tokens": round(v), "wall_s": 1.0}
+            for name, values in by_config.items() for i, v in enumerate(values)]
+
+
+def test_comparison_names_the_best_fixed_k_and_the_verdict():
+    data = rows(4, {"k=0": [100, 101, 99], "k=1": [120, 118, 122], "tuned": [110, 111, 109]}) + \
+        rows(16, {"k=0": [100, 90, 110], "k=1": [95, 96, 94], "tuned": [97, 99, 98]})
+    lines = rm.comparison(data, pooled=False).splitlines()
+    # load 4: best k=1 (120), tuned 110 -> 91.7%, spreads 3.3% and 1.8%: a loss
+    assert lines[4] == "| 4 | 2.0% | 3.3% | 1.8% | k=1 | 91.7% | loss |"
+    # load 16: best k=0 (median 100, spread 20%), tuned 98: a tie
+    assert lines[5] == "| 16 | 20.0% | 2.1% | 2.0% | k=0 | 98.0% | tie |"
+
+
+def test_paired_rounds_show_the_per_round_ratio_range():
+    data = rows(4, {"k=0": [100, 200, 150], "tuned": [90, 210, 150]})
+    line = rm.comparison(data, pooled=True).splitlines()[4]
+    assert line.endswith("| k=0 | 100.0% | tie | 90.0% - 105.0% |")  # pooled 450 / 450; rounds 0.9, 1.05, 1.0
