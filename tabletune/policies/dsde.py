@@ -142,6 +142,7 @@ class DsdePolicy:
         k0 = min(max(k_start, self.k_min), self.k_max)
         self.seqs: PerRequest[_Seq] = PerRequest(lambda: _Seq(k0, deque(maxlen=window)))
         self._features: DraftFeatures | None = None
+        self._ks = np.zeros(0, np.int64)
 
     def length(self, s: _Seq) -> int:
         """The sequence's SL (after warm-up) or its warm-up k."""
@@ -156,7 +157,13 @@ class DsdePolicy:
         warm = np.array([s.bounds is not None for s in seqs], dtype=bool)
         if self.cap and warm.any():
             ks = np.where(warm, np.minimum(ks, straggler_cap(ks[warm])), ks)
+        self._ks = ks
         return Decision.per_request(ks)
+
+    def keep_drafting(self, state: BatchState, features: DraftFeatures | None, j: int,
+                      active: np.ndarray) -> np.ndarray:
+        """Draft position j + 1 while j < the row's capped SL (DSDE sets each length before drafting)."""
+        return active & (self._ks > j)
 
     def observe(self, outcome: StepOutcome) -> None:
         values = self._kl_values(outcome)
