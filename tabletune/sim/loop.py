@@ -35,6 +35,7 @@ class _Run:
         self.done: list[tuple] = []
         self.uses_features = bool(getattr(policy, "uses_features", False))
         self.draft_stop = draft_stop_of(policy)
+        self.sees_fate = bool(getattr(policy, "sees_fate", False))
         # span state matters only when an n-gram drafter can be chosen
         self.track_ngram = sim.default_drafter == NGRAM or self.uses_features
         self._consts: dict[tuple[int, int], np.ndarray] = {}
@@ -112,6 +113,8 @@ class _Run:
         else:
             margin = acc.draw_margins(reqs.logits, rng) if self.uses_features else None
         state = self.state(margin, ng_prop, ng_len, replayed)
+        if self.sees_fate:  # the headroom oracle (``tabletune.sim.oracle``) is told each draft's fate
+            self.policy.fate = (margin > 0).cumprod(axis=1).sum(axis=1)  # type: ignore[attr-defined]
         decision = self.policy.decide(state)
         if decision.ks is None and decision.drafter is None and sim.default_drafter != NGRAM and margin is None:
             self.uniform_step(state, min(max(int(decision.k), 0), k_max))  # type: ignore[arg-type]
