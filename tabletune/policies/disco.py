@@ -134,6 +134,7 @@ class DiscoPolicy:
         self.num_logged = 0
         self.steps_since_fit = 0
         self._x: np.ndarray | None = None
+        self._keep_all: np.ndarray | None = None
 
     def keep(self, x: np.ndarray) -> np.ndarray:
         """[...] keep-drafting tests of features x [..., 5]: P(accepted | x) >= tau (or p_top1 >= theta)."""
@@ -146,15 +147,19 @@ class DiscoPolicy:
     def decide(self, state: BatchState) -> Decision:
         """k_i = the first position whose test fails (``first_stop``); without features yet, the cap k_max
         (the draft then stops through ``keep_drafting``, to the same lengths)."""
+        self._keep_all = None
         if state.features is None:
             self._x = None
             return Decision.per_request(np.full(state.batch_size, self.ctx.k_max, np.int64))
         x = feature_tensor(default_features(state, self.ctx, self.name))[:, : self.ctx.k_max]  # [b, K, 5]
         self._x = x
-        return Decision.per_request(first_stop(self.keep(x)))
+        self._keep_all = self.keep(x)  # [b, K]: keep_drafting reads it when the signals came with the state
+        return Decision.per_request(first_stop(self._keep_all))
 
     def keep_drafting(self, state: BatchState, features: DraftFeatures, j: int, active: np.ndarray) -> np.ndarray:
         """Draft position j + 1 where position j passes the test (DISCO stops after the token that fails)."""
+        if self._keep_all is not None:
+            return active & self._keep_all[:, j - 1]
         f = drafter_features(features, self.ctx)
         if self._x is None or self._x.shape[1] < j:  # decided without features: log what was drafted
             self._x = feature_tensor(f)

@@ -145,6 +145,7 @@ class TapOutPolicy:
         self.ema = ema
         self.accept_rate = 0.5  # a_ema, AdaEDL's running acceptance of tested tokens
         self._picks: np.ndarray | None = None
+        self._keep_all: np.ndarray | None = None
 
     @property
     def adaedl_lambda(self) -> float:
@@ -165,15 +166,19 @@ class TapOutPolicy:
         """Each row pulls an arm (UCB1); k_i = the first position its rule fails (k_max without features
         yet: the draft then stops through ``keep_drafting``, to the same lengths)."""
         self._picks = self.bandit.pick_many(state.batch_size)
+        self._keep_all = None
         if state.features is None:
             return Decision.per_request(np.full(state.batch_size, self.ctx.k_max, np.int64))
         f = default_features(state, self.ctx, self.name)
-        return Decision.per_request(first_stop(self.keep_picked(f, slice(0, self.ctx.k_max))))
+        self._keep_all = self.keep_picked(f, slice(0, self.ctx.k_max))  # keep_drafting reads it
+        return Decision.per_request(first_stop(self._keep_all))
 
     def keep_drafting(self, state: BatchState, features: DraftFeatures, j: int, active: np.ndarray) -> np.ndarray:
         """Draft position j + 1 where the row's arm passes position j."""
         if self._picks is None:
             raise ValueError("tapout: keep_drafting before decide (the step's arms are picked in decide)")
+        if self._keep_all is not None:
+            return active & self._keep_all[:, j - 1]
         f = drafter_features(features, self.ctx)
         return active & self.keep_picked(f, slice(j - 1, j))[:, 0]
 
