@@ -195,7 +195,18 @@ class _Rows:
             out.append(row)
         return np.array(out, dtype=np.int64)
 
+    def rows_of(self, ids: np.ndarray) -> np.ndarray:
+        """``rows`` of an id array, reusing the last answer when the batch is unchanged."""
+        last = getattr(self, "_last", None)
+        if last is not None and np.array_equal(last[0], ids):
+            return last[1]
+        out = self.rows(ids.tolist())
+        self._last = (ids.copy(), out)
+        return out
+
     def forget(self, ids: list[int]) -> None:
+        if ids:
+            self._last = None
         for rid in ids:
             row = self.slot.pop(int(rid), None)
             if row is not None:
@@ -221,6 +232,7 @@ class DsdePolicy:
         self.table = _Rows(window, min(max(k_start, self.k_min), self.k_max))
         self._features: DraftFeatures | None = None
         self._ks = np.zeros(0, np.int64)
+        self._rows = np.zeros(0, np.int64)  # the rows of the last decided batch
 
     def seq(self, request_id: int) -> _Seq:
         """A snapshot of one sequence's state."""
@@ -244,7 +256,7 @@ class DsdePolicy:
     def decide(self, state: BatchState) -> Decision:
         self._features = default_features(state, self.ctx, self.name) if state.features is not None else None
         t = self.table
-        rows = t.rows(state.request_ids.tolist())
+        rows = self._rows = t.rows_of(state.request_ids)
         warm = t.k_lo[rows] >= 0
         ks = t.k[rows].copy()
         if warm.any():
@@ -266,7 +278,7 @@ class DsdePolicy:
         ks, m = outcome.ks.astype(np.int64), outcome.accepted.astype(np.int64)
         drew = ks > 0
         if drew.any():
-            rows = t.rows(outcome.state.request_ids[drew].tolist())
+            rows = self._rows[drew] if len(self._rows) == len(drew) else t.rows(outcome.state.request_ids[drew].tolist())
             k, m = ks[drew], m[drew]
             b, k_max = len(rows), self.ctx.k_max
             if values is None:
@@ -276,10 +288,13 @@ class DsdePolicy:
             valid = ~np.isnan(vals)
             n_new = valid.sum(axis=1)
             kl_sum = np.where(valid, vals, 0.0).sum(axis=1)
-            # append to the right-aligned history: a stable sort puts the empty cells first, order kept
+            # append to the right-aligned history: the new values as a left prefix of vals, then columns
+            # n_new .. n_new + W - 1 of [history | vals] are the last W values in order
+            if not np.array_equal(valid, np.arange(k_max)[None, :] < n_new[:, None]):
+                order = np.argsort(~valid, axis=1, kind="stable")
+                vals = np.take_along_axis(vals, order, axis=1)
             both = np.concatenate([t.hist[rows], vals], axis=1)  # [b, W + k_max]
-            order = np.argsort(~np.isnan(both), axis=1, kind="stable")
-            t.hist[rows] = np.take_along_axis(both, order, axis=1)[:, -self.window:]
+            t.hist[rows] = np.take_along_axis(both, n_new[:, None] + np.arange(self.window)[None, :], axis=1)
             t.count[rows] = np.minimum(t.count[rows] + n_new, self.window)
             t.kl_bar[rows] = kl_sum / k
             cold = t.k_lo[rows] < 0
