@@ -267,6 +267,29 @@ def fit_draft_share(profile: StepProfile, steps: list[MixedStep]) -> float:
     return float(np.clip((x * y).sum() / (x * x).sum(), 0.0, 1.0))
 
 
+def fit_active_share(profile: StepProfile, steps: list[tuple[np.ndarray, float]]) -> float:
+    """Least-squares f of the rule above with D = f (T - T0) and drafting by active rows, clipped to [0, 1].
+
+    Each step is (ks [b], measured ms), every row drafting and verifying its k_i. With T~ = T~(b, k_bar)
+    and A = sum_j [T~(a_j, j) - T~(a_j, j - 1)] (the drafting term at f = 1), the rule reads
+    measured - T~ = f (A - (T~ - T(b, 0))). Raises ValueError when no step is mixed.
+    """
+    unit = StepCost(profile, draft_share=1.0)
+    plain = StepCost(profile, draft_share=0.0)
+    xs, ys = [], []
+    for ks, measured_ms in steps:
+        ks = np.asarray(ks)
+        if len(ks) == 0 or ks.min() == ks.max():
+            continue
+        t_bar = plain.mixed_ms(ks)  # f = 0: T~(b, k_bar)
+        xs.append(unit.mixed_ms(ks) - t_bar)
+        ys.append(measured_ms - t_bar)
+    x, y = np.array(xs), np.array(ys)
+    if not len(x) or not np.any(x != 0):
+        raise ValueError("no mixed step (rows of different k) to fit the draft share on")
+    return float(np.clip((x * y).sum() / (x * x).sum(), 0.0, 1.0))
+
+
 def fit_share_and_level(profile: StepProfile, steps: list[MixedStep], iterations: int = 50) -> tuple[float, float]:
     """(f, level) for steps timed apart from the profile: measured = level (T~(b, k_bar) + f (T(b, k_top) -
     T~(b, k_bar))), fitted robustly on relative times.

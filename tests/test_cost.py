@@ -135,3 +135,19 @@ def test_stopped_rows_uniform_stop_is_the_profile_and_bad_rows_are_refused():
         cost.mixed_ms(np.array([2, 1]), drafted=np.array([1, 1]))
     with pytest.raises(ValueError, match="draft_rows"):
         StepCost(stop_profile(), draft_rows="padded")
+
+
+def test_fit_active_share_recovers_f_of_the_active_rows_rule():
+    from tabletune.cost import fit_active_share
+
+    # T(b, k) = 10 + b + (2 + b) k: the per-k cost grows with b, so drafting by active rows is cheaper
+    p = StepProfile(points=tuple(StepPoint(b, k, (10.0 + b + (2 + b) * k,)) for b in (1, 4) for k in range(4)),
+                    context_len=0)
+    cost = StepCost(p, draft_share=0.35)
+    steps = [(np.array(ks), cost.mixed_ms(np.array(ks))) for ks in ([3, 0], [2, 1, 0], [3, 3, 1, 0], [1, 2])]
+    assert fit_active_share(p, steps) == pytest.approx(0.35)
+    # f = 1, ks (3, 0): V = T(2, 0) = 12; active rows: 3 x D(1, .) steps of 3 = 9; padded: D(2, 3) = 12
+    assert StepCost(p, 1.0).mixed_ms(np.array([3, 0])) == pytest.approx(21.0)
+    assert StepCost(p, 1.0, draft_rows="batch").mixed_ms(np.array([3, 0])) == pytest.approx(24.0)
+    with pytest.raises(ValueError, match="mixed"):
+        fit_active_share(p, [(np.array([2, 2]), 20.0)])
