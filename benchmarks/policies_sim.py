@@ -30,6 +30,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,8 +138,9 @@ def workload_of(name: str, rates: tuple[float, ...], protocol: Protocol):
 
 
 def scoring_sim(cost: StepCost, name: str, rates, protocol: Protocol, load: int, duration_s: float, seed: int,
-                half: str = "scoring") -> Simulator:
-    cfg = SimConfig(duration_s=duration_s, load=load, max_num_seqs=max(128, load), seed=seed)
+                half: str = "scoring", prefill_ms_per_token: float = 0.02) -> Simulator:
+    cfg = SimConfig(duration_s=duration_s, load=load, max_num_seqs=max(128, load), seed=seed,
+                    prefill_ms_per_token=prefill_ms_per_token)
     return Simulator(cost, Schedule.constant(workload_of(name, rates, protocol)), cfg,
                      replay=load_traces([TRACES / f"early-exit_{name}_T0.csv.gz"], half=half),
                      ngram_replay=load_ngram_trace(TRACES / f"ngram_{name}_T0.csv.gz", half=half))
@@ -172,12 +174,14 @@ def calibrate(name: str, k_max: int, cost: StepCost, folder: Path, protocol: Pro
     return Calibration(name, rates, ngram_length_rates(ng_cols), str(disco_path), float(tau), str(table_path))
 
 
-def run_cell(cost: StepCost, calib: Calibration, spec: str, load: int, protocol: Protocol, seed: int = 0) -> dict:
+def run_cell(cost: StepCost, calib: Calibration, spec: str, load: int, protocol: Protocol, seed: int = 0,
+             prefill_ms_per_token: float = 0.02) -> dict:
     """One policy at one load: warm-up, then ``measured_steps`` measured steps (module docstring)."""
     step_s = cost.step_ms(load, cost.k_max) / 1e3
     duration_s = 1.2 * (protocol.warmup_s + (protocol.warmup_steps + protocol.measured_steps) * step_s)
     while True:
-        sim = scoring_sim(cost, calib.workload, calib.rates, protocol, load, duration_s, seed)
+        sim = scoring_sim(cost, calib.workload, calib.rates, protocol, load, duration_s, seed,
+                          prefill_ms_per_token=prefill_ms_per_token)
         ctx = dataclasses.replace(sim.context(prior_rates=calib.rates), ngram_rates=calib.ngram_rates)
         # the oracle runs bare: the simulator tells it each draft's fate (its host time is not a policy's)
         policy = FateOracle(ctx) if spec == "oracle" else timed(make_policy(calib.spec(spec), ctx))
@@ -267,7 +271,14 @@ def main(argv: list[str] | None = None) -> int:
               "protocol": dataclasses.asdict(protocol), "cost": "H200 qwen3-8b EAGLE-style ctx1024, D = eagle - ngram",
               "calibration": old["calibration"] if old else {}, "cells": old["cells"] if old else []}
     done = {(c["workload"], c["load"]) for c in result["cells"]}
-    folder = Path(args.out + ".calibration")
+    with tempfile.TemporaryDirectory() as tmp:  # the calibrated files live for the run (their figures go to OUT)
+        run_grid(args, result, done, cost, Path(tmp), policies, protocol)
+    return 0
+
+
+def run_grid(args, result: dict, done: set, cost: StepCost, folder: Path, policies: list[str],
+             protocol: Protocol) -> None:
+    out_json, k_max = Path(args.out + ".json"), cost.k_max
     for name in args.workloads.split(","):
         t0 = time.perf_counter()
         calib = calibrate(name, k_max, cost, folder, protocol)
@@ -287,7 +298,6 @@ def main(argv: list[str] | None = None) -> int:
                   f"{cells[0]['oracle_ratio']}, " + ", ".join(f"{c['policy']} {c['sim_ratio']}" for c in cells
                                                          if not c['policy'].startswith('fixed:')) +
                   f" ({time.perf_counter() - t0:.0f} s)", flush=True)
-    return 0
 
 
 if __name__ == "__main__":
