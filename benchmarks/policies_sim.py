@@ -79,14 +79,14 @@ def h200_cost() -> StepCost:
 
 
 def extend_k(cost: StepCost, k_max: int) -> StepCost:
-    """T and D extended to k_max linearly in k (the mean slope of the last four measured k), for tuning only."""
+    """T and D extended to k_max linearly in k (the mean slope, >= 0, of the last four measured k), for tuning only."""
     ks = cost.ks
     tail = ks[-4:]
     points, draft = [], []
     for b in cost.profile.batch_sizes:
         row, drow = cost.row(b), cost.draft_row(b)
-        t_slope = (row[-1] - row[-4]) / (tail[-1] - tail[0])
-        d_slope = (drow[-1] - drow[-4]) / (tail[-1] - tail[0])
+        t_slope = max((row[-1] - row[len(tail) * -1]) / max(tail[-1] - tail[0], 1), 0.0)  # a noisy profile: >= 0
+        d_slope = max((drow[-1] - drow[len(tail) * -1]) / max(tail[-1] - tail[0], 1), 0.0)
         for i, k in enumerate(ks + list(range(ks[-1] + 1, k_max + 1))):
             extra = k - ks[-1]
             points.append(StepPoint(b, k, (float(row[i] if extra <= 0 else row[-1] + extra * t_slope),)))
