@@ -223,22 +223,46 @@ def group_cells(cost: StepCost, calib: Calibration, load: int, k_max: int, polic
     return cells
 
 
+def pivot(cells: list[dict], workload: str) -> list[str]:
+    """One workload as policy x load: % of the best fixed k [share of the oracle's headroom]."""
+    loads = sorted({c["load"] for c in cells if c["workload"] == workload})
+    by = {(c["policy"], c["load"]): c for c in cells if c["workload"] == workload}
+    policies = list(dict.fromkeys(c["policy"] for c in cells if c["workload"] == workload))
+    md = ["| policy | " + " | ".join(f"load {x}" for x in loads) + " |", "|---|" + "---:|" * len(loads)]
+    for p in policies:
+        row = []
+        for x in loads:
+            c = by.get((p, x))
+            share = "" if c is None or c["sim_headroom_share"] is None or p.startswith("fixed:") or p == "oracle" \
+                else f" [{c['sim_headroom_share']:+.2f}]"
+            row.append("" if c is None else f"{100 * c['sim_ratio']:.1f}{share}")
+        md.append(f"| {p} | " + " | ".join(row) + " |")
+    bands = [by[(p, x)]["best_fixed_noise_band"] for x in loads for p in ("oracle",) if (p, x) in by]
+    md.append("| noise band of the best fixed k | " + " | ".join(f"{100 * b:.1f}%" for b in bands) + " |")
+    md.append("| host ms/step, slowest policy | " + " | ".join(
+        "{:.2f}".format(max(c["host_ms_per_step"] for c in cells if c["workload"] == workload and c["load"] == x
+                            and c["host_ms_per_step"] is not None)) for x in loads) + " |")
+    return md
+
+
 def markdown(result: dict) -> str:
     p = result["protocol"]
     md = ["# Policies in the simulator: the fair-testbed protocol (H200 8B EAGLE-style profile)", "",
           f"Drafting charged per position by the rows still drafting, verification by scheduled tokens; stop rules "
           f"end rows' drafts. Held-out: fit on the calibration half of the prompts, scored on the other. Warm-up "
           f"{p['warmup_steps']} steps and {p['warmup_s']} s, {p['measured_steps']} measured steps, outputs "
-          f"{p['output_len']} tokens, fixed k over {p['fixed_repeats']} seeds. Ratio: over the best fixed k; "
-          "headroom: (ratio - 1) / (oracle_ratio - 1).", "",
-          "| workload | load | policy | mean k | sim tok/s | ratio | oracle ratio | headroom share | host ms/step |"
-          " noise band |", "|---|---|---|---|---|---|---|---|---|---|"]
+          f"{p['output_len']} tokens, fixed k over {p['fixed_repeats']} seeds. Cells: % of the best fixed k "
+          "[headroom share (ratio - 1) / (oracle_ratio - 1)].", ""]
+    for w in dict.fromkeys(c["workload"] for c in result["cells"]):
+        md += [f"**{w}**", ""] + pivot(result["cells"], w) + [""]
+    md += ["| workload | DISCO tau (tuned at batch 1, k_max 10, calibration half) |", "|---|---|"]
+    md += [f"| {w} | {c['disco_tau']} |" for w, c in result["calibration"].items()]
+    md += ["", "| workload | load | policy | mean k | sim tok/s | ratio | oracle ratio | headroom share | host ms/step |"
+           " noise band |", "|---|---|---|---|---|---|---|---|---|---|"]
     for c in result["cells"]:
         md.append(f"| {c['workload']} | {c['load']} | {c['policy']} | {c['sim_mean_k']} | {c['sim_tok_s']:.0f} | "
                   f"{c['sim_ratio']} | {c['oracle_ratio']} | {c['sim_headroom_share']} | {c['host_ms_per_step']} | "
                   f"{c.get('noise_band', '')} |")
-    md += ["", "| workload | DISCO tau (tuned at batch 1, k_max 10, calibration half) |", "|---|---|"]
-    md += [f"| {w} | {c['disco_tau']} |" for w, c in result["calibration"].items()]
     return "\n".join(md + ["", f"Command: `{result['command']}`"]) + "\n"
 
 

@@ -115,6 +115,8 @@ class _Run:
         state = self.state(margin, ng_prop, ng_len, replayed)
         if self.sees_fate:  # the headroom oracle (``tabletune.sim.oracle``) is told each draft's fate
             self.policy.fate = (margin > 0).cumprod(axis=1).sum(axis=1)  # type: ignore[attr-defined]
+            self.policy.fate_ngram = (None if ng_ok is None else  # type: ignore[attr-defined]
+                                      np.minimum(ng_ok.cumprod(axis=1).sum(axis=1), ng_prop))
         decision = self.policy.decide(state)
         if decision.ks is None and decision.drafter is None and sim.default_drafter != NGRAM and margin is None:
             self.uniform_step(state, min(max(int(decision.k), 0), k_max))  # type: ignore[arg-type]

@@ -2,7 +2,10 @@
 
 ``FateOracle`` is a policy the simulator shows, before each step, the fate of every row's
 draft (``fate[i]`` = m_i, the leading run of positions the target would accept, at most
-k_max; from the replayed trace or the drawn acceptance). It never drafts a rejected token
+k_max; from the replayed trace or the drawn acceptance) and, when the n-gram chain is
+replayed, the fate of the n-gram drafter's proposal (``fate_ngram[i]``, its accepted run
+within the tokens it proposes); a row takes the chain with the longer run (the model chain
+on ties), so the oracle bounds Hybrid Spark's two drafters as well. It never drafts a rejected token
 (a row stops at its first rejection) and, per step, picks the cap c that maximises the
 step's tokens per ms under the cost rule (``tabletune.cost``):
 
@@ -25,7 +28,7 @@ from typing import ClassVar
 import numpy as np
 
 from tabletune.cost import active_rows
-from tabletune.policies.base import BatchState, Decision, DraftFeatures, PolicyContext, StepOutcome
+from tabletune.policies.base import MODEL, NGRAM, BatchState, Decision, DraftFeatures, PolicyContext, StepOutcome
 
 
 class FateOracle:
@@ -38,20 +41,25 @@ class FateOracle:
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx
         self.fate: np.ndarray | None = None  # [batch_size] accepted run m_i of the coming step
+        self.fate_ngram: np.ndarray | None = None  # [batch_size] the n-gram chain's, when it is replayed
         self._ks = np.zeros(0, np.int64)
 
     def decide(self, state: BatchState) -> Decision:
         if self.fate is None or len(self.fate) != state.batch_size:
             raise ValueError("oracle: the simulator must set the step's fate before decide")
-        self._ks = oracle_lengths(self.fate, self.ctx)
-        return Decision.per_request(self._ks)
+        fate, drafter = self.fate, None
+        if self.fate_ngram is not None:
+            use_ng = self.fate_ngram > fate
+            fate, drafter = np.where(use_ng, self.fate_ngram, fate), np.where(use_ng, NGRAM, MODEL)
+        self._ks = oracle_lengths(fate, self.ctx)
+        return Decision.per_request(self._ks, drafter)
 
     def keep_drafting(self, state: BatchState, features: DraftFeatures | None, j: int,
                       active: np.ndarray) -> np.ndarray:
         return active & (self._ks > j)
 
     def observe(self, outcome: StepOutcome) -> None:
-        self.fate = None
+        self.fate = self.fate_ngram = None
 
 
 def oracle_lengths(fate: np.ndarray, ctx: PolicyContext) -> np.ndarray:
