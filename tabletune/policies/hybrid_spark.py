@@ -94,12 +94,25 @@ def _choose(surv_model: np.ndarray, surv_ngram: np.ndarray, prices: np.ndarray,
     j*_c = min(#{j : S_j > price}, cap) slots per chain (S falls along j); the chain with the
     larger surplus sum_{j<=j*} S_j - price j* wins.
     """
+    return _choose_from(_chains(surv_model, surv_ngram), prices, caps)
+
+
+def _chains(surv_model: np.ndarray, surv_ngram: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(survivals [2, b, k_max], their prefix sums flattened [2 * b * (k_max + 1)]) of the two chains."""
     surv = np.stack([surv_model, surv_ngram])  # [2, b, k_max]
     chains, b, k_max = surv.shape
     cum = np.zeros((chains, b, k_max + 1))  # cum[., ., j] = S_1 + ... + S_j
     np.cumsum(surv, axis=2, out=cum[:, :, 1:])
+    return surv, cum.ravel()
+
+
+def _choose_from(chains: tuple[np.ndarray, np.ndarray], prices: np.ndarray,
+                 caps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    surv, cum = chains
+    n, b, k_max = surv.shape
     j = np.minimum((surv[:, None, :, :] > prices[None, :, None, None]).sum(axis=3), caps[None, :, None])
-    tok = cum[np.arange(chains)[:, None, None], np.arange(b)[None, None, :], j]  # [2, caps, b]
+    base = (np.arange(n)[:, None, None] * b + np.arange(b)[None, None, :]) * (k_max + 1)  # [2, 1, b]
+    tok = cum[base + j]  # [2, caps, b]
     gain = tok - prices[None, :, None] * j
     use_ng = gain[1] > gain[0]
     return np.where(use_ng, j[1], j[0]), use_ng, np.where(use_ng, tok[1], tok[0])
@@ -133,8 +146,9 @@ def market(surv_model: np.ndarray, surv_ngram: np.ndarray, cost: StepCost, rate:
     if b == 0 or k_max == 0:
         return best
     prices = np.zeros(k_max)
+    chains = _chains(surv_model, surv_ngram)
     for r in range(rounds + 1):
-        ks, use_ng, tokens = _choose(surv_model, surv_ngram, prices, caps)  # [caps, b] each
+        ks, use_ng, tokens = _choose_from(chains, prices, caps)  # [caps, b] each
         expected = b + tokens.sum(axis=1)
         step_ms = cost.verify_ms(b, ks.mean(axis=1)) + drafting
         c = int(np.argmax(expected - rate * step_ms))
