@@ -21,8 +21,8 @@ and the n-gram trace the n-gram chain (Hybrid Spark's second drafter).
    per cell ``host_ms_per_step`` (decide + keep_drafting + observe, wall clock)
    beside the mean step wall time, so host and device time read apart.
 4. The same grid in the simulator (``policies_sim.run_cell``): the measured
-   profile (with the draft share fitted to the ragged steps under the active-rows
-   rule of ``tabletune.cost``), the scoring half of the same traces replayed, the
+   profile (with the draft share and the drafting rule, rows still drafting or every
+   row, fitted to the ragged steps, ``tabletune.cost``), the scoring half of the same traces replayed, the
    measured prefill cost; per cell the simulated ratio and its difference from the
    measured one. The headroom oracle (``tabletune.sim.oracle``) runs in the
    simulator: per cell ``oracle_ratio`` and each policy's share of that headroom.
@@ -55,7 +55,7 @@ from engine_serving import make_predictable, staggered_len, window_start  # noqa
 from policies_sim import Protocol, calibrate, run_cell  # noqa: E402
 
 from tabletune import fileio  # noqa: E402
-from tabletune.cost import StepCost, fit_active_share  # noqa: E402
+from tabletune.cost import MixedStep, StepCost, fit_active_share, fit_draft_share  # noqa: E402
 from tabletune.engine.model import Decoder  # noqa: E402
 from tabletune.engine.presets import resolve  # noqa: E402
 from tabletune.engine.profiling import ENGINE_VERSION, RUNNER, device_name, time_steps  # noqa: E402
@@ -188,8 +188,9 @@ def time_ragged(engine: SpecEngine, ks: list[int], steps: int, ctx: int, split: 
 
 
 def mixed_check(engine: SpecEngine, profile: StepProfile, args, loads: list[int]) -> dict:
-    """Ragged step times against ``StepCost.mixed_ms`` (drafting by active rows, verification by tokens, D = f (T -
-    T0)) at the simulator's f = 0.5 and at the f fitted to them (``fit_active_share``)."""
+    """Ragged step times against ``StepCost.mixed_ms`` (verification by tokens, D = f (T - T0)) at the simulator's
+    f = 0.5 and at the f fitted to them, under the drafting rule (rows still drafting, ``fit_active_share``; or
+    every row until the longest draft ends, ``fit_draft_share``) whose worst error is smaller."""
     ctx, k_top, rng = profile.context_len, args.k_max, random.Random(0)
     rows, ragged = [], []
     for b in loads:
@@ -203,18 +204,36 @@ def mixed_check(engine: SpecEngine, profile: StepProfile, args, loads: list[int]
             rows.append({"batch_size": b, "pattern": name, "ks": ks if b <= 16 else None, "k_top": max(ks),
                          "k_bar": round(sum(ks) / b, 4), "measured_ms": round(fused, 4),
                          "split_ms": round(split, 4)})
-    try:
-        share = fit_active_share(profile, ragged)
-    except ValueError:  # no mixed step (a batch of one): nothing to fit
-        share = 1.0
+    fits = {}
+    for rows_rule in ("active", "batch"):  # an engine that compacts the draft batch, or one that drafts every row
+        try:
+            if rows_rule == "active":
+                f = fit_active_share(profile, ragged)
+            else:
+                f = fit_draft_share(profile, [MixedStep(len(ks), int(ks.max()), float(ks.mean()), ms)
+                                              for ks, ms in ragged])
+        except ValueError:  # no mixed step (a batch of one): nothing to fit
+            f = 1.0
+        cost = StepCost(profile, draft_share=f, draft_rows=rows_rule)
+        worst = max(abs(ms / cost.mixed_ms(ks) - 1) for ks, ms in ragged)
+        fits[rows_rule] = (worst, f)
+    rows_rule = min(fits, key=lambda r: fits[r][0])
+    share = fits[rows_rule][1]
     for r, (ks, _) in zip(rows, ragged):
-        for label, f in (("sim_default", 0.5), ("fitted", share)):
-            pred = StepCost(profile, draft_share=f).mixed_ms(ks)
+        for label, cost in (("sim_default", StepCost(profile, draft_share=0.5)),
+                            ("fitted", StepCost(profile, draft_share=share, draft_rows=rows_rule))):
+            pred = cost.mixed_ms(ks)
             r[f"predicted_ms_{label}"] = round(pred, 4)
             r[f"error_{label}"] = round(r["measured_ms"] / pred - 1, 4)
-    return {"fitted_draft_share": round(share, 4), "draft_rows": "active", "rows": rows,
+    return {"fitted_draft_share": round(share, 4), "draft_rows": rows_rule,
+            "worst_abs_error_by_rule": {k: round(v[0], 4) for k, v in fits.items()}, "rows": rows,
             "worst_abs_error_sim_default": max(abs(r["error_sim_default"]) for r in rows),
             "worst_abs_error_fitted": max(abs(r["error_fitted"]) for r in rows)}
+
+
+def engine_cost(profile: StepProfile, mixed: dict) -> StepCost:
+    """The engine's cost: its profile with the draft share and drafting rule the mixed-k check chose."""
+    return StepCost(profile, draft_share=mixed["fitted_draft_share"], draft_rows=mixed.get("draft_rows", "active"))
 
 
 def span_fit(ngram: list) -> tuple[float, float]:
@@ -284,18 +303,18 @@ def serve_fixed(engine, args, spec, ctx, load, prompts, oracle, pairs) -> dict:
             "noise_band": round((max(tok) - min(tok)) / mean, 4) if mean else None}
 
 
-def simulate_cell(profile, share, calib, args, policy_spec, load, cell) -> dict:
-    """The simulated cell (``policies_sim.run_cell``): same profile and draft share, scoring traces, prefill cost."""
-    out = run_cell(StepCost(profile, draft_share=share), calib, policy_spec, load, protocol_of(args),
+def simulate_cell(cost, calib, args, policy_spec, load, cell) -> dict:
+    """The simulated cell (``policies_sim.run_cell``): the engine's cost, scoring traces, prefill cost."""
+    out = run_cell(cost, calib, policy_spec, load, protocol_of(args),
                    prefill_ms_per_token=cell.get("prefill_ms_per_token") or 0.0)
     return {"sim_tok_s": out["sim_tok_s"], "sim_host_ms_per_step": out["host_ms_per_step"]}
 
 
-def oracle_cell(profile, share, calib, args, load, cells) -> dict:
+def oracle_cell(cost, calib, args, load, cells) -> dict:
     """The headroom oracle of one (workload, load), simulated (it needs each draft's fate)."""
     prefill = next((c.get("prefill_ms_per_token") for c in cells
                     if c["workload"] == calib.workload and c["load"] == load and c.get("prefill_ms_per_token")), 0.0)
-    out = run_cell(StepCost(profile, draft_share=share), calib, "oracle", load, protocol_of(args),
+    out = run_cell(cost, calib, "oracle", load, protocol_of(args),
                    prefill_ms_per_token=prefill or 0.0)
     return {"workload": calib.workload, "load": load, "policy": "oracle", "throughput_tok_s": None, "mean_k": None,
             "sim_tok_s": out["sim_tok_s"]}
@@ -310,21 +329,21 @@ def sim_only(args) -> int:
     args.warmup_steps, args.measured_steps = key["warmup_steps"], key["measured_steps"]
     args.fixed_repeats = key["fixed_repeats"]
     profile = StepProfile.from_json(result["profile"], str(out_json))
-    share = result["mixed_check"]["fitted_draft_share"]
+    cost = engine_cost(profile, result["mixed_check"])
     with tempfile.TemporaryDirectory() as tmp:
         calibs: dict = {}
         for cell in list(result["cells"]):
             w = cell["workload"]
             if w not in calibs:
-                calibs[w] = calibrate(w, args.k_max, StepCost(profile, draft_share=share), Path(tmp), protocol_of(args))
+                calibs[w] = calibrate(w, args.k_max, cost, Path(tmp), protocol_of(args))
             if cell.get("sim_tok_s") is None and cell["policy"] != "oracle":
-                cell.update(simulate_cell(profile, share, calibs[w], args, cell["policy"],
+                cell.update(simulate_cell(cost, calibs[w], args, cell["policy"],
                                           cell["load"], cell))
                 print(f"{w:9s} load {cell['load']:4d} {cell['policy']:24s} sim {cell['sim_tok_s']:9.1f} tok/s",
                       flush=True)
         have = {(c["workload"], c["load"]) for c in result["cells"] if c["policy"] == "oracle"}
         for w, load in sorted({(c["workload"], c["load"]) for c in result["cells"]} - have):
-            result["cells"].append(oracle_cell(profile, share, calibs[w], args, load, result["cells"]))
+            result["cells"].append(oracle_cell(cost, calibs[w], args, load, result["cells"]))
     add_ratios(result["cells"])
     fileio.write_json(str(out_json), result)
     fileio.write_text(args.out + ".md", markdown(result))
@@ -363,8 +382,8 @@ def markdown(result: dict) -> str:
           f"{key['measured_steps']} measured steps wanted; fixed k repeated {key['fixed_repeats']} times. Ratio: "
           "tok/s over the best fixed k of the same workload and load; difference: simulated ratio - measured "
           "ratio; headroom: (ratio - 1) / (oracle ratio - 1), the oracle simulated.", "",
-          f"Mixed-k cost (drafting by active rows, verification by tokens): fitted draft share "
-          f"{mc['fitted_draft_share']}; worst |error| {mc['worst_abs_error_sim_default']:.1%} at the simulator's "
+          f"Mixed-k cost (verification by tokens, drafting by {mc.get('draft_rows', 'active')} rows): fitted draft "
+          f"share {mc['fitted_draft_share']}; worst |error| {mc['worst_abs_error_sim_default']:.1%} at the simulator's "
           f"0.5, {mc['worst_abs_error_fitted']:.1%} fitted.", "",
           "| workload | load | policy | mean k | tok/s | ratio | sim ratio | difference | oracle ratio | headroom |"
           " host ms/step | step ms | measured steps | noise band |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -381,12 +400,11 @@ def markdown(result: dict) -> str:
     return "\n".join(md + ["", f"Command: `{result['command']}`"]) + "\n"
 
 
-def serve_workload(engine, args, wname, loads, policies, profile, share, result, done, prompts, oracle,
+def serve_workload(engine, args, wname, loads, policies, cost, result, done, prompts, oracle,
                    folder: Path) -> None:
     """Every cell of one workload, checkpointed after each; the (simulated) oracle closes each load."""
     out_json = Path(args.out + ".json")
     data = workload_data(wname, args.k_max)
-    cost = StepCost(profile, draft_share=share)
     calib = calibrate(wname, args.k_max, cost, folder, protocol_of(args))  # the calibration half
     data["signal_noise"] = signal_noise_for_auc(data["top1_auc"], preset(wname), args.k_max, 2000)
     result["workloads"][wname] = {"rates": calib.rates, "ngram_rates": calib.ngram_rates[:9],
@@ -401,13 +419,13 @@ def serve_workload(engine, args, wname, loads, policies, profile, share, result,
                 continue
             t0 = time.perf_counter()
             if spec == "oracle":
-                cell = oracle_cell(profile, share, calib, args, load, result["cells"])
+                cell = oracle_cell(cost, calib, args, load, result["cells"])
             else:
                 serve = serve_fixed if spec.startswith("fixed:") else serve_cell
                 cell = {"workload": wname, "load": load, "policy": spec,
                         **serve(engine, args, calib.spec(spec), ctx, load, prompts, oracle, data["pairs"])}
                 if not args.no_sim:
-                    cell.update(simulate_cell(profile, share, calib, args, spec, load, cell))
+                    cell.update(simulate_cell(cost, calib, args, spec, load, cell))
             result["cells"].append(cell)
             add_ratios(result["cells"])
             fileio.write_json(str(out_json), result)  # checkpoint: a cut run keeps its cells
@@ -462,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         profile = measure_profile(engine, args, fp)
         mixed = mixed_check(engine, profile, args, loads)
-    share = mixed["fitted_draft_share"]
+    cost = engine_cost(profile, mixed)
     result = {"schema": "tabletune.engine_policies", "version": 2, "key": key, "device": fp.device,
               "model": args.model, "prompt_len": args.prompt_len, "output_len": args.output_len,
               "command": command, "profile": profile.to_json(), "mixed_check": mixed,
@@ -476,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     oracle = [r.output for r in record]
     with tempfile.TemporaryDirectory() as tmp:  # calibrated files (DISCO, n-gram table) live for the run
         for wname in workloads:
-            serve_workload(engine, args, wname, loads, policies, profile, share, result, done, prompts, oracle,
+            serve_workload(engine, args, wname, loads, policies, cost, result, done, prompts, oracle,
                            Path(tmp))
     return 0
 

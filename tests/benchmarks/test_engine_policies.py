@@ -53,6 +53,7 @@ def test_quick_grid_runs_checkpoints_resumes_and_refuses_over_budget(tmp_path):
     cal = load_traces([traces / "early-exit_code_T0.csv.gz"], half="calibration").conditional_rates(3)
     assert result["workloads"]["code"]["rates"] == pytest.approx([max(a, 1e-3) for a in cal])
     assert len(result["mixed_check"]["rows"]) == 2 * 3 and 0 <= result["mixed_check"]["fitted_draft_share"] <= 1
+    assert result["mixed_check"]["draft_rows"] in ("active", "batch")
     assert "| code | 1 | fixed:0 |" in Path(out + ".md").read_text()
     assert engine_policies.main(["--quick", "--out", out, "--resume", "--budget-s", "100000"]) == 0
     assert json.loads(Path(out + ".json").read_text())["cells"] == cells  # nothing re-measured
