@@ -11,13 +11,21 @@ and the n-gram trace the n-gram chain (Hybrid Spark's second drafter).
 2. Mixed-k check: ragged steps of measured k_1..k_b against ``StepCost.mixed_ms``
    at the simulator's draft share (0.5) and at the share fitted to them; and the
    cost of a split step (draft, signals to the host, verify) over a fused one.
-3. Serving: closed loop at each load for every policy (steady-state tok/s, the
-   window of ``engine_serving``), each cell also as a ratio to the best fixed k
-   of its (workload, load).
-4. The same grid in the simulator: the measured profile (with the fitted draft
-   share), the same traces replayed (``tabletune.sim.replay``: the model chain's
-   outcomes and signals, the n-gram chain's proposals and outcomes), the measured
-   prefill cost; per cell the simulated ratio and its difference from the measured one.
+3. Serving: closed loop at each load for every policy, each cell also as a ratio
+   to the best fixed k of its (workload, load). The protocol of ``policies_sim``:
+   rules fit on the calibration half of the prompts and scored on the other
+   (the engine replays the scoring half only), a warm-up of ``--warmup-steps``
+   (the window also starts after the first wave was replaced), at least
+   ``--measured-steps`` measured steps, outputs of ``--output-len`` tokens,
+   fixed-k cells repeated ``--fixed-repeats`` times (mean and noise band), and
+   per cell ``host_ms_per_step`` (decide + keep_drafting + observe, wall clock)
+   beside the mean step wall time, so host and device time read apart.
+4. The same grid in the simulator (``policies_sim.run_cell``): the measured
+   profile (with the draft share and the drafting rule, rows still drafting or every
+   row, fitted to the ragged steps, ``tabletune.cost``), the scoring half of the same traces replayed, the
+   measured prefill cost; per cell the simulated ratio and its difference from the
+   measured one. The headroom oracle (``tabletune.sim.oracle``) runs in the
+   simulator: per cell ``oracle_ratio`` and each policy's share of that headroom.
 
 Results go to OUT.json / OUT.md, rewritten after every cell (``--resume`` skips
 the cells already there when the fingerprint matches). A grid whose estimated time
@@ -35,6 +43,7 @@ import json
 import random
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,9 +52,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_serving import make_predictable, staggered_len, window_start  # noqa: E402
+from policies_sim import Protocol, calibrate, run_cell  # noqa: E402
 
 from tabletune import fileio  # noqa: E402
-from tabletune.cost import MixedStep, StepCost, fit_draft_share  # noqa: E402
+from tabletune.cost import MixedStep, StepCost, fit_active_share, fit_draft_share  # noqa: E402
 from tabletune.engine.model import Decoder  # noqa: E402
 from tabletune.engine.presets import resolve  # noqa: E402
 from tabletune.engine.profiling import ENGINE_VERSION, RUNNER, device_name, time_steps  # noqa: E402
@@ -55,9 +65,11 @@ from tabletune.engine.trace_replay import (TracedReplayDrafter, load_token_trace
                                            pair_traces, replay_rates)
 from tabletune.padding import geometric_batch_sizes  # noqa: E402
 from tabletune.policies import REGISTRY, make_policy  # noqa: E402
+from tabletune.policies.timed import timed  # noqa: E402
 from tabletune.profile import Fingerprint, StepPoint, StepProfile  # noqa: E402
 from tabletune.sim import Schedule, SimConfig, Simulator, preset  # noqa: E402
-from tabletune.sim.replay import load_ngram_trace, load_traces  # noqa: E402
+from tabletune.sim.oracle import headroom_share  # noqa: E402
+from tabletune.sim.replay import prompt_half  # noqa: E402
 from tabletune.sim.traces import auc, signal_noise_for_auc  # noqa: E402
 from tabletune.table import DraftTable  # noqa: E402
 
@@ -65,8 +77,8 @@ TRACES = Path("profiles/traces")
 ZOO = ("tabletune", "controller", "turbospec", "nightjar", "sglang", "disco", "tapout", "dsde", "gammatune",
        "adaptive-verification", "hybrid-spark")
 QUICK = {"model": "tiny", "device": "cpu", "loads": "1,2", "workloads": "code", "k_max": 3, "prompt_len": 8,
-         "output_len": 16, "rounds": 2, "max_load": None, "profile_steps": 2, "sim_duration": 2.0,
-         "policies": "tabletune,gammatune,disco,hybrid-spark"}
+         "output_len": 16, "rounds": 2, "max_load": None, "profile_steps": 2, "warmup_steps": 2, "measured_steps": 4,
+         "fixed_repeats": 2, "policies": "tabletune,gammatune,disco,hybrid-spark"}
 HOST_MS_PER_STEP = 1.0  # the estimate's host time a step (policy, bookkeeping) on top of the step's device time
 
 
@@ -81,10 +93,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--policies", default=",".join(ZOO), help="besides fixed:0..k_max (names, comma-separated)")
     ap.add_argument("--k-max", type=int, default=7)
     ap.add_argument("--prompt-len", type=int, default=32)
-    ap.add_argument("--output-len", type=int, default=256)
-    ap.add_argument("--rounds", type=int, default=3, help="requests per cell = rounds * load (at least 4)")
+    ap.add_argument("--output-len", type=int, default=512)
+    ap.add_argument("--rounds", type=int, default=8, help="requests per cell = rounds * load (at least 4)")
     ap.add_argument("--profile-steps", type=int, default=8)
-    ap.add_argument("--sim-duration", type=float, default=30.0, help="simulated seconds per cell")
+    ap.add_argument("--warmup-steps", type=int, default=200, help="steps of each cell before its window")
+    ap.add_argument("--measured-steps", type=int, default=500, help="fewest measured steps a cell should have")
+    ap.add_argument("--fixed-repeats", type=int, default=3, help="runs of each fixed-k cell (noise band)")
     ap.add_argument("--budget-s", type=float, default=450.0,
                     help="refuse a grid whose serving part is estimated to take longer (set-up comes first)")
     ap.add_argument("--no-sim", action="store_true", help="measure only (simulate later with --sim-only)")
@@ -96,6 +110,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         for key, value in QUICK.items():
             setattr(args, key, value)
+    elif args.output_len < 512 or args.measured_steps < 500:
+        ap.error("the protocol needs --output-len >= 512 and --measured-steps >= 500 (use --quick for a smoke run)")
     elif args.rounds < 3:
         # the window runs from the first wave's last replacement to the last full-load step: with 2 rounds the
         # second wave's first finisher ends it about where it starts, and a cell measures a handful of steps
@@ -114,10 +130,17 @@ def policy_names(args) -> list[str]:
     return out
 
 
+def protocol_of(args) -> Protocol:
+    return Protocol(warmup_steps=args.warmup_steps, measured_steps=args.measured_steps, output_len=args.output_len,
+                    prompt_len=args.prompt_len, fixed_repeats=args.fixed_repeats)
+
+
 def estimate_s(args, step_ms: float, num_policies: int, num_loads: int, num_workloads: int) -> float:
-    """Wall estimate: per cell ~ rounds * output_len / 2 steps (about 2 tokens a request-step) at ``step_ms``."""
+    """Wall estimate: per cell ~ rounds * output_len / 2 steps (about 2 tokens a request-step) at ``step_ms``;
+    the k_max + 1 fixed-k cells run ``fixed_repeats`` times."""
     steps_per_cell = args.rounds * args.output_len / 2.0
-    cells = num_policies * num_loads * num_workloads
+    runs = num_policies + (args.k_max + 1) * (getattr(args, "fixed_repeats", 1) - 1)
+    cells = runs * num_loads * num_workloads
     profile = (args.profile_steps + 2) * (args.k_max + 1) * len(geometric_batch_sizes(max(
         int(x) for x in args.loads.split(","))))
     return cells * steps_per_cell * (step_ms + HOST_MS_PER_STEP) / 1e3 + profile * step_ms / 1e3
@@ -165,9 +188,11 @@ def time_ragged(engine: SpecEngine, ks: list[int], steps: int, ctx: int, split: 
 
 
 def mixed_check(engine: SpecEngine, profile: StepProfile, args, loads: list[int]) -> dict:
-    """Ragged step times against StepCost.mixed_ms; the least-squares draft share f (module docstring)."""
+    """Ragged step times against ``StepCost.mixed_ms`` (verification by tokens, D = f (T - T0)) at the simulator's
+    f = 0.5 and at the f fitted to them, under the drafting rule (rows still drafting, ``fit_active_share``; or
+    every row until the longest draft ends, ``fit_draft_share``) whose worst error is smaller."""
     ctx, k_top, rng = profile.context_len, args.k_max, random.Random(0)
-    rows = []
+    rows, ragged = [], []
     for b in loads:
         engine.set_context(b, ctx)
         patterns = {"one-long": [k_top] + [0] * (b - 1), "half": [k_top if i % 2 else 1 for i in range(b)],
@@ -175,24 +200,40 @@ def mixed_check(engine: SpecEngine, profile: StepProfile, args, loads: list[int]
         for name, ks in patterns.items():
             fused = time_ragged(engine, ks, args.profile_steps, ctx, False)
             split = time_ragged(engine, ks, args.profile_steps, ctx, True)
+            ragged.append((np.array(ks), fused))
             rows.append({"batch_size": b, "pattern": name, "ks": ks if b <= 16 else None, "k_top": max(ks),
                          "k_bar": round(sum(ks) / b, 4), "measured_ms": round(fused, 4),
                          "split_ms": round(split, 4)})
-    try:  # measured - T(k_bar) = f (T(k_top) - T(k_bar))
-        share = fit_draft_share(profile, [MixedStep(r["batch_size"], r["k_top"], r["k_bar"], r["measured_ms"])
-                                          for r in rows])
-    except ValueError:  # no row with k_bar < k_top: nothing to fit, the padded step's share
-        share = 1.0
-    for r in rows:
-        for label, f in (("sim_default", 0.5), ("fitted", share)):
-            cost = StepCost(profile, draft_share=f)
-            pred = float(cost.mixed_curve_ms(r["batch_size"], np.array([float(r["k_top"])]),
-                                             np.array([float(r["k_bar"])]))[0])
+    fits = {}
+    for rows_rule in ("active", "batch"):  # an engine that compacts the draft batch, or one that drafts every row
+        try:
+            if rows_rule == "active":
+                f = fit_active_share(profile, ragged)
+            else:
+                f = fit_draft_share(profile, [MixedStep(len(ks), int(ks.max()), float(ks.mean()), ms)
+                                              for ks, ms in ragged])
+        except ValueError:  # no mixed step (a batch of one): nothing to fit
+            f = 1.0
+        cost = StepCost(profile, draft_share=f, draft_rows=rows_rule)
+        worst = max(abs(ms / cost.mixed_ms(ks) - 1) for ks, ms in ragged)
+        fits[rows_rule] = (worst, f)
+    rows_rule = min(fits, key=lambda r: fits[r][0])
+    share = fits[rows_rule][1]
+    for r, (ks, _) in zip(rows, ragged):
+        for label, cost in (("sim_default", StepCost(profile, draft_share=0.5)),
+                            ("fitted", StepCost(profile, draft_share=share, draft_rows=rows_rule))):
+            pred = cost.mixed_ms(ks)
             r[f"predicted_ms_{label}"] = round(pred, 4)
             r[f"error_{label}"] = round(r["measured_ms"] / pred - 1, 4)
-    return {"fitted_draft_share": round(share, 4), "rows": rows,
+    return {"fitted_draft_share": round(share, 4), "draft_rows": rows_rule,
+            "worst_abs_error_by_rule": {k: round(v[0], 4) for k, v in fits.items()}, "rows": rows,
             "worst_abs_error_sim_default": max(abs(r["error_sim_default"]) for r in rows),
             "worst_abs_error_fitted": max(abs(r["error_fitted"]) for r in rows)}
+
+
+def engine_cost(profile: StepProfile, mixed: dict) -> StepCost:
+    """The engine's cost: its profile with the draft share and drafting rule the mixed-k check chose."""
+    return StepCost(profile, draft_share=mixed["fitted_draft_share"], draft_rows=mixed.get("draft_rows", "active"))
 
 
 def span_fit(ngram: list) -> tuple[float, float]:
@@ -220,69 +261,89 @@ def span_fit(ngram: list) -> tuple[float, float]:
 
 
 def workload_data(name: str, k_max: int) -> dict:
+    """The engine's replay pairs of the scoring half of the prompts, and the trace statistics of the workload."""
     model = load_token_traces(TRACES / f"early-exit_{name}_T0.csv.gz")
     ngram = load_token_traces(TRACES / f"ngram_{name}_T0.csv.gz")
     top1 = np.concatenate([t.signals[t.present, 0] for t in model])
     ok = np.concatenate([t.accepted[t.present] for t in model])
     start_prob, mean_len = span_fit(ngram)
-    return {"pairs": pair_traces(model, ngram), "rates": replay_rates(model, k_max),
-            "ngram_rates": ngram_length_rates(ngram), "top1_auc": auc(top1, ok),
-            "span_start_prob": start_prob, "span_mean_len": mean_len}
+    pairs = [p for p in pair_traces(model, ngram) if prompt_half(p[0].request) == "scoring"]
+    return {"pairs": pairs, "rates": replay_rates(model, k_max), "ngram_rates": ngram_length_rates(ngram),
+            "top1_auc": auc(top1, ok), "span_start_prob": start_prob, "span_mean_len": mean_len}
 
 
-def serve_cell(engine, args, policy_spec, ctx, load, prompts, oracle, pairs) -> dict:
+def serve_cell(engine, args, policy_spec, ctx, load, prompts, oracle, pairs, seed: int = 0) -> dict:
+    """One engine run: the window starts after the first wave was replaced and after ``--warmup-steps``."""
     n = max(4, args.rounds * load)
     reqs = [Request(list(prompts[i]), staggered_len(i, load, args.output_len), i, oracle=oracle[i],
                     trace=pairs[i % len(pairs)]) for i in range(n)]
-    stats = Scheduler(engine, make_policy(policy_spec, ctx), max_num_seqs=load, seed=load).run(reqs)
-    start = window_start(stats, load)
+    policy = timed(make_policy(policy_spec, ctx))
+    stats = Scheduler(engine, policy, max_num_seqs=load, seed=load + 1000 * seed).run(reqs)
     end = max(i for i, b in enumerate(stats.step_batch_sizes) if b == load) + 1
+    start = min(max(window_start(stats, load), args.warmup_steps), end - 1)
     adm = sum(stats.step_admitted[start:end])
+    wall_ms = 1e3 * sum(stats.step_wall_s[start:end]) / max(end - start, 1)
     return {"throughput_tok_s": round(steady_throughput(stats.step_batch_sizes, stats.step_wall_s,
                                                         stats.step_tokens, load, start), 2),
             "mean_k": round(sum(stats.step_drafts[start:end]) / max(sum(stats.step_batch_sizes[start:end]), 1), 3),
-            "num_steps": stats.num_steps, "window_start": start,
+            "num_steps": stats.num_steps, "window_start": start, "measured_steps": end - start,
+            "step_ms": round(wall_ms, 4), "host_ms_per_step": round(policy.mean_ms(start), 4),
             "prefill_ms_per_token": round(1e3 * sum(stats.step_prefill_s[start:end]) / (adm * args.prompt_len), 5)
             if adm else None,
             "rates": [None if r is None else round(r, 4) for r in stats.counts.rates()]}
 
 
-def simulate_cell(profile, share, data, args, policy_spec, load, cell) -> float:
-    """Simulated tok/s of a measured cell: same profile, draft share, acceptance, signal quality, prefill cost."""
-    prefill_ms_per_token = cell["prefill_ms_per_token"] or 0.0
-    base = preset(data["name"])
-    w = dataclasses.replace(base, rates=data["rates"], prompt_len_mean=float(args.prompt_len),
-                            output_len=args.output_len, signal_noise=data["signal_noise"],
-                            span_start_prob=data["span_start_prob"], span_mean_len=data["span_mean_len"])
-    cfg = SimConfig(duration_s=args.sim_duration, load=load, max_num_seqs=max(128, load),
-                    prefill_ms_per_token=prefill_ms_per_token, seed=0)
-    # the same traces as the engine's replay: the model chain's outcomes and signals, the n-gram chain's
-    # proposals and outcomes (the span model and the fitted signal noise stay for workloads without traces)
-    sim = Simulator(StepCost(profile, draft_share=share), Schedule.constant(w), cfg,
-                    replay=load_traces([TRACES / f"early-exit_{data['name']}_T0.csv.gz"]),
-                    ngram_replay=load_ngram_trace(TRACES / f"ngram_{data['name']}_T0.csv.gz"))
-    ctx = dataclasses.replace(sim.context(), ngram_rates=data["ngram_rates"])
-    return round(sim.run(make_policy(policy_spec, ctx)).throughput_tok_s, 2)
+def serve_fixed(engine, args, spec, ctx, load, prompts, oracle, pairs) -> dict:
+    """A fixed-k cell run ``--fixed-repeats`` times: the mean tok/s, every run's, and the band (max - min) / mean."""
+    runs = [serve_cell(engine, args, spec, ctx, load, prompts, oracle, pairs, seed)
+            for seed in range(args.fixed_repeats)]
+    tok = [r["throughput_tok_s"] for r in runs]
+    mean = statistics.fmean(tok)
+    return {**runs[0], "throughput_tok_s": round(mean, 2), "throughput_repeats": tok,
+            "noise_band": round((max(tok) - min(tok)) / mean, 4) if mean else None}
+
+
+def simulate_cell(cost, calib, args, policy_spec, load, cell) -> dict:
+    """The simulated cell (``policies_sim.run_cell``): the engine's cost, scoring traces, prefill cost."""
+    out = run_cell(cost, calib, policy_spec, load, protocol_of(args),
+                   prefill_ms_per_token=cell.get("prefill_ms_per_token") or 0.0)
+    return {"sim_tok_s": out["sim_tok_s"], "sim_host_ms_per_step": out["host_ms_per_step"]}
+
+
+def oracle_cell(cost, calib, args, load, cells) -> dict:
+    """The headroom oracle of one (workload, load), simulated (it needs each draft's fate)."""
+    prefill = next((c.get("prefill_ms_per_token") for c in cells
+                    if c["workload"] == calib.workload and c["load"] == load and c.get("prefill_ms_per_token")), 0.0)
+    out = run_cell(cost, calib, "oracle", load, protocol_of(args),
+                   prefill_ms_per_token=prefill or 0.0)
+    return {"workload": calib.workload, "load": load, "policy": "oracle", "throughput_tok_s": None, "mean_k": None,
+            "sim_tok_s": out["sim_tok_s"]}
 
 
 def sim_only(args) -> int:
-    """Fill sim_tok_s of the cells of OUT.json that lack it (runs on the CPU, no engine)."""
+    """Fill sim_tok_s of the cells of OUT.json that lack it, and the oracles (runs on the CPU, no engine)."""
     out_json = Path(args.out + ".json")
     result = json.loads(out_json.read_text())
-    args.prompt_len, args.output_len = result["key"]["prompt_len"], result["key"]["output_len"]
+    key = result["key"]
+    args.prompt_len, args.output_len, args.k_max = key["prompt_len"], key["output_len"], key["k_max"]
+    args.warmup_steps, args.measured_steps = key["warmup_steps"], key["measured_steps"]
+    args.fixed_repeats = key["fixed_repeats"]
     profile = StepProfile.from_json(result["profile"], str(out_json))
-    share = result["mixed_check"]["fitted_draft_share"]
-    data = {}
-    for cell in result["cells"]:
-        if cell.get("sim_tok_s") is not None:
-            continue
-        w = cell["workload"]
-        if w not in data:
-            data[w] = workload_data(w, result["key"]["k_max"])
-            data[w].update(name=w, signal_noise=result["workloads"][w]["signal_noise"],
-                           rates=tuple(result["workloads"][w]["rates"]))
-        cell["sim_tok_s"] = simulate_cell(profile, share, data[w], args, cell["policy"], cell["load"], cell)
-        print(f"{w:9s} load {cell['load']:4d} {cell['policy']:24s} sim {cell['sim_tok_s']:9.1f} tok/s", flush=True)
+    cost = engine_cost(profile, result["mixed_check"])
+    with tempfile.TemporaryDirectory() as tmp:
+        calibs: dict = {}
+        for cell in list(result["cells"]):
+            w = cell["workload"]
+            if w not in calibs:
+                calibs[w] = calibrate(w, args.k_max, cost, Path(tmp), protocol_of(args))
+            if cell.get("sim_tok_s") is None and cell["policy"] != "oracle":
+                cell.update(simulate_cell(cost, calibs[w], args, cell["policy"],
+                                          cell["load"], cell))
+                print(f"{w:9s} load {cell['load']:4d} {cell['policy']:24s} sim {cell['sim_tok_s']:9.1f} tok/s",
+                      flush=True)
+        have = {(c["workload"], c["load"]) for c in result["cells"] if c["policy"] == "oracle"}
+        for w, load in sorted({(c["workload"], c["load"]) for c in result["cells"]} - have):
+            result["cells"].append(oracle_cell(cost, calibs[w], args, load, result["cells"]))
     add_ratios(result["cells"])
     fileio.write_json(str(out_json), result)
     fileio.write_text(args.out + ".md", markdown(result))
@@ -290,7 +351,8 @@ def sim_only(args) -> int:
 
 
 def add_ratios(cells: list[dict]) -> None:
-    """Each cell's tok/s over the best fixed k of its (workload, load), measured and simulated."""
+    """Each cell's tok/s over the best fixed k of its (workload, load), measured and simulated; the oracle's
+    ratio (simulated) and each policy's share of that headroom, measured and simulated."""
     for key, out in (("throughput_tok_s", "ratio"), ("sim_tok_s", "sim_ratio")):  # absent sim_tok_s: None
         best: dict[tuple, float] = {}
         for c in cells:
@@ -300,28 +362,77 @@ def add_ratios(cells: list[dict]) -> None:
         for c in cells:
             b = best.get((c["workload"], c["load"]))
             c[out] = round(c[key] / b, 4) if b and c.get(key) else None
+    oracle = {(c["workload"], c["load"]): c["sim_ratio"] for c in cells if c["policy"] == "oracle"}
     for c in cells:
-        c["difference"] = round(c["sim_ratio"] - c["ratio"], 4) if c["ratio"] and c.get("sim_ratio") else None
+        c["difference"] = round(c["sim_ratio"] - c["ratio"], 4) if c.get("ratio") and c.get("sim_ratio") else None
+        o = oracle.get((c["workload"], c["load"]))
+        c["oracle_ratio"] = o
+        for ratio, share in (("ratio", "headroom_share"), ("sim_ratio", "sim_headroom_share")):
+            h = headroom_share(c[ratio], o) if o and c.get(ratio) else None
+            c[share] = None if h is None else round(h, 3)
 
 
 def markdown(result: dict) -> str:
     mc = result["mixed_check"]
+    key = result["key"]
     md = [f"# Policies on the built-in engine: {result['model']} shape, {result['device']}", "",
           f"Closed loop, prompt {result['prompt_len']} / output {result['output_len']} tokens, acceptance and "
-          f"signals replayed from SmolLM2 traces (early-exit model chain, n-gram chain). Ratio: tok/s over the "
-          f"best fixed k of the same workload and load; difference: simulated ratio - measured ratio.", "",
-          f"Mixed-k cost: fitted draft share {mc['fitted_draft_share']}; worst |error| "
-          f"{mc['worst_abs_error_sim_default']:.1%} at the simulator's 0.5, {mc['worst_abs_error_fitted']:.1%} "
-          "fitted.", "", "| workload | load | policy | mean k | tok/s | ratio | sim ratio | difference |",
-          "|---|---|---|---|---|---|---|---|"]
+          f"signals replayed from the scoring half of the SmolLM2 traces (early-exit model chain, n-gram chain); "
+          f"every learned rule fit on the calibration half. Warm-up {key['warmup_steps']} steps, at least "
+          f"{key['measured_steps']} measured steps wanted; fixed k repeated {key['fixed_repeats']} times. Ratio: "
+          "tok/s over the best fixed k of the same workload and load; difference: simulated ratio - measured "
+          "ratio; headroom: (ratio - 1) / (oracle ratio - 1), the oracle simulated.", "",
+          f"Mixed-k cost (verification by tokens, drafting by {mc.get('draft_rows', 'active')} rows): fitted draft "
+          f"share {mc['fitted_draft_share']}; worst |error| {mc['worst_abs_error_sim_default']:.1%} at the simulator's "
+          f"0.5, {mc['worst_abs_error_fitted']:.1%} fitted.", "",
+          "| workload | load | policy | mean k | tok/s | ratio | sim ratio | difference | oracle ratio | headroom |"
+          " host ms/step | step ms | measured steps | noise band |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in result["cells"]:
-        md.append(f"| {c['workload']} | {c['load']} | {c['policy']} | {c['mean_k']} | {c['throughput_tok_s']:.0f} |"
-                  f" {c['ratio']} | {c.get('sim_ratio')} | {c.get('difference')} |")
+        tok = "" if c.get("throughput_tok_s") is None else f"{c['throughput_tok_s']:.0f}"
+        md.append(f"| {c['workload']} | {c['load']} | {c['policy']} | {c.get('mean_k')} | {tok} | {c.get('ratio')} |"
+                  f" {c.get('sim_ratio')} | {c.get('difference')} | {c.get('oracle_ratio')} | "
+                  f"{c.get('headroom_share')} | {c.get('host_ms_per_step')} | {c.get('step_ms')} | "
+                  f"{c.get('measured_steps')} | {c.get('noise_band', '')} |")
     md += ["", "| b | pattern | k_top | k_bar | measured ms | split ms | sim 0.5 ms | fitted ms |",
            "|---|---|---|---|---|---|---|---|"]
     md += [f"| {r['batch_size']} | {r['pattern']} | {r['k_top']} | {r['k_bar']} | {r['measured_ms']} | "
            f"{r['split_ms']} | {r['predicted_ms_sim_default']} | {r['predicted_ms_fitted']} |" for r in mc["rows"]]
     return "\n".join(md + ["", f"Command: `{result['command']}`"]) + "\n"
+
+
+def serve_workload(engine, args, wname, loads, policies, cost, result, done, prompts, oracle,
+                   folder: Path) -> None:
+    """Every cell of one workload, checkpointed after each; the (simulated) oracle closes each load."""
+    out_json = Path(args.out + ".json")
+    data = workload_data(wname, args.k_max)
+    calib = calibrate(wname, args.k_max, cost, folder, protocol_of(args))  # the calibration half
+    data["signal_noise"] = signal_noise_for_auc(data["top1_auc"], preset(wname), args.k_max, 2000)
+    result["workloads"][wname] = {"rates": calib.rates, "ngram_rates": calib.ngram_rates[:9],
+                                  "disco_tau": calib.disco_tau, "top1_auc": round(data["top1_auc"], 4),
+                                  "span_start_prob": round(data["span_start_prob"], 5),
+                                  "span_mean_len": round(data["span_mean_len"], 3),
+                                  "signal_noise": round(data["signal_noise"], 4)}
+    ctx = policy_context(engine, cost, calib.rates, calib.ngram_rates)
+    for load in loads:
+        for spec in policies + ([] if args.no_sim else ["oracle"]):
+            if (wname, load, spec) in done:
+                continue
+            t0 = time.perf_counter()
+            if spec == "oracle":
+                cell = oracle_cell(cost, calib, args, load, result["cells"])
+            else:
+                serve = serve_fixed if spec.startswith("fixed:") else serve_cell
+                cell = {"workload": wname, "load": load, "policy": spec,
+                        **serve(engine, args, calib.spec(spec), ctx, load, prompts, oracle, data["pairs"])}
+                if not args.no_sim:
+                    cell.update(simulate_cell(cost, calib, args, spec, load, cell))
+            result["cells"].append(cell)
+            add_ratios(result["cells"])
+            fileio.write_json(str(out_json), result)  # checkpoint: a cut run keeps its cells
+            fileio.write_text(args.out + ".md", markdown(result))
+            print(f"{wname:9s} load {load:4d} {spec:24s} tok/s {cell['throughput_tok_s']} ratio {cell['ratio']} "
+                  f"sim {cell['sim_ratio']} host {cell.get('host_ms_per_step')} ms ({time.perf_counter() - t0:.1f} s)",
+                  flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -355,7 +466,9 @@ def main(argv: list[str] | None = None) -> int:
                      model=f"{args.model} (shape, random weights)", dtype=str(target.dtype).removeprefix("torch."),
                      runner=RUNNER + "+ragged", drafter="trace-replay", command=command)
     key = {"fingerprint": {k: v for k, v in fp.__dict__.items() if k != "command"}, "k_max": args.k_max,
-           "prompt_len": args.prompt_len, "output_len": args.output_len, "rounds": args.rounds, "max_load": max_load}
+           "prompt_len": args.prompt_len, "output_len": args.output_len, "rounds": args.rounds, "max_load": max_load,
+           "warmup_steps": args.warmup_steps, "measured_steps": args.measured_steps,
+           "fixed_repeats": args.fixed_repeats}
     out_json = Path(args.out + ".json")
     old = json.loads(out_json.read_text()) if args.resume and out_json.exists() else None
     if old is not None and old["key"] != key:
@@ -367,8 +480,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         profile = measure_profile(engine, args, fp)
         mixed = mixed_check(engine, profile, args, loads)
-    share = mixed["fitted_draft_share"]
-    result = {"schema": "tabletune.engine_policies", "version": 1, "key": key, "device": fp.device,
+    cost = engine_cost(profile, mixed)
+    result = {"schema": "tabletune.engine_policies", "version": 2, "key": key, "device": fp.device,
               "model": args.model, "prompt_len": args.prompt_len, "output_len": args.output_len,
               "command": command, "profile": profile.to_json(), "mixed_check": mixed,
               "cells": old["cells"] if old else [], "workloads": old.get("workloads", {}) if old else {}}
@@ -379,32 +492,10 @@ def main(argv: list[str] | None = None) -> int:
     record = [Request(p, args.output_len + args.k_max + 2, i) for i, p in enumerate(prompts)]
     Scheduler(engine, DraftTable.fixed(0)).run(record)
     oracle = [r.output for r in record]
-    for wname in workloads:
-        data = workload_data(wname, args.k_max)
-        data["name"] = wname
-        data["signal_noise"] = signal_noise_for_auc(data["top1_auc"], preset(wname), args.k_max, 2000)
-        result["workloads"][wname] = {"rates": data["rates"], "ngram_rates": data["ngram_rates"][:9],
-                                      "top1_auc": round(data["top1_auc"], 4),
-                                      "span_start_prob": round(data["span_start_prob"], 5),
-                                      "span_mean_len": round(data["span_mean_len"], 3),
-                                      "signal_noise": round(data["signal_noise"], 4)}
-        ctx = policy_context(engine, StepCost(profile, draft_share=share), data["rates"], data["ngram_rates"])
-        for load in loads:
-            for spec in policies:
-                if (wname, load, spec) in done:
-                    continue
-                t0 = time.perf_counter()
-                cell = {"workload": wname, "load": load, "policy": spec,
-                        **serve_cell(engine, args, spec, ctx, load, prompts, oracle, data["pairs"])}
-                if not args.no_sim:
-                    cell["sim_tok_s"] = simulate_cell(profile, share, data, args, spec, load, cell)
-                result["cells"].append(cell)
-                add_ratios(result["cells"])
-                fileio.write_json(str(out_json), result)  # checkpoint: a cut run keeps its cells
-                fileio.write_text(args.out + ".md", markdown(result))
-                print(f"{wname:9s} load {load:4d} {spec:24s} k {cell['mean_k']:5.2f} {cell['throughput_tok_s']:9.1f}"
-                      f" tok/s ratio {cell['ratio']} sim {cell['sim_ratio']} ({time.perf_counter() - t0:.1f} s)",
-                      flush=True)
+    with tempfile.TemporaryDirectory() as tmp:  # calibrated files (DISCO, n-gram table) live for the run
+        for wname in workloads:
+            serve_workload(engine, args, wname, loads, policies, cost, result, done, prompts, oracle,
+                           Path(tmp))
     return 0
 
 

@@ -1,28 +1,38 @@
-"""Step cost: T(b, k) from a measured profile, and how a step with mixed draft lengths is costed.
+"""Step cost: T(b, k) from a measured profile, and how a step with mixed or stopped drafts is costed.
 
-A uniform step (every request drafts k) costs the profile's T(b, k), linear in b
-between measured batch sizes (``StepProfile.step_ms``). A step whose requests draft
-different lengths k_1..k_b is costed as
+A uniform step (every request drafts k) costs the profile's T(b, k), linear in b between
+measured batch sizes (``StepProfile.step_ms``). A step splits into drafting and verification:
 
-    T(b, k_1..k_b) = T(b, 0) + f * (T~(b, k_max) - T(b, 0)) + (1 - f) * (T~(b, k_bar) - T(b, 0))
+    D(b, k)  drafting time of a k-token chain for b rows: the measured ``draft_grid`` (e.g. from
+             ``StepCost.split``, D = T_model_drafter - T_cpu_drafter), else f (T(b, k) - T(b, 0))
+             with f = ``draft_share``
+    V(b, k)  = T(b, k) - D(b, k), the target's verification of b (k + 1) tokens
 
-with k_max = max_i k_i (the drafter runs k_max sequential steps for the whole batch),
-k_bar = sum_i k_i / b (the target verifies sum_i (k_i + 1) tokens), T~(b, x) the
-profile linear in x between measured k, and f = ``draft_share`` the share of the
-per-k cost that is drafting (paid for the longest draft) rather than verification
-(paid per verified token). With all k_i equal this is exactly T(b, k). f = 0 costs a
-step by its total verified tokens only; f = 1 charges every request the longest draft.
-An n-gram drafter runs on the CPU, so its settings use f = 0.
+(D~, V~, T~: linear in k between measured k and in b between measured batch sizes).
 
-Split rule (when the drafting time D(b, k) is given, ``draft_grid=``, e.g. by ``StepCost.split``): the step pays the
-drafter for the longest chain and the target per verified token,
+The rule (one for every step). Row i drafts d_i tokens and the target verifies k_i <= d_i of
+them (a row whose draft stopped at position d_i, or a policy that verifies fewer than it
+drafted). With a_j = #{i : d_i >= j} the rows still drafting at position j,
 
-    T(b, k_1..k_b) = T~(b, k_bar) - D~(b, k_bar) + D~(b, k_max)
+    T(b; k, d) = V~(b, k_bar) + sum_{j=1}^{max d} [D~(a_j, j) - D~(a_j, j - 1)]   (a term is 0 when a_j = 0)
 
-i.e. verification V = T - D at the mean length plus drafting at the longest. The share
-of drafting then follows the measurement at every b instead of one constant f (on the
-H200 8B EAGLE-style profiles, drafting is ~85% of the per-k cost at b <= 16 and ~25% at
-b = 128). With all k_i equal this is again T(b, k).
+    k_bar = sum_i k_i / b     verification is charged by the scheduled tokens sum_i (k_i + 1)
+    D~(a, j) - D~(a, j-1)     drafting position j for the a rows still drafting it
+
+so a row that stopped costs no further drafting and no verification past its stop. With
+all k_i = d_i = k this is exactly T(b, k) (the sum telescopes to D(b, k)). f = 0 (or D = 0, an
+n-gram drafter on the CPU) costs a step by its verified tokens only.
+
+``draft_rows = "batch"`` is the drafter that runs every row until the longest draft ends
+(a_j = b for j <= max d, the padded drafter of engines that do not compact the draft batch):
+then T = V~(b, k_bar) + D~(b, max d), which with D = f (T - T0) is the classic
+T0 + f (T(b, k_max) - T0) + (1 - f) (T~(b, k_bar) - T0) (f = 1: every row pays the longest draft).
+``mixed_curve_ms`` is that padded rule for many (k_top, k_bar) pairs (``fit_draft_share`` fits f to it).
+
+Worked example (tests/test_cost.py): T(b, k) = 10 + b + 4k and D(b, k) = b k at b in {1, 4}; b = 2
+rows drafting d = (3, 1) and verifying k = (3, 1): k_bar = 2, V~(2, 2) = 20 - 4 = 16; a = (2, 1, 1), so
+drafting = [D(2, 1) - D(2, 0)] + [D(1, 2) - D(1, 1)] + [D(1, 3) - D(1, 2)] = 2 + 1 + 1 = 4 and T = 20
+(the padded drafter: 16 + D(2, 3) = 22; both rows drafting 3: T(2, 3) = 24).
 
 ``budget_ms(b, slots)`` is T for a batch-wide budget of verified draft slots,
 T(b, slots / b) with f = 0; adaptive verification (DSpark-style) prices budgets with it.
@@ -39,38 +49,50 @@ import numpy as np
 from tabletune.profile import StepProfile
 
 
+DRAFT_ROWS = ("active", "batch")
+
+
 @dataclass(frozen=True)
 class StepCost:
-    """Offline step times T(b, k) plus the mixed-length rule above. Immutable and cheap to query."""
+    """Offline step times T(b, k) plus the rule above for mixed and stopped drafts. Immutable, cheap to query."""
 
     profile: StepProfile
-    draft_share: float = 0.5
-    # D(b, k), the drafting time of a k-token chain (split rule): [k index][b index] over profile.ks x batch_sizes
+    draft_share: float = 0.5  # f: D(b, k) = f (T(b, k) - T(b, 0)) when no draft_grid is given
+    # D(b, k), the drafting time of a k-token chain: [k index][b index] over profile.ks x batch_sizes
     draft_grid: tuple[tuple[float, ...], ...] | None = None
+    draft_rows: str = "active"  # "active": drafting charged by the rows still drafting; "batch": by all b rows
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.draft_share <= 1.0:
             raise ValueError(f"draft_share must lie in [0, 1], got {self.draft_share}")
+        if self.draft_rows not in DRAFT_ROWS:
+            raise ValueError(f"draft_rows must be one of {DRAFT_ROWS}, got {self.draft_rows!r}")
         ks = self.profile.ks
         bs = self.profile.batch_sizes
         # grid[ki, bi] = T(bs[bi], ks[ki]); a k missing at some b is interpolated in b
         grid = np.array([[self.profile.step_ms(b, k) for b in bs] for k in ks], dtype=float)
-        dgrid = None
         if self.draft_grid is not None:
             dgrid = np.array(self.draft_grid, dtype=float)
             if dgrid.shape != grid.shape or not np.all(np.isfinite(dgrid)) or np.any(dgrid < 0):
                 raise ValueError(f"draft_grid must be {grid.shape} finite times >= 0 (ks x batch sizes)")
+        else:
+            dgrid = self.draft_share * np.maximum(grid - grid[:1], 0.0)
+        kf = np.array(ks, dtype=float)
+        positions = np.arange(int(kf[-1]) + 1, dtype=float)
+        # step[j, bi] = D~(bs[bi], j) - D~(bs[bi], j - 1): drafting position j (1-based row j - 1)
+        d_int = np.array([np.interp(positions, kf, dgrid[:, bi]) for bi in range(len(bs))]).T
+        object.__setattr__(self, "_position_ms", np.diff(d_int, axis=0))  # [k_max, num_batch_sizes]
         object.__setattr__(self, "_dgrid", dgrid)
-        object.__setattr__(self, "_ks", np.array(ks, dtype=float))
+        object.__setattr__(self, "_ks", kf)
         object.__setattr__(self, "_bs", np.array(bs, dtype=float))
         object.__setattr__(self, "_grid", grid)
         object.__setattr__(self, "_cache", {})
 
     @classmethod
-    def split(cls, profile: StepProfile, draft_ms: Callable[[int, int], float]) -> StepCost:
-        """The split rule with D(b, k) = draft_ms(b, k) at the profile's measured (b, k), clipped at >= 0."""
+    def split(cls, profile: StepProfile, draft_ms: Callable[[int, int], float], draft_rows: str = "active") -> StepCost:
+        """The rule with D(b, k) = draft_ms(b, k) at the profile's measured (b, k), clipped at >= 0."""
         grid = tuple(tuple(max(float(draft_ms(b, k)), 0.0) for b in profile.batch_sizes) for k in profile.ks)
-        return cls(profile, draft_grid=grid)
+        return cls(profile, draft_grid=grid, draft_rows=draft_rows)
 
     @property
     def ks(self) -> list[int]:
@@ -85,17 +107,17 @@ class StepCost:
         """T(b, k) for every measured k (same order as ``ks``), linear in b; cached per b."""
         return self._rows(batch_size)[0]
 
-    def draft_row(self, batch_size: float) -> np.ndarray | None:
-        """D(b, k) for every measured k (split rule), linear in b; None without a drafting profile."""
+    def draft_row(self, batch_size: float) -> np.ndarray:
+        """D(b, k) for every measured k (the draft grid, or f (T - T0)), linear in b."""
         return self._rows(batch_size)[1]
 
-    def _rows(self, batch_size: float) -> tuple[np.ndarray, np.ndarray | None]:
+    def _rows(self, batch_size: float) -> tuple[np.ndarray, np.ndarray]:
         cache = self._cache  # type: ignore[attr-defined]
         out = cache.get(batch_size)
         if out is None:
             bs, grid, dgrid = self._bs, self._grid, self._dgrid  # type: ignore[attr-defined]
             out = (np.array([np.interp(batch_size, bs, g) for g in grid]),
-                   None if dgrid is None else np.array([np.interp(batch_size, bs, g) for g in dgrid]))
+                   np.array([np.interp(batch_size, bs, g) for g in dgrid]))
             if len(cache) < 4096:
                 cache[batch_size] = out
         return out
@@ -114,30 +136,77 @@ class StepCost:
         w = (k - ks[i - 1]) / (ks[i] - ks[i - 1])
         return float(row[i - 1] + w * (row[i] - row[i - 1]))
 
-    def mixed_ms(self, ks: np.ndarray) -> float:
-        """T(b, k_1..k_b) by the rule in the module docstring; ks is [batch_size] ints."""
+    def verify_ms(self, batch_size: int, k_bar: np.ndarray | float) -> np.ndarray:
+        """V~(b, k_bar) = T~(b, k_bar) - D~(b, k_bar): verifying b (k_bar + 1) scheduled tokens."""
+        ks = self._ks  # type: ignore[attr-defined]
+        row, drow = self._rows(batch_size)
+        k_bar = np.asarray(k_bar, dtype=float)
+        return np.interp(k_bar, ks, row) - np.interp(k_bar, ks, drow)
+
+    def drafting_ms(self, active: np.ndarray) -> np.ndarray:
+        """sum_j [D~(a_j, j) - D~(a_j, j - 1)] over positions j (last axis of ``active``, a_j rows drafting j).
+
+        ``active`` is [..., J] with J <= k_max counts (non-increasing along j); a position nobody drafts
+        costs nothing. Returns [...] ms.
+        """
+        active = np.asarray(active, dtype=float)
+        pos_ms, bs = self._position_ms, self._bs  # type: ignore[attr-defined]
+        if active.shape[-1] > len(pos_ms):
+            raise ValueError(f"{active.shape[-1]} draft positions, the profile measures {len(pos_ms)}")
+        out = np.zeros(active.shape[:-1])
+        for j in range(active.shape[-1]):
+            a = active[..., j]
+            out = out + np.where(a > 0, np.interp(a, bs, pos_ms[j]), 0.0)
+        return out
+
+    def rows_ms(self, batch_size: int, active: np.ndarray, k_bar: np.ndarray | float) -> np.ndarray:
+        """T(b; k, d) from a_j = ``active[..., j - 1]`` rows drafting position j and the mean verified length.
+
+        With ``draft_rows = "batch"`` every position some row drafts is charged for all b rows.
+        """
+        active = np.asarray(active, dtype=float)
+        if self.draft_rows == "batch":
+            active = np.where(active > 0, float(batch_size), 0.0)
+        return self.verify_ms(batch_size, k_bar) + self.drafting_ms(active)
+
+    def mixed_ms(self, ks: np.ndarray, drafted: np.ndarray | None = None) -> float:
+        """T(b; k, d) by the rule in the module docstring: ``ks`` [b] verified, ``drafted`` [b] (default ks).
+
+        Raises ValueError when a row verifies more than it drafted.
+        """
         b = len(ks)
         if b == 0:
             return 0.0
-        k_top = int(ks.max())
-        k_bar = float(ks.sum()) / b
-        if k_bar == k_top:
-            return self.step_ms(b, k_top)
-        return float(self.mixed_curve_ms(b, np.array([float(k_top)]), np.array([k_bar]))[0])
+        ks = np.asarray(ks)
+        if drafted is None:
+            drafted = ks
+        elif np.any(ks > drafted):
+            raise ValueError("a row verifies more tokens than it drafted (need ks <= drafted)")
+        d_top = int(drafted.max())
+        if d_top == int(ks.min()):  # uniform: every row drafted and verified the same k
+            return self.step_ms(b, d_top)
+        active = (np.asarray(drafted)[:, None] >= np.arange(1, d_top + 1)[None, :]).sum(axis=0)
+        return float(self.rows_ms(b, active, float(ks.sum()) / b))
 
     def mixed_curve_ms(self, batch_size: int, k_top: np.ndarray, k_bar: np.ndarray) -> np.ndarray:
-        """T(b, k_top, k_bar) for many (k_top, k_bar) pairs at one batch size (the rules above)."""
+        """The padded drafter's T = V~(b, k_bar) + D~(b, k_top) for many (k_top, k_bar) pairs at one b.
+
+        Every row drafts until the longest draft ends (``draft_rows = "batch"``); with D = f (T - T0)
+        this is T0 + f (T(b, k_top) - T0) + (1 - f) (T~(b, k_bar) - T0).
+        """
         ks = self._ks  # type: ignore[attr-defined]
-        row, drow = self._rows(batch_size)
-        if drow is not None:
-            return np.interp(k_bar, ks, row) - np.interp(k_bar, ks, drow) + np.interp(k_top, ks, drow)
-        t0 = float(np.interp(0.0, ks, row))
-        f = self.draft_share
-        return t0 + f * (np.interp(k_top, ks, row) - t0) + (1.0 - f) * (np.interp(k_bar, ks, row) - t0)
+        drow = self._rows(batch_size)[1]
+        return self.verify_ms(batch_size, k_bar) + np.interp(np.asarray(k_top, dtype=float), ks, drow)
 
     def budget_ms(self, batch_size: int, slots: float) -> float:
         """T(budget): a step verifying ``slots`` draft tokens in total over the batch, T(b, slots/b)."""
         return self.step_ms(batch_size, slots / batch_size if batch_size else 0.0)
+
+
+def active_rows(drafted: np.ndarray, k_max: int) -> np.ndarray:
+    """a_j = #{i : d_i >= j} for j = 1..k_max over the last axis of ``drafted`` [..., b]. Returns [..., k_max]."""
+    d = np.asarray(drafted)
+    return (d[..., None] >= np.arange(1, k_max + 1)).sum(axis=-2)
 
 
 def partial_draft_ms(profile: StepProfile, batch_size: int, k: int, draft_rate: float, draft_share: float) -> float:
@@ -195,6 +264,29 @@ def fit_draft_share(profile: StepProfile, steps: list[MixedStep]) -> float:
     if not xs:
         raise ValueError("no mixed step with k_bar < k_top (and T(k_top) > T(k_bar)) to fit the draft share on")
     x, y = np.array(xs), np.array(ys)
+    return float(np.clip((x * y).sum() / (x * x).sum(), 0.0, 1.0))
+
+
+def fit_active_share(profile: StepProfile, steps: list[tuple[np.ndarray, float]]) -> float:
+    """Least-squares f of the rule above with D = f (T - T0) and drafting by active rows, clipped to [0, 1].
+
+    Each step is (ks [b], measured ms), every row drafting and verifying its k_i. With T~ = T~(b, k_bar)
+    and A = sum_j [T~(a_j, j) - T~(a_j, j - 1)] (the drafting term at f = 1), the rule reads
+    measured - T~ = f (A - (T~ - T(b, 0))). Raises ValueError when no step is mixed.
+    """
+    unit = StepCost(profile, draft_share=1.0)
+    plain = StepCost(profile, draft_share=0.0)
+    xs, ys = [], []
+    for ks, measured_ms in steps:
+        ks = np.asarray(ks)
+        if len(ks) == 0 or ks.min() == ks.max():
+            continue
+        t_bar = plain.mixed_ms(ks)  # f = 0: T~(b, k_bar)
+        xs.append(unit.mixed_ms(ks) - t_bar)
+        ys.append(measured_ms - t_bar)
+    x, y = np.array(xs), np.array(ys)
+    if not len(x) or not np.any(x != 0):
+        raise ValueError("no mixed step (rows of different k) to fit the draft share on")
     return float(np.clip((x * y).sum() / (x * x).sum(), 0.0, 1.0))
 
 

@@ -102,3 +102,52 @@ def test_fit_share_and_level_recovers_both_through_outliers():
     # steps with all rows alike fix the level only
     with pytest.raises(ValueError, match="no mixed step"):
         fit_share_and_level(p, [MixedStep(2, 2, 2.0, 15.0), MixedStep(3, 0, 0.0, 9.0)])
+
+
+def stop_profile() -> StepProfile:
+    # T(b, k) = 10 + b + 4k at b in {1, 4}, k in 0..3 (the module docstring's worked example)
+    pts = [StepPoint(b, k, (10.0 + b + 4 * k,)) for b in (1, 4) for k in range(4)]
+    return StepProfile(points=tuple(pts), context_len=0)
+
+
+def test_drafting_by_active_rows_and_verification_by_tokens_hand_worked():
+    # D(b, k) = b k: D(2, k) = 2k by interpolation, V~(2, 2) = T(2, 2) - D(2, 2) = 20 - 4 = 16
+    cost = StepCost.split(stop_profile(), lambda b, k: b * k)
+    # d = (3, 1): a = (2, 1, 1): drafting 2 + 1 + 1 = 4; k = (3, 1): k_bar = 2
+    assert cost.mixed_ms(np.array([3, 1])) == pytest.approx(20.0)
+    assert cost.mixed_ms(np.array([3, 1]), drafted=np.array([3, 3])) == pytest.approx(22.0)  # a = (2, 2, 2)
+    assert cost.mixed_ms(np.array([1, 1]), drafted=np.array([3, 1])) == pytest.approx(18.0)  # V~(2, 1) = 14
+    assert cost.mixed_ms(np.array([3, 3])) == pytest.approx(24.0)  # uniform: the profile
+    assert cost.rows_ms(2, np.array([2, 1, 1]), 2.0) == pytest.approx(20.0)
+    padded = StepCost.split(stop_profile(), lambda b, k: b * k, draft_rows="batch")
+    assert padded.mixed_ms(np.array([3, 1])) == pytest.approx(22.0)  # 16 + D(2, 3)
+    assert cost.mixed_curve_ms(2, np.array([3.0]), np.array([2.0])) == pytest.approx([22.0])
+    # without a drafting profile D = f (T - T0): f = 0 charges verified tokens only
+    assert StepCost(stop_profile(), 0.0).mixed_ms(np.array([3, 1]), drafted=np.array([3, 3])) == pytest.approx(20.0)
+
+
+def test_stopped_rows_uniform_stop_is_the_profile_and_bad_rows_are_refused():
+    cost = StepCost.split(stop_profile(), lambda b, k: b * k)
+    # every row stops at j = 2 and is verified on its 2 tokens: T(b, 2)
+    assert cost.mixed_ms(np.array([2, 2, 2]), drafted=np.array([2, 2, 2])) == pytest.approx(cost.step_ms(3, 2))
+    assert cost.rows_ms(3, np.array([3, 3]), 2.0) == pytest.approx(cost.step_ms(3, 2))
+    with pytest.raises(ValueError, match="verifies more"):
+        cost.mixed_ms(np.array([2, 1]), drafted=np.array([1, 1]))
+    with pytest.raises(ValueError, match="draft_rows"):
+        StepCost(stop_profile(), draft_rows="padded")
+
+
+def test_fit_active_share_recovers_f_of_the_active_rows_rule():
+    from tabletune.cost import fit_active_share
+
+    # T(b, k) = 10 + b + (2 + b) k: the per-k cost grows with b, so drafting by active rows is cheaper
+    p = StepProfile(points=tuple(StepPoint(b, k, (10.0 + b + (2 + b) * k,)) for b in (1, 4) for k in range(4)),
+                    context_len=0)
+    cost = StepCost(p, draft_share=0.35)
+    steps = [(np.array(ks), cost.mixed_ms(np.array(ks))) for ks in ([3, 0], [2, 1, 0], [3, 3, 1, 0], [1, 2])]
+    assert fit_active_share(p, steps) == pytest.approx(0.35)
+    # f = 1, ks (3, 0): V = T(2, 0) = 12; active rows: 3 x D(1, .) steps of 3 = 9; padded: D(2, 3) = 12
+    assert StepCost(p, 1.0).mixed_ms(np.array([3, 0])) == pytest.approx(21.0)
+    assert StepCost(p, 1.0, draft_rows="batch").mixed_ms(np.array([3, 0])) == pytest.approx(24.0)
+    with pytest.raises(ValueError, match="mixed"):
+        fit_active_share(p, [(np.array([2, 2]), 20.0)])

@@ -75,7 +75,8 @@ class Lab:
     """Caches loaded profiles, measured priors and simulated points.
 
     ``root`` is the profiles folder (``Setting`` paths are relative to it); ``draft_share`` the f of the
-    mixed-step cost (``tabletune.cost``), measured on the engine the profiles come from.
+    mixed-step cost (``tabletune.cost``), measured on the engine the profiles come from; that engine drafts
+    every row until the longest draft ends (``draft_rows = "batch"``).
     """
 
     root: Path
@@ -93,7 +94,8 @@ class Lab:
 
     def cost(self, setting: Setting) -> StepCost:
         if setting.profile not in self._costs:
-            self._costs[setting.profile] = StepCost(setting.step_profile(self.root), self.draft_share)
+            self._costs[setting.profile] = StepCost(setting.step_profile(self.root), self.draft_share,
+                                                     draft_rows="batch")
         return self._costs[setting.profile]
 
     def ngram_replay(self, setting: Setting) -> NgramStreams | None:

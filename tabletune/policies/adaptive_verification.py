@@ -19,11 +19,16 @@ details are not public; this "-style" version assumes the rule stated in the iss
    kink of the measured T (odd/even query lengths) from ending admission early.
    Because the longest draft sets the drafting time (below), the ranking runs once per
    length cap c = 1..k_max (only slots j <= c compete) and the best (c, B) wins.
-3. T(B) is the simulator's own cost rule for mixed lengths (``StepCost.mixed_ms``):
-   with k_top(B) the longest admitted prefix and k_bar = B / b,
-   T = T0 + f (T(b, k_top) - T0) + (1 - f) (T(b, k_bar) - T0), or the split rule
-   T(b, k_bar) - D(b, k_bar) + D(b, k_top) when the cost has a drafting profile. With
-   draft_share f = 0 this is exactly T(budget) = T(b, B / b) (``StepCost.budget_ms``).
+3. T(B) follows the cost rule of ``tabletune.cost`` with k_bar = B / b. The policy reads
+   the signals of every position, so the model drafter runs every row to k_max whatever
+   the budget: drafting is a fixed D(b, k_max) and the budget buys verification,
+
+       T(B) = V~(b, B / b) + D~(b, k_max)          (``sunk_draft``, the model drafter)
+
+   For a drafter whose signals cost nothing to read (n-gram), a step drafts what it
+   verifies, priced as the padded drafter T = V~(b, k_bar) + D~(b, k_top(B)), k_top(B)
+   the longest admitted prefix (``StepCost.mixed_curve_ms``; an upper bound of the
+   active-rows rule). With D = 0 both are T(budget) = T(b, B / b) (``StepCost.budget_ms``).
 """
 
 from __future__ import annotations
@@ -85,7 +90,7 @@ def mixed_curve_ms(cost: StepCost, batch_size: int, k_top: np.ndarray, k_bar: np
     return cost.mixed_curve_ms(batch_size, np.asarray(k_top, dtype=float), np.asarray(k_bar, dtype=float))
 
 
-def allocate_budget(survival: np.ndarray, cost: StepCost) -> Budget:
+def allocate_budget(survival: np.ndarray, cost: StepCost, sunk_draft: bool = False) -> Budget:
     """Admit slots by descending survival under a length cap; keep the (cap, B) maximising Theta.
 
     survival is [batch_size, k_max], non-increasing along each row. For each cap
@@ -94,9 +99,15 @@ def allocate_budget(survival: np.ndarray, cost: StepCost) -> Budget:
     speculation) is always a candidate. One sort serves every cap: the ranking of the
     slots j <= c is the full ranking with the others left out, so all caps are
     evaluated at once on [caps, slots] arrays (first maximum wins: smaller cap, fewer slots).
+    ``sunk_draft``: every row drafts k_max anyway, T = V~(b, B / b) + D~(b, k_max) (module docstring).
     """
     b, k_max = survival.shape
-    t_off = float(mixed_curve_ms(cost, b, np.zeros(1), np.zeros(1))[0])
+    if sunk_draft:
+        drafting = float(np.interp(float(k_max), np.array(cost.ks, dtype=float), cost.draft_row(b)))
+        curve = lambda k_top, k_bar: cost.verify_ms(b, k_bar) + drafting  # noqa: E731
+    else:
+        curve = lambda k_top, k_bar: mixed_curve_ms(cost, b, k_top, k_bar)  # noqa: E731
+    t_off = float(curve(np.zeros(1), np.zeros(1))[0])
     if b == 0 or k_max == 0:
         return Budget(ks=np.zeros(b, np.int64), slots=0, expected_tokens=float(b), step_ms=t_off)
     flat = survival.ravel()
@@ -107,7 +118,7 @@ def allocate_budget(survival: np.ndarray, cost: StepCost) -> Budget:
     expected = b + np.cumsum(np.where(admit, flat[order][None, :], 0.0), axis=1)
     slots = np.cumsum(admit, axis=1)
     k_top = np.maximum.accumulate(np.where(admit, pos[None, :], 0), axis=1).astype(float)
-    theta = np.where(admit, expected / mixed_curve_ms(cost, b, k_top, slots / b), -np.inf)
+    theta = np.where(admit, expected / curve(k_top, slots / b), -np.inf)
     c, i = np.unravel_index(int(np.argmax(theta)), theta.shape)
     if theta[c, i] <= b / t_off:
         return Budget(ks=np.zeros(b, np.int64), slots=0, expected_tokens=float(b), step_ms=t_off)
@@ -137,7 +148,7 @@ class AdaptiveVerificationPolicy:
     def decide(self, state: BatchState) -> Decision:
         top1 = default_features(state, self.ctx, self.name).top1_prob[:, : self.ctx.k_max]
         self._top1 = top1
-        self.last = allocate_budget(self.survival(top1), self.ctx.cost)
+        self.last = allocate_budget(self.survival(top1), self.ctx.cost, sunk_draft=self.ctx.default_drafter == MODEL)
         return Decision.per_request(self.last.ks)
 
     def observe(self, outcome: StepOutcome) -> None:

@@ -37,9 +37,10 @@ from typing import ClassVar
 import numpy as np
 
 from tabletune.errors import InputError
-from tabletune.policies.base import BatchState, Decision, PolicyContext, StepOutcome
+from tabletune.policies.base import BatchState, Decision, DraftFeatures, PolicyContext, StepOutcome
 from tabletune.policies.disco_model import DiscoModel, default_disco_model, roc_threshold, train_disco
-from tabletune.policies.per_request import accepted_mask, default_features, feature_tensor, first_stop, tested_mask
+from tabletune.policies.per_request import (accepted_mask, default_features, drafter_features, feature_column,
+                                            feature_tensor, first_stop, tested_mask)
 
 HF_DEFAULT_THRESHOLD = 0.4
 
@@ -133,24 +134,43 @@ class DiscoPolicy:
         self.num_logged = 0
         self.steps_since_fit = 0
         self._x: np.ndarray | None = None
+        self._keep_all: np.ndarray | None = None
+
+    def keep(self, x: np.ndarray) -> np.ndarray:
+        """[...] keep-drafting tests of features x [..., 5]: P(accepted | x) >= tau (or p_top1 >= theta)."""
+        if self.variant != "threshold" and self.model is not None:
+            d = len(self.model.features)
+            flat = x[..., :d].reshape(-1, d)
+            return (self.model.accept_prob(flat) >= self.model.threshold).reshape(x.shape[:-1])
+        return x[..., 0] >= self.hf.threshold
 
     def decide(self, state: BatchState) -> Decision:
+        """k_i = the first position whose test fails (``first_stop``); without features yet, the cap k_max
+        (the draft then stops through ``keep_drafting``, to the same lengths)."""
+        self._keep_all = None
+        if state.features is None:
+            self._x = None
+            return Decision.per_request(np.full(state.batch_size, self.ctx.k_max, np.int64))
         x = feature_tensor(default_features(state, self.ctx, self.name))[:, : self.ctx.k_max]  # [b, K, 5]
         self._x = x
-        if self.variant != "threshold" and self.model is not None:
-            b, k, _ = x.shape
-            d = len(self.model.features)
-            keep = (self.model.accept_prob(x[:, :, :d].reshape(-1, d)) >= self.model.threshold).reshape(b, k)
-        else:
-            keep = x[:, :, 0] >= self.hf.threshold
-        return Decision.per_request(first_stop(keep))
+        self._keep_all = self.keep(x)  # [b, K]: keep_drafting reads it when the signals came with the state
+        return Decision.per_request(first_stop(self._keep_all))
+
+    def keep_drafting(self, state: BatchState, features: DraftFeatures, j: int, active: np.ndarray) -> np.ndarray:
+        """Draft position j + 1 where position j passes the test (DISCO stops after the token that fails)."""
+        if self._keep_all is not None:
+            return active & self._keep_all[:, j - 1]
+        f = drafter_features(features, self.ctx)
+        if self._x is None or self._x.shape[1] < j:  # decided without features: log what was drafted
+            self._x = feature_tensor(f)
+        return active & self.keep(feature_column(f, j))
 
     def observe(self, outcome: StepOutcome) -> None:
         if self._x is None:
             return
         x, self._x = self._x, None
-        k_max = x.shape[1]
-        tested = tested_mask(outcome.ks, outcome.accepted, k_max)
+        k_max = x.shape[1]  # positions whose features were seen (every verified one)
+        tested = tested_mask(np.minimum(outcome.ks, k_max), outcome.accepted, k_max)
         labels = accepted_mask(outcome.accepted, k_max)[tested]
         if self.variant == "threshold" or self.model is None:
             self.hf.observe_tested(x[:, :, 0][tested], labels)

@@ -30,7 +30,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from tabletune.policies.base import BatchState, Decision, PolicyContext, StepOutcome
+from tabletune.policies.base import BatchState, Decision, DraftFeatures, PolicyContext, StepOutcome
 from tabletune.policies.per_request import PerRequest
 
 
@@ -81,10 +81,17 @@ class GammaTunePolicy:
         self.cfg = GammaTuneConfig(k_start=min(k_start, k_max), k_min=min(1, k_max), k_max=k_max,
                                    grow=grow, shrink=shrink)
         self.gamma: PerRequest[list[float]] = PerRequest(lambda: [float(self.cfg.k_start)])
+        self._ks = np.zeros(0, np.int64)
 
     def decide(self, state: BatchState) -> Decision:
         ks = [gamma_to_k(self.gamma.get(rid)[0], self.cfg) for rid in state.request_ids.tolist()]
-        return Decision.per_request(np.array(ks, dtype=np.int64))
+        self._ks = np.array(ks, dtype=np.int64)
+        return Decision.per_request(self._ks)
+
+    def keep_drafting(self, state: BatchState, features: DraftFeatures | None, j: int,
+                      active: np.ndarray) -> np.ndarray:
+        """Draft position j + 1 while j < the row's gamma length (GammaTune sets the length before drafting)."""
+        return active & (self._ks > j)
 
     def observe(self, outcome: StepOutcome) -> None:
         for rid, k, m in zip(outcome.state.request_ids.tolist(), outcome.ks.tolist(), outcome.accepted.tolist()):

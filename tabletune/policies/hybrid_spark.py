@@ -19,21 +19,24 @@ survivals S_c(i, j) = P(first j tokens of chain c accepted):
 Price. A verified draft slot costs step time that would earn tokens elsewhere in the
 batch, so its price in tokens is
 
-    lambda = R * dT/dslot,    R = the batch's running decode rate (tokens per ms,
+    lambda = R * dV/dslot,    R = the batch's running decode rate (tokens per ms,
                               EMA of tokens over EMA of step time),
-    dT/dslot = (T(b, k_bar + 1) - T(b, k_bar - 1)) / (2 b)   (>= 0; a two-sided secant
-                                                            smooths odd/even kinks of T)
+    dV/dslot = (V(b, k_bar + 1) - V(b, k_bar - 1)) / (2 b)   (>= 0; a two-sided secant
+                                                            smooths odd/even kinks of V)
+
+with V = T - D the verification time (``tabletune.cost``): the model drafter runs every row to
+k_max each step (its signals price the chains), so drafting is a fixed D(b, k_max) and a slot
+costs only its verification.
 
 Each request takes, per chain, the slots worth their price, j*_c = #{j : S_c(j) > lambda}
 (S falls along j), and the chain with the larger surplus sum_{j<=j*_c} (S_c(j) - lambda);
-a request with no slot worth its price drafts nothing. The longest draft sets the
-drafting time, so the market runs under each length cap c = 1..k_max (only slots
-j <= c for sale). Per cap the candidates are: every slot (price 0; a kink of T such as
+a request with no slot worth its price verifies nothing. The market runs under each
+length cap c = 1..k_max (only slots j <= c for sale). Per cap the candidates are: every slot (price 0; a kink of T such as
 a cheap odd k can favour it), then lambda at k_bar = c / 2, then ``ROUNDS - 1`` rounds of
 lambda at the last allocation's k_bar. Of all candidates, the one with the largest
 step surplus
 
-    E[tokens] - R * T(ks)        (mixed-length step cost, ``StepCost.mixed_ms``)
+    E[tokens] - R * T(ks),   T(ks) = V~(b, k_bar) + D~(b, k_max)   (``tabletune.cost``)
 
 over all caps and rounds is used. Using the running rate R, not the step's own ratio
 E / T, is what maximises long-run throughput sum(E) / sum(T) (Dinkelbach): a step's
@@ -49,7 +52,7 @@ from typing import ClassVar
 import numpy as np
 
 from tabletune.cost import StepCost
-from tabletune.policies.adaptive_verification import ConfidenceCalibrator, mixed_curve_ms, update_calibrator
+from tabletune.policies.adaptive_verification import ConfidenceCalibrator, update_calibrator
 from tabletune.policies.base import MODEL, NGRAM, BatchState, Decision, PolicyContext, StepOutcome
 from tabletune.policies.ngram_table import NgramTable
 from tabletune.policies.per_request import require_features
@@ -91,21 +94,34 @@ def _choose(surv_model: np.ndarray, surv_ngram: np.ndarray, prices: np.ndarray,
     j*_c = min(#{j : S_j > price}, cap) slots per chain (S falls along j); the chain with the
     larger surplus sum_{j<=j*} S_j - price j* wins.
     """
+    return _choose_from(_chains(surv_model, surv_ngram), prices, caps)
+
+
+def _chains(surv_model: np.ndarray, surv_ngram: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(survivals [2, b, k_max], their prefix sums flattened [2 * b * (k_max + 1)]) of the two chains."""
     surv = np.stack([surv_model, surv_ngram])  # [2, b, k_max]
     chains, b, k_max = surv.shape
     cum = np.zeros((chains, b, k_max + 1))  # cum[., ., j] = S_1 + ... + S_j
     np.cumsum(surv, axis=2, out=cum[:, :, 1:])
+    return surv, cum.ravel()
+
+
+def _choose_from(chains: tuple[np.ndarray, np.ndarray], prices: np.ndarray,
+                 caps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    surv, cum = chains
+    n, b, k_max = surv.shape
     j = np.minimum((surv[:, None, :, :] > prices[None, :, None, None]).sum(axis=3), caps[None, :, None])
-    tok = cum[np.arange(chains)[:, None, None], np.arange(b)[None, None, :], j]  # [2, caps, b]
+    base = (np.arange(n)[:, None, None] * b + np.arange(b)[None, None, :]) * (k_max + 1)  # [2, 1, b]
+    tok = cum[base + j]  # [2, caps, b]
     gain = tok - prices[None, :, None] * j
     use_ng = gain[1] > gain[0]
     return np.where(use_ng, j[1], j[0]), use_ng, np.where(use_ng, tok[1], tok[0])
 
 
 def slot_slope_ms(cost: StepCost, batch_size: int, k_bar: np.ndarray | float) -> np.ndarray:
-    """dT/dslot = (T(b, k_bar + 1) - T(b, k_bar - 1)) / (2 b), clipped at 0; one-sided at the ends."""
+    """dV/dslot = (V(b, k_bar + 1) - V(b, k_bar - 1)) / (2 b), clipped at 0; one-sided at the ends."""
     ks = np.array(cost.ks, dtype=float)
-    row = cost.row(batch_size)
+    row = cost.row(batch_size) - cost.draft_row(batch_size)
     k_bar = np.asarray(k_bar, dtype=float)
     lo, hi = np.maximum(k_bar - 1.0, ks[0]), np.minimum(k_bar + 1.0, ks[-1])
     rise = np.maximum(np.interp(hi, ks, row) - np.interp(lo, ks, row), 0.0)
@@ -124,14 +140,17 @@ def market(surv_model: np.ndarray, surv_ngram: np.ndarray, cost: StepCost, rate:
     """
     b, k_max = surv_model.shape
     caps = np.arange(1, k_max + 1)
-    best = Choice(np.zeros(b, np.int64), np.full(b, MODEL, np.int64), float(b), cost.step_ms(b, 0), 0.0)
+    drafting = float(np.interp(float(k_max), np.array(cost.ks, dtype=float), cost.draft_row(b)))  # every row, k_max
+    best = Choice(np.zeros(b, np.int64), np.full(b, MODEL, np.int64), float(b),
+                  float(cost.verify_ms(b, 0.0)) + drafting, 0.0)
     if b == 0 or k_max == 0:
         return best
     prices = np.zeros(k_max)
+    chains = _chains(surv_model, surv_ngram)
     for r in range(rounds + 1):
-        ks, use_ng, tokens = _choose(surv_model, surv_ngram, prices, caps)  # [caps, b] each
+        ks, use_ng, tokens = _choose_from(chains, prices, caps)  # [caps, b] each
         expected = b + tokens.sum(axis=1)
-        step_ms = mixed_curve_ms(cost, b, ks.max(axis=1).astype(float), ks.mean(axis=1))
+        step_ms = cost.verify_ms(b, ks.mean(axis=1)) + drafting
         c = int(np.argmax(expected - rate * step_ms))
         if expected[c] - rate * step_ms[c] > best.surplus(rate):
             best = Choice(ks[c].astype(np.int64), np.where(use_ng[c], NGRAM, MODEL).astype(np.int64),

@@ -17,6 +17,8 @@
   acceptance p_ij = R[L_i, j] (``ngram_table.NgramTable``, from ``ctx.ngram_rates``;
   0 past the tokens it proposes), with entropy H(p) = -p ln p - (1-p) ln(1-p) and
   top-1/top-2 margin max(2p - 1, 0), as if the proposal were a two-way choice.
+* ``feature_column`` / ``features_upto``: one drafted position's features, and the
+  signals of the positions drafted so far (what ``DraftStop.keep_drafting`` is given).
 * ``PerRequest``: a dict of per-request state that forgets finished requests.
 """
 
@@ -61,6 +63,19 @@ def feature_tensor(f: DraftFeatures) -> np.ndarray:
     return np.stack([f.top1_prob, f.entropy, f.margin, position, match], axis=2)
 
 
+def feature_column(f: DraftFeatures, j: int) -> np.ndarray:
+    """[batch_size, 5]: the ``feature_tensor`` row of drafted position j (column j - 1) alone."""
+    b = f.top1_prob.shape[0]
+    return np.stack([f.top1_prob[:, j - 1], f.entropy[:, j - 1], f.margin[:, j - 1], np.full(b, float(j)),
+                     np.asarray(f.ngram_match_len, dtype=float)], axis=1)
+
+
+def features_upto(f: DraftFeatures, j: int) -> DraftFeatures:
+    """The signals of positions 1..j only (what a drafter has produced after drafting position j)."""
+    return DraftFeatures(f.top1_prob[:, :j], f.entropy[:, :j], f.margin[:, :j], f.ngram_match_len,
+                         f.ngram_num_proposed)
+
+
 def require_features(features: DraftFeatures | None, policy: str) -> DraftFeatures:
     if features is None:
         raise ValueError(f"policy {policy} needs draft features; the engine must fill BatchState.features")
@@ -69,7 +84,11 @@ def require_features(features: DraftFeatures | None, policy: str) -> DraftFeatur
 
 def default_features(state: BatchState, ctx: PolicyContext, policy: str) -> DraftFeatures:
     """The default drafter's signals (module docstring): the engine's for MODEL, the table's for NGRAM."""
-    f = require_features(state.features, policy)
+    return drafter_features(require_features(state.features, policy), ctx)
+
+
+def drafter_features(f: DraftFeatures, ctx: PolicyContext) -> DraftFeatures:
+    """``default_features`` of given model-drafter features (the engine's, or the columns drafted so far)."""
     if ctx.default_drafter != NGRAM:
         return f
     k_max = f.top1_prob.shape[1]

@@ -42,7 +42,7 @@ import numpy as np
 
 from tabletune.errors import InputError
 from tabletune.policies.base import BatchState, Decision, DraftFeatures, PolicyContext, StepOutcome
-from tabletune.policies.per_request import default_features, first_stop
+from tabletune.policies.per_request import default_features, drafter_features, first_stop
 
 ARMS = ("max-confidence", "svip", "adaedl", "logit-margin")
 
@@ -94,6 +94,34 @@ class Ucb1:
         self.pulls[arm] += 1
         return arm
 
+    def pick_many(self, n: int) -> np.ndarray:
+        """[n] arms of n successive ``pick`` calls (each counted at once), without a Python loop per pick.
+
+        Play each unplayed arm once in index order; after that, while every arm has been played,
+        the picks follow the argmax of r_bar_a + sqrt(2 ln N / n_a) with N and n_a updated per pick
+        (the same sequence as calling ``pick`` n times).
+        """
+        out = np.empty(n, np.int64)
+        i = 0
+        while i < n and 0 in self.pulls:
+            out[i] = self.pick()
+            i += 1
+        if i == n:
+            return out
+        pulls = list(self.pulls)
+        means = [r / p for r, p in zip(self.reward_sum, pulls)]
+        total = sum(pulls)
+        arms = range(self.num_arms)
+        for t in range(i, n):  # plain floats: a few arms, a pick costs about a microsecond
+            log_total = 2.0 * math.log(total)
+            scores = [means[a] + math.sqrt(log_total / pulls[a]) for a in arms]
+            a = scores.index(max(scores))
+            out[t] = a
+            pulls[a] += 1
+            total += 1
+        self.pulls = pulls
+        return out
+
     def reward(self, arm: int, r: float) -> None:
         self.reward_sum[arm] += r
 
@@ -117,6 +145,7 @@ class TapOutPolicy:
         self.ema = ema
         self.accept_rate = 0.5  # a_ema, AdaEDL's running acceptance of tested tokens
         self._picks: np.ndarray | None = None
+        self._keep_all: np.ndarray | None = None
 
     @property
     def adaedl_lambda(self) -> float:
@@ -127,23 +156,41 @@ class TapOutPolicy:
         k = self.ctx.k_max
         return RULES[arm](f.top1_prob[:, :k], f.margin[:, :k], f.entropy[:, :k], self.adaedl_lambda)
 
+    def keep_picked(self, f: DraftFeatures, cols: slice) -> np.ndarray:
+        """[batch_size, len(cols)] each row's picked arm's decisions on the columns ``cols``."""
+        tests = np.stack([RULES[arm](f.top1_prob[:, cols], f.margin[:, cols], f.entropy[:, cols], self.adaedl_lambda)
+                          for arm in self.arms])  # [arms, b, cols]
+        return tests[self._picks, np.arange(len(self._picks))]
+
     def decide(self, state: BatchState) -> Decision:
+        """Each row pulls an arm (UCB1); k_i = the first position its rule fails (k_max without features
+        yet: the draft then stops through ``keep_drafting``, to the same lengths)."""
+        self._picks = self.bandit.pick_many(state.batch_size)
+        self._keep_all = None
+        if state.features is None:
+            return Decision.per_request(np.full(state.batch_size, self.ctx.k_max, np.int64))
         f = default_features(state, self.ctx, self.name)
-        picks = np.array([self.bandit.pick() for _ in range(state.batch_size)], dtype=np.int64)
-        ks = np.zeros(state.batch_size, dtype=np.int64)
-        for a, arm in enumerate(self.arms):
-            rows = picks == a
-            if rows.any():
-                ks[rows] = first_stop(self.keep_matrix(arm, f)[rows])
-        self._picks = picks
-        return Decision.per_request(ks)
+        self._keep_all = self.keep_picked(f, slice(0, self.ctx.k_max))  # keep_drafting reads it
+        return Decision.per_request(first_stop(self._keep_all))
+
+    def keep_drafting(self, state: BatchState, features: DraftFeatures, j: int, active: np.ndarray) -> np.ndarray:
+        """Draft position j + 1 where the row's arm passes position j."""
+        if self._picks is None:
+            raise ValueError("tapout: keep_drafting before decide (the step's arms are picked in decide)")
+        if self._keep_all is not None:
+            return active & self._keep_all[:, j - 1]
+        f = drafter_features(features, self.ctx)
+        return active & self.keep_picked(f, slice(j - 1, j))[:, 0]
 
     def observe(self, outcome: StepOutcome) -> None:
         if self._picks is None:
             return
         picks, self._picks = self._picks, None
-        for arm, k, m in zip(picks.tolist(), outcome.ks.tolist(), outcome.accepted.tolist()):
-            self.bandit.reward(arm, round_reward(k, m, self.ctx.k_max))
+        ks, m = outcome.ks.astype(float), outcome.accepted.astype(float)
+        rewards = np.where(ks > 0, 0.5 * m / self.ctx.k_max + 0.5 * m / np.maximum(ks, 1.0), 0.0)  # round_reward
+        sums = np.bincount(picks, weights=rewards, minlength=self.bandit.num_arms)
+        for arm in range(self.bandit.num_arms):
+            self.bandit.reward(arm, float(sums[arm]))
         tested = int(np.minimum(outcome.accepted + 1, outcome.ks).sum())
         if tested > 0:
             rate = float(outcome.accepted.sum()) / tested

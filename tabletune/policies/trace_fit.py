@@ -32,12 +32,14 @@ from tabletune import fileio
 from tabletune.errors import InputError
 from tabletune.policies.disco_model import SIM_WORKLOADS, sim_rows, train_disco
 from tabletune.policies.ngram_table import NgramTable
+from tabletune.sim.replay import prompt_half
 
 TRACE_FIELDS = ("draft_pos", "top1_prob", "entropy", "margin", "ngram_len", "accepted")
 
 
-def read_traces(*paths: str | Path) -> dict[str, np.ndarray]:
-    """Columns of ``TRACE_FIELDS`` from trace files, or every *.csv / *.csv.gz under folders."""
+def read_traces(*paths: str | Path, half: str | None = None) -> dict[str, np.ndarray]:
+    """Columns of ``TRACE_FIELDS`` from trace files, or every *.csv / *.csv.gz under folders; with ``half``,
+    only the rows of that half's prompts (``tabletune.sim.replay.prompt_half``: fit on "calibration")."""
     files: list[Path] = []
     for path in map(Path, paths):
         found = sorted(path.glob("**/*.csv")) + sorted(path.glob("**/*.csv.gz")) if path.is_dir() else [path]
@@ -48,10 +50,13 @@ def read_traces(*paths: str | Path) -> dict[str, np.ndarray]:
     for file in files:
         raw = gzip.decompress(file.read_bytes()) if file.suffix == ".gz" else file.read_bytes()
         reader = csv.DictReader(io.StringIO(raw.decode()))
-        missing = [f for f in TRACE_FIELDS if f not in (reader.fieldnames or [])]
+        needed = TRACE_FIELDS + (("request",) if half is not None else ())
+        missing = [f for f in needed if f not in (reader.fieldnames or [])]
         if missing:
             raise InputError(str(file), "<header>", reader.fieldnames, f"missing columns {missing}")
         for row in reader:
+            if half is not None and prompt_half(row["request"]) != half:
+                continue
             for f in TRACE_FIELDS:
                 cols[f].append(float(row[f]) if row[f] not in ("", "nan", "NaN") else float("nan"))
     return {f: np.array(v) for f, v in cols.items()}
@@ -85,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--source", choices=("sim", "traces"), default="sim")
     ap.add_argument("--traces", nargs="+", help="trace files or folders (issue 7)")
     ap.add_argument("--k-max", type=int, default=7)
+    ap.add_argument("--half", choices=("calibration", "scoring"), help="fit on one half of the prompts only")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     if args.what == "disco" and args.source == "sim":
@@ -93,10 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     elif args.traces is None:
         ap.error("--traces is required for trace sources")
     elif args.what == "disco":
-        x, y = trace_rows(read_traces(*args.traces))
+        x, y = trace_rows(read_traces(*args.traces, half=args.half))
         model = train_disco(x, y, trained_on="traces " + ",".join(Path(t).name for t in args.traces))
     else:
-        table = fit_ngram_table(read_traces(*args.traces), args.k_max)
+        table = fit_ngram_table(read_traces(*args.traces, half=args.half), args.k_max)
         fileio.write_json(args.out, table.to_json())
         print(f"wrote {args.out}: {table.rates.shape[0] - 1} match lengths x {table.rates.shape[1]} positions")
         return 0

@@ -6,7 +6,9 @@ from collections import deque
 
 import numpy as np
 
-from tabletune.policies.base import NGRAM, BatchState, DraftFeatures, Policy, StepOutcome
+from tabletune.policies.base import (ALWAYS_DRAFT, NGRAM, BatchState, DraftFeatures, DraftStop, Policy, StepOutcome,
+                                     draft_stop_of)
+from tabletune.policies.per_request import features_upto
 from tabletune.sim import acceptance as acc
 from tabletune.sim import ngram
 from tabletune.sim.metrics import RequestLog, SimResult, StepLog
@@ -32,6 +34,8 @@ class _Run:
         self.steps: list[tuple] = []
         self.done: list[tuple] = []
         self.uses_features = bool(getattr(policy, "uses_features", False))
+        self.draft_stop = draft_stop_of(policy)
+        self.sees_fate = bool(getattr(policy, "sees_fate", False))
         # span state matters only when an n-gram drafter can be chosen
         self.track_ngram = sim.default_drafter == NGRAM or self.uses_features
         self._consts: dict[tuple[int, int], np.ndarray] = {}
@@ -109,12 +113,23 @@ class _Run:
         else:
             margin = acc.draw_margins(reqs.logits, rng) if self.uses_features else None
         state = self.state(margin, ng_prop, ng_len, replayed)
+        if self.sees_fate:  # the headroom oracle (``tabletune.sim.oracle``) is told each draft's fate
+            self.policy.fate = (margin > 0).cumprod(axis=1).sum(axis=1)  # type: ignore[attr-defined]
+            self.policy.fate_ngram = (None if ng_ok is None else  # type: ignore[attr-defined]
+                                      np.minimum(ng_ok.cumprod(axis=1).sum(axis=1), ng_prop))
         decision = self.policy.decide(state)
         if decision.ks is None and decision.drafter is None and sim.default_drafter != NGRAM and margin is None:
             self.uniform_step(state, min(max(int(decision.k), 0), k_max))  # type: ignore[arg-type]
             return
         ks = np.minimum(np.maximum(decision.ks_for(b), 0), k_max)
         drafter = decision.drafter if decision.drafter is not None else self._const(b, sim.default_drafter)
+        if self.draft_stop is not ALWAYS_DRAFT:  # the draft ends row by row (``DraftStop``)
+            ks = draft_until_stopped(self.draft_stop, state, ks)
+            drafted = ks
+        elif self.uses_features and sim.default_drafter != NGRAM:  # it read every position's signals: all drafted
+            drafted = self._const(b, k_max)
+        else:
+            drafted = ks
         is_ng = drafter == NGRAM
         if is_ng.any():
             ks = np.where(is_ng, np.minimum(ks, ng_prop), ks)
@@ -133,7 +148,8 @@ class _Run:
         if self.uses_features and margin is not None and sim.replay is None:
             kl = acc.kl_divergence(margin, rng)
             kl[np.arange(k_max)[None, :] >= ks[:, None]] = np.nan
-        self.finish_step(state, ks, drafter, accepted, kl, sim.cost.mixed_ms(ks), int(ks.sum()))
+        self.finish_step(state, ks, drafter, accepted, kl, sim.cost.mixed_ms(ks, np.maximum(drafted, ks)),
+                         int(ks.sum()))
 
     def uniform_step(self, state: BatchState, k: int) -> None:
         """Fast path: one k for every request, model drafter, no features."""
@@ -197,6 +213,28 @@ class _Run:
         requests = RequestLog(*parts)
         name = getattr(self.policy, "label", None) or getattr(self.policy, "name", type(self.policy).__name__)
         return SimResult(policy=str(name), duration_s=self.time_s, steps=steps, requests=requests)
+
+
+def draft_until_stopped(stop: DraftStop, state: BatchState, caps: np.ndarray) -> np.ndarray:
+    """[batch_size] tokens drafted when every row drafts position by position until ``stop`` ends it.
+
+    Row i drafts position j while it is active; after position j (the signals of positions 1..j
+    only) ``stop.keep_drafting`` says which active rows draft j + 1. A row also stops at its cap
+    ``caps[i]`` (the policy's decided length); the loop ends when no row is active.
+    """
+    drafted = np.zeros(len(caps), np.int64)
+    active = caps >= 1
+    top = int(caps.max()) if len(caps) else 0
+    f = state.features
+    for j in range(1, top + 1):
+        drafted += active
+        if j == top:
+            break
+        active = active & (caps > j)
+        if not active.any():
+            break
+        active = active & stop.keep_drafting(state, None if f is None else features_upto(f, j), j, active)
+    return drafted
 
 
 def run_loop(sim, policy: Policy) -> SimResult:

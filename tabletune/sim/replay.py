@@ -11,6 +11,12 @@ depends only on the prefix (early exit, and EAGLE/draft models when the prefix i
 correct); the only liberty is that the signals shown for rows after a rejected one
 within a draft come from the correct prefix (those tokens are rejected either way).
 
+Held-out calibration: every prompt belongs to one half, ``prompt_half(request)``:
+"calibration" when the first byte of sha256(request name) is even, else "scoring". The rule
+reads the prompt's name only, so a prompt lands in the same half in every trace file
+(model and n-gram chains, every temperature); rules are fit on the calibration half and
+scored on the other (``load_traces(..., half=)``, ``load_ngram_trace(..., half=)``).
+
 Requests are the trace's streams, laid end to end in one cyclic array; a new request
 starts at a random row (so long runs cross request boundaries, a stated simplification).
 No KL is recorded, so ``StepOutcome.kl`` is None under replay (DSDE uses its proxy).
@@ -20,12 +26,26 @@ from __future__ import annotations
 
 import csv
 import gzip
+import hashlib
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+
+HALVES = ("calibration", "scoring")
+
+
+def prompt_half(request: str) -> str:
+    """The half of a prompt, by its name alone: "calibration" if sha256(name)[0] is even, else "scoring"."""
+    return HALVES[hashlib.sha256(request.encode()).digest()[0] % 2]
+
+
+def _check_half(half: str | None) -> None:
+    if half is not None and half not in HALVES:
+        raise ValueError(f"half must be one of {HALVES} or None, got {half!r}")
 
 
 @dataclass(frozen=True)
@@ -70,13 +90,16 @@ class TraceStreams:
         return self.subset(np.setdiff1d(ids, test)), self.subset(test)
 
 
-def load_traces(paths: Sequence[str | Path]) -> TraceStreams:
-    """Model-drafter rows (non-empty top1_prob) of the trace files, each request's rows in gen_pos order."""
+def load_traces(paths: Sequence[str | Path], half: str | None = None) -> TraceStreams:
+    """Model-drafter rows (non-empty top1_prob) of the trace files, each request's rows in gen_pos order;
+    with ``half``, only the prompts of that half (``prompt_half``)."""
+    _check_half(half)
     cols: dict[str, list] = {"top1_prob": [], "entropy": [], "margin": [], "accepted": [], "request": []}
     names: dict[tuple[str, str], int] = {}
     for path in map(Path, paths):
         raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-        rows = [r for r in csv.DictReader(io.StringIO(raw.decode())) if r.get("top1_prob")]
+        rows = [r for r in csv.DictReader(io.StringIO(raw.decode()))
+                if r.get("top1_prob") and (half is None or prompt_half(r["request"]) == half)]
         rows.sort(key=lambda r: (r["request"], int(r["gen_pos"])))
         for r in rows:
             rid = names.setdefault((str(path), r["request"]), len(names))
@@ -119,13 +142,16 @@ class NgramStreams:
         return self.accepted[rows], np.minimum(self.run[pos], k_max), self.match_len[pos]
 
 
-def load_ngram_trace(path: str | Path) -> NgramStreams:
-    """An n-gram trace file as NgramStreams: one stream per request, positions 1..its last row."""
+def load_ngram_trace(path: str | Path, half: str | None = None) -> NgramStreams:
+    """An n-gram trace file as NgramStreams: one stream per request, positions 1..its last row; with
+    ``half``, only the prompts of that half (``prompt_half``)."""
+    _check_half(half)
     path = Path(path)
     raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     by_request: dict[str, list[dict]] = {}
     for r in csv.DictReader(io.StringIO(raw.decode())):
-        by_request.setdefault(r["request"], []).append(r)
+        if half is None or prompt_half(r["request"]) == half:
+            by_request.setdefault(r["request"], []).append(r)
     if not by_request:
         raise ValueError(f"n-gram trace {path} has no rows")
     acc, runs, lens = [], [], []

@@ -35,12 +35,25 @@ def test_quick_grid_runs_checkpoints_resumes_and_refuses_over_budget(tmp_path):
     assert engine_policies.main(["--quick", "--out", out, "--sim-only"]) == 0
     result = json.loads(Path(out + ".json").read_text())
     cells = result["cells"]
-    assert len(cells) == 2 * (4 + 4)  # loads 1, 2 x (fixed:0..3 + 4 policies)
+    assert len(cells) == 2 * (4 + 4 + 1)  # loads 1, 2 x (fixed:0..3 + 4 policies + the simulated oracle)
     for load in (1, 2):
         fixed = [c["ratio"] for c in cells if c["load"] == load and c["policy"].startswith("fixed:")]
         assert max(fixed) == 1.0 and all(r <= 1.0 for r in fixed)
-    assert all(c["sim_ratio"] is not None and c["difference"] is not None for c in cells)
+    served = [c for c in cells if c["policy"] != "oracle"]
+    assert all(c["sim_ratio"] is not None and c["difference"] is not None for c in served)
+    # the protocol's fields: host time apart from the step, the oracle's headroom, repeated fixed k
+    assert all(c["host_ms_per_step"] >= 0 and c["step_ms"] > 0 and c["oracle_ratio"] > 0 for c in served)
+    assert all(len(c["throughput_repeats"]) == 2 and c["noise_band"] >= 0 for c in served
+               if c["policy"].startswith("fixed:"))
+    assert {c["load"] for c in cells if c["policy"] == "oracle" and c["throughput_tok_s"] is None} == {1, 2}
+    # held-out: the policies' prior rates come from the calibration half of the prompts
+    from tabletune.sim.replay import load_traces
+
+    traces = Path(__file__).resolve().parents[2] / "profiles" / "traces"
+    cal = load_traces([traces / "early-exit_code_T0.csv.gz"], half="calibration").conditional_rates(3)
+    assert result["workloads"]["code"]["rates"] == pytest.approx([max(a, 1e-3) for a in cal])
     assert len(result["mixed_check"]["rows"]) == 2 * 3 and 0 <= result["mixed_check"]["fitted_draft_share"] <= 1
+    assert result["mixed_check"]["draft_rows"] in ("active", "batch")
     assert "| code | 1 | fixed:0 |" in Path(out + ".md").read_text()
     assert engine_policies.main(["--quick", "--out", out, "--resume", "--budget-s", "100000"]) == 0
     assert json.loads(Path(out + ".json").read_text())["cells"] == cells  # nothing re-measured

@@ -39,6 +39,17 @@ def test_longest_draft_sets_drafting_time():
     assert budget.ks.tolist() == [1, 1]
 
 
+def test_sunk_drafting_prices_verification_only():
+    # every row drafts k_max = 2 anyway: T(B) = V(b, B / b) + D(b, 2). draft_share 1: V = T0 = 10 + ... flat,
+    # so every slot is worth admitting: (2 + 2.6) / (10 + 20) beats (2 + 1.7) / 30 and 2 / 30
+    survival = np.array([[0.9, 0.6], [0.8, 0.3]])
+    budget = allocate_budget(survival, linear_cost(base_ms=10, per_k_ms=10, draft_share=1.0), sunk_draft=True)
+    assert budget.ks.tolist() == [2, 2] and budget.step_ms == pytest.approx(30.0)
+    # draft_share 0: nothing is sunk, T(B) = T(b, B / b) as without it
+    free = linear_cost(base_ms=10, per_k_ms=10, draft_share=0.0)
+    assert allocate_budget(survival, free, sunk_draft=True).ks.tolist() == allocate_budget(survival, free).ks.tolist()
+
+
 def test_calibrator_prior_then_data():
     cal = ConfidenceCalibrator(prior_rate=0.6, num_bins=10, prior_weight=5.0, decay=1.0)
     assert cal(np.array([0.05, 0.95])).tolist() == pytest.approx([0.6, 0.6])

@@ -56,12 +56,12 @@ def test_warmup_doubles_on_full_acceptance_then_bounds_and_cap_apply():
     assert policy.decide(state).ks.tolist() == [3, 3]
     kl = np.full((2, k_max), 0.05)
     policy.observe(make_outcome(state, [3, 3], [3, 1], kl=kl))  # request 1 accepted all: 3 -> 6
-    assert [policy.seqs.get(1).k, policy.seqs.get(2).k] == [6, 3]
-    assert all(s.bounds is None for s in policy.seqs.items.values())
+    assert [policy.seq(1).k, policy.seq(2).k] == [6, 3]
+    assert all(policy.seq(i).bounds is None for i in (1, 2))
     policy.observe(make_outcome(state, [6, 3], [2, 0], kl=kl))  # 9 and 6 values: both warm
-    assert policy.seqs.get(1).bounds == dynamic_bounds([3, 2], [0.05] * 9, 1, k_max)
+    assert policy.seq(1).bounds == dynamic_bounds([3, 2], [0.05] * 9, 1, k_max)
     ks = policy.decide(state).ks
-    sl = [policy.length(policy.seqs.get(i)) for i in (1, 2)]
+    sl = [policy.length(policy.seq(i)) for i in (1, 2)]
     assert ks.tolist() == [min(x, straggler_cap(sl)) for x in sl]
 
 
@@ -70,7 +70,7 @@ def test_finished_requests_are_forgotten_and_zero_drafts_skipped():
     state = make_state(np.full((2, policy.ctx.k_max), 0.8), ids=[7, 8])
     policy.decide(state)
     policy.observe(make_outcome(state, [0, 2], [0, 1], kl=np.zeros((2, policy.ctx.k_max)), finished=[7]))
-    assert set(policy.seqs.items) == {8} and len(policy.seqs.get(8).history) == 2
+    assert policy.request_ids() == {8} and len(policy.seq(8).history) == 2
 
 
 def test_without_engine_kl_the_proxy_is_used():
@@ -78,7 +78,7 @@ def test_without_engine_kl_the_proxy_is_used():
     state = make_state(np.full((1, policy.ctx.k_max), 0.5))
     policy.decide(state)
     policy.observe(make_outcome(state, [3], [3]))
-    assert list(policy.seqs.get(0).history) == pytest.approx([math.log(2)] * 3)
+    assert list(policy.seq(0).history) == pytest.approx([math.log(2)] * 3)
 
 
 def test_dsde_runs_in_simulator_within_k_max_and_is_deterministic():
@@ -88,3 +88,38 @@ def test_dsde_runs_in_simulator_within_k_max_and_is_deterministic():
     assert ks.min() >= 1 and ks.max() <= policy.ctx.k_max and len(set(ks.tolist())) > 1
     again, _ = run_sim("dsde", load=16, duration_s=2.0, seed=4)
     assert again.throughput_tok_s == result.throughput_tok_s > 0
+
+
+def test_batch_arrays_follow_the_per_sequence_rule():
+    """Over random steps, decide's lengths are the per-sequence rule on each sequence's own history."""
+    policy = DsdePolicy(make_ctx(), window=8)
+    k_max, b = policy.ctx.k_max, 12
+    rng = np.random.default_rng(3)
+    next_id, ids, warm_seen = b, np.arange(b), 0
+    for step in range(40):
+        state = make_state(rng.uniform(0.1, 0.99, (b, k_max)), ids=ids)
+        ks = policy.decide(state).ks
+        snaps = [policy.seq(int(i)) for i in ids]
+        sl = np.array([policy.length(s) for s in snaps])
+        warm = np.array([s.bounds is not None for s in snaps])
+        expected = np.where(warm, np.minimum(sl, straggler_cap(sl[warm])) if warm.any() else sl, sl)
+        assert ks.tolist() == expected.tolist(), step
+        warm_seen += int(warm.sum())
+        accepted = np.minimum(ks, rng.integers(0, k_max + 1, b))
+        kl = rng.exponential(0.3, (b, k_max)) * rng.choice([0.2, 1.0, 5.0], (b, 1))
+        finished = ids[rng.random(b) < 0.1]
+        policy.observe(make_outcome(state, ks, accepted, kl=kl, finished=finished))
+        for i in np.flatnonzero(np.isin(ids, finished)):
+            ids[i], next_id = next_id, next_id + 1
+    assert warm_seen > 100
+
+
+def test_history_keeps_the_last_window_values_in_order():
+    policy = DsdePolicy(make_ctx(), window=5)
+    k_max = policy.ctx.k_max
+    state = make_state(np.full((1, k_max), 0.9), ids=[4])
+    for step, k in enumerate((3, 3)):
+        policy.decide(state)
+        kl = np.arange(k_max, dtype=float)[None, :] + 10 * step
+        policy.observe(make_outcome(state, [k], [k - 1], kl=kl))
+    assert policy.seq(4).history == [1.0, 2.0, 10.0, 11.0, 12.0]

@@ -18,6 +18,8 @@ def test_buy_takes_the_chain_with_the_larger_surplus():
 def test_slot_slope_is_the_per_slot_cost():
     cost = linear_cost(per_k_ms=5.0)
     assert slot_slope_ms(cost, 2, 1.0) == pytest.approx(2.5)  # 5 ms per k, shared by 2 requests
+    # the drafting share is paid every step (every row drafts k_max): a slot costs its verification only
+    assert slot_slope_ms(linear_cost(per_k_ms=5.0, draft_share=0.4), 2, 1.0) == pytest.approx(1.5)
 
 
 def test_market_prefers_ngram_copies_and_drops_worthless_slots():
@@ -36,7 +38,7 @@ def test_hybrid_policy_uses_ngram_on_long_matches():
     state = make_state(top1, ngram_match_len=[20, 0], ngram_num_proposed=[ctx.k_max, 0])
     decision = policy.decide(state)
     assert decision.drafter.tolist() == [NGRAM, MODEL]
-    assert decision.ks[0] > decision.ks[1]
+    assert decision.ks[0] == ctx.k_max  # the long match is bought in full
     policy.observe(make_outcome(state, decision.ks, [decision.ks[0], 0], drafter=decision.drafter))
     assert policy.calibrator.tested.sum() == pytest.approx(1.0)  # model tokens only
 

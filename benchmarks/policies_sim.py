@@ -1,0 +1,328 @@
+"""The simulator side of the policy grid, under the fair-testbed protocol (CPU, no engine).
+
+Protocol (``Protocol``), shared with ``engine_policies.py``:
+
+* cost: the H200 EAGLE-style profile of the 8B shape with its drafting time D(b, k) = T_eagle(b, k) -
+  T_ngram(b, k) (the n-gram drafter runs on the CPU, so its profile is the target's share), costed by
+  ``tabletune.cost``: drafting per position by the rows still drafting, verification by scheduled tokens;
+  stop rules end rows' drafts position by position (``DraftStop``);
+* held-out calibration: every learned rule is fit on the calibration half of the prompts
+  (``tabletune.sim.replay.prompt_half``) and scored on the other half: the prior acceptance (tuned
+  table, controller priors, adaptive verification's prior), the n-gram per-length rates and Hybrid
+  Spark's n-gram table, DISCO's classifier, and DISCO's threshold, tuned for speed at batch 1 with
+  k_max = 10 on the calibration traces (the profile is extended from k = 7 to 10 linearly in k, the
+  mean slope of k = 4..7, for that tuning only). TapOut's arms are parameter-free; GammaTune's and
+  DSDE's knobs keep their stated defaults; the bandits and online calibrators learn during warm-up;
+* every cell: ``warmup_steps`` steps and ``warmup_s`` simulated seconds of warm-up, then
+  ``measured_steps`` measured steps (tok/s = tokens / time over them), outputs of ``output_len``
+  tokens; fixed-k cells repeated over ``fixed_repeats`` seeds (the cell is their mean; the noise band
+  is (max - min) / mean of the best fixed k's repeats); ``host_ms_per_step`` = mean decide +
+  keep_drafting + observe milliseconds over the measured steps (``tabletune.policies.timed``);
+* headroom: ``oracle_ratio`` = FateOracle tok/s (``tabletune.sim.oracle``) over the best fixed k, and
+  each policy's ``headroom_share`` = (ratio - 1) / (oracle_ratio - 1).
+
+    python benchmarks/policies_sim.py --out benchmarks/results/engine_policies_sim
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tabletune import fileio
+from tabletune.cost import StepCost
+from tabletune.policies import make_policy
+from tabletune.policies.disco_model import DiscoModel, train_disco
+from tabletune.policies.timed import timed
+from tabletune.policies.trace_fit import fit_ngram_table, read_traces, trace_rows
+from tabletune.profile import StepPoint, StepProfile
+from tabletune.sim import Schedule, SimConfig, Simulator, preset
+from tabletune.sim.oracle import FateOracle, headroom_share
+from tabletune.sim.replay import load_ngram_trace, load_traces
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ROOT / "profiles" / "traces"
+PROFILES = ROOT / "profiles" / "h200"
+ZOO = ("tabletune", "controller", "turbospec", "nightjar", "sglang", "disco", "tapout", "dsde", "gammatune",
+       "adaptive-verification", "hybrid-spark")
+DISCO_TAUS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+DISCO_K_MAX = 10
+
+
+@dataclass(frozen=True)
+class Protocol:
+    warmup_steps: int = 200
+    warmup_s: float = 5.0
+    measured_steps: int = 500
+    output_len: int = 512
+    prompt_len: int = 32
+    fixed_repeats: int = 3
+
+    def __post_init__(self) -> None:
+        if self.measured_steps < 1 or self.warmup_steps < 0 or self.fixed_repeats < 1 or self.output_len < 1:
+            raise ValueError(f"bad protocol {self}")
+
+
+def h200_cost() -> StepCost:
+    """The 8B EAGLE-style H200 profile with D(b, k) = T_eagle - T_ngram (module docstring)."""
+    eagle = StepProfile.load(PROFILES / "qwen3-8b_eagle_ctx1024.json")
+    ngram = StepProfile.load(PROFILES / "qwen3-8b_ngram_ctx1024.json")
+    return StepCost.split(eagle, lambda b, k: eagle.step_ms(b, k) - ngram.step_ms(b, k))
+
+
+def extend_k(cost: StepCost, k_max: int) -> StepCost:
+    """T and D extended to k_max linearly in k (the mean slope, >= 0, of the last four measured k), for tuning only."""
+    ks = cost.ks
+    tail = ks[-4:]
+    points, draft = [], []
+    for b in cost.profile.batch_sizes:
+        row, drow = cost.row(b), cost.draft_row(b)
+        t_slope = max((row[-1] - row[len(tail) * -1]) / max(tail[-1] - tail[0], 1), 0.0)  # a noisy profile: >= 0
+        d_slope = max((drow[-1] - drow[len(tail) * -1]) / max(tail[-1] - tail[0], 1), 0.0)
+        for i, k in enumerate(ks + list(range(ks[-1] + 1, k_max + 1))):
+            extra = k - ks[-1]
+            points.append(StepPoint(b, k, (float(row[i] if extra <= 0 else row[-1] + extra * t_slope),)))
+            draft.append(((b, k), float(drow[i] if extra <= 0 else drow[-1] + extra * d_slope)))
+    profile = StepProfile(points=tuple(points), context_len=cost.profile.context_len)
+    lookup = dict(draft)
+    return StepCost.split(profile, lambda b, k: lookup[(b, k)])
+
+
+def ngram_length_rates(cols: dict[str, np.ndarray], l_max: int = 16) -> tuple[float, ...]:
+    """rates[L] = accepted share of the n-gram rows at match length L (index 0: 0; an empty L: the last rate)."""
+    ng = np.isnan(cols["top1_prob"])
+    match, ok = np.minimum(cols["ngram_len"][ng], l_max), cols["accepted"][ng]
+    out = [0.0]
+    for length in range(1, l_max + 1):
+        sel = match == length
+        out.append(float(ok[sel].mean()) if sel.any() else out[-1])
+    return tuple(out)
+
+
+def floor_rates(rates: tuple[float, ...]) -> tuple[float, ...]:
+    """Rates at least 1e-3 (a position no calibration draft reached reads 0)."""
+    return tuple(max(a, 1e-3) for a in rates)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What the policies of one workload learn offline, all from the calibration half of its prompts."""
+
+    workload: str
+    rates: tuple[float, ...]
+    ngram_rates: tuple[float, ...]
+    disco_model: str  # path of the classifier, its threshold tuned for speed
+    disco_tau: float
+    ngram_table: str  # path of Hybrid Spark's n-gram table
+
+    def spec(self, policy: str) -> str:
+        """The policy spec with its calibrated files (DISCO's classifier, Hybrid Spark's table)."""
+        name, _, arg = policy.partition(":")
+        extra = {"disco": f"model={self.disco_model}", "hybrid-spark": f"ngram_table={self.ngram_table}"}.get(name)
+        if extra is None or (name == "disco" and "variant=threshold" in arg):
+            return policy
+        return f"{name}:{arg},{extra}" if arg else f"{name}:{extra}"
+
+
+def workload_of(name: str, rates: tuple[float, ...], protocol: Protocol):
+    return dataclasses.replace(preset(name), rates=rates, output_len=protocol.output_len,
+                               prompt_len_mean=float(protocol.prompt_len))
+
+
+def scoring_sim(cost: StepCost, name: str, rates, protocol: Protocol, load: int, duration_s: float, seed: int,
+                half: str = "scoring", prefill_ms_per_token: float = 0.02) -> Simulator:
+    cfg = SimConfig(duration_s=duration_s, load=load, max_num_seqs=max(128, load), seed=seed,
+                    prefill_ms_per_token=prefill_ms_per_token)
+    return Simulator(cost, Schedule.constant(workload_of(name, rates, protocol)), cfg,
+                     replay=load_traces([TRACES / f"early-exit_{name}_T0.csv.gz"], half=half),
+                     ngram_replay=load_ngram_trace(TRACES / f"ngram_{name}_T0.csv.gz", half=half))
+
+
+def calibrate(name: str, k_max: int, cost: StepCost, folder: Path, protocol: Protocol) -> Calibration:
+    """Fit every learned rule on the calibration half (module docstring); DISCO's tau by speed at batch 1."""
+    folder.mkdir(parents=True, exist_ok=True)
+    model_file = TRACES / f"early-exit_{name}_T0.csv.gz"
+    ngram_file = TRACES / f"ngram_{name}_T0.csv.gz"
+    cal = load_traces([model_file], half="calibration")
+    rates = floor_rates(cal.conditional_rates(k_max))
+    ng_cols = read_traces(ngram_file, half="calibration")
+    table = fit_ngram_table(ng_cols, k_max)
+    table_path = folder / f"ngram-table-{name}.json"
+    fileio.write_json(table_path, table.to_json())
+    x, y = trace_rows(read_traces(model_file, half="calibration"))
+    model = train_disco(x, y, trained_on=f"calibration half of {model_file.name}")
+    wide = extend_k(cost, DISCO_K_MAX)
+    wide_rates = floor_rates(cal.conditional_rates(DISCO_K_MAX))
+    speed = {}
+    for tau in DISCO_TAUS:
+        sim = scoring_sim(wide, name, wide_rates, protocol, 1, 20.0, 0, half="calibration")
+        ctx = sim.context(prior_rates=wide_rates)
+        policy = make_policy("disco", ctx)
+        policy.model = dataclasses.replace(model, threshold=tau)
+        speed[tau] = sim.run(policy).throughput_tok_s
+    tau = max(speed, key=speed.get)
+    disco_path = folder / f"disco-{name}.json"
+    dataclasses.replace(model, threshold=float(tau)).save(disco_path)
+    return Calibration(name, rates, ngram_length_rates(ng_cols), str(disco_path), float(tau), str(table_path))
+
+
+def run_cell(cost: StepCost, calib: Calibration, spec: str, load: int, protocol: Protocol, seed: int = 0,
+             prefill_ms_per_token: float = 0.02) -> dict:
+    """One policy at one load: warm-up, then ``measured_steps`` measured steps (module docstring)."""
+    step_s = cost.step_ms(load, cost.k_max) / 1e3
+    duration_s = 1.2 * (protocol.warmup_s + (protocol.warmup_steps + protocol.measured_steps) * step_s)
+    while True:
+        sim = scoring_sim(cost, calib.workload, calib.rates, protocol, load, duration_s, seed,
+                          prefill_ms_per_token=prefill_ms_per_token)
+        ctx = dataclasses.replace(sim.context(prior_rates=calib.rates), ngram_rates=calib.ngram_rates)
+        # the oracle runs bare: the simulator tells it each draft's fate (its host time is not a policy's)
+        policy = FateOracle(ctx) if spec == "oracle" else timed(make_policy(calib.spec(spec), ctx))
+        res = sim.run(policy)
+        steps = res.steps
+        after = np.flatnonzero((np.arange(len(steps.start_s)) >= protocol.warmup_steps)
+                               & (steps.start_s >= protocol.warmup_s))
+        if len(after) >= protocol.measured_steps:
+            break
+        duration_s *= 2
+    window = slice(int(after[0]), int(after[0]) + protocol.measured_steps)
+    tokens, ms = steps.tokens[window].sum(), steps.step_ms[window].sum()
+    return {"sim_tok_s": round(float(tokens / ms * 1e3), 2), "sim_mean_k": round(float(steps.mean_k[window].mean()), 3),
+            "host_ms_per_step": None if spec == "oracle" else round(float(np.mean(policy.host_ms[window])), 4),
+            "warmup_steps": int(after[0]), "measured_steps": protocol.measured_steps}
+
+
+def group_cells(cost: StepCost, calib: Calibration, load: int, k_max: int, policies: list[str],
+                protocol: Protocol) -> list[dict]:
+    """Every cell of one (workload, load): fixed k repeated, the zoo, the oracle; ratios and headroom."""
+    cells = []
+    for k in range(k_max + 1):
+        runs = [run_cell(cost, calib, f"fixed:{k}", load, protocol, seed) for seed in range(protocol.fixed_repeats)]
+        tok = [r["sim_tok_s"] for r in runs]
+        cell = {**runs[0], "sim_tok_s": round(float(np.mean(tok)), 2), "sim_tok_s_repeats": tok,
+                "noise_band": round((max(tok) - min(tok)) / float(np.mean(tok)), 4)}
+        cells.append({"workload": calib.workload, "load": load, "policy": f"fixed:{k}", **cell})
+    for spec in policies + ["oracle"]:
+        cells.append({"workload": calib.workload, "load": load, "policy": spec,
+                      **run_cell(cost, calib, spec, load, protocol)})
+    best = max((c for c in cells if c["policy"].startswith("fixed:")), key=lambda c: c["sim_tok_s"])
+    oracle = next(c for c in cells if c["policy"] == "oracle")["sim_tok_s"] / best["sim_tok_s"]
+    for c in cells:
+        c["sim_ratio"] = round(c["sim_tok_s"] / best["sim_tok_s"], 4)
+        c["oracle_ratio"] = round(oracle, 4)
+        share = headroom_share(c["sim_ratio"], oracle)
+        c["sim_headroom_share"] = None if share is None else round(share, 3)
+        c["best_fixed_noise_band"] = best["noise_band"]
+    return cells
+
+
+def pivot(cells: list[dict], workload: str) -> list[str]:
+    """One workload as policy x load: % of the best fixed k [share of the oracle's headroom]."""
+    loads = sorted({c["load"] for c in cells if c["workload"] == workload})
+    by = {(c["policy"], c["load"]): c for c in cells if c["workload"] == workload}
+    policies = list(dict.fromkeys(c["policy"] for c in cells if c["workload"] == workload))
+    md = ["| policy | " + " | ".join(f"load {x}" for x in loads) + " |", "|---|" + "---:|" * len(loads)]
+    for p in policies:
+        row = []
+        for x in loads:
+            c = by.get((p, x))
+            share = "" if c is None or c["sim_headroom_share"] is None or p.startswith("fixed:") or p == "oracle" \
+                else f" [{c['sim_headroom_share']:+.2f}]"
+            row.append("" if c is None else f"{100 * c['sim_ratio']:.1f}{share}")
+        md.append(f"| {p} | " + " | ".join(row) + " |")
+    bands = [by[(p, x)]["best_fixed_noise_band"] for x in loads for p in ("oracle",) if (p, x) in by]
+    md.append("| noise band of the best fixed k | " + " | ".join(f"{100 * b:.1f}%" for b in bands) + " |")
+    md.append("| host ms/step, slowest policy | " + " | ".join(
+        "{:.2f}".format(max(c["host_ms_per_step"] for c in cells if c["workload"] == workload and c["load"] == x
+                            and c["host_ms_per_step"] is not None)) for x in loads) + " |")
+    return md
+
+
+def markdown(result: dict) -> str:
+    p = result["protocol"]
+    md = ["# Policies in the simulator: the fair-testbed protocol (H200 8B EAGLE-style profile)", "",
+          f"Drafting charged per position by the rows still drafting, verification by scheduled tokens; stop rules "
+          f"end rows' drafts. Held-out: fit on the calibration half of the prompts, scored on the other. Warm-up "
+          f"{p['warmup_steps']} steps and {p['warmup_s']} s, {p['measured_steps']} measured steps, outputs "
+          f"{p['output_len']} tokens, fixed k over {p['fixed_repeats']} seeds. Cells: % of the best fixed k "
+          "[headroom share (ratio - 1) / (oracle_ratio - 1)].", ""]
+    for w in dict.fromkeys(c["workload"] for c in result["cells"]):
+        md += [f"**{w}**", ""] + pivot(result["cells"], w) + [""]
+    md += ["| workload | DISCO tau (tuned at batch 1, k_max 10, calibration half) |", "|---|---|"]
+    md += [f"| {w} | {c['disco_tau']} |" for w, c in result["calibration"].items()]
+    md += ["", "| workload | load | policy | mean k | sim tok/s | ratio | oracle ratio | headroom share | host ms/step |"
+           " noise band |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for c in result["cells"]:
+        md.append(f"| {c['workload']} | {c['load']} | {c['policy']} | {c['sim_mean_k']} | {c['sim_tok_s']:.0f} | "
+                  f"{c['sim_ratio']} | {c['oracle_ratio']} | {c['sim_headroom_share']} | {c['host_ms_per_step']} | "
+                  f"{c.get('noise_band', '')} |")
+    return "\n".join(md + ["", f"Command: `{result['command']}`"]) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workloads", default="code,code-edit,chat")
+    ap.add_argument("--loads", default="1,2,4,8,16,32,64,128")
+    ap.add_argument("--policies", default=",".join(ZOO))
+    ap.add_argument("--warmup-steps", type=int, default=Protocol.warmup_steps)
+    ap.add_argument("--warmup-s", type=float, default=Protocol.warmup_s)
+    ap.add_argument("--measured-steps", type=int, default=Protocol.measured_steps)
+    ap.add_argument("--output-len", type=int, default=Protocol.output_len)
+    ap.add_argument("--fixed-repeats", type=int, default=Protocol.fixed_repeats)
+    ap.add_argument("--resume", action="store_true", help="keep the (workload, load) groups already in OUT.json")
+    ap.add_argument("--out", default="benchmarks/results/engine_policies_sim")
+    args = ap.parse_args(argv)
+    protocol = Protocol(args.warmup_steps, args.warmup_s, args.measured_steps, args.output_len,
+                        fixed_repeats=args.fixed_repeats)
+    command = "python benchmarks/policies_sim.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    cost = h200_cost()
+    k_max = cost.k_max
+    policies = args.policies.split(",") if args.policies else []
+    key = {"protocol": dataclasses.asdict(protocol), "policies": policies, "k_max": k_max}
+    out_json = Path(args.out + ".json")
+    old = json.loads(out_json.read_text()) if args.resume and out_json.exists() else None
+    if old is not None and old["key"] != key:
+        print("refused: --resume over results of another protocol or policy list", flush=True)
+        return 2
+    result = {"schema": "tabletune.engine_policies_sim", "version": 1, "key": key, "command": command,
+              "protocol": dataclasses.asdict(protocol), "cost": "H200 qwen3-8b EAGLE-style ctx1024, D = eagle - ngram",
+              "calibration": old["calibration"] if old else {}, "cells": old["cells"] if old else []}
+    done = {(c["workload"], c["load"]) for c in result["cells"]}
+    with tempfile.TemporaryDirectory() as tmp:  # the calibrated files live for the run (their figures go to OUT)
+        run_grid(args, result, done, cost, Path(tmp), policies, protocol)
+    return 0
+
+
+def run_grid(args, result: dict, done: set, cost: StepCost, folder: Path, policies: list[str],
+             protocol: Protocol) -> None:
+    out_json, k_max = Path(args.out + ".json"), cost.k_max
+    for name in args.workloads.split(","):
+        t0 = time.perf_counter()
+        calib = calibrate(name, k_max, cost, folder, protocol)
+        result["calibration"][name] = {k: v for k, v in dataclasses.asdict(calib).items()
+                                       if k not in ("disco_model", "ngram_table")}
+        print(f"{name}: calibrated (DISCO tau {calib.disco_tau}) in {time.perf_counter() - t0:.0f} s", flush=True)
+        for load in (int(x) for x in args.loads.split(",")):
+            if (name, load) in done:
+                continue
+            t0 = time.perf_counter()
+            cells = group_cells(cost, calib, load, k_max, policies, protocol)
+            result["cells"] += cells
+            fileio.write_json(str(out_json), result)  # checkpoint after every (workload, load)
+            fileio.write_text(args.out + ".md", markdown(result))
+            best = max((c for c in cells if c["policy"].startswith("fixed:")), key=lambda c: c["sim_tok_s"])
+            print(f"{name} load {load}: best {best['policy']} (band {best['noise_band']:.1%}), oracle "
+                  f"{cells[0]['oracle_ratio']}, " + ", ".join(f"{c['policy']} {c['sim_ratio']}" for c in cells
+                                                         if not c['policy'].startswith('fixed:')) +
+                  f" ({time.perf_counter() - t0:.0f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,61 @@
+"""Host time of a policy: a wrapper that times ``decide``, ``keep_drafting`` and ``observe`` per step.
+
+``timed(policy)`` behaves as the policy (same name, features, stop rule) and appends, after each
+``observe``, the step's host milliseconds (decide + every keep_drafting call + observe, wall
+clock of this process) to ``host_ms``. A benchmark reports their mean over its measured steps as
+``host_ms_per_step``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from tabletune.policies.base import (ALWAYS_DRAFT, BatchState, Decision, DraftFeatures, Policy, StepOutcome,
+                                     draft_stop_of)
+
+
+class Timed:
+    """A policy with its host time per step recorded in ``host_ms``."""
+
+    def __init__(self, inner: Policy) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.label = getattr(inner, "label", None) or inner.name
+        self.uses_features = inner.uses_features
+        self.host_ms: list[float] = []
+        self._pending_s = 0.0
+
+    def decide(self, state: BatchState) -> Decision:
+        t0 = time.perf_counter()
+        out = self.inner.decide(state)
+        self._pending_s += time.perf_counter() - t0
+        return out
+
+    def observe(self, outcome: StepOutcome) -> None:
+        t0 = time.perf_counter()
+        self.inner.observe(outcome)
+        self.host_ms.append((self._pending_s + time.perf_counter() - t0) * 1e3)
+        self._pending_s = 0.0
+
+    def mean_ms(self, start: int = 0) -> float:
+        """Mean host ms per step over steps ``start``.. (NaN without steps)."""
+        tail = self.host_ms[start:]
+        return float(np.mean(tail)) if tail else float("nan")
+
+
+class TimedStop(Timed):
+    """``Timed`` for a policy that ends drafts (``DraftStop``)."""
+
+    def keep_drafting(self, state: BatchState, features: DraftFeatures | None, j: int,
+                      active: np.ndarray) -> np.ndarray:
+        t0 = time.perf_counter()
+        out = self.inner.keep_drafting(state, features, j, active)  # type: ignore[attr-defined]
+        self._pending_s += time.perf_counter() - t0
+        return out
+
+
+def timed(policy: Policy) -> Timed:
+    """The policy wrapped to record its host time per step."""
+    return TimedStop(policy) if draft_stop_of(policy) is not ALWAYS_DRAFT else Timed(policy)

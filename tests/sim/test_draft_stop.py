@@ -1,0 +1,80 @@
+"""The simulator drafts position by position through ``draft_stop_of(policy)``: stopped rows cost nothing more."""
+
+from typing import ClassVar
+
+import numpy as np
+import pytest
+
+from tabletune.cost import StepCost
+from tabletune.policies.base import BatchState, Decision, DraftFeatures, StepOutcome
+from tabletune.profile import StepPoint, StepProfile
+from tabletune.sim import Schedule, SimConfig, Simulator, Workload
+from tabletune.sim.loop import draft_until_stopped
+
+
+def stop_cost() -> StepCost:
+    # T(b, k) = 10 + b + 4k, D(b, k) = b k at b in {1, 4} (tests/test_cost.py's worked example)
+    pts = [StepPoint(b, k, (10.0 + b + 4 * k,)) for b in (1, 4) for k in range(4)]
+    return StepCost.split(StepProfile(points=tuple(pts), context_len=0), lambda b, k: b * k)
+
+
+class StopAt:
+    """Caps ``caps`` from decide; row i stops after drafting position ``stops[i]``; logs every call."""
+
+    name: ClassVar[str] = "stop-at"
+    uses_features: ClassVar[bool] = True
+
+    def __init__(self, caps, stops) -> None:
+        self.caps, self.stops = np.array(caps), np.array(stops)
+        self.calls: list[tuple[int, int, np.ndarray]] = []
+        self.outcomes: list[StepOutcome] = []
+
+    def decide(self, state: BatchState) -> Decision:
+        return Decision.per_request(self.caps)
+
+    def keep_drafting(self, state: BatchState, features: DraftFeatures, j: int, active: np.ndarray) -> np.ndarray:
+        self.calls.append((j, features.top1_prob.shape[1], active.copy()))
+        return active & (self.stops > j)
+
+    def observe(self, outcome: StepOutcome) -> None:
+        self.outcomes.append(outcome)
+
+
+def first_step(policy) -> tuple[float, StepOutcome]:
+    w = Workload("w", rates=(0.6, 0.6, 0.6), heterogeneity=0.0, output_len=10_000, prompt_len_mean=0.0)
+    sim = Simulator(stop_cost(), Schedule.constant(w), SimConfig(duration_s=0.001, load=2, seed=0))
+    res = sim.run(policy)
+    return float(res.steps.step_ms[0]), policy.outcomes[0]
+
+
+def test_rows_stopping_at_chosen_positions_are_charged_by_hand():
+    # row 0 drafts 3, row 1 stops after 1: a = (2, 1, 1), drafting 2 + 1 + 1 = 4, V~(2, 2) = 16: 20 ms
+    policy = StopAt(caps=[3, 3], stops=[3, 1])
+    step_ms, outcome = first_step(policy)
+    assert step_ms == pytest.approx(20.0) and outcome.ks.tolist() == [3, 1]
+    # the rule is asked after j = 1 and j = 2 with the signals of positions 1..j; row 1 is inactive at j = 2
+    assert [(j, cols) for j, cols, _ in policy.calls] == [(1, 1), (2, 2)]
+    assert policy.calls[1][2].tolist() == [True, False]
+    # a cap ends a row as a stop does: caps (3, 2), no stop: a = (2, 2, 1), V~(2, 2.5) = 22 - 5 = 17, drafting 5
+    step_ms, outcome = first_step(StopAt(caps=[3, 2], stops=[9, 9]))
+    assert step_ms == pytest.approx(22.0) and outcome.ks.tolist() == [3, 2]
+    # every row stops at j = 2: T(2, 2) = 20
+    step_ms, outcome = first_step(StopAt(caps=[3, 3], stops=[2, 2]))
+    assert step_ms == pytest.approx(20.0) and outcome.ks.tolist() == [2, 2]
+
+
+def test_a_feature_policy_without_a_stop_rule_drafts_every_position():
+    class ReadsAll(StopAt):
+        keep_drafting = None  # not a DraftStop: the sim drafts k_max for every row, verifies the decided ks
+
+    step_ms, outcome = first_step(ReadsAll(caps=[3, 1], stops=[0, 0]))
+    # verified (3, 1): V~(2, 2) = 16; drafted (3, 3): D(2, 3) = 6
+    assert step_ms == pytest.approx(22.0) and outcome.ks.tolist() == [3, 1]
+
+
+def test_draft_until_stopped_by_hand():
+    policy = StopAt(caps=[0, 4, 4, 2], stops=[9, 1, 3, 9])
+    state = BatchState(step=0, time_s=0.0, request_ids=np.arange(4), num_generated=np.zeros(4, np.int64))
+    # no features (a policy that reads none): the rule gets None
+    policy.keep_drafting = lambda s, f, j, active: active & (policy.stops > j)
+    assert draft_until_stopped(policy, state, policy.caps).tolist() == [0, 1, 3, 2]
