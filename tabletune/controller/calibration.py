@@ -2,7 +2,7 @@
 
 p_j(x) = sigmoid(w x + c_j) with x = logit(top1): one slope w and one intercept c_j per draft
 position j, the form vLLM's acceptance estimator uses (PR #52228, feature logit(max q)).
-Fitted by Newton's method on the ridge-penalised log-likelihood of the last ``memory``
+Fitted by damped Newton steps on the log-likelihood with a unit ridge penalty, of the last ``memory``
 tested tokens (a ring buffer), so it follows a workload that changes; ``clear`` drops the
 buffer (a detected workload shift) and keeps the coefficients until the next fit. Only
 tokens the target tested may be added (censoring: nothing after a draft's first rejection).
@@ -17,7 +17,7 @@ import numpy as np
 class LogitCalibration:
     """p_j(x) = sigmoid(w x + c_j), x = logit(top1): one slope, one intercept per position (module docstring, 2)."""
 
-    def __init__(self, k_max: int, memory: int = 20_000, ridge: float = 1e-3) -> None:
+    def __init__(self, k_max: int, memory: int = 20_000, ridge: float = 1.0) -> None:
         self.k_max, self.memory, self.ridge = k_max, memory, ridge
         self.coef = np.concatenate([[1.0], np.zeros(k_max)])  # [w, c_1..c_k_max]
         self.x = np.zeros(memory)
@@ -35,7 +35,7 @@ class LogitCalibration:
     def __call__(self, top1: np.ndarray) -> np.ndarray:
         """[batch_size, k_max] acceptance probabilities for top1 [batch_size, k_max]."""
         z = self.coef[0] * self.feature(top1) + self.coef[1:1 + top1.shape[1]][None, :]
-        return 1.0 / (1.0 + np.exp(-z))
+        return 1.0 / (1.0 + np.exp(-np.clip(z, -30.0, 30.0)))
 
     def add(self, top1: np.ndarray, position: np.ndarray, accepted: np.ndarray) -> None:
         """Append tested tokens (ring buffer of ``memory``)."""
@@ -56,12 +56,13 @@ class LogitCalibration:
         design[:, 0] = x
         design[np.arange(self.size), 1 + pos] = 1.0
         coef = self.coef.copy()
-        penalty = self.ridge * self.size * np.eye(1 + self.k_max)
+        penalty = self.ridge * np.eye(1 + self.k_max)
         for _ in range(iterations):
-            p = 1.0 / (1.0 + np.exp(-(design @ coef)))
+            p = 1.0 / (1.0 + np.exp(-np.clip(design @ coef, -30.0, 30.0)))
             grad = design.T @ (y - p) - penalty @ coef
             hess = (design * (p * (1 - p))[:, None]).T @ design + penalty
-            coef = coef + np.linalg.solve(hess, grad)
+            step = np.linalg.solve(hess, grad)
+            coef = coef + step / max(1.0, float(np.abs(step).max()))  # damped: at most 1 per coefficient
         self.coef = coef
         self.fits += 1
 
