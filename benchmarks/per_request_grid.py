@@ -46,7 +46,7 @@ TRACES = ROOT / "profiles" / "traces"
 WORKLOADS = ("code", "code-edit", "chat")
 K_MAX = 7
 DEFAULT = "controller:per-request"
-ZOO = ("tabletune", "controller", DEFAULT, "vllm-av", "adaptive-verification", "hybrid-spark", "turbospec",
+ZOO = ("tabletune", "controller", DEFAULT, "vllm-av", "vllm-av:warmup_steps=0", "adaptive-verification", "hybrid-spark", "turbospec",
        "sglang", "gammatune", "disco")
 FIXED = tuple(f"fixed:{k}" for k in range(K_MAX + 1))
 

@@ -91,45 +91,62 @@ def prefix_sums(survival: np.ndarray) -> np.ndarray:
     return out
 
 
-def plan_at_cap(surv_model: np.ndarray, surv_ngram: np.ndarray | None, next_rates: np.ndarray,
-                price: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(ks, drafter, bought survival) per row under one cap and one price vector (module docstring)."""
-    b = surv_model.shape[0]
-    rows = np.arange(b)
-    ks = np.minimum(draft_lengths(surv_model, next_rates, price, cap), verify_lengths(surv_model, price, cap))
-    cum_m = prefix_sums(surv_model)
-    tokens = cum_m[rows, ks]
-    drafter = np.full(b, MODEL, np.int64)
+def plans_by_cap(surv_model: np.ndarray, surv_ngram: np.ndarray | None, next_rates: np.ndarray,
+                 prices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ks, drafter, bought survival), each [caps, b], for caps c = 1..k_max with price vectors ``prices[c - 1]``.
+
+    Row i under cap c: ks = min(draft length, verified prefix) of the model chain, or the n-gram
+    chain's verified prefix where its surplus sum_{j<=k} (S_ij - lambda_j) is larger (module docstring).
+    """
+    b, k_max = surv_model.shape
+    rows = np.arange(b)[None, :]
+    within = np.arange(k_max)[None, :] < np.arange(1, k_max + 1)[:, None]  # [caps, k_max]: j <= c
+    before = np.concatenate([np.ones((b, 1)), surv_model[:, :-1]], axis=1) * next_rates[None, :k_max]
+    drafts = leading_true3((before[None] > prices[:, None, :]) & within[:, None, :])
+    verify = leading_true3((surv_model[None] > prices[:, None, :]) & within[:, None, :])
+    ks = np.minimum(drafts, verify)  # [caps, b]
+    tokens = prefix_sums(surv_model)[rows, ks]
+    drafter = np.zeros_like(ks)
     if surv_ngram is not None:
-        cum_price = np.concatenate([[0.0], np.cumsum(price)])
-        ks_ng = verify_lengths(surv_ngram, price, cap)
+        cum_price = np.concatenate([np.zeros((k_max, 1)), np.cumsum(prices, axis=1)], axis=1)  # [caps, k_max + 1]
+        caps = np.arange(k_max)[:, None]
+        ks_ng = leading_true3((surv_ngram[None] > prices[:, None, :]) & within[:, None, :])
         tok_ng = prefix_sums(surv_ngram)[rows, ks_ng]
-        use_ng = tok_ng - cum_price[ks_ng] > tokens - cum_price[ks]
+        use_ng = tok_ng - cum_price[caps, ks_ng] > tokens - cum_price[caps, ks]
         ks, tokens = np.where(use_ng, ks_ng, ks), np.where(use_ng, tok_ng, tokens)
-        drafter = np.where(use_ng, NGRAM, MODEL).astype(np.int64)
+        drafter = use_ng.astype(np.int64)  # NGRAM = 1
     return ks.astype(np.int64), drafter, tokens
 
 
-def choose_plan(cost: StepCost, surv_model: np.ndarray, surv_ngram: np.ndarray | None, next_rates: np.ndarray,
-                prices_ms: dict[int, np.ndarray], rate: float, table_k: int, caps: list[int]) -> Plan:
-    """The plan with the largest surplus E - R T over ``caps`` and the table's uniform ``table_k``.
+def leading_true3(mask: np.ndarray) -> np.ndarray:
+    """[caps, b] number of leading True values along the last axis of a [caps, b, n] mask."""
+    return np.logical_and.accumulate(mask, axis=2).sum(axis=2)
 
-    ``prices_ms[c]`` is dT(b, c) (``marginal_ms``); the price vector under cap c is R dT(b, c).
+
+def choose_plan(cost: StepCost, surv_model: np.ndarray, surv_ngram: np.ndarray | None, next_rates: np.ndarray,
+                prices_ms: np.ndarray, rate: float, table_k: int, cap_window: int | None = None) -> Plan:
+    """The plan with the largest surplus E - R T over the caps, the table's uniform ``table_k`` and no
+    speculation. ``prices_ms[c - 1]`` is dT(b, c) (``marginal_ms``); the price vector under cap c is R dT(b, c).
+    Caps are 1..k_max, or table_k +- ``cap_window`` when given (fewer step costs to evaluate). A uniform
+    plan costs T(b, k) (``StepCost.step_ms``).
     """
     b = surv_model.shape[0]
     cum_m = prefix_sums(surv_model)
     ks_tab = np.full(b, table_k, np.int64)
-    best = Plan(ks_tab, np.full(b, MODEL, np.int64), table_k, float(b + cum_m[:, table_k].sum()),
-                cost.mixed_ms(ks_tab))
-    for cap in caps:
-        if cap == 0:
-            continue
-        ks, drafter, tokens = plan_at_cap(surv_model, surv_ngram, next_rates, rate * prices_ms[cap], cap)
-        plan = Plan(ks, drafter, cap, float(b + tokens.sum()), cost.mixed_ms(ks))
+    model = np.full(b, MODEL, np.int64)
+    best = Plan(ks_tab, model, table_k, float(b + cum_m[:, table_k].sum()), cost.step_ms(b, table_k))
+    k_max = prices_ms.shape[0]
+    lo, hi = (1, k_max) if cap_window is None else (max(table_k - cap_window, 1), min(table_k + cap_window, k_max))
+    ks, drafter, tokens = plans_by_cap(surv_model, surv_ngram, next_rates, rate * prices_ms)
+    for c in range(lo - 1, hi):
+        if c > lo - 1 and np.array_equal(ks[c], ks[c - 1]) and np.array_equal(drafter[c], drafter[c - 1]):
+            continue  # a larger cap that changes nothing
+        plan = Plan(ks[c], drafter[c], c + 1, float(b + tokens[c].sum()), cost.mixed_ms(ks[c]))
         if plan.surplus(rate) > best.surplus(rate):
             best = plan
     if table_k > 0:
-        off = Plan(np.zeros(b, np.int64), np.full(b, MODEL, np.int64), 0, float(b), cost.mixed_ms(np.zeros(b, np.int64)))
+        zeros = np.zeros(b, np.int64)
+        off = Plan(zeros, model, 0, float(b), cost.step_ms(b, 0))
         if off.surplus(rate) > best.surplus(rate):
             best = off
     return best

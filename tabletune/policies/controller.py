@@ -123,6 +123,9 @@ class PerRequestController(ControllerPolicy):
     first fit p_ij is the estimator's a_j. The n-gram chain's survival is the context's
     calibration table, re-calibrated online by a binned map from its confidence to acceptance.
 
+    Caps: every cap 1..k_max competes at batch sizes <= ``all_caps_max_batch`` (16), the table's k +- 2
+    above (fewer step costs to price per step at large b).
+
     Exploration: only at batch sizes <= ``explore_max_batch`` and only one row (the one whose
     draft survives best) drafts k_max, on the controller's exploration steps (``explore_fraction``
     credit and its evidence rule); larger batches learn deep positions from the rows the
@@ -130,13 +133,15 @@ class PerRequestController(ControllerPolicy):
     """
 
     uses_features: ClassVar[bool] = True
-    OPTIONS: ClassVar[tuple[str, ...]] = ("explore_max_batch", "ngram", "refit_every", "memory", "ema")
+    OPTIONS: ClassVar[tuple[str, ...]] = ("explore_max_batch", "ngram", "refit_every", "memory", "ema",
+                                          "all_caps_max_batch")
 
     def __init__(self, ctx: PolicyContext, start: DraftTable | None = None, prior: tuple[float, ...] | None = None,
                  config: ControllerConfig | None = None, label: str = "controller:per-request",
                  explore_max_batch: int = 8, ngram: int = 1, refit_every: int = 50, memory: int = 4096,
-                 ema: float = 0.95) -> None:
+                 ema: float = 0.95, all_caps_max_batch: int = 16) -> None:
         super().__init__(ctx, start, prior, config, label)
+        self.all_caps_max_batch = int(all_caps_max_batch)
         if explore_max_batch < 0 or refit_every < 1 or memory < 16 or not 0 <= ema < 1:
             raise InputError("--policy", "controller:per-request",
                              dict(explore_max_batch=explore_max_batch, refit_every=refit_every, memory=memory, ema=ema),
@@ -152,7 +157,7 @@ class PerRequestController(ControllerPolicy):
         self.ema_tokens = self.ema_ms = 0.0
         self.steps = 0
         self._shifts = 0
-        self._prices: dict[tuple[int, int], np.ndarray] = {}
+        self._prices: dict[int, np.ndarray] = {}
         self.plan: Plan | None = None
         self.explore_row = -1
         self._top1: np.ndarray | None = None
@@ -160,16 +165,13 @@ class PerRequestController(ControllerPolicy):
 
     # ---- pricing ------------------------------------------------------------------
 
-    def prices_ms(self, b: int) -> dict[int, np.ndarray]:
-        """{cap: dT(b, cap)} for every cap, computed once per batch size."""
-        k_max = self.ctx.k_max
-        out = {}
-        for cap in range(k_max + 1):
-            key = (b, cap)
-            if key not in self._prices:
-                self._prices[key] = marginal_ms(self.ctx.cost, b, cap, k_max)
-            out[cap] = self._prices[key]
-        return out
+    def prices_ms(self, b: int) -> np.ndarray:
+        """[caps, k_max]: row c - 1 is dT(b, c) at positions 1..k_max, computed once per batch size."""
+        prices = self._prices.get(b)
+        if prices is None:
+            k_max = self.ctx.k_max
+            prices = self._prices[b] = np.array([marginal_ms(self.ctx.cost, b, c, k_max) for c in range(1, k_max + 1)])
+        return prices
 
     def rate(self, b: int, surv: np.ndarray, table_k: int) -> float:
         """R: the running tokens per ms; before the first step, the table's modelled rate."""
@@ -208,7 +210,7 @@ class PerRequestController(ControllerPolicy):
         next_rates = np.asarray(self.controller.estimator.rates()[:k_max])
         rate = self.rate(b, surv_m, table_k)
         plan = choose_plan(self.ctx.cost, surv_m, surv_n, next_rates, self.prices_ms(b), rate, table_k,
-                           list(range(k_max + 1)))
+                           None if b <= self.all_caps_max_batch else 2)
         if not self.model_chain:
             plan = Plan(plan.ks, np.full(b, NGRAM, np.int64), plan.cap, plan.expected_tokens, plan.step_ms)
         self.explore_row = -1
@@ -224,15 +226,15 @@ class PerRequestController(ControllerPolicy):
     def keep_drafting(self, state: BatchState, features: DraftFeatures, j: int, active: np.ndarray) -> np.ndarray:
         """Row i drafts j + 1 while S_ij a_{j+1} > R dT_{j+1}(b, cap) and j < cap (module ``per_request``)."""
         plan = self.plan
-        if plan is None or j >= self.ctx.k_max:
+        if plan is None or j >= min(plan.cap, self.ctx.k_max):
             return np.zeros_like(active)
         b = state.batch_size
         if self.model_chain:
             surv_j = np.prod(self.model_probs(features.top1_prob[:, :j]), axis=1)
         else:
             surv_j = np.prod(self.ngram_cal(default_features(state, self.ctx, self.label).top1_prob[:, :j]), axis=1)
-        price = self._rate * self.prices_ms(b)[plan.cap][j]
-        keep = active & (j < plan.cap) & (surv_j * self._next_rates[j] > price) & (plan.drafter == MODEL)
+        price = self._rate * self.prices_ms(b)[plan.cap - 1][j]
+        keep = active & (surv_j * self._next_rates[j] > price) & (plan.drafter == MODEL)
         if self.explore_row >= 0:
             keep[self.explore_row] = bool(active[self.explore_row])
         return keep
