@@ -17,6 +17,7 @@ number is a policy's throughput as a share of the best fixed k (0..7) of the sam
 
     python benchmarks/per_request_grid.py [--duration 6] [--seeds 2] [--loads 1,2,8,32,128] [--jobs 2]
     python benchmarks/per_request_grid.py --switch      # code -> chat at loads 8 and 32 (Fig 4b style)
+    python benchmarks/per_request_grid.py --overhead    # decide + observe host ms at b = 128 (prints only)
 
 Writes benchmarks/results/per_request_grid.md (or per_request_switch.md with --switch).
 """
@@ -181,6 +182,43 @@ def switch(args) -> None:
     fileio.write_text(ROOT / "benchmarks" / "results" / "per_request_switch.md", text)
 
 
+def overhead(args) -> None:
+    """Host ms of decide and observe at b = 128 (steps 100..599 of a replayed code run; medians)."""
+    cost, w, replay, ngram_replay, prior = inputs("code", args.output_len)
+    for spec in ("controller", DEFAULT, "vllm-av:warmup_steps=0", "hybrid-spark"):
+        sim = Simulator(cost, Schedule.constant(w), SimConfig(duration_s=1e9, load=128, seed=0), replay=replay,
+                        ngram_replay=ngram_replay)
+        policy = make_policy(spec, sim.context(prior_rates=prior))
+        times: dict[str, list[float]] = {"decide": [], "observe": []}
+
+        def timed(name, fn):
+            def run(x):
+                start = time.perf_counter()
+                out = fn(x)
+                times[name].append(1e3 * (time.perf_counter() - start))
+                return out
+            return run
+
+        policy.decide, policy.observe = timed("decide", policy.decide), timed("observe", policy.observe)
+        run = sim_run_steps(sim, policy, 600)
+        d, o = np.array(times["decide"][100:]), np.array(times["observe"][100:])
+        print(f"{spec:28s} decide median {np.median(d):.3f} ms, observe median {np.median(o):.3f} ms, "
+              f"sum of medians {np.median(d) + np.median(o):.3f} ms, sum of means {d.mean() + o.mean():.3f} ms "
+              f"(b = {run})")
+
+
+def sim_run_steps(sim: Simulator, policy, num_steps: int) -> int:
+    """Run ``num_steps`` decode steps of a closed-loop simulation; returns the batch size."""
+    from tabletune.sim.loop import _Run
+
+    run = _Run(sim, policy)
+    run.add(sim.config.load, charge_prefill=False)
+    for _ in range(num_steps):
+        run.admit()
+        run.step()
+    return len(run.reqs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--duration", type=float, default=6.0)
@@ -189,12 +227,16 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=512)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--switch", action="store_true", help="the code -> chat switch instead of the grid")
+    ap.add_argument("--overhead", action="store_true", help="only print decide + observe host ms at b = 128")
     ap.add_argument("--windows", type=int, default=6)
     ap.add_argument("--window-s", type=float, default=10.0)
     args = ap.parse_args()
     if args.output_len < 1 or args.duration <= 0 or args.seeds < 1:
         sys.exit("per_request_grid.py: --output-len, --duration and --seeds must be positive")
-    switch(args) if args.switch else grid(args)
+    if args.overhead:
+        overhead(args)
+    else:
+        switch(args) if args.switch else grid(args)
 
 
 if __name__ == "__main__":

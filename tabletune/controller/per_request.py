@@ -92,27 +92,25 @@ def prefix_sums(survival: np.ndarray) -> np.ndarray:
 
 
 def plans_by_cap(surv_model: np.ndarray, surv_ngram: np.ndarray | None, next_rates: np.ndarray,
-                 prices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(ks, drafter, bought survival), each [caps, b], for caps c = 1..k_max with price vectors ``prices[c - 1]``.
+                 prices: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ks, drafter, bought survival), each [len(caps), b], for the caps c with price vectors ``prices[c - 1]``.
 
-    Row i under cap c: ks = min(draft length, verified prefix) of the model chain, or the n-gram
+    Row i under cap c: ks = min(draft length, verified prefix, c) of the model chain, or the n-gram
     chain's verified prefix where its surplus sum_{j<=k} (S_ij - lambda_j) is larger (module docstring).
     """
     b, k_max = surv_model.shape
     rows = np.arange(b)[None, :]
-    within = np.arange(k_max)[None, :] < np.arange(1, k_max + 1)[:, None]  # [caps, k_max]: j <= c
+    price = prices[caps - 1][:, None, :]  # [caps, 1, k_max]
     before = np.concatenate([np.ones((b, 1)), surv_model[:, :-1]], axis=1) * next_rates[None, :k_max]
-    drafts = leading_true3((before[None] > prices[:, None, :]) & within[:, None, :])
-    verify = leading_true3((surv_model[None] > prices[:, None, :]) & within[:, None, :])
-    ks = np.minimum(drafts, verify)  # [caps, b]
+    ks = np.minimum(leading_true3(np.minimum(before, surv_model)[None] > price), caps[:, None])
     tokens = prefix_sums(surv_model)[rows, ks]
     drafter = np.zeros_like(ks)
     if surv_ngram is not None:
-        cum_price = np.concatenate([np.zeros((k_max, 1)), np.cumsum(prices, axis=1)], axis=1)  # [caps, k_max + 1]
-        caps = np.arange(k_max)[:, None]
-        ks_ng = leading_true3((surv_ngram[None] > prices[:, None, :]) & within[:, None, :])
+        cum_price = np.concatenate([np.zeros((len(caps), 1)), np.cumsum(prices[caps - 1], axis=1)], axis=1)
+        idx = np.arange(len(caps))[:, None]
+        ks_ng = np.minimum(leading_true3(surv_ngram[None] > price), caps[:, None])
         tok_ng = prefix_sums(surv_ngram)[rows, ks_ng]
-        use_ng = tok_ng - cum_price[caps, ks_ng] > tokens - cum_price[caps, ks]
+        use_ng = tok_ng - cum_price[idx, ks_ng] > tokens - cum_price[idx, ks]
         ks, tokens = np.where(use_ng, ks_ng, ks), np.where(use_ng, tok_ng, tokens)
         drafter = use_ng.astype(np.int64)  # NGRAM = 1
     return ks.astype(np.int64), drafter, tokens
@@ -120,7 +118,7 @@ def plans_by_cap(surv_model: np.ndarray, surv_ngram: np.ndarray | None, next_rat
 
 def leading_true3(mask: np.ndarray) -> np.ndarray:
     """[caps, b] number of leading True values along the last axis of a [caps, b, n] mask."""
-    return np.logical_and.accumulate(mask, axis=2).sum(axis=2)
+    return np.where(mask.all(axis=2), mask.shape[2], np.argmin(mask, axis=2))
 
 
 def choose_plan(cost: StepCost, surv_model: np.ndarray, surv_ngram: np.ndarray | None, next_rates: np.ndarray,
@@ -137,11 +135,12 @@ def choose_plan(cost: StepCost, surv_model: np.ndarray, surv_ngram: np.ndarray |
     best = Plan(ks_tab, model, table_k, float(b + cum_m[:, table_k].sum()), cost.step_ms(b, table_k))
     k_max = prices_ms.shape[0]
     lo, hi = (1, k_max) if cap_window is None else (max(table_k - cap_window, 1), min(table_k + cap_window, k_max))
-    ks, drafter, tokens = plans_by_cap(surv_model, surv_ngram, next_rates, rate * prices_ms)
-    for c in range(lo - 1, hi):
-        if c > lo - 1 and np.array_equal(ks[c], ks[c - 1]) and np.array_equal(drafter[c], drafter[c - 1]):
+    caps = np.arange(lo, hi + 1)
+    ks, drafter, tokens = plans_by_cap(surv_model, surv_ngram, next_rates, rate * prices_ms, caps)
+    for i, cap in enumerate(caps.tolist()):
+        if i > 0 and np.array_equal(ks[i], ks[i - 1]) and np.array_equal(drafter[i], drafter[i - 1]):
             continue  # a larger cap that changes nothing
-        plan = Plan(ks[c], drafter[c], c + 1, float(b + tokens[c].sum()), cost.mixed_ms(ks[c]))
+        plan = Plan(ks[i], drafter[i], cap, float(b + tokens[i].sum()), cost.mixed_ms(ks[i]))
         if plan.surplus(rate) > best.surplus(rate):
             best = plan
     if table_k > 0:

@@ -200,10 +200,11 @@ class PerRequestController(ControllerPolicy):
             surv_m = np.cumprod(self.ngram_cal(top1), axis=1) * (top1 > 0)
         surv_n = None
         if self.use_ngram and np.any(f.ngram_num_proposed > 0):
-            table = self.ngram_table.survival(f.ngram_match_len, f.ngram_num_proposed, k_max)
-            cond = np.concatenate([table[:, :1], table[:, 1:] / np.maximum(table[:, :-1], 1e-12)], axis=1)
+            rates = self.ngram_table.rates  # [l_max + 1, k_max] conditional acceptance by match length
+            cond = rates[np.clip(f.ngram_match_len, 0, rates.shape[0] - 1)]
+            proposed = np.arange(1, k_max + 1)[None, :] <= f.ngram_num_proposed[:, None]
             self._ng_conf = cond
-            surv_n = np.cumprod(self.ngram_cal(cond), axis=1) * (table > 0)
+            surv_n = np.cumprod(self.ngram_cal(cond), axis=1) * (proposed & (cond[:, :1] > 0))
         else:
             self._ng_conf = None
         table_k = nearest_k(self.controller.table.k_for(max(b, 1)), self.ctx.ks)
