@@ -48,7 +48,7 @@ TRACES = ROOT / "profiles" / "traces"
 WORKLOADS = ("code", "code-edit", "chat")
 K_MAX = 7
 DEFAULT = "controller:per-request"
-ZOO = ("tabletune", "controller", DEFAULT, "vllm-av", "vllm-av:warmup_steps=0", "adaptive-verification", "hybrid-spark", "turbospec",
+ZOO = ("tabletune", "controller", DEFAULT, f"{DEFAULT},explore_fraction=0", "vllm-av", "vllm-av:warmup_steps=0", "adaptive-verification", "hybrid-spark", "turbospec",
        "sglang", "gammatune", "disco")
 FIXED = tuple(f"fixed:{k}" for k in range(K_MAX + 1))
 
@@ -95,7 +95,7 @@ def grid(args) -> None:
             share = {s: [tput[(w, s, n, seed)] / tput[(w, best_fixed[seed], n, seed)] for seed in seeds] for s in ZOO}
             mean = {s: float(np.mean(v)) for s, v in share.items()}
             band = (min(share[DEFAULT]), max(share[DEFAULT]))
-            best_zoo = max((s for s in ZOO if s != DEFAULT), key=mean.get)
+            best_zoo = max((s for s in ZOO if not s.startswith(DEFAULT)), key=mean.get)
             fixed_tok = np.mean([tput[(w, best_fixed[seed], n, seed)] for seed in seeds])
             ks = sorted({best_fixed[seed].split(":")[1] for seed in seeds})
             lines.append(f"| {w} | {n} | {fixed_tok:.0f} (k={'/'.join(ks)}) | "

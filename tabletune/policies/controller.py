@@ -9,6 +9,11 @@ table when it beats the current one (hysteresis and rates in the controller's do
 Options (``controller:key=value,...``): ``start=tuned|documented|documented-div4|FILE``
 (the starting table; default the table tuned on the prior), ``prior=R1/R2/...`` (prior
 rates, '/'-separated; default ``ctx.prior_rates``), and any ``ControllerConfig`` field.
+
+``controller:per-request[,key=value,...]`` is the same controller with a request level on top
+(``PerRequestController``; the simulator's default policy): per-row draft lengths, drafting stops
+and drafter choice priced by the step cost (``tabletune.controller.per_request``). Its own options:
+``explore_max_batch``, ``ngram``, ``refit_every``, ``memory``, ``ema``, ``all_caps_max_batch``.
 """
 
 from __future__ import annotations
