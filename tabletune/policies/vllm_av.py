@@ -138,7 +138,8 @@ class VllmAdaptiveVerification:
         if self._top1 is not None:
             top1, self._top1 = self._top1, None
             k_max = top1.shape[1]
-            tested = tested_mask(outcome.ks, outcome.accepted, k_max) & (outcome.drafter == self.ctx.default_drafter)[:, None]
+            tested = tested_mask(outcome.ks, outcome.accepted, k_max)
+            tested &= (outcome.drafter == self.ctx.default_drafter)[:, None]
             rows, cols = np.nonzero(tested)
             self.calibration.add(top1[rows, cols], cols, (cols < outcome.accepted[rows]).astype(float))
         if self.steps % self.refit_every == 0:
