@@ -49,8 +49,7 @@ WORKLOADS = ("code", "code-edit", "chat")
 K_MAX = 7
 DEFAULT = "controller:per-request"
 ZOO = ("tabletune", "controller", DEFAULT, f"{DEFAULT},explore_fraction=0", f"{DEFAULT},ngram=0", "vllm-av",
-       "vllm-av:warmup_steps=0",
-       "adaptive-verification", "hybrid-spark", "turbospec", "sglang", "gammatune", "disco")
+       "vllm-av:warmup_steps=0", "adaptive-verification", "hybrid-spark", "turbospec", "sglang", "gammatune", "disco")
 FIXED = tuple(f"fixed:{k}" for k in range(K_MAX + 1))
 
 _CACHE: dict = {}
