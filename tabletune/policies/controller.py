@@ -84,6 +84,8 @@ class ControllerPolicy(BatchPolicy):
             parts = [x for x in parts if x.strip() != "per-request"]
         opts = parse_options(",".join(parts))
         extra = {key: opts.pop(key) for key in PerRequestController.OPTIONS if key in opts} if per_request else {}
+        if per_request:
+            opts.setdefault("explore_fraction", PerRequestController.EXPLORE_FRACTION)
         start_name = str(opts.pop("start", "tuned"))
         start = None
         if start_name in STARTS:
@@ -133,11 +135,12 @@ class PerRequestController(ControllerPolicy):
 
     Exploration: only at batch sizes <= ``explore_max_batch`` and only one row (the one whose
     draft survives best) drafts k_max, on the controller's exploration steps (``explore_fraction``
-    credit and its evidence rule); larger batches learn deep positions from the rows the
+    credit, 0.005 by default here, and its evidence rule); larger batches learn deep positions from the rows the
     request-level rule lets run past the table's k.
     """
 
     uses_features: ClassVar[bool] = True
+    EXPLORE_FRACTION: ClassVar[float] = 0.005  # its default credit share (the batch controller's is 0.02)
     OPTIONS: ClassVar[tuple[str, ...]] = ("explore_max_batch", "ngram", "refit_every", "memory", "ema",
                                           "all_caps_max_batch")
 
@@ -145,7 +148,7 @@ class PerRequestController(ControllerPolicy):
                  config: ControllerConfig | None = None, label: str = "controller:per-request",
                  explore_max_batch: int = 8, ngram: int = 1, refit_every: int = 50, memory: int = 4096,
                  ema: float = 0.95, all_caps_max_batch: int = 16) -> None:
-        super().__init__(ctx, start, prior, config, label)
+        super().__init__(ctx, start, prior, config or ControllerConfig(explore_fraction=self.EXPLORE_FRACTION), label)
         self.all_caps_max_batch = int(all_caps_max_batch)
         if explore_max_batch < 0 or refit_every < 1 or memory < 16 or not 0 <= ema < 1:
             raise InputError("--policy", "controller:per-request",
