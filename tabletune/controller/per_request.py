@@ -22,10 +22,10 @@ Rules (row i, under cap c):
     verify positions j    while  S_ij > lambda_j                               (a prefix)
 
 a_{j+1} is the acceptance of the next position before its signal exists (the controller's
-online estimate). A row's length is the shorter of the two. Each cap c = 0..k_max gives one
-plan; with E = b + sum of the verified S, the plan with the largest surplus E - R T(ks) wins,
-the table's own uniform k being one more candidate, so a step never scores below the table
-by its own estimate.
+online estimate). A row's length is the shorter of the two. Each cap c gives one plan (all
+caps 1..k_max, or a window around the table's k); with E = b + sum of the verified S, the plan
+with the largest surplus E - R T(ks) wins, the table's own uniform k and no speculation being
+two more candidates, so a step never scores below the table by its own estimate.
 
 Drafter choice: where a second chain exists (n-gram, drafted on the host for free), each
 row takes the chain with the larger surplus sum_{j <= k_i} (S_ij - lambda_j) over its
