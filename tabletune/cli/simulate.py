@@ -13,7 +13,8 @@ from tabletune.profile import StepProfile
 
 
 @click.command("simulate")
-@click.option("--policy", required=True, help="NAME[:ARG], e.g. fixed:3, off, table:FILE, tabletune, controller")
+@click.option("--policy", default="controller:per-request", show_default=True,
+              help="NAME[:ARG], e.g. fixed:3, off, table:FILE, tabletune, controller, vllm-av")
 @click.option("--load", type=click.IntRange(min=1), default=32, show_default=True, help="closed loop: open requests")
 @click.option("--arrival-rate", type=click.FloatRange(min=0, min_open=True), default=None,
               help="open loop instead: Poisson requests/s")

@@ -33,12 +33,14 @@ REGISTRY: dict[str, str] = {
     "gammatune": "tabletune.policies.gammatune:GammaTunePolicy",
     "adaptive-verification": "tabletune.policies.adaptive_verification:AdaptiveVerificationPolicy",
     "hybrid-spark": "tabletune.policies.hybrid_spark:HybridSparkPolicy",
+    "vllm-av": "tabletune.policies.vllm_av:VllmAdaptiveVerification",
 }
 
 #: Per-step (one k per batch) policies and per-request policies, for the experiments.
 BATCH_POLICIES = ("fixed", "off", "table", "documented", "documented-div4", "tabletune", "controller",
                   "turbospec", "nightjar", "sglang")
-PER_REQUEST_POLICIES = ("disco", "tapout", "dsde", "gammatune", "adaptive-verification", "hybrid-spark")
+PER_REQUEST_POLICIES = ("disco", "tapout", "dsde", "gammatune", "adaptive-verification", "hybrid-spark",
+                        "vllm-av")
 
 
 def parse_options(arg: str | None, source: str = "--policy") -> dict[str, object]:

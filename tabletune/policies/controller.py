@@ -9,6 +9,11 @@ table when it beats the current one (hysteresis and rates in the controller's do
 Options (``controller:key=value,...``): ``start=tuned|documented|documented-div4|FILE``
 (the starting table; default the table tuned on the prior), ``prior=R1/R2/...`` (prior
 rates, '/'-separated; default ``ctx.prior_rates``), and any ``ControllerConfig`` field.
+
+``controller:per-request[,key=value,...]`` is the same controller with a request level on top
+(``PerRequestController``; the simulator's default policy): per-row draft lengths, drafting stops
+and drafter choice priced by the step cost (``tabletune.controller.per_request``). Its own options:
+``explore_max_batch``, ``ngram``, ``refit_every``, ``memory``, ``ema``, ``all_caps_max_batch``.
 """
 
 from __future__ import annotations
@@ -18,10 +23,16 @@ from typing import ClassVar
 import numpy as np
 
 from tabletune.controller import Controller, ControllerConfig
+from tabletune.controller.calibration import LogitCalibration
+from tabletune.controller.per_request import Plan, choose_plan, marginal_ms
 from tabletune.errors import InputError
 from tabletune.controller.estimator import StepObservation
 from tabletune.policies import parse_options
-from tabletune.policies.base import BatchPolicy, BatchState, PolicyContext, StepOutcome, nearest_k
+from tabletune.policies.adaptive_verification import ConfidenceCalibrator
+from tabletune.policies.base import (MODEL, NGRAM, BatchPolicy, BatchState, Decision, DraftFeatures, PolicyContext,
+                                     StepOutcome, nearest_k)
+from tabletune.policies.ngram_table import NgramTable
+from tabletune.policies.per_request import accepted_mask, default_features, require_features, tested_mask
 from tabletune.table import VLLM_DOCUMENTED_DIV4_RANGES, VLLM_DOCUMENTED_RANGES, DraftTable
 
 STARTS = {"documented": VLLM_DOCUMENTED_RANGES, "documented-div4": VLLM_DOCUMENTED_DIV4_RANGES}
@@ -67,7 +78,14 @@ class ControllerPolicy(BatchPolicy):
 
     @classmethod
     def from_spec(cls, ctx: PolicyContext, arg: str | None) -> ControllerPolicy:
-        opts = parse_options(arg)
+        parts = [x for x in (arg or "").split(",") if x.strip()]
+        per_request = "per-request" in [x.strip() for x in parts]
+        if per_request:
+            parts = [x for x in parts if x.strip() != "per-request"]
+        opts = parse_options(",".join(parts))
+        extra = {key: opts.pop(key) for key in PerRequestController.OPTIONS if key in opts} if per_request else {}
+        if per_request:
+            opts.setdefault("explore_fraction", PerRequestController.EXPLORE_FRACTION)
         start_name = str(opts.pop("start", "tuned"))
         start = None
         if start_name in STARTS:
@@ -80,7 +98,10 @@ class ControllerPolicy(BatchPolicy):
             config = ControllerConfig(**opts)
         except TypeError as exc:
             raise InputError("--policy", "controller", arg, str(exc)) from None
-        return cls(ctx, start, prior_rates, config, label=f"controller:{arg}" if arg else "controller")
+        label = f"controller:{arg}" if arg else "controller"
+        if per_request:
+            return PerRequestController(ctx, start, prior_rates, config, label=label, **extra)  # type: ignore[arg-type]
+        return cls(ctx, start, prior_rates, config, label=label)
 
     def k_for(self, state: BatchState) -> int:
         self.asked_k = nearest_k(self.controller.k_for(max(state.batch_size, 1)), self.ctx.ks)
@@ -90,3 +111,164 @@ class ControllerPolicy(BatchPolicy):
         now_s = outcome.state.time_s + outcome.step_ms / 1000.0
         self.controller.observe(observation(outcome, self.controller.k_max, now_s, self.asked_k))
         self.controller.maybe_rebuild(now_s)
+
+
+class PerRequestController(ControllerPolicy):
+    """``controller:per-request``: the controller's table at the batch level, per-row drafting and verification.
+
+    Batch level: the ``Controller`` as in ``controller`` (table from the measured T(b, k),
+    acceptance re-estimated online and shrunk to the tuner's prior, rebuilt with hysteresis);
+    its k at the step's batch size is the anchor plan. Request level
+    (``tabletune.controller.per_request``): each row drafts its next token while the token's
+    expected yield is worth more than its marginal cost on the step cost, verifies the prefix
+    whose calibrated survival pays, and takes the n-gram chain instead where that pays more
+    per verified token (``ngram=0`` turns the second chain off).
+
+    Survival: S_ij = prod_{l<=j} p_il, p from ``LogitCalibration`` on the model drafter's top-1
+    probability, refitted every ``refit_every`` steps on the last ``memory`` tested tokens and
+    cleared when the estimator detects a workload shift (calibration per workload); before its
+    first fit p_ij is the estimator's a_j. The n-gram chain's survival is the context's
+    calibration table, re-calibrated online by a binned map from its confidence to acceptance.
+
+    Caps: every cap 1..k_max competes at batch sizes <= ``all_caps_max_batch`` (16), the table's k +- 2
+    above (fewer step costs to price per step at large b).
+
+    Exploration: only at batch sizes <= ``explore_max_batch`` and only one row (the one whose
+    draft survives best) drafts k_max, on the controller's exploration steps (``explore_fraction``
+    credit, 0.005 by default here, and its evidence rule); larger batches learn deep positions from the rows the
+    request-level rule lets run past the table's k.
+    """
+
+    uses_features: ClassVar[bool] = True
+    EXPLORE_FRACTION: ClassVar[float] = 0.005  # its default credit share (the batch controller's is 0.02)
+    OPTIONS: ClassVar[tuple[str, ...]] = ("explore_max_batch", "ngram", "refit_every", "memory", "ema",
+                                          "all_caps_max_batch")
+
+    def __init__(self, ctx: PolicyContext, start: DraftTable | None = None, prior: tuple[float, ...] | None = None,
+                 config: ControllerConfig | None = None, label: str = "controller:per-request",
+                 explore_max_batch: int = 8, ngram: int = 1, refit_every: int = 50, memory: int = 4096,
+                 ema: float = 0.95, all_caps_max_batch: int = 16) -> None:
+        super().__init__(ctx, start, prior, config or ControllerConfig(explore_fraction=self.EXPLORE_FRACTION), label)
+        self.all_caps_max_batch = int(all_caps_max_batch)
+        if explore_max_batch < 0 or refit_every < 1 or memory < 16 or not 0 <= ema < 1:
+            raise InputError("--policy", "controller:per-request",
+                             dict(explore_max_batch=explore_max_batch, refit_every=refit_every, memory=memory, ema=ema),
+                             "needs explore_max_batch >= 0, refit_every >= 1, memory >= 16, 0 <= ema < 1")
+        k_max = ctx.k_max
+        self.explore_max_batch, self.refit_every, self.ema = int(explore_max_batch), int(refit_every), ema
+        self.model_chain = ctx.default_drafter == MODEL
+        self.use_ngram = bool(ngram) and self.model_chain
+        self.calibration = LogitCalibration(k_max, int(memory))
+        ng_prior = float(np.mean(ctx.ngram_rates[1:])) if len(ctx.ngram_rates) > 1 else 0.5
+        self.ngram_cal = ConfidenceCalibrator(ng_prior, num_bins=10, prior_weight=20.0, decay=0.999)
+        self.ngram_table = NgramTable.from_length_rates(ctx.ngram_rates or (0.0,), k_max)
+        self.ema_tokens = self.ema_ms = 0.0
+        self.steps = 0
+        self._shifts = 0
+        self._prices: dict[int, np.ndarray] = {}
+        self.plan: Plan | None = None
+        self.explore_row = -1
+        self._top1: np.ndarray | None = None
+        self._ng_conf: np.ndarray | None = None
+
+    # ---- pricing ------------------------------------------------------------------
+
+    def prices_ms(self, b: int) -> np.ndarray:
+        """[caps, k_max]: row c - 1 is dT(b, c) at positions 1..k_max, computed once per batch size."""
+        prices = self._prices.get(b)
+        if prices is None:
+            k_max = self.ctx.k_max
+            prices = self._prices[b] = np.array([marginal_ms(self.ctx.cost, b, c, k_max) for c in range(1, k_max + 1)])
+        return prices
+
+    def rate(self, b: int, surv: np.ndarray, table_k: int) -> float:
+        """R: the running tokens per ms; before the first step, the table's modelled rate."""
+        if self.ema_ms > 0:
+            return self.ema_tokens / self.ema_ms
+        return (b + float(surv[:, :table_k].sum())) / self.ctx.cost.step_ms(b, table_k)
+
+    def model_probs(self, top1: np.ndarray) -> np.ndarray:
+        """[b, n] calibrated p_ij of the model chain (the estimator's a_j before the first fit)."""
+        if self.calibration.fits:
+            return self.calibration(top1)
+        rates = np.asarray(self.controller.estimator.rates()[: top1.shape[1]])
+        return np.broadcast_to(rates[None, :], top1.shape)
+
+    # ---- per step -------------------------------------------------------------------
+
+    def decide(self, state: BatchState) -> Decision:
+        b, k_max = state.batch_size, self.ctx.k_max
+        f = (require_features(state.features, self.label) if self.model_chain
+             else default_features(state, self.ctx, self.label))
+        top1 = f.top1_prob[:, :k_max]
+        self._top1 = top1 if self.model_chain else None
+        if self.model_chain:
+            surv_m = np.cumprod(self.model_probs(top1), axis=1)
+        else:
+            surv_m = np.cumprod(self.ngram_cal(top1), axis=1) * (top1 > 0)
+        surv_n = None
+        if self.use_ngram and np.any(f.ngram_num_proposed > 0):
+            rates = self.ngram_table.rates  # [l_max + 1, k_max] conditional acceptance by match length
+            cond = rates[np.clip(f.ngram_match_len, 0, rates.shape[0] - 1)]
+            proposed = np.arange(1, k_max + 1)[None, :] <= f.ngram_num_proposed[:, None]
+            self._ng_conf = cond
+            surv_n = np.cumprod(self.ngram_cal(cond), axis=1) * (proposed & (cond[:, :1] > 0))
+        else:
+            self._ng_conf = None
+        table_k = nearest_k(self.controller.table.k_for(max(b, 1)), self.ctx.ks)
+        next_rates = np.asarray(self.controller.estimator.rates()[:k_max])
+        rate = self.rate(b, surv_m, table_k)
+        plan = choose_plan(self.ctx.cost, surv_m, surv_n, next_rates, self.prices_ms(b), rate, table_k,
+                           None if b <= self.all_caps_max_batch else 2)
+        if not self.model_chain:
+            plan = Plan(plan.ks, np.full(b, NGRAM, np.int64), plan.cap, plan.expected_tokens, plan.step_ms)
+        self.explore_row = -1
+        if 0 < b <= self.explore_max_batch and self.model_chain and self.controller.explore_next(b):
+            row = int(np.argmax(surv_m[:, -1]))
+            ks, drafter = plan.ks.copy(), plan.drafter.copy()
+            ks[row], drafter[row] = k_max, MODEL
+            plan = Plan(ks, drafter, k_max, plan.expected_tokens, plan.step_ms)
+            self.explore_row = row
+        self.plan, self._rate, self._next_rates = plan, rate, next_rates
+        return Decision.per_request(plan.ks, plan.drafter)
+
+    def keep_drafting(self, state: BatchState, features: DraftFeatures, j: int, active: np.ndarray) -> np.ndarray:
+        """Row i drafts j + 1 while S_ij a_{j+1} > R dT_{j+1}(b, cap) and j < cap (module ``per_request``)."""
+        plan = self.plan
+        if plan is None or j >= min(plan.cap, self.ctx.k_max):
+            return np.zeros_like(active)
+        b = state.batch_size
+        if self.model_chain:
+            surv_j = np.prod(self.model_probs(features.top1_prob[:, :j]), axis=1)
+        else:
+            surv_j = np.prod(self.ngram_cal(default_features(state, self.ctx, self.label).top1_prob[:, :j]), axis=1)
+        price = self._rate * self.prices_ms(b)[plan.cap - 1][j]
+        keep = active & (surv_j * self._next_rates[j] > price) & (plan.drafter == MODEL)
+        if self.explore_row >= 0:
+            keep[self.explore_row] = bool(active[self.explore_row])
+        return keep
+
+    def observe(self, outcome: StepOutcome) -> None:
+        super().observe(outcome)
+        self.steps += 1
+        k_max = self.ctx.k_max
+        tested = tested_mask(outcome.ks, outcome.accepted, k_max)
+        acc = accepted_mask(outcome.accepted, k_max)
+        if self._top1 is not None:
+            mask = tested & (outcome.drafter == MODEL)[:, None]
+            rows, cols = np.nonzero(mask)
+            self.calibration.add(self._top1[rows, cols], cols, acc[rows, cols].astype(float))
+        if self._ng_conf is not None:
+            mask = tested & (outcome.drafter == NGRAM)[:, None]
+            if mask.any():
+                self.ngram_cal.update(self._ng_conf[mask], acc[mask])
+        self._top1 = self._ng_conf = None
+        shifts = self.controller.estimator.shifts
+        if shifts != self._shifts:  # a new workload: calibrate on its tokens only
+            self._shifts = shifts
+            self.calibration.clear()
+        if self.steps % self.refit_every == 0:
+            self.calibration.refit()
+        w = self.ema if self.ema_ms > 0 else 0.0
+        self.ema_tokens = w * self.ema_tokens + (1.0 - w) * outcome.num_tokens
+        self.ema_ms = w * self.ema_ms + (1.0 - w) * outcome.step_ms

@@ -51,8 +51,9 @@ def make_outcome(state: BatchState, ks, accepted, kl=None, finished=(), drafter=
 
 
 def run_sim(spec: str, workload: str = "code", load: int = 8, duration_s: float = 3.0, seed: int = 0,
-            default_drafter: int = MODEL, recorder=None):
-    """Run one policy spec in the simulator; ``recorder(decision, state)`` sees every decision."""
+            default_drafter: int = MODEL, recorder=None, observer=None):
+    """Run one policy spec in the simulator; ``recorder(decision, state)`` sees every decision and
+    ``observer(outcome)`` every outcome."""
     sim = Simulator(starter_cost(), Schedule.constant(preset(workload)),
                     SimConfig(duration_s=duration_s, load=load, seed=seed), default_drafter=default_drafter)
     policy = make_policy(spec, sim.context())
@@ -65,6 +66,14 @@ def run_sim(spec: str, workload: str = "code", load: int = 8, duration_s: float 
             return decision
 
         policy.decide = recording
+    if observer is not None:
+        observe = policy.observe
+
+        def observing(outcome):
+            observer(outcome)
+            observe(outcome)
+
+        policy.observe = observing
     return sim.run(policy), policy
 
 

@@ -1,0 +1,151 @@
+"""The controller's request level: which rows draft and verify how far, priced by the measured surface.
+
+Pure decision functions on numpy arrays (no torch, no vllm); ``tabletune.policies.controller``
+drives them with the ``Controller``'s table and acceptance estimate. Notation: b rows, positions
+j = 1..k_max (columns j - 1), S_ij the calibrated survival of row i's draft through position j
+(S_i0 = 1), R the batch's running decode rate (tokens per ms of step time).
+
+Marginal cost. With the batch at cap c (every other row verifying c tokens, the table's
+operating point), one more token at position j of one row costs
+
+    dT_j(b, c) = T(ks with that row at j) - T(ks with that row at j - 1),   ks = (c, ..., c)
+
+read from the step cost (``StepCost.mixed_ms``: whatever rule prices drafting and
+verification, the measured surface underneath). For j <= c it is the row's verification
+(and, when drafting is charged by active rows, its drafting); for j > c it also pays for
+lengthening the longest draft. Its price in tokens is lambda_j = R dT_j (the tokens the
+step's time would have earned elsewhere: Dinkelbach, maximising sum E / sum T over steps).
+
+Rules (row i, under cap c):
+
+    draft position j + 1  while  S_ij a_{j+1} > lambda_{j+1}  and  j < c      (keep_drafting)
+    verify positions j    while  S_ij > lambda_j                               (a prefix)
+
+a_{j+1} is the acceptance of the next position before its signal exists (the controller's
+online estimate). A row's length is the shorter of the two. Each cap c gives one plan (all
+caps 1..k_max, or a window around the table's k); with E = b + sum of the verified S, the plan
+with the largest surplus E - R T(ks) wins, the table's own uniform k and no speculation being
+two more candidates, so a step never scores below the table by its own estimate.
+
+Drafter choice: where a second chain exists (n-gram, drafted on the host for free), each
+row takes the chain with the larger surplus sum_{j <= k_i} (S_ij - lambda_j) over its
+verified prefix (Hybrid Spark's yield per verified token, priced by the same lambda).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tabletune.cost import StepCost
+
+MODEL, NGRAM = 0, 1  # as tabletune.policies.base
+
+
+def marginal_ms(cost: StepCost, batch_size: int, cap: int, k_max: int) -> np.ndarray:
+    """[k_max] dT_j(b, c), j = 1..k_max: one row moved from j - 1 to j with the others at ``cap`` (>= 0)."""
+    ks = np.full(batch_size, cap, dtype=np.int64)
+    times = np.empty(k_max + 1)
+    for j in range(k_max + 1):
+        ks[0] = j
+        times[j] = cost.mixed_ms(ks)
+    return np.maximum(np.diff(times), 0.0)
+
+
+def leading_true(mask: np.ndarray) -> np.ndarray:
+    """[b] number of leading True values per row of a [b, n] mask."""
+    if mask.shape[1] == 0:
+        return np.zeros(mask.shape[0], np.int64)
+    return np.where(mask.all(axis=1), mask.shape[1], np.argmin(mask, axis=1)).astype(np.int64)
+
+
+def draft_lengths(survival: np.ndarray, next_rates: np.ndarray, price: np.ndarray, cap: int) -> np.ndarray:
+    """[b] tokens drafted: the leading positions j + 1 <= cap with S_ij a_{j+1} > lambda_{j+1} (S_i0 = 1)."""
+    b = survival.shape[0]
+    before = np.concatenate([np.ones((b, 1)), survival[:, : cap - 1]], axis=1) if cap > 0 else np.ones((b, 0))
+    return leading_true(before * next_rates[None, :cap] > price[None, :cap])
+
+
+def verify_lengths(survival: np.ndarray, price: np.ndarray, cap: int) -> np.ndarray:
+    """[b] verified prefix: the leading positions j <= cap with S_ij > lambda_j."""
+    return leading_true(survival[:, :cap] > price[None, :cap])
+
+
+@dataclass(frozen=True)
+class Plan:
+    ks: np.ndarray  # [b] verified draft tokens per row
+    drafter: np.ndarray  # [b] MODEL or NGRAM
+    cap: int  # the longest draft the plan allows
+    expected_tokens: float  # b + sum of the verified survivals
+    step_ms: float  # T(ks)
+
+    def surplus(self, rate: float) -> float:
+        return self.expected_tokens - rate * self.step_ms
+
+
+def prefix_sums(survival: np.ndarray) -> np.ndarray:
+    """[b, k_max + 1] sum_{j<=n} S_ij for n = 0..k_max."""
+    out = np.zeros((survival.shape[0], survival.shape[1] + 1))
+    np.cumsum(survival, axis=1, out=out[:, 1:])
+    return out
+
+
+def plans_by_cap(surv_model: np.ndarray, surv_ngram: np.ndarray | None, next_rates: np.ndarray,
+                 prices: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ks, drafter, bought survival), each [len(caps), b], for the caps c with price vectors ``prices[c - 1]``.
+
+    Row i under cap c: ks = min(draft length, verified prefix, c) of the model chain, or the n-gram
+    chain's verified prefix where its surplus sum_{j<=k} (S_ij - lambda_j) is larger (module docstring).
+    """
+    b, k_max = surv_model.shape
+    rows = np.arange(b)[None, :]
+    price = prices[caps - 1][:, None, :]  # [caps, 1, k_max]
+    before = np.concatenate([np.ones((b, 1)), surv_model[:, :-1]], axis=1) * next_rates[None, :k_max]
+    ks = np.minimum(leading_true3(np.minimum(before, surv_model)[None] > price), caps[:, None])
+    tokens = prefix_sums(surv_model)[rows, ks]
+    drafter = np.zeros_like(ks)
+    if surv_ngram is not None:
+        cum_price = np.concatenate([np.zeros((len(caps), 1)), np.cumsum(prices[caps - 1], axis=1)], axis=1)
+        idx = np.arange(len(caps))[:, None]
+        ks_ng = np.minimum(leading_true3(surv_ngram[None] > price), caps[:, None])
+        tok_ng = prefix_sums(surv_ngram)[rows, ks_ng]
+        use_ng = tok_ng - cum_price[idx, ks_ng] > tokens - cum_price[idx, ks]
+        ks, tokens = np.where(use_ng, ks_ng, ks), np.where(use_ng, tok_ng, tokens)
+        drafter = use_ng.astype(np.int64)  # NGRAM = 1
+    return ks.astype(np.int64), drafter, tokens
+
+
+def leading_true3(mask: np.ndarray) -> np.ndarray:
+    """[caps, b] number of leading True values along the last axis of a [caps, b, n] mask."""
+    return np.where(mask.all(axis=2), mask.shape[2], np.argmin(mask, axis=2))
+
+
+def choose_plan(cost: StepCost, surv_model: np.ndarray, surv_ngram: np.ndarray | None, next_rates: np.ndarray,
+                prices_ms: np.ndarray, rate: float, table_k: int, cap_window: int | None = None) -> Plan:
+    """The plan with the largest surplus E - R T over the caps, the table's uniform ``table_k`` and no
+    speculation. ``prices_ms[c - 1]`` is dT(b, c) (``marginal_ms``); the price vector under cap c is R dT(b, c).
+    Caps are 1..k_max, or table_k +- ``cap_window`` when given (fewer step costs to evaluate). A uniform
+    plan costs T(b, k) (``StepCost.step_ms``).
+    """
+    b = surv_model.shape[0]
+    cum_m = prefix_sums(surv_model)
+    ks_tab = np.full(b, table_k, np.int64)
+    model = np.full(b, MODEL, np.int64)
+    best = Plan(ks_tab, model, table_k, float(b + cum_m[:, table_k].sum()), cost.step_ms(b, table_k))
+    k_max = prices_ms.shape[0]
+    lo, hi = (1, k_max) if cap_window is None else (max(table_k - cap_window, 1), min(table_k + cap_window, k_max))
+    caps = np.arange(lo, hi + 1)
+    ks, drafter, tokens = plans_by_cap(surv_model, surv_ngram, next_rates, rate * prices_ms, caps)
+    for i, cap in enumerate(caps.tolist()):
+        if i > 0 and np.array_equal(ks[i], ks[i - 1]) and np.array_equal(drafter[i], drafter[i - 1]):
+            continue  # a larger cap that changes nothing
+        plan = Plan(ks[i], drafter[i], cap, float(b + tokens[i].sum()), cost.mixed_ms(ks[i]))
+        if plan.surplus(rate) > best.surplus(rate):
+            best = plan
+    if table_k > 0:
+        zeros = np.zeros(b, np.int64)
+        off = Plan(zeros, model, 0, float(b), cost.step_ms(b, 0))
+        if off.surplus(rate) > best.surplus(rate):
+            best = off
+    return best

@@ -1,0 +1,87 @@
+import numpy as np
+import pytest
+from per_request_helpers import linear_cost, make_state, run_sim
+
+from tabletune.controller.per_request import draft_lengths, marginal_ms, verify_lengths
+from tabletune.errors import InputError
+from tabletune.policies import make_policy
+from tabletune.policies.base import PolicyContext, draft_stop_of
+from tabletune.policies.controller import PerRequestController
+
+
+def test_marginal_cost_read_from_the_step_cost():
+    # f = 0: T(b, ks) = T(b, k_bar) = 10 + 4 k_bar at b = 2, so one more token of one row costs 4 / 2 = 2 ms
+    assert marginal_ms(linear_cost(per_k_ms=4.0, k_max=3), 2, 2, 3).tolist() == pytest.approx([2.0, 2.0, 2.0])
+    # f = 1: the step pays the longest draft; with the other row at cap 1 only positions past 1 cost (4 ms each)
+    assert marginal_ms(linear_cost(per_k_ms=4.0, k_max=3, draft_share=1.0), 2, 1, 3).tolist() == \
+        pytest.approx([0.0, 4.0, 4.0])
+
+
+def test_rule_stops_where_the_hand_worked_marginal_cost_says():
+    # price lambda_j = R dT_j = 0.5 at every j; next-token rate a = .9
+    # row 0: S = .9 .8 .6 .4  -> verify while S > .5: 3; draft j+1 while S_j .9 > .5: 1, .81, .72, .54 -> 4
+    # row 1: S = .7 .45 .3 .2 -> verify 1; draft: 1 (.9), .63, .405 < .5 stops after 2
+    surv = np.array([[0.9, 0.8, 0.6, 0.4], [0.7, 0.45, 0.3, 0.2]])
+    price = np.full(4, 0.5)
+    assert verify_lengths(surv, price, 4).tolist() == [3, 1]
+    assert draft_lengths(surv, np.full(4, 0.9), price, 4).tolist() == [4, 2]
+    assert draft_lengths(surv, np.full(4, 0.9), price, 2).tolist() == [2, 2]  # the cap binds
+    # a = .6: row 0 drafts .6, .54, .48 -> 2; row 1 .6, .42 -> 1
+    assert draft_lengths(surv, np.full(4, 0.6), price, 4).tolist() == [2, 1]
+
+
+def _policy(rate: float) -> PerRequestController:
+    cost = linear_cost(base_ms=10.0, per_k_ms=2.0, k_max=4)  # f = 0, b = 2: every token costs 1 ms
+    ctx = PolicyContext(cost=cost, prior_rates=(0.9,) * 4, ks=tuple(cost.ks))
+    policy = make_policy("controller:per-request,explore_fraction=0", ctx)
+    policy.ema_tokens, policy.ema_ms = rate, 1.0  # R = rate tokens per ms
+    return policy
+
+
+def test_policy_drafts_and_verifies_while_the_token_pays():
+    # before its first fit the calibration is the estimator's a_j = .9: S_j = .9^j; price R * 1 ms = .7
+    # draft j + 1 while .9^j * .9 > .7: .9, .81, .729 yes, .656 no -> 3 tokens; verify while .9^j > .7: 3
+    policy = _policy(0.7)
+    state = make_state(np.full((2, 4), 0.5))
+    assert policy.decide(state).ks.tolist() == [3, 3]
+    stop = draft_stop_of(policy)
+    active = np.ones(2, bool)
+    got = [stop.keep_drafting(state, state.features, j, active).tolist() for j in (1, 2, 3)]
+    assert got == [[True, True], [True, True], [False, False]]
+    assert stop.keep_drafting(state, state.features, 1, np.array([True, False])).tolist() == [True, False]
+
+
+def test_rows_with_weaker_signals_stop_earlier():
+    # calibrated p = top1 (slope 1, intercepts 0); a = .9; price .7
+    # row 0 (top1 .95): S = .95 .9025 .857 .815 -> drafts 4, verifies 4
+    # row 1 (top1 .8):  S = .8 .64 .512 .41 -> drafts j + 1 while S_j .9 > .7: .9, .72, .576 -> 2; verifies 1
+    policy = _policy(0.7)
+    policy.calibration.coef = np.array([1.0, 0.0, 0.0, 0.0, 0.0])
+    policy.calibration.fits = 1
+    state = make_state(np.array([[0.95] * 4, [0.8] * 4]))
+    assert policy.decide(state).ks.tolist() == [4, 1]
+    active = np.ones(2, bool)
+    got = [draft_stop_of(policy).keep_drafting(state, state.features, j, active).tolist() for j in (1, 2, 3)]
+    assert got == [[True, True], [True, False], [True, False]]
+
+
+def test_spelling_and_bad_options():
+    cost = linear_cost(k_max=4)
+    ctx = PolicyContext(cost=cost, prior_rates=(0.9,) * 4, ks=tuple(cost.ks))
+    assert isinstance(make_policy("controller:per-request", ctx), PerRequestController)
+    assert not isinstance(make_policy("controller", ctx), PerRequestController)
+    with pytest.raises(InputError):
+        make_policy("controller:per-request,memory=1", ctx)
+
+
+def test_rows_choose_their_drafter_and_length_in_the_simulator():
+    """The decision picks each row's drafter; the lengths it verifies differ within a step (its drafts
+    stop row by row through keep_drafting, so the verified lengths are the outcome's, not the caps)."""
+    seen, verified = [], []
+    result, policy = run_sim("controller:per-request", workload="code-edit", load=8, duration_s=2.0,
+                             recorder=lambda d, s: seen.append((d.ks.copy(), d.drafter.copy())),
+                             observer=lambda o: verified.append(o.ks.copy()))
+    assert result.throughput_tok_s > 0
+    drafter = np.concatenate([d for _, d in seen])
+    assert (drafter == 1).any() and (drafter == 0).any()  # copyable spans go to the n-gram chain
+    assert any(len(set(k.tolist())) > 1 for k in verified)  # lengths differ within a step
