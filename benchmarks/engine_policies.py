@@ -74,7 +74,7 @@ from tabletune.sim.traces import auc, signal_noise_for_auc  # noqa: E402
 from tabletune.table import DraftTable  # noqa: E402
 
 TRACES = Path("profiles/traces")
-ZOO = ("tabletune", "controller", "turbospec", "nightjar", "sglang", "disco", "tapout", "dsde", "gammatune",
+ZOO = ("tabletune", "controller", "controller:per-request", "vllm-av", "turbospec", "nightjar", "sglang", "disco", "tapout", "dsde", "gammatune",
        "adaptive-verification", "hybrid-spark")
 QUICK = {"model": "tiny", "device": "cpu", "loads": "1,2", "workloads": "code", "k_max": 3, "prompt_len": 8,
          "output_len": 16, "rounds": 2, "max_load": None, "profile_steps": 2, "warmup_steps": 2, "measured_steps": 4,

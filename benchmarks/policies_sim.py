@@ -51,7 +51,7 @@ from tabletune.sim.replay import load_ngram_trace, load_traces
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "profiles" / "traces"
 PROFILES = ROOT / "profiles" / "h200"
-ZOO = ("tabletune", "controller", "turbospec", "nightjar", "sglang", "disco", "tapout", "dsde", "gammatune",
+ZOO = ("tabletune", "controller", "controller:per-request", "vllm-av", "turbospec", "nightjar", "sglang", "disco", "tapout", "dsde", "gammatune",
        "adaptive-verification", "hybrid-spark")
 DISCO_TAUS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 DISCO_K_MAX = 10
