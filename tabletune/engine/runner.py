@@ -74,8 +74,7 @@ class StepBuffers:
 
     inputs: torch.Tensor  # [ROWS * B + B * (k_max + 1)] int64 on the device: ``rows``, then the token layout
     host: torch.Tensor  # the same on the host (pinned on CUDA): one copy per step fills ``inputs``
-    # [B, OUT_COLS + k_max + 1]: m, verified k, n-gram match length, n-gram proposals, then the k + 1 tokens
-    out: torch.Tensor
+    out: torch.Tensor  # [B, OUT_COLS + k_max + 1]: m, verified k, then the k + 1 tokens
 
     @property
     def rows(self) -> torch.Tensor:  # [ROWS, B]: slots, verified k, caps, drafter kind, qoff, qlen
@@ -98,11 +97,9 @@ class StepResult:
     accepted: list[int]  # m: accepted drafts (the bonus excluded)
     ks: list[int]  # drafts verified (the requested k, n-gram rows capped to their real drafts)
     tokens: list[list[int]]  # emitted tokens, m + 1 a row
-    match_len: list[int]  # n-gram suffix match length (0: none, or not an n-gram drafter)
-    num_proposed: list[int]  # real drafts of the drafter (all k but for n-gram)
 
 
-OUT_COLS = 4
+OUT_COLS = 2
 
 
 def token_js(b: int, k: int) -> range:
@@ -207,9 +204,9 @@ class SpecEngine:
         self.cached[self.cache.scratch_slot:].zero_()
         buf.out[:, 0] = m
         buf.out[:, 1] = k_ver
-        buf.out[:, 2:4] = meta[:, :2]
         buf.out[:, OUT_COLS: OUT_COLS + k + 1] = tokens
 
+    @torch.inference_mode()
     def _step_body(self, buf: StepBuffers, k: int, j: int) -> None:
         """Draft k positions for every row and verify: one graph per (bucket, k, token bucket)."""
         slots = buf.slots
@@ -238,7 +235,7 @@ class SpecEngine:
                     for phase in phases:
                         self._write(buf, [], [], None, None, k, layout(q, k))
                         body = self._step_body if phase == "step" else self._verify_body
-                        yield (phase, b, k, j), buf.host, buf, lambda bd=body, bf=buf, k=k, j=j: bd(bf, k, j)
+                        yield (phase, b, k, j), buf.host, buf.inputs, lambda bd=body, bf=buf, k=k, j=j: bd(bf, k, j)
             if self.cfg.split_steps:
                 host, dev = self.draft_inputs[b]
                 for k in (x for x in self.ks if x > 0):
@@ -255,10 +252,9 @@ class SpecEngine:
         self.cached.zero_()
         torch.cuda.synchronize()
 
-    def capture_step(self, host: torch.Tensor, dev, body, pool=None, stream=None) -> torch.cuda.CUDAGraph:
-        """``body`` as a CUDA graph whose first node uploads ``host`` into ``dev`` (a tensor or StepBuffers). It is
-        first run once on a side stream, so that kernel compiles and GEMM choices happen outside the capture."""
-        dev = dev.inputs if isinstance(dev, StepBuffers) else dev
+    def capture_step(self, host: torch.Tensor, dev: torch.Tensor, body, pool=None, stream=None) -> torch.cuda.CUDAGraph:
+        """``body`` as a CUDA graph whose first node uploads ``host`` into ``dev``. It is first run once on a side
+        stream, so that kernel compiles and GEMM choices happen outside the capture."""
         dev.copy_(host)
         stream = stream or torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -270,17 +266,6 @@ class SpecEngine:
             dev.copy_(host, non_blocking=True)
             body()
         return g
-
-    def timed_ms(self, run, num_rows: int, context_len: int) -> float:
-        """GPU time (ms, CUDA events) of ``run()`` (a graph replay or a launch), rows 0 .. num_rows-1 first put back
-        at ``context_len`` cached tokens."""
-        self.reset_rows(num_rows, context_len)
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        run()
-        e1.record()
-        e1.synchronize()
-        return e0.elapsed_time(e1)
 
     def _write(self, buf: StepBuffers, slots, ks_row, caps, kinds, k: int, lay=None) -> None:
         """Rows' inputs and token layout into the bucket's host buffer (rows past ``slots``: the scratch slot,
@@ -372,13 +357,11 @@ class SpecEngine:
     def read(self, buf: StepBuffers, num_rows: int, k: int) -> StepResult:
         """The step's results for rows 0 .. num_rows-1 (the one host sync of a step)."""
         out = buf.out[:num_rows, : OUT_COLS + k + 1].tolist()
-        return StepResult([r[0] for r in out], [r[1] for r in out], [r[OUT_COLS: OUT_COLS + r[0] + 1] for r in out],
-                          [r[2] for r in out], [r[3] for r in out])
+        return StepResult([r[0] for r in out], [r[1] for r in out], [r[OUT_COLS: OUT_COLS + r[0] + 1] for r in out])
 
-    def read_signals(self, buf: StepBuffers, num_rows: int, k: int):
-        """[num_rows, k, 3] numpy float32: the drafted tokens' top-1 probability, entropy, margin (rows of
-        ``buf``'s host slots, as ``draft`` or the last step wrote them)."""
-        return self.draft_sig[buf.host[:num_rows].to(self.device), :k].cpu().numpy()
+    def read_signals(self, buf: StepBuffers, num_rows: int, k: int) -> np.ndarray:
+        """``read_drafts``'s signals of the rows of ``buf`` (as ``draft`` or the last step wrote its slots)."""
+        return self.read_drafts(buf.host[:num_rows].tolist(), k)[0]
 
     def step(self, slots: list[int], k: int | Sequence[int], caps: list[int] | None = None,
              min_rows: int = 0) -> tuple[list[int], list[list[int]]]:

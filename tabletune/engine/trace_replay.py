@@ -84,23 +84,21 @@ class TracedReplayDrafter(ReplayDrafter):
     signals, and per chain (model, n-gram) the leading run of recorded acceptances, the step's cap.
 
     Drafting costs what the real drafter costs: ``cost`` (default: an EAGLE-style head of random weights on the
-    target, ``EagleDrafter``; or any drafter, e.g. a ``DraftModelDrafter`` of the draft model's shape; None: free)
-    runs its own catch-up and per-position computation for exactly the rows and positions drafted, into private
-    arrays; the drafts the target verifies and the signals the policies read are the oracle's and the trace's."""
+    target, ``EagleDrafter``; or any drafter, e.g. a ``DraftModelDrafter`` of the draft model's shape; the null
+    ``Drafter()``: free) runs its own catch-up and per-position computation for exactly the rows and positions
+    drafted, into private arrays; the drafts verified and the signals read are the oracle's and the trace's."""
 
     name = "trace"
     has_meta = True
 
-    def __init__(self, cost: Drafter | str | None = "eagle") -> None:
+    def __init__(self, cost: Drafter | None = None) -> None:
         self.cost = cost
 
     def setup(self, engine) -> None:
         super().setup(engine)
-        if self.cost == "eagle":
-            self.cost = EagleDrafter(engine.target)
-        if self.cost is not None:
-            self.cost.setup(engine)
-            self.cost.out = DraftSlots(engine.drafts.clone(), engine.draft_sig.clone())
+        self.cost = self.cost or EagleDrafter(engine.target)
+        self.cost.setup(engine)
+        self.cost.out = DraftSlots(engine.drafts.clone(), engine.draft_sig.clone())
         s, n, dev = engine.cache.num_slots + 1, engine.cfg.max_len, engine.device
         self.signals = torch.zeros(s, n, 3, device=dev)  # top-1, entropy, margin by position
         self.ok = torch.zeros(s, n, 2, dtype=torch.long, device=dev)  # accepted: model, n-gram chain
@@ -115,24 +113,19 @@ class TracedReplayDrafter(ReplayDrafter):
         ngram = self.ngram[slots].gather(1, (start + 1)[:, None, None].expand(-1, 1, 2))[:, 0]
         self.engine.draft_meta[slots] = torch.cat([ngram[:, :1], ngram[:, 1:].clamp_max(k_max),
                                                    torch.cumprod(ok, dim=1).sum(1)], 1)
-        if self.cost is not None:
-            self.cost.begin(slots, start, last, k)
+        self.cost.begin(slots, start, last, k)
 
     def draft(self, slots, j):
-        if self.cost is not None:
-            self.cost.draft(slots, j)
+        self.cost.draft(slots, j)
 
-    def prefill(self, slot, prompt, first_token, hidden):
-        if self.cost is not None:
-            self.cost.prefill(slot, prompt, first_token, hidden)
+    def prefill(self, *args):
+        self.cost.prefill(*args)
 
-    def observe(self, slots, start, tokens, m, hidden):
-        if self.cost is not None:
-            self.cost.observe(slots, start, tokens, m, hidden)
+    def observe(self, *args):
+        self.cost.observe(*args)
 
-    def reset(self, num_rows, context_len):
-        if self.cost is not None:
-            self.cost.reset(num_rows, context_len)
+    def reset(self, *args):
+        self.cost.reset(*args)
 
     def load(self, slot: int, prompt_len: int, model: TokenTrace, ngram: TokenTrace | None = None) -> None:
         """Write a request's traces into its slot: output position g sits at position prompt_len + g of the

@@ -165,7 +165,7 @@ class BuiltinEngine:
         drafter = self.method + (f":{self.spec.draft_model}" if self.spec.draft_model else "")
         engine = self.engine
         cfg = engine.cfg
-        graphs = "cudagraph-per-(bucket,k)" if engine.graphs else "none"
+        graphs = "cudagraph-per-(bucket,k,tokens)" if engine.graphs else "none"
         knobs = (f"max_num_seqs={cfg.max_num_seqs} max_len={cfg.max_len} k_max={cfg.k_max} "
                  f"buckets={','.join(map(str, engine.buckets))} split_steps={cfg.split_steps} "
                  f"triton={cfg.kernels.use_triton if cfg.kernels.use_triton is not None else self.device == 'cuda'} "
