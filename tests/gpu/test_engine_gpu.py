@@ -108,7 +108,8 @@ def test_greedy_outputs_with_speculation_and_graphs_equal_those_without(drafter)
 
 @pytest.mark.parametrize("drafter", ["ngram", "eagle"])
 def test_ragged_and_split_steps_from_graphs_equal_greedy_without_speculation(drafter):
-    """Random per-request k (fused graphs) and DISCO on split draft / verify graphs: the outputs of k = 0."""
+    """Random per-request k (fused graphs, packed verification), a stop rule and DISCO on the draft-position and
+    verify graphs: the outputs of k = 0."""
     import numpy as np
 
     from tabletune.engine.scheduler import policy_context
@@ -135,8 +136,20 @@ def test_ragged_and_split_steps_from_graphs_equal_greedy_without_speculation(dra
     base, _, _ = _serve(target, "ngram", DraftTable.fixed(0), prompts, prefill_graphs=0)
     e = SpecEngine(target, make_drafter(drafter, target, 5, draft_cfg=cfg),
                    EngineConfig(max_num_seqs=8, max_len=96, k_max=5, split_steps=True))
-    assert set(e.split_graphs) == {(p, b, k) for p in ("draft", "verify") for b in e.buckets for k in range(6)}
-    for policy in (RandomKs(), make_policy("disco:variant=threshold", policy_context(e))):
+    from tabletune.engine.runner import token_js
+
+    assert set(e.graphs) == ({(p, b, k, j) for p in ("step", "verify") for b in e.buckets for k in range(6)
+                              for j in token_js(b, k)} | {("first", b, k) for b in e.buckets for k in range(1, 6)}
+                             | {("next", b, j) for b in e.buckets for j in range(1, 5)})
+
+    class StopAfter(RandomKs):  # k = 5, each row's draft ended after a random position of 1..5 (the draft loop)
+        def decide(self, state):
+            return Decision.batch(5)
+
+        def keep_drafting(self, state, features, j, active):
+            return self.rng.integers(0, 6, state.batch_size) > j
+
+    for policy in (RandomKs(), StopAfter(), make_policy("disco:variant=threshold", policy_context(e))):
         reqs = [Request(list(p), 24, i) for i, p in enumerate(prompts)]
         Scheduler(e, policy).run(reqs)
         torch.cuda.synchronize()
