@@ -13,6 +13,7 @@ from tabletune.engine.drafters import make_drafter
 from tabletune.engine.model import Decoder, select_ops
 from tabletune.engine.presets import resolve
 from tabletune.engine.runner import SpecEngine
+from tabletune.engine.trace_replay import TracedReplayDrafter
 
 ENGINE_VERSION = "0.10.0"  # packed verification (token buckets), drafting position by position with stops
 RUNNER = "builtin/cudagraph-per-(bucket,k,tokens)"
@@ -32,6 +33,8 @@ def build_engine(model: str, drafter: str, k_max: int, max_batch: int, context_l
     if weights:
         target.load_safetensors(weights)
     draft_cfg = resolve(draft_model) if drafter == "draft_model" else None
+    if drafter == "trace":  # the traced replay at the cost of an EAGLE-style head
+        return SpecEngine(target, TracedReplayDrafter(), ecfg)
     return SpecEngine(target, make_drafter(drafter, target, k_max, draft_cfg=draft_cfg), ecfg)
 
 
