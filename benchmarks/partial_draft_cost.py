@@ -133,7 +133,8 @@ def markdown(result: dict) -> str:
            f"{r['error_linear']:+.1%} | {r['error_padded']:+.1%} |" for r in result["rows"]]
     if result["goals"]:
         md += ["", "Packed verification goals: a ragged step against the uniform step of its longest draft.", "",
-               "| b | k | drafting rows | measured ms | T(b, k) ms | ratio | limit | met |", "|---|---|---|---|---|---|---|---|"]
+               "| b | k | drafting rows | measured ms | T(b, k) ms | ratio | limit | met |",
+               "|---|---|---|---|---|---|---|---|"]
         md += [f"| {g['batch_size']} | {g['k']} | {g['drafting_rows']} | {g['measured_ms']} | {g['uniform_ms']} | "
                f"{g['ratio']:.2f} | {g['limit']} | {'yes' if g['met'] else 'no'} |" for g in result["goals"]]
     return "\n".join(md + ["", f"Command: `{result['command']}`"]) + "\n"

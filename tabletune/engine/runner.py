@@ -183,8 +183,8 @@ class SpecEngine:
         start, last = self.cached[slots], self.last_token[slots]
         drafts = self.drafts[slots, :k]
         cap = torch.minimum(k_ver, forced)
-        meta = self.draft_meta[slots]
         if self.drafter.has_meta:  # n-gram rows verify only their real drafts; the recorded run caps a trace row
+            meta = self.draft_meta[slots]
             k_ver = torch.where(kind == NGRAM, torch.minimum(k_ver, meta[:, 1]), k_ver)
             cap = torch.minimum(torch.minimum(cap, k_ver), meta.gather(1, 2 + kind[:, None])[:, 0])
         # [B, k+1]

@@ -142,8 +142,9 @@ print("ok")
 
 def test_triton_kernels_match_torch_ops_in_interpreter():
     """RoPE + cache write, split-KV attention (1, 2, 3 and 16 splits, new keys across a split boundary), the two
-    fused (also on a packed token axis of rows of 1, 2, 3 tokens), the norms, the split-K GEMM (1, 3, 8 splits, plain and gated) and a whole forward, under
-    TRITON_INTERPRET=1, against the PyTorch ops; every ticket counter back at zero."""
+    fused (also on a packed token axis of rows of 1, 2, 3 tokens), the norms, the split-K GEMM (1, 3, 8 splits,
+    plain and gated) and a whole forward, under TRITON_INTERPRET=1, against the PyTorch ops; every ticket counter
+    back at zero."""
     env = dict(os.environ, TRITON_INTERPRET="1")
     res = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=240)
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]

@@ -54,6 +54,33 @@ def test_attention_kernels_match_torch_on_the_8b_shape(triton_ops, b, q):
     assert int(triton_ops.counters.abs().sum()) == 0  # every ticket counter back at zero
 
 
+@pytest.mark.parametrize("b", [8, 128])
+def test_packed_rope_attention_matches_torch_on_the_8b_shape(triton_ops, b):
+    """Rows of 1 .. 8 tokens on one packed token axis (q_max 8): outputs, and the cache at each row's own new keys."""
+    torch.manual_seed(0)
+    h, hkv, d = CFG.num_heads, CFG.num_kv_heads, CFG.head_dim
+    qlen = torch.randint(1, 9, (b,), device="cuda")
+    qlen[0] = 8
+    qoff = torch.cumsum(qlen, 0) - qlen
+    flat = torch.cat([i * 8 + torch.arange(int(n), device="cuda") for i, n in enumerate(qlen.tolist())])
+    packed = O.Packed(qoff, qlen, flat, 8)
+    qkv = torch.randn(int(qlen.sum()), (h + 2 * hkv) * d, device="cuda", dtype=torch.bfloat16)
+    kc = torch.randn(b + 1, hkv, 1100, d, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    start = torch.randint(900, 1024, (b,), device="cuda")
+    slots = torch.randperm(b, device="cuda")
+    norm = torch.rand(d, device="cuda", dtype=torch.bfloat16) + 0.5
+    args = (norm, norm, h, hkv, d, CFG.rope_theta, CFG.rms_norm_eps, d ** -0.5)
+    kc_t, vc_t = kc.clone(), vc.clone()
+    ref = O.rope_attention(qkv, start, slots, kc, vc, *args, packed=packed)
+    assert rel(triton_ops.rope_attention(qkv, start, slots, kc_t, vc_t, *args, packed=packed), ref) < 2e-2
+    for i in range(b):
+        s0, s1 = int(start[i]), int(start[i] + qlen[i])
+        assert rel(kc_t[slots[i], :, s0:s1], kc[slots[i], :, s0:s1]) < 1e-2
+        assert torch.equal(vc_t[slots[i], :, s0:s1], vc[slots[i], :, s0:s1])
+    assert int(triton_ops.counters.abs().sum()) == 0
+
+
 @pytest.mark.parametrize("m", [1, 8, 32, 128])
 @pytest.mark.parametrize("gated", [False, True])
 def test_split_k_gemm_and_the_chooser_match_torch(triton_ops, m, gated):
