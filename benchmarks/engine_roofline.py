@@ -3,9 +3,15 @@
 Measures the copy bandwidth and the bf16 matrix rate before and after the grid (the floor uses the higher reading
 of each), then times the verify step (target forward over q = k + 1 tokens, LM head, greedy verification, state
 update; the replay drafter costs a gather) of a random-weight model for every b in 1, 2, 4, ..., max_batch and k in
-0..k_max, and reports step / floor with floor = max(bytes / bandwidth, FLOPs / matrix rate)
-(``tabletune.engine.profiling``), the GPU time of the graph replay alone, and step / serial floor (attention and
-the GEMMs not overlapped).
+0..k_max, and reports step / floor, the GPU time of the graph replay alone, and step / serial floor (attention and
+the GEMMs not overlapped). The floor of one verify step of b sequences with q = k + 1 tokens each at context c:
+
+    bytes(b, k)  = weights read once + KV read = W + b * (c + q) * kv_bytes_per_token
+    flops(b, k)  = 2 * P_matmul * b * q + 4 * b * q * (c + q) * H * D * layers
+    floor(b, k)  = max(bytes / bandwidth, flops / matrix_rate)
+
+W counts every weight a step reads: all layers and the LM head, not the embedding table (a step gathers b * q of
+its rows). For MoE only the routed experts count, at most min(E, b * q * top_k) of them per layer.
 
     python benchmarks/engine_roofline.py --model qwen3-8b --context 1024 --out benchmarks/results/engine_roofline
 """
@@ -16,12 +22,103 @@ import argparse
 import os
 import statistics
 import time
+from dataclasses import dataclass
+
+import torch
 
 from tabletune import fileio
-from tabletune.engine.profiling import (ENGINE_VERSION, Ceilings, build_engine, command_line, device_name,
-                                        measure_ceilings, serial_floor_ms, step_floor_ms, time_replays_gpu,
-                                        time_steps)
+from tabletune.engine.presets import ModelConfig
+from tabletune.engine.profiling import ENGINE_VERSION, build_engine, command_line, device_name, time_steps
+from tabletune.engine.runner import SpecEngine
 from tabletune.padding import geometric_batch_sizes
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    bandwidth_gb_s: float  # device copy, bytes read + written
+    matrix_tflop_s: float  # bf16 8192^3 matmul
+
+
+def measure_ceilings(device: str = "cuda") -> Ceilings:
+    """A 4 GiB device copy and a bf16 8192^3 matmul, median of timed repeats."""
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.float32, device=device).normal_()
+    b = torch.empty_like(a)
+    copy_ms = _median_ms(lambda: b.copy_(a), 20)
+    del a, b
+    x = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device)
+    y = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device)
+    mm_ms = _median_ms(lambda: x @ y, 20)
+    return Ceilings(2 * 4 * n / copy_ms / 1e6, 2 * 8192 ** 3 / mm_ms / 1e9)
+
+
+def _median_ms(fn, reps: int, inner: int = 1) -> float:
+    """Median over ``reps`` of the mean time of ``inner`` back-to-back calls (queued, so launches overlap)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(inner):
+            fn()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) / inner)
+    return sorted(times)[len(times) // 2]
+
+
+def weight_bytes(cfg: ModelConfig, tokens: int, dtype_bytes: int = 2) -> int:
+    """Weights one step reads for ``tokens`` tokens: layers + LM head (MoE: routed experts only)."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    attn = h * d * (cfg.num_heads + 2 * cfg.num_kv_heads) + cfg.num_heads * d * h
+    if cfg.is_moe:
+        experts = min(cfg.num_experts, tokens * cfg.num_experts_per_tok)
+        mlp = experts * 3 * h * cfg.moe_intermediate_size + cfg.num_experts * h
+    else:
+        mlp = 3 * h * cfg.intermediate_size
+    return (cfg.num_layers * (attn + mlp) + cfg.vocab_size * h) * dtype_bytes
+
+
+def _parts(cfg: ModelConfig, batch_size: int, k: int, context_len: int) -> tuple[float, float, float, float]:
+    """(weight bytes, GEMM FLOPs, KV bytes, attention FLOPs) of one step."""
+    q = k + 1
+    tokens = batch_size * q
+    kv = batch_size * (context_len + q) * cfg.kv_bytes_per_token()
+    active = cfg.num_params(active_only=True) - cfg.vocab_size * cfg.hidden_size * (0 if cfg.tie_embeddings else 1)
+    attn_flops = 4 * tokens * (context_len + q) * cfg.num_heads * cfg.head_dim * cfg.num_layers
+    return weight_bytes(cfg, tokens), 2 * active * tokens, kv, attn_flops
+
+
+def step_floor_ms(cfg: ModelConfig, batch_size: int, k: int, context_len: int, ceil: Ceilings) -> float:
+    w, f_gemm, kv, f_attn = _parts(cfg, batch_size, k, context_len)
+    return max((w + kv) / ceil.bandwidth_gb_s / 1e6, (f_gemm + f_attn) / ceil.matrix_tflop_s / 1e9)
+
+
+def serial_floor_ms(cfg: ModelConfig, batch_size: int, k: int, context_len: int, ceil: Ceilings) -> float:
+    """Floor of an engine that runs attention and the GEMMs one after the other (not overlapped):
+
+        serial = max(W / bandwidth, F_gemm / rate) + max(KV / bandwidth, F_attn / rate)  >=  floor
+    """
+    w, f_gemm, kv, f_attn = _parts(cfg, batch_size, k, context_len)
+    return (max(w / ceil.bandwidth_gb_s / 1e6, f_gemm / ceil.matrix_tflop_s / 1e9)
+            + max(kv / ceil.bandwidth_gb_s / 1e6, f_attn / ceil.matrix_tflop_s / 1e9))
+
+
+def time_replays_gpu(engine: SpecEngine, batch_size: int, k: int, num_steps: int, context_len: int) -> list[float]:
+    """GPU time (ms, CUDA events) of the step's launch alone (the graph replay without the read-back), rows
+    0 .. b-1 put back at ``context_len`` before each."""
+    slots, out = list(range(batch_size)), []
+    for _ in range(num_steps):
+        engine.reset_rows(batch_size, context_len)
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        engine.launch(slots, k)
+        e1.record()
+        e1.synchronize()
+        out.append(e0.elapsed_time(e1))
+    return out
 
 
 def grid(engine, buckets, k_max: int, context_len: int, steps: int) -> list[tuple[int, int, list[float], float]]:

@@ -28,8 +28,8 @@ class EngineConfig:
     # prompt of that length (at most runner.PREFILL_GRAPHS lengths; others run eager). Eager, a 32-token prefill of
     # the 8B shape is host-bound by its ~500 launches (36-45 ms on an H200). 0: always eager.
     prefill_graph_max_len: int = 512
-    # Also capture each (bucket, k) step as a draft graph and a verify graph, so that a policy can read the
-    # drafted tokens' signals before it picks the per-request k_i (``SpecEngine.draft`` / ``verify_drafted``).
+    # Also capture the draft-position graphs and a verify graph per step graph, so that a policy can read the drafted
+    # tokens' signals and end rows' drafts between positions (``SpecEngine.draft_position`` / ``verify_drafted``).
     split_steps: bool = False
     kernels: KernelConfig = field(default_factory=KernelConfig)
 

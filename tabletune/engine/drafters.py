@@ -1,8 +1,8 @@
-"""Drafters: propose k tokens per sequence on the device, inside the step's CUDA graph.
+"""Drafters: draft tokens per sequence on the device, inside the step's CUDA graph.
 
-Every drafter has ``prefill`` (eager, once per request), ``propose`` (k drafts
-and, when it has them, their probabilities) and ``observe`` (state update from
-the verified step). State lives in per-slot device tensors, gathered by slot.
+Every drafter has ``prefill`` (eager, once per request), ``begin`` and ``draft``
+(below) and ``observe`` (state update from the verified step). State lives in
+per-slot device tensors, gathered by slot.
 
 * ``NgramDrafter``: prompt lookup (as vLLM's ``ngram``): the latest earlier
   occurrence of the last n tokens (n = n_max..n_min) in the sequence's history;
@@ -15,15 +15,19 @@ the verified step). State lives in per-slot device tensors, gathered by slot.
 * ``ParallelBlockDrafter``: DFlash-like: all k drafts from one forward of one
   layer over k positions conditioned on the target's last hidden state.
 
-Every ``propose`` returns a ``Proposal``: the drafts and, per drafted token, the
-signals the policies read (``tabletune.policies.base.DraftFeatures``): the draft
-distribution's top-1 probability, entropy (nats) and top-1/top-2 margin (at T = 0
-of the softmax at temperature 1); the n-gram drafter also gives its suffix match
-length and how many of its drafts are real (what follows the match). All are
-device tensors written inside the step's graph; the host reads them after it.
+A drafter drafts position by position, so that a row can stop at any position:
+``begin`` once a step (the catch-up below; the n-gram match; drafters that make
+all their drafts at once write them here), then ``draft(slots, j)`` for position
+j + 1 of the rows still drafting. Each writes into per-slot arrays (``DraftSlots``,
+the engine's): the drafts and, per drafted token, the signals the policies read
+(``tabletune.policies.base.DraftFeatures``): the draft distribution's top-1
+probability, entropy (nats) and top-1/top-2 margin (at T = 0 of the softmax at
+temperature 1); the n-gram drafter also writes its suffix match length and how
+many of its drafts are real (what follows the match) into ``engine.draft_meta``.
+All are device tensors written inside the step's graphs; the host reads them after.
 
 Draft-model and EAGLE-style catch-up: the previous step's emitted tokens (m+1)
-are re-fed in one forward of width k+1 before the k-1 single-token steps; when
+are re-fed in one forward of width k+1 before the single-token positions; when
 more tokens are pending than fit, the oldest are skipped (only acceptance suffers).
 """
 
@@ -39,18 +43,6 @@ from tabletune.engine.model import Decoder, DecoderLayer, _param
 from tabletune.engine.presets import ModelConfig
 
 
-@dataclass
-class Proposal:
-    """A drafter's output for one step; signals default to a sure one-hot draft (n-gram, replay)."""
-
-    drafts: torch.Tensor  # [B, k] int64
-    probs: torch.Tensor | None = None  # [B, k, V] draft distributions (sampling with a model drafter only)
-    signals: torch.Tensor | None = None  # [B, k, 3] float32: top-1 probability, entropy (nats), top-1 - top-2
-    num_proposed: torch.Tensor | None = None  # [B] int64: leading drafts that are real (None: all k)
-    match_len: torch.Tensor | None = None  # [B] int64: n-gram suffix match length, 0 without a match
-    accept_run: torch.Tensor | None = None  # [B, 2] int64: recorded accepted run of each chain (trace replay)
-
-
 def draft_signals(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """[..., 3] top-1 probability, entropy (nats), top-1 - top-2 margin of softmax(logits / T) (T = 1 at T = 0)."""
     p = torch.softmax(logits.float() / (temperature if temperature > 0 else 1.0), dim=-1)
@@ -59,42 +51,69 @@ def draft_signals(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.stack([top2[..., 0], entropy, top2[..., 0] - top2[..., 1]], dim=-1)
 
 
+@dataclass
+class DraftSlots:
+    """Where a drafter writes, per slot: the drafts, their signals and (sampling model drafters) their
+    distributions; the engine's own arrays, or a drafter's private ones (a replay that only runs its cost)."""
+
+    drafts: torch.Tensor  # [slots + 1, k_max] int64
+    signals: torch.Tensor  # [slots + 1, k_max, 3] float32: top-1 probability, entropy, margin
+    probs: torch.Tensor | None = None  # [slots + 1, k_max, V] float32
+
+
 class Drafter:
+    """``begin(slots, start, last, k)`` once a step for the rows that draft (catch-up, n-gram match; a drafter
+    that makes all its drafts at once writes them here), then ``draft(slots, j)`` for position j + 1 of the rows
+    still drafting. ``has_meta``: the drafter writes ``engine.draft_meta`` (n-gram match, proposals, runs)."""
+
     name = "none"
     has_probs = False
+    has_meta = False
 
     def setup(self, engine) -> None:
         self.engine = engine
+        self.out = DraftSlots(engine.drafts, engine.draft_sig)
 
     def prefill(self, slot: int, prompt: torch.Tensor, first_token: int, hidden: torch.Tensor) -> None:
         pass
 
-    def propose(self, slots, start, last, k: int) -> Proposal:
-        """k drafts per row (and their probabilities and signals)."""
-        raise NotImplementedError
+    def begin(self, slots, start, last, k: int) -> None:
+        pass
+
+    def draft(self, slots, j: int) -> None:
+        pass
 
     def observe(self, slots, start, tokens, m, hidden) -> None:
         pass
 
+    def reset(self, num_rows: int, context_len: int) -> None:
+        """Slots 0 .. num_rows-1 put back at context_len (between timed steps)."""
 
-def _draft_from_logits(logits: torch.Tensor, temperature: float):
-    """(drafts, probabilities or None, signals [..., 3]) from draft logits."""
-    from tabletune.engine.verify import sample
+    def _put(self, slots, j, logits: torch.Tensor) -> None:
+        """Drafts, signals (and probabilities) of position(s) j from the draft logits [A, V] (or [A, k, V], j a
+        slice)."""
+        from tabletune.engine.verify import sample
 
-    signals = draft_signals(logits, temperature)
-    if temperature == 0:
-        return logits.argmax(-1), None, signals
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    return sample(probs), probs, signals
+        t = self.engine.temperature
+        self.out.signals[slots, j] = draft_signals(logits, t)
+        if t == 0:
+            self.out.drafts[slots, j] = logits.argmax(-1)
+            return
+        probs = torch.softmax(logits.float() / t, dim=-1)
+        self.out.drafts[slots, j] = sample(probs)
+        if self.out.probs is not None:
+            self.out.probs[slots, j] = probs
 
 
 class NgramDrafter(Drafter):
     name = "ngram"
+    has_meta = True
 
     def __init__(self, n_min: int = 1, n_max: int = 3) -> None:
         self.n_min, self.n_max = n_min, n_max
 
-    def propose(self, slots, start, last, k):
+    def begin(self, slots, start, last, k):
+        k = self.engine.k_max
         # [B, L]: tokens 0..start of each sequence (position start holds the last token)
         hist = self.engine.history[slots]
         b, length = hist.shape
@@ -112,24 +131,25 @@ class NgramDrafter(Drafter):
             match_len = torch.where(new, n, match_len)
             best = torch.where(new, found + n, best)
         idx = torch.where(best >= 0, best, start)[:, None] + torch.arange(k, device=hist.device)
+        self.out.drafts[slots] = hist.gather(1, torch.minimum(idx, start[:, None]))
         # the tokens that followed the match, up to the current one: start - best + 1 of them
-        num_proposed = torch.where(best >= 0, (start - best + 1).clamp(0, k), 0)
-        return Proposal(hist.gather(1, torch.minimum(idx, start[:, None])), num_proposed=num_proposed,
-                        match_len=match_len)
+        self.engine.draft_meta[slots, :2] = torch.stack(
+            [match_len, torch.where(best >= 0, (start - best + 1).clamp(0, k), 0)], 1)
 
 
 class ReplayDrafter(Drafter):
-    """Proposes ``engine.oracle[slot, start+1 : start+1+k]`` (host fills the recorded tokens)."""
+    """Proposes ``engine.oracle[slot, start+1 : start+1+k_max]`` (host fills the recorded tokens)."""
 
     name = "replay"
 
-    def propose(self, slots, start, last, k):
-        idx = start[:, None] + 1 + torch.arange(k, device=start.device)
-        return Proposal(self.engine.oracle[slots].gather(1, idx))
+    def begin(self, slots, start, last, k):
+        idx = start[:, None] + 1 + torch.arange(self.engine.k_max, device=start.device)
+        self.out.drafts[slots] = self.engine.oracle[slots].gather(1, idx)
 
 
 class _CatchUpDrafter(Drafter, nn.Module):
-    """Shared state for drafters that re-feed the previous step's emitted tokens."""
+    """Drafters that re-feed the previous step's emitted tokens in ``begin``, then run one token a position from
+    the hidden state they keep per slot (``_step``)."""
 
     def setup(self, engine) -> None:
         Drafter.setup(self, engine)
@@ -137,6 +157,8 @@ class _CatchUpDrafter(Drafter, nn.Module):
         self.prev_tok = torch.zeros(s, w, dtype=torch.long, device=dev)
         self.prev_count = torch.ones(s, dtype=torch.long, device=dev)
         self.prev_start = torch.zeros(s, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(s, dtype=torch.long, device=dev)  # position of the last token fed
+        self.has_probs = engine.temperature > 0
 
     def _pending(self, slots, k):
         """Tokens to re-feed, [B, k+1], their first position [B] and how many are real [B]."""
@@ -146,11 +168,31 @@ class _CatchUpDrafter(Drafter, nn.Module):
         cols = (off[:, None] + torch.arange(w, device=c.device)).clamp_max(self.prev_tok.shape[1] - 1)
         return cols, self.prev_start[slots] + off, torch.minimum(c, torch.full_like(c, w))
 
+    def begin(self, slots, start, last, k):
+        cols, pos0, count = self._pending(slots, k)
+        h = self._step(self.prev_tok[slots].gather(1, cols), self._pending_hidden(slots, cols), pos0, slots)
+        self.h[slots] = h.gather(1, (count - 1)[:, None, None].expand(-1, 1, h.shape[-1]))[:, 0]
+        self.pos[slots] = pos0 + count - 1
+
+    def draft(self, slots, j):
+        h = self.h[slots]
+        if j > 0:  # feed the previous draft
+            h = self._step(self.out.drafts[slots, j - 1][:, None], h[:, None], self.pos[slots] + j, slots)[:, 0]
+            self.h[slots] = h
+        self._put(slots, j, self._logits(h))
+
+    def _pending_hidden(self, slots, cols):
+        return None
+
     def observe(self, slots, start, tokens, m, hidden):
         k1 = tokens.shape[1]
         self.prev_tok[slots, :k1] = tokens
         self.prev_count[slots] = m + 1
         self.prev_start[slots] = start + 1
+
+    def reset(self, num_rows, context_len):
+        self.prev_count[:num_rows] = 1
+        self.prev_start[:num_rows] = context_len
 
 
 class DraftModelDrafter(_CatchUpDrafter):
@@ -163,7 +205,8 @@ class DraftModelDrafter(_CatchUpDrafter):
     def setup(self, engine) -> None:
         super().setup(engine)
         self.cache = self.model.new_cache(engine.cache.num_slots, engine.cache.max_len)
-        self.has_probs = engine.temperature > 0
+        m = self.model
+        self.h = torch.zeros(engine.cache.num_slots + 1, m.cfg.hidden_size, dtype=m.dtype, device=m.device)
 
     def prefill(self, slot, prompt, first_token, hidden):
         dev = self.model.device
@@ -173,22 +216,11 @@ class DraftModelDrafter(_CatchUpDrafter):
         self.prev_count[slot] = 1
         self.prev_start[slot] = prompt.shape[0]
 
-    def propose(self, slots, start, last, k):
-        cols, pos0, count = self._pending(slots, k)
-        toks = self.prev_tok[slots].gather(1, cols)
-        h = self.model(toks, pos0, slots, self.cache)
-        h = h.gather(1, (count - 1)[:, None, None].expand(-1, 1, h.shape[-1]))
-        drafts, probs, signals = [], [], []
-        pos = pos0 + count - 1
-        for i in range(k):
-            d, p, sig = _draft_from_logits(self.model.logits(h[:, 0]), self.engine.temperature)
-            drafts.append(d)
-            probs.append(p)
-            signals.append(sig)
-            if i + 1 < k:
-                pos = pos + 1
-                h = self.model(d[:, None], pos, slots, self.cache)
-        return _stack(drafts, probs, signals, start)
+    def _step(self, toks, hid, pos, slots):
+        return self.model(toks, pos, slots, self.cache)
+
+    def _logits(self, h):
+        return self.model.logits(h)
 
 
 class EagleDrafter(_CatchUpDrafter):
@@ -214,9 +246,9 @@ class EagleDrafter(_CatchUpDrafter):
         t = self.target[0]
         self.cache = _one_layer_cache(t, engine.cache.num_slots, engine.cache.max_len)
         self.prev_hid = torch.zeros(*self.prev_tok.shape, t.cfg.hidden_size, dtype=t.dtype, device=t.device)
-        self.has_probs = engine.temperature > 0
+        self.h = torch.zeros(self.prev_hid.shape[0], t.cfg.hidden_size, dtype=t.dtype, device=t.device)
 
-    def _forward(self, toks, hid, pos, slots, prefill_at=None):
+    def _step(self, toks, hid, pos, slots, prefill_at=None):
         t = self.target[0]
         ops, eps = t.ops, t.cfg.rms_norm_eps
         x = t.ops.linear(torch.cat([t.embed[toks], hid], dim=-1), self.fc)
@@ -228,35 +260,22 @@ class EagleDrafter(_CatchUpDrafter):
         h, x = ops.add_rms_norm(x, self.layer.mlp(ops, h), self.norm, eps)
         return h
 
+    def _pending_hidden(self, slots, cols):
+        return self.prev_hid[slots].gather(1, cols[..., None].expand(-1, -1, self.prev_hid.shape[-1]))
+
+    def _logits(self, h):
+        return self.target[0].logits(h)
+
     def prefill(self, slot, prompt, first_token, hidden):
         n = prompt.shape[0]
         if n > 1:
             s = torch.tensor([slot], device=prompt.device)
-            self._forward(prompt[None, 1:], hidden[None, : n - 1], torch.ones(1, dtype=torch.long,
-                          device=prompt.device), s, prefill_at=(1, slot))
+            self._step(prompt[None, 1:], hidden[None, : n - 1], torch.ones(1, dtype=torch.long,
+                       device=prompt.device), s, prefill_at=(1, slot))
         self.prev_tok[slot, 0] = first_token
         self.prev_hid[slot, 0] = hidden[n - 1]
         self.prev_count[slot] = 1
         self.prev_start[slot] = n
-
-    def propose(self, slots, start, last, k):
-        t = self.target[0]
-        cols, pos0, count = self._pending(slots, k)
-        toks = self.prev_tok[slots].gather(1, cols)
-        hid = self.prev_hid[slots].gather(1, cols[..., None].expand(-1, -1, self.prev_hid.shape[-1]))
-        h = self._forward(toks, hid, pos0, slots)
-        h = h.gather(1, (count - 1)[:, None, None].expand(-1, 1, h.shape[-1]))
-        drafts, probs, signals = [], [], []
-        pos = pos0 + count - 1
-        for i in range(k):
-            d, p, sig = _draft_from_logits(t.logits(h[:, 0]), self.engine.temperature)
-            drafts.append(d)
-            probs.append(p)
-            signals.append(sig)
-            if i + 1 < k:
-                pos = pos + 1
-                h = self._forward(d[:, None], h, pos, slots)
-        return _stack(drafts, probs, signals, start)
 
     def observe(self, slots, start, tokens, m, hidden):
         super().observe(slots, start, tokens, m, hidden)
@@ -289,7 +308,7 @@ class ParallelBlockDrafter(Drafter, nn.Module):
     def prefill(self, slot, prompt, first_token, hidden):
         self.feat[slot] = hidden[-1]
 
-    def propose(self, slots, start, last, k):
+    def begin(self, slots, start, last, k):
         t = self.target[0]
         ops, eps = t.ops, t.cfg.rms_norm_eps
         x = (self.feat[slots] + t.embed[last])[:, None] + self.pos_emb[:k][None]
@@ -298,8 +317,7 @@ class ParallelBlockDrafter(Drafter, nn.Module):
         a = self.layer.attn(ops, h, zero, slots, self.cache.k[0], self.cache.v[0])
         h, x = ops.add_rms_norm(x, a, self.layer.post_norm, eps)
         h, _ = ops.add_rms_norm(x, self.layer.mlp(ops, h), self.norm, eps)
-        d, p, sig = _draft_from_logits(t.logits(h), self.engine.temperature)
-        return Proposal(d, p, sig)
+        self._put(slots, slice(0, k), t.logits(h))
 
     def observe(self, slots, start, tokens, m, hidden):
         self.feat[slots] = hidden.gather(1, m[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]
@@ -308,13 +326,6 @@ class ParallelBlockDrafter(Drafter, nn.Module):
 def _one_layer_cache(t: Decoder, num_slots: int, max_len: int) -> KVCache:
     c = t.cfg
     return KVCache(1, num_slots, c.num_kv_heads, max_len, c.head_dim, t.dtype, t.device)
-
-
-def _stack(drafts, probs, signals, start) -> Proposal:
-    if not drafts:
-        return Proposal(torch.zeros(start.shape[0], 0, dtype=torch.long, device=start.device))
-    return Proposal(torch.stack(drafts, 1), torch.stack(probs, 1) if probs[0] is not None else None,
-                    torch.stack(signals, 1))
 
 
 def make_drafter(name: str, target: Decoder, k_max: int, draft_cfg: ModelConfig | None = None,

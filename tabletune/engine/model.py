@@ -67,17 +67,22 @@ class DecoderLayer(nn.Module):
             self.w_gate_up = _param(2 * cfg.intermediate_size, h, dtype=dtype, device=device)
             self.w_down = _param(h, cfg.intermediate_size, dtype=dtype, device=device)
 
-    def attn(self, ops, x, start_pos, slots, k_cache, v_cache, prefill_at: tuple | None = None):
-        """x [B, q, hidden] (normed) -> attention output after the o projection [B, q, hidden].
+    def attn(self, ops, x, start_pos, slots, k_cache, v_cache, prefill_at: tuple | None = None,
+             packed: torch_ops.Packed | None = None):
+        """x [B, q, hidden] (normed; [T, hidden] when ``packed``) -> attention output after the o projection, same
+        shape.
 
         ``prefill_at = (start, slot)`` marks a one-sequence prompt (SDPA over the slot's keys; the slot an int, or a
         one-element device tensor in a captured prefill)."""
-        b, qlen, _ = x.shape
         cfg = self.cfg
         qkv = ops.linear(x, self.wqkv)
         rope = (self.q_norm, self.k_norm, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rope_theta,
                 cfg.rms_norm_eps)
         scale = cfg.head_dim ** -0.5
+        if packed is not None:  # a packed verify step: the GEMMs see T tokens, attention pads rows to q_max
+            return ops.linear(ops.rope_attention(qkv, start_pos, slots, k_cache, v_cache, *rope, scale,
+                                                 packed=packed).flatten(-2), self.wo)
+        b, qlen, _ = x.shape
         if prefill_at is None and qlen > 1:  # a verify step: one launch (k = 0 measured faster with two)
             o = ops.rope_attention(qkv, start_pos, slots, k_cache, v_cache, *rope, scale)
         else:
@@ -153,14 +158,14 @@ class Decoder(nn.Module):
         return KVCache(len(self.layers), num_slots, c.num_kv_heads, max_len, c.head_dim, self.dtype, self.device)
 
     def forward(self, tokens, start_pos, slots, cache: KVCache, embeds: torch.Tensor | None = None,
-                prefill_at: tuple | None = None):
-        """tokens [B, q] -> final-normed hidden [B, q, hidden]."""
+                prefill_at: tuple | None = None, packed: torch_ops.Packed | None = None):
+        """tokens [B, q] -> final-normed hidden [B, q, hidden]; ``packed``: tokens [T] -> hidden [T, hidden]."""
         ops, eps = self.ops, self.cfg.rms_norm_eps
         x = self.embed[tokens] if embeds is None else embeds
         delta = None  # the first add+norm has nothing to add
         for i, layer in enumerate(self.layers):
             h, x = ops.add_rms_norm(x, delta, layer.in_norm, eps)
-            a = layer.attn(ops, h, start_pos, slots, cache.k[i], cache.v[i], prefill_at)
+            a = layer.attn(ops, h, start_pos, slots, cache.k[i], cache.v[i], prefill_at, packed)
             h, x = ops.add_rms_norm(x, a, layer.post_norm, eps)
             delta = layer.mlp(ops, h)
         return ops.add_rms_norm(x, delta, self.final_norm, eps)[0]

@@ -9,8 +9,27 @@ keys at positions start_pos .. start_pos+q-1, and query i sees keys
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class Packed:
+    """The token axis of a packed verify pass (vLLM's flattened batch): row b's q_b tokens sit at qoff_b ..
+    qoff_b + q_b - 1. Attention keeps the padded layout [B, q_max]: ``flat`` [T] places token t there (row b,
+    position p: b * q_max + p), ``index`` [B, q_max] is the reverse, clamped to each row's last token."""
+
+    qoff: torch.Tensor  # [B] int64
+    qlen: torch.Tensor  # [B] int64, 1 .. q_max
+    flat: torch.Tensor  # [T] int64
+    q_max: int
+
+    @property
+    def index(self) -> torch.Tensor:
+        pos = torch.arange(self.q_max, device=self.qoff.device)
+        return self.qoff[:, None] + torch.minimum(pos[None], self.qlen[:, None] - 1)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -71,8 +90,15 @@ def attention(q, k_cache, v_cache, start_pos, slots, scale):
 
 
 def rope_attention(qkv, start_pos, slots, k_cache, v_cache, q_norm_w, k_norm_w, num_heads, num_kv_heads, head_dim,
-                   theta, eps, scale):
-    """``qk_rope_cache_write`` then ``attention`` (one launch in the Triton ops)."""
+                   theta, eps, scale, packed: Packed | None = None):
+    """``qk_rope_cache_write`` then ``attention`` (one launch in the Triton ops). ``packed``: qkv is [T, ...], padded
+    to [B, q_max, ...] here (the padding repeats a row's last token into cache positions past the row's own) and
+    the output [T, H, D] packed back."""
+    if packed is not None:
+        b = packed.qoff.shape[0]
+        o = rope_attention(qkv[packed.index], start_pos, slots, k_cache, v_cache, q_norm_w, k_norm_w, num_heads,
+                           num_kv_heads, head_dim, theta, eps, scale)
+        return o.reshape(b * packed.q_max, *o.shape[2:])[packed.flat]
     q = qk_rope_cache_write(qkv, start_pos, slots, k_cache, v_cache, q_norm_w, k_norm_w, num_heads, num_kv_heads,
                             head_dim, theta, eps)
     return attention(q, k_cache, v_cache, start_pos, slots, scale)

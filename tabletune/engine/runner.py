@@ -1,17 +1,18 @@
-"""The speculative step: draft, verify, accept, update state; one CUDA graph per (batch bucket, k).
+"""The speculative step: draft, verify, accept, update state; CUDA graphs keyed by batch bucket, k and tokens.
 
-All set-up happens in the constructor: KV caches, per-slot state, and on CUDA a graph for every (bucket, k),
-captured largest first into one memory pool (as nano-vllm does). A step only writes the rows' slots, k_i, caps and
-drafter kinds into a pinned host buffer, replays (the graph's first node uploads that buffer), and reads back one
-small tensor (the step's single host sync). Steps are ragged: row i verifies its own k_i; the step runs the graph
-of k = max k_i and caps row i at k_i (``_verify_body``). With ``EngineConfig.split_steps`` a step can also run as a
-draft graph and a verify graph, so that a policy reads the drafts' signals in between. A prompt's prefill runs
-eager, or from a graph per prompt length once a length has come twice (``EngineConfig.prefill_graph_max_len``):
+All set-up happens in the constructor: KV caches, per-slot state (the drafters write their drafts, signals and
+distributions into per-slot arrays), and on CUDA every graph, captured largest first into one memory pool (as
+nano-vllm does). A step only writes the rows' slots, k_i, caps, drafter kinds and token layout into a pinned host
+buffer, replays (the graph's first node uploads that buffer), and reads back one small tensor (the step's single
+host sync). Verification is packed: row i feeds k_i + 1 tokens (``_layout``), so the GEMMs see sum_i (k_i + 1)
+tokens rounded up to a token bucket, while attention pads the rows to k = max k_i. With ``EngineConfig.split_steps``
+a step can also draft position by position (``draft_position``, over the rows still drafting) and verify after
+(``verify_drafted``), so that a policy reads the drafts' signals and ends rows' drafts in between:
 
     step(b rows, k_1..k_b):  bucket B = bucket_for(b), k = max k_i; rows b..B-1 point at the scratch slot
-      drafts [B, k], signals [B, k, 3] = drafter.propose(...)
-      hidden [B, k+1]   = target([last, drafts]) at positions start .. start+k
-      m, tokens         = verify(lm_head(hidden), drafts, cap = min(k_i, forced cap))   # row emits tokens[:m+1]
+      drafter.begin(rows); drafter.draft(rows, j) for j < k     -> drafts [slots, k_max], signals [slots, k_max, 3]
+      hidden [T]  = target(packed [last, drafts of row i up to k_i]) at positions start .. start + k_i
+      m, tokens   = verify(lm_head(hidden) by row, drafts, cap = min(k_i, forced cap, recorded run))
       cached += m + 1; last = tokens[m]; history[start+1 ..] = tokens
 """
 
@@ -23,11 +24,13 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from tabletune.engine.config import EngineConfig
-from tabletune.engine.drafters import Drafter, Proposal
+from tabletune.engine.drafters import Drafter
 from tabletune.engine.model import Decoder
+from tabletune.engine.ops import Packed
 from tabletune.engine.verify import verify
 from tabletune.padding import bucket_for, default_buckets
 from tabletune.policies.base import MODEL, NGRAM
@@ -37,6 +40,7 @@ log = logging.getLogger(__name__)
 
 
 PREFILL_GRAPHS = 16  # prompt lengths that get a prefill graph (each holds its own memory pool)
+ROWS = 6  # host input rows a bucket: slots, verified k, forced-rejection caps, drafter kind, token offset, tokens
 
 
 @contextlib.contextmanager
@@ -66,20 +70,24 @@ class PrefillGraph:
 
 @dataclass
 class StepBuffers:
-    """A bucket's static step inputs and outputs; the host reads ``out`` (and ``signals``) after the step."""
+    """A bucket's static step inputs and outputs; the host reads ``out`` after the step."""
 
-    inputs: torch.Tensor  # [4, B] int64 on the device: slots, requested k, forced-rejection caps, drafter kind
-    host: torch.Tensor  # [4, B] int64 on the host (pinned on CUDA): one copy per step fills ``inputs``
-    # [B, OUT_COLS + k_max + 1]: m, verified k, n-gram match length, n-gram proposals, then the k + 1 tokens
-    out: torch.Tensor
-    signals: torch.Tensor  # [B, k_max, 3] float32: each drafted token's top-1 probability, entropy, margin
-    drafts: torch.Tensor  # [B, k_max] int64: the draft phase's tokens, which the verify phase reads
-    accept_run: torch.Tensor  # [B, 2] int64: recorded accepted run of the model / n-gram chain (trace replay)
-    probs: torch.Tensor | None = None  # [B, k_max, V] float32: draft distributions kept between split phases
+    inputs: torch.Tensor  # [ROWS * B + B * (k_max + 1)] int64 on the device: ``rows``, then the token layout
+    host: torch.Tensor  # the same on the host (pinned on CUDA): one copy per step fills ``inputs``
+    out: torch.Tensor  # [B, OUT_COLS + k_max + 1]: m, verified k, then the k + 1 tokens
+
+    @property
+    def rows(self) -> torch.Tensor:  # [ROWS, B]: slots, verified k, caps, drafter kind, qoff, qlen
+        b = self.out.shape[0]
+        return self.inputs[: ROWS * b].view(ROWS, b)
 
     @property
     def slots(self) -> torch.Tensor:  # [B]
-        return self.inputs[0]
+        return self.rows[0]
+
+    @property
+    def flat(self) -> torch.Tensor:  # [B * (k_max + 1)]: each packed token's place in the padded [B, k + 1]
+        return self.inputs[ROWS * self.out.shape[0]:]
 
 
 @dataclass(frozen=True)
@@ -89,11 +97,30 @@ class StepResult:
     accepted: list[int]  # m: accepted drafts (the bonus excluded)
     ks: list[int]  # drafts verified (the requested k, n-gram rows capped to their real drafts)
     tokens: list[list[int]]  # emitted tokens, m + 1 a row
-    match_len: list[int]  # n-gram suffix match length (0: none, or not an n-gram drafter)
-    num_proposed: list[int]  # real drafts of the drafter (all k but for n-gram)
 
 
-OUT_COLS = 4
+OUT_COLS = 2
+
+
+def token_js(b: int, k: int) -> range:
+    """Token buckets of a step of bucket b and longest draft k: T = b (j + 1) tokens for j = ceil(k / b) .. k (at
+    least one row feeds k + 1 tokens, every row at least one)."""
+    return range(-(-k // b), k + 1)
+
+
+def layout(q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """The packed token layout of rows feeding q_i tokens (1 <= q_i <= k + 1), padded to the token bucket
+    T = B (j + 1) of ``token_js``: the rows from the last one back take up the slack, each up to k + 1 tokens
+    (causal followers that verification caps). (q per row, flat [T]: token t's place row * (k + 1) + position,
+    j)."""
+    b = len(q)
+    j = next(j for j in token_js(b, k) if b * (j + 1) >= q.sum())
+    room = (k + 1 - q)[::-1]
+    extra = b * (j + 1) - int(q.sum())
+    q = q + np.clip(extra - (np.cumsum(room) - room), 0, room)[::-1]
+    qoff = np.cumsum(q) - q
+    flat = np.repeat(np.arange(b) * (k + 1) - qoff, q) + np.arange(b * (j + 1))
+    return q, flat, j
 
 
 class SpecEngine:
@@ -104,18 +131,27 @@ class SpecEngine:
         self.buckets = list(cfg.buckets or default_buckets(cfg.max_num_seqs))
         self.ks = list(cfg.ks or range(cfg.k_max + 1))
         self.cache = target.new_cache(self.buckets[-1], cfg.max_len)
-        s1, dev = self.cache.num_slots + 1, self.device
+        s1, dev, km = self.cache.num_slots + 1, self.device, max(cfg.k_max, 1)
         self.cached = torch.zeros(s1, dtype=torch.long, device=dev)  # tokens in the target cache
         self.last_token = torch.zeros(s1, dtype=torch.long, device=dev)  # newest token, not yet cached
         self.history = torch.zeros(s1, cfg.max_len, dtype=torch.long, device=dev)  # all tokens by position
         self.oracle = torch.zeros(s1, cfg.max_len, dtype=torch.long, device=dev)  # ReplayDrafter's tokens
+        # what the drafter drafted, per slot and position, and its signals (a drafter without probabilities leaves
+        # a sure one-hot draft: top-1 1, entropy 0, margin 1)
+        self.drafts = torch.zeros(s1, km, dtype=torch.long, device=dev)
+        self.draft_sig = torch.tensor([1.0, 0.0, 1.0], device=dev).repeat(s1, km, 1)
+        # n-gram match length, n-gram proposals, recorded accepted run of the model and the n-gram chain
+        self.draft_meta = torch.tensor([0, km, km, km], device=dev).repeat(s1, 1)
         drafter.setup(self)
+        # q [slots + 1, k_max, V] of a sampling model drafter, kept for the rejection sampling
+        self.draft_probs = torch.zeros(s1, km, target.cfg.vocab_size, device=dev) if drafter.has_probs else None
+        drafter.out.probs = self.draft_probs
         # the drafter kind a row gets unless the policy picks one: the n-gram drafter is NGRAM, all others MODEL
         self.default_kind = NGRAM if drafter.name == "ngram" else MODEL
         self.buffers = {b: self._buffers(b) for b in self.buckets}
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        # ("draft" | "verify", bucket, k) -> graph of one phase of a split step (``EngineConfig.split_steps``)
-        self.split_graphs: dict[tuple[str, int, int], torch.cuda.CUDAGraph] = {}
+        self.draft_inputs = {b: self._host_and_device(torch.full((b,), self.cache.scratch_slot)) for b in self.buckets}
+        # ("step" | "verify", bucket, k, token bucket j) and ("first", bucket, k) | ("next", bucket, j) -> graph
+        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.prefill_graphs: dict[int, PrefillGraph] = {}  # prompt length -> its captured prefill
         self._prefill_seen: dict[int, int] = {}  # prompt length -> prompts of that length prefilled so far
         use_graphs = self.device.type == "cuda" if cfg.use_graphs is None else cfg.use_graphs
@@ -123,116 +159,103 @@ class SpecEngine:
         if use_graphs:
             self.capture()
 
+    def _host_and_device(self, host: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(host, device copy): pinned on CUDA; a copy on the CPU too, so a step reads only what was uploaded."""
+        host = host.pin_memory() if self.device.type == "cuda" else host
+        return host, host.to(self.device, copy=True)
+
     def _buffers(self, b: int) -> StepBuffers:
-        k, dev = self.k_max, self.device
-        host = torch.tensor([[self.cache.scratch_slot] * b, [k] * b, [k] * b, [self.default_kind] * b],
-                            dtype=torch.long)
-        if dev.type == "cuda":
-            host = host.pin_memory()
-        # a copy on the CPU too (``to`` would hand back ``host`` itself), so that the inputs a step reads are only
-        # what was uploaded into them, as on the GPU
-        signals = torch.zeros(b, k, 3, device=dev)
-        signals[..., 0] = signals[..., 2] = 1.0  # a drafter without probabilities: a sure one-hot draft
-        probs = None
-        if self.cfg.split_steps and self.drafter.has_probs:  # a sampling model drafter
-            probs = torch.zeros(b, k, self.target.cfg.vocab_size, device=dev)
-        return StepBuffers(host.to(dev, copy=True), host, torch.zeros(b, OUT_COLS + k + 1, dtype=torch.long,
-                           device=dev), signals, torch.zeros(b, k, dtype=torch.long, device=dev),
-                           torch.zeros(b, 2, dtype=torch.long, device=dev), probs)
+        host, inputs = self._host_and_device(torch.zeros(ROWS * b + b * (self.k_max + 1), dtype=torch.long))
+        buf = StepBuffers(inputs, host, torch.zeros(b, OUT_COLS + self.k_max + 1, dtype=torch.long,
+                                                     device=self.device))
+        self._write(buf, [], [], None, None, self.k_max)
+        buf.inputs.copy_(buf.host)
+        return buf
 
     # ---- the step ----------------------------------------------------------
 
     @torch.inference_mode()
-    def _draft_body(self, buf: StepBuffers, k: int, keep: bool) -> Proposal:
-        """Draft k tokens a row; signals and n-gram counts into ``buf``, and with ``keep`` (the draft phase of a
-        split step) also what the verify phase reads: the drafts, their probabilities, the recorded runs."""
-        slots = buf.slots
-        if k == 0:
-            prop = Proposal(torch.zeros(slots.shape[0], 0, dtype=torch.long, device=self.device))
-        else:
-            prop = self.drafter.propose(slots, self.cached[slots], self.last_token[slots], k)
-        if prop.signals is not None:
-            buf.signals[:, :k] = prop.signals
-        buf.out[:, 2] = 0 if prop.match_len is None else prop.match_len
-        buf.out[:, 3] = k if prop.num_proposed is None else prop.num_proposed
-        if keep:
-            buf.drafts[:, :k] = prop.drafts
-            buf.accept_run.copy_(torch.full_like(buf.accept_run, k) if prop.accept_run is None else prop.accept_run)
-            if buf.probs is not None and prop.probs is not None:
-                buf.probs[:, :k] = prop.probs
-        return prop
-
-    @torch.inference_mode()
-    def _verify_body(self, buf: StepBuffers, k: int, prop: Proposal) -> None:
-        """Verify the first k_i of the k drafts per row; accept, update state, write ``buf.out``.
-
-        Rows are padded to k: row i's cap min(k_i, forced cap, recorded run) stops its verification at k_i, where
-        it emits the target's own token (the bonus), so a shorter row is verified exactly as a step of k_i.
-        """
-        slots, k_ver, forced, kind = buf.inputs
+    def _verify_body(self, buf: StepBuffers, k: int, j: int) -> None:
+        """Verify the first k_i drafts of each row, packed into b (j + 1) tokens; accept, update state, write
+        ``buf.out``. Row i's cap min(k_i, forced cap, recorded run) stops its verification at k_i, where it emits the
+        target's own token (the bonus), so a row is verified exactly as a step of its k_i."""
+        slots, k_ver, forced, kind, qoff, qlen = buf.rows
         start, last = self.cached[slots], self.last_token[slots]
-        drafts = prop.drafts
-        if prop.num_proposed is not None:  # [B] n-gram rows verify only their real drafts
-            k_ver = torch.where(kind == NGRAM, torch.minimum(k_ver, prop.num_proposed), k_ver)
+        drafts = self.drafts[slots, :k]
         cap = torch.minimum(k_ver, forced)
-        if prop.accept_run is not None:  # the recorded accepted run of the row's chain
-            cap = torch.minimum(cap, prop.accept_run.gather(1, kind[:, None])[:, 0])
+        if self.drafter.has_meta:  # n-gram rows verify only their real drafts; the recorded run caps a trace row
+            meta = self.draft_meta[slots]
+            k_ver = torch.where(kind == NGRAM, torch.minimum(k_ver, meta[:, 1]), k_ver)
+            cap = torch.minimum(torch.minimum(cap, k_ver), meta.gather(1, 2 + kind[:, None])[:, 0])
         # [B, k+1]
         inputs = torch.cat([last[:, None], drafts], dim=1)
-        hidden = self.target(inputs, start, slots, self.cache)
-        m, tokens = verify(self.target.logits(hidden), drafts, prop.probs, self.temperature, cap=cap)
+        if k == 0:
+            hidden, index = self.target(inputs, start, slots, self.cache), None
+        else:
+            packed = Packed(qoff, qlen, buf.flat[: len(slots) * (j + 1)], k + 1)
+            hidden = self.target(inputs.view(-1)[packed.flat], start, slots, self.cache, packed=packed)
+            index = packed.index
+        probs = None if self.draft_probs is None else self.draft_probs[slots, :k]
+        m, tokens = verify(self.target.logits(hidden), drafts, probs, self.temperature, cap=cap, index=index)
         self.cached[slots] = start + m + 1
         self.last_token[slots] = tokens.gather(1, m[:, None])[:, 0]
         self.history[slots[:, None], (start + 1)[:, None] + torch.arange(k + 1, device=self.device)] = tokens
-        self.drafter.observe(slots, start, tokens, m, hidden)
+        self.drafter.observe(slots, start, tokens, m, hidden if index is None else hidden[index])
         self.cached[self.cache.scratch_slot:].zero_()
         buf.out[:, 0] = m
         buf.out[:, 1] = k_ver
         buf.out[:, OUT_COLS: OUT_COLS + k + 1] = tokens
 
-    def _step_body(self, buf: StepBuffers, k: int) -> None:
-        """Draft and verify in one go; captured as one graph per (bucket, k)."""
-        self._verify_body(buf, k, self._draft_body(buf, k, keep=False))
+    @torch.inference_mode()
+    def _step_body(self, buf: StepBuffers, k: int, j: int) -> None:
+        """Draft k positions for every row and verify: one graph per (bucket, k, token bucket)."""
+        slots = buf.slots
+        if k > 0:
+            self.drafter.begin(slots, self.cached[slots], self.last_token[slots], k)
+        for i in range(k):
+            self.drafter.draft(slots, i)
+        self._verify_body(buf, k, j)
 
-    def _phase_body(self, phase: str, buf: StepBuffers, k: int) -> None:
-        if phase == "draft":
-            self._draft_body(buf, k, keep=True)
-        else:
-            probs = None if buf.probs is None else buf.probs[:, :k]
-            self._verify_body(buf, k, Proposal(buf.drafts[:, :k], probs, num_proposed=buf.out[:, 3],
-                                               accept_run=buf.accept_run))
+    @torch.inference_mode()
+    def _position_body(self, slots: torch.Tensor, j: int, k: int) -> None:
+        """Draft position j + 1 of these rows (the first position also runs the drafter's ``begin`` for a step of
+        at most k drafts)."""
+        if j == 0:
+            self.drafter.begin(slots, self.cached[slots], self.last_token[slots], k)
+        self.drafter.draft(slots, j)
+
+    def _bodies(self):
+        """(key, host inputs, device inputs, body) of every graph to capture."""
+        for b in reversed(self.buckets):
+            buf = self.buffers[b]
+            phases = ("step", "verify") if self.cfg.split_steps else ("step",)
+            for k in self.ks:
+                for j in token_js(b, k):
+                    q = np.full(b, j + 1)  # a layout of b (j + 1) tokens
+                    for phase in phases:
+                        self._write(buf, [], [], None, None, k, layout(q, k))
+                        body = self._step_body if phase == "step" else self._verify_body
+                        yield (phase, b, k, j), buf.host, buf.inputs, lambda bd=body, bf=buf, k=k, j=j: bd(bf, k, j)
+            if self.cfg.split_steps:
+                host, dev = self.draft_inputs[b]
+                for k in (x for x in self.ks if x > 0):
+                    yield ("first", b, k), host, dev, lambda d=dev, k=k: self._position_body(d, 0, k)
+                for j in range(1, self.k_max):
+                    yield ("next", b, j), host, dev, lambda d=dev, j=j: self._position_body(d, j, self.k_max)
 
     def capture(self) -> None:
-        """A CUDA graph per (bucket, k), largest bucket first, sharing one memory pool; with split steps also a
-        draft graph and a verify graph per (bucket, k)."""
+        """Every graph (``_bodies``), largest bucket first, sharing one memory pool."""
         pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
         with _collector_paused():
-            for b in reversed(self.buckets):
-                for k in self.ks:
-                    self.graphs[(b, k)] = self.capture_step(b, k, pool, stream)
-                    for phase in ("draft", "verify") if self.cfg.split_steps else ():
-                        self.split_graphs[(phase, b, k)] = self.capture_step(b, k, pool, stream, phase)
+            for key, host, dev, body in self._bodies():
+                self.graphs[key] = self.capture_step(host, dev, body, pool, stream)
         self.cached.zero_()
         torch.cuda.synchronize()
 
-    def timed_ms(self, run, num_rows: int, context_len: int) -> float:
-        """GPU time (ms, CUDA events) of ``run()`` (a graph replay or a launch), rows 0 .. num_rows-1 first put back
-        at ``context_len`` cached tokens."""
-        self.reset_rows(num_rows, context_len)
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        run()
-        e1.record()
-        e1.synchronize()
-        return e0.elapsed_time(e1)
-
-    def capture_step(self, b: int, k: int, pool=None, stream: torch.cuda.Stream | None = None,
-                     phase: str = "step") -> torch.cuda.CUDAGraph:
-        """The step (or one phase of a split step) of bucket b with k drafts as a CUDA graph whose first node
-        uploads the host inputs. It is first run once on a side stream, so that kernel compiles and GEMM choices
-        happen outside the capture."""
-        buf = self.buffers[b]
-        body = (lambda: self._step_body(buf, k)) if phase == "step" else (lambda: self._phase_body(phase, buf, k))
+    def capture_step(self, host: torch.Tensor, dev: torch.Tensor, body, pool=None, stream=None) -> torch.cuda.CUDAGraph:
+        """``body`` as a CUDA graph whose first node uploads ``host`` into ``dev``. It is first run once on a side
+        stream, so that kernel compiles and GEMM choices happen outside the capture."""
+        dev.copy_(host)
         stream = stream or torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -240,80 +263,105 @@ class SpecEngine:
         torch.cuda.current_stream().wait_stream(stream)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=pool):
-            buf.inputs.copy_(buf.host, non_blocking=True)
+            dev.copy_(host, non_blocking=True)
             body()
         return g
 
+    def _write(self, buf: StepBuffers, slots, ks_row, caps, kinds, k: int, lay=None) -> None:
+        """Rows' inputs and token layout into the bucket's host buffer (rows past ``slots``: the scratch slot,
+        nothing verified, one token)."""
+        n, b = len(slots), buf.out.shape[0]
+        host = buf.host.numpy()  # free to overwrite: the previous step's copy finished before its read-back
+        rows = host[: ROWS * b].reshape(ROWS, b)
+        rows[0, :n], rows[0, n:] = slots, self.cache.scratch_slot
+        rows[1, :n], rows[1:3, n:] = ks_row, 0
+        rows[2, :n] = caps if caps is not None else k
+        rows[3, :n] = kinds if kinds is not None else self.default_kind
+        rows[3, n:] = self.default_kind
+        q, flat, _ = lay or layout(np.concatenate([np.asarray(ks_row, np.int64) + 1, np.ones(b - n, np.int64)]), k)
+        rows[4], rows[5] = np.cumsum(q) - q, q
+        host[ROWS * b: ROWS * b + len(flat)] = flat
+
     def _fill(self, slots: Sequence[int], ks: int | Sequence[int], caps: Sequence[int] | None,
-              kinds: Sequence[int] | None, min_rows: int) -> tuple[StepBuffers, int]:
-        """Write the rows' inputs into the bucket's pinned host buffer; (buffer, the step's k = max k_i)."""
+              kinds: Sequence[int] | None, min_rows: int) -> tuple[StepBuffers, int, int]:
+        """Write the rows' inputs into the bucket's pinned host buffer; (buffer, the step's k, token bucket j)."""
         n = len(slots)
         ks_row = [int(ks)] * n if isinstance(ks, int) else [int(x) for x in ks]
         if len(ks_row) != n or min(ks_row, default=0) < 0:
             raise ValueError(f"need one k >= 0 per row, got {ks_row} for {n} rows")
         if kinds is not None and not set(kinds) <= {MODEL, NGRAM}:
             raise ValueError(f"drafter kinds must be MODEL ({MODEL}) or NGRAM ({NGRAM}), got {list(kinds)}")
-        # the step runs the graph of the smallest captured k >= max k_i (its rows padded to that k)
+        # the step runs the graph of the smallest captured k >= max k_i (attention pads its rows to that k)
         k = min((x for x in self.ks if x >= max(ks_row, default=0)), default=-1)
         if k < 0:
             raise ValueError(f"k={max(ks_row)} has no graph (captured: {self.ks})")
-        b = bucket_for(max(n, min_rows), self.buckets)
-        buf = self.buffers[b]
-        host = buf.host.numpy()  # free to overwrite: the previous step's copy finished before its read-back
-        host[0, :n] = slots
-        host[0, n:] = self.cache.scratch_slot
-        host[1, :n] = ks_row
-        host[2, :n] = caps if caps is not None else k
-        host[3, :n] = kinds if kinds is not None else self.default_kind
-        host[1:3, n:] = k
-        host[3, n:] = self.default_kind
-        return buf, k
+        buf = self.buffers[bucket_for(max(n, min_rows), self.buckets)]
+        b = buf.out.shape[0]
+        lay = layout(np.concatenate([np.asarray(ks_row, np.int64) + 1, np.ones(b - n, np.int64)]), k)
+        self._write(buf, slots, ks_row, caps, kinds, k, lay)
+        return buf, k, lay[2]
+
+    def _run(self, key: tuple, host: torch.Tensor, dev: torch.Tensor, body) -> None:
+        graph = self.graphs.get(key)
+        if graph is not None:
+            graph.replay()  # copies the host inputs in, then runs
+        else:
+            dev.copy_(host, non_blocking=True)
+            body()
 
     def launch(self, slots: Sequence[int], ks: int | Sequence[int], caps: Sequence[int] | None = None,
                min_rows: int = 0, kinds: Sequence[int] | None = None) -> StepBuffers:
         """Fill the static inputs and run the step (replay on CUDA); no sync.
 
-        ``ks``: one k for every row, or k_i per row (a ragged step: it runs the graph of max k_i); ``caps``:
-        forced-rejection caps; ``kinds``: MODEL or NGRAM per row (the trace replay's chain; n-gram rows verify at
-        most the drafts that follow their match)."""
-        buf, k = self._fill(slots, ks, caps, kinds, min_rows)
-        graph = self.graphs.get((buf.out.shape[0], k))
-        if graph is not None:
-            graph.replay()  # copies buf.host in, then runs the step
-        else:
-            buf.inputs.copy_(buf.host, non_blocking=True)
-            self._step_body(buf, k)
+        ``ks``: one k for every row, or k_i per row (a ragged step: every row drafts max k_i, row i verifies k_i);
+        ``caps``: forced-rejection caps; ``kinds``: MODEL or NGRAM per row (the trace replay's chain; n-gram rows
+        verify at most the drafts that follow their match)."""
+        buf, k, j = self._fill(slots, ks, caps, kinds, min_rows)
+        self._run(("step", buf.out.shape[0], k, j), buf.host, buf.inputs, lambda: self._step_body(buf, k, j))
         return buf
 
+    def draft_position(self, slots: Sequence[int], j: int, k: int) -> None:
+        """Draft position j + 1 (j = 0: the first, with the drafter's ``begin`` for a step of at most k drafts) of
+        these rows only, in the graph of their own bucket; no sync (``read_position`` reads the signals)."""
+        b = bucket_for(len(slots), self.buckets)
+        host, dev = self.draft_inputs[b]
+        host[: len(slots)] = torch.as_tensor(slots)
+        host[len(slots):] = self.cache.scratch_slot
+        k = min(x for x in self.ks if x >= k)
+        key = ("first", b, k) if j == 0 else ("next", b, j)
+        self._run(key, host, dev, lambda: self._position_body(dev, j, k if j == 0 else self.k_max))
+
+    def read_drafts(self, slots: Sequence[int], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(signals [rows, k, 3]: top-1, entropy, margin of positions 1..k; [rows, 2]: n-gram match length and
+        proposals), one sync."""
+        s = torch.as_tensor(slots, device=self.device)
+        out = torch.cat([self.draft_sig[s, :k].flatten(1), self.draft_meta[s, :2].float()], 1).cpu().numpy()
+        return out[:, : 3 * k].reshape(len(slots), k, 3), out[:, 3 * k:]
+
     def draft(self, slots: Sequence[int], k: int, min_rows: int = 0) -> StepBuffers:
-        """The draft phase of a split step: k drafts a row and their signals into the bucket's buffers; no sync.
-        A policy that reads the signals then picks k_i <= k and ``verify_drafted`` finishes the step."""
-        return self._phase("draft", slots, k, None, None, min_rows)
+        """Draft k positions for every row (a split step's draft phase without stops); the bucket's buffer, for
+        ``read_signals``. ``verify_drafted`` finishes the step."""
+        for j in range(k):
+            self.draft_position(slots, j, k)
+        buf = self.buffers[bucket_for(max(len(slots), min_rows), self.buckets)]
+        buf.host[: len(slots)] = torch.as_tensor(slots)
+        return buf
 
     def verify_drafted(self, slots: Sequence[int], ks: Sequence[int], caps: Sequence[int] | None = None,
                        min_rows: int = 0, kinds: Sequence[int] | None = None) -> StepBuffers:
-        """The verify phase of a split step (after ``draft`` of the same rows with k >= max k_i); no sync."""
-        return self._phase("verify", slots, ks, caps, kinds, min_rows)
-
-    def _phase(self, phase, slots, ks, caps, kinds, min_rows) -> StepBuffers:
-        buf, k = self._fill(slots, ks, caps, kinds, min_rows)
-        graph = self.split_graphs.get((phase, buf.out.shape[0], k))
-        if graph is not None:
-            graph.replay()
-        else:
-            buf.inputs.copy_(buf.host, non_blocking=True)
-            self._phase_body(phase, buf, k)
+        """The verify phase of a split step (after row i drafted at least k_i positions); no sync."""
+        buf, k, j = self._fill(slots, ks, caps, kinds, min_rows)
+        self._run(("verify", buf.out.shape[0], k, j), buf.host, buf.inputs, lambda: self._verify_body(buf, k, j))
         return buf
 
     def read(self, buf: StepBuffers, num_rows: int, k: int) -> StepResult:
         """The step's results for rows 0 .. num_rows-1 (the one host sync of a step)."""
         out = buf.out[:num_rows, : OUT_COLS + k + 1].tolist()
-        return StepResult([r[0] for r in out], [r[1] for r in out], [r[OUT_COLS: OUT_COLS + r[0] + 1] for r in out],
-                          [r[2] for r in out], [r[3] for r in out])
+        return StepResult([r[0] for r in out], [r[1] for r in out], [r[OUT_COLS: OUT_COLS + r[0] + 1] for r in out])
 
-    def read_signals(self, buf: StepBuffers, num_rows: int, k: int):
-        """[num_rows, k, 3] numpy float32: the drafted tokens' top-1 probability, entropy, margin."""
-        return buf.signals[:num_rows, :k].cpu().numpy()
+    def read_signals(self, buf: StepBuffers, num_rows: int, k: int) -> np.ndarray:
+        """``read_drafts``'s signals of the rows of ``buf`` (as ``draft`` or the last step wrote its slots)."""
+        return self.read_drafts(buf.host[:num_rows].tolist(), k)[0]
 
     def step(self, slots: list[int], k: int | Sequence[int], caps: list[int] | None = None,
              min_rows: int = 0) -> tuple[list[int], list[list[int]]]:
@@ -392,6 +440,4 @@ class SpecEngine:
     def reset_rows(self, num_rows: int, context_len: int) -> None:
         """Put slots 0..num_rows-1 back at context_len cached tokens (between timed steps)."""
         self.cached[:num_rows] = context_len
-        if hasattr(self.drafter, "prev_count"):
-            self.drafter.prev_count[:num_rows] = 1
-            self.drafter.prev_start[:num_rows] = context_len
+        self.drafter.reset(num_rows, context_len)

@@ -4,11 +4,17 @@ Each step, as in the simulator (``tabletune.sim.loop``): the running batch is a
 ``BatchState``; the policy's ``decide`` returns one k or a k_i per request (and, for
 Hybrid Spark, a drafter kind per request); the engine runs one ragged step; the
 policy ``observe``s a ``StepOutcome`` with the verified k_i, the accepted counts and
-the step's wall time. A policy that reads draft signals (``uses_features``) runs on
-an engine with split steps: the draft phase drafts k_max tokens a row (or the
-policy's optional ``draft_cap(state)``, a cap known before drafting: positions past
-it read as sure rejections, top-1 0 and margin 0), the host reads their signals into
-``DraftFeatures``, the policy decides, the verify phase verifies k_i per row. After
+the step's wall time. A policy that reads draft signals (``uses_features``) or ends
+drafts (``keep_drafting``, ``tabletune.policies.base.DraftStop``) runs on an engine
+with split steps, whose draft loop drafts one position at a time for the rows still
+drafting: after position j the policy's ``keep_drafting`` says which rows go on, and
+the loop ends when none does or all reached their cap. A policy with a stop rule
+decides first, on the state before drafting (no features yet), and its k_i cap the
+rows, as in the simulator; a policy that reads every position's signals without a stop
+rule drafts up to k_max (or its optional ``draft_cap(state)``), then decides on them.
+Positions a row did not draft read as sure rejections (top-1 0, margin 0); a row is
+verified on at most what it drafted. The null rule ``AlwaysDraft`` reads nothing
+between positions. After
 the step the host appends the emitted tokens, counts acceptance per position (vLLM's
 meaning: see ``tabletune.acceptance``), and frees finished slots. A ``DraftTable``
 given instead of a policy runs as the ``table`` policy.
@@ -39,9 +45,10 @@ import numpy as np
 
 from tabletune.acceptance import AcceptanceCounts
 from tabletune.cost import StepCost
-from tabletune.engine.runner import SpecEngine, StepBuffers
+from tabletune.engine.runner import SpecEngine
 from tabletune.engine.trace_replay import TokenTrace
-from tabletune.policies.base import BatchState, DraftFeatures, Policy, PolicyContext, StepOutcome
+from tabletune.policies.base import (AlwaysDraft, BatchState, DraftFeatures, Policy, PolicyContext, StepOutcome,
+                                     draft_stop_of)
 from tabletune.policies.static_table import StaticTable
 from tabletune.profile import StepPoint, StepProfile
 from tabletune.table import DraftTable
@@ -76,6 +83,7 @@ class RunStats:
     step_admitted: list[int] = field(default_factory=list)  # requests admitted (prefilled) before the step
     step_prefill_s: list[float] = field(default_factory=list)  # wall time of those prefills (inside step_wall_s)
     step_drafts: list[int] = field(default_factory=list)  # sum_i k_i: drafts verified by the step
+    step_drafted: list[int] = field(default_factory=list)  # drafts the rows drafted (fused: rows x the step's k)
 
     @property
     def throughput_tok_s(self) -> float:
@@ -137,8 +145,11 @@ class Scheduler:
             policy = StaticTable(policy_context(engine), policy.clamped(engine.k_max))
         self.policy = policy
         self.uses_features = bool(getattr(policy, "uses_features", False))
-        if self.uses_features and not engine.cfg.split_steps:
-            raise ValueError(f"policy {policy.name} reads draft signals: build the engine with split_steps=True")
+        self.stop = draft_stop_of(policy)
+        self.split = self.uses_features or not isinstance(self.stop, AlwaysDraft)
+        if self.split and not engine.cfg.split_steps:
+            raise ValueError(f"policy {policy.name} reads draft signals or ends drafts: build the engine with "
+                             "split_steps=True")
         self.max_num_seqs = min(max_num_seqs or engine.cfg.max_num_seqs, engine.buckets[-1])
         self.cap_rates = list(cap_rates) if cap_rates else None
         self.rng = random.Random(seed)
@@ -164,39 +175,67 @@ class Scheduler:
         limit = self.engine.cfg.max_len - self.engine.k_max - 3
         return len(req.output) >= req.max_new_tokens or len(req.prompt) + len(req.output) >= limit
 
-    def _features(self, buf: StepBuffers, n: int, k_drafted: int) -> DraftFeatures:
-        """The draft phase's signals of rows 0..n-1 as the policies' DraftFeatures (read after the draft)."""
-        k = self.engine.k_max
-        # [n, k_max, 3]: positions past the drafted ones are sure rejections
-        sig = np.zeros((n, k, 3))
+    def _features(self, slots: list[int], drafted: np.ndarray, j: int) -> DraftFeatures:
+        """The signals of the positions each row drafted (of 1..j) as the policies' DraftFeatures; positions not
+        drafted are sure rejections."""
+        n, e = len(slots), self.engine
+        sig = np.zeros((n, e.k_max, 3))
         sig[:, :, 1] = STOP_ENTROPY
-        sig[:, :k_drafted] = self.engine.read_signals(buf, n, k_drafted)
-        ngram = buf.out[:n, 2:4].cpu().numpy()
-        return DraftFeatures(sig[..., 0], sig[..., 1], sig[..., 2], ngram[:, 0], np.minimum(ngram[:, 1], k_drafted))
+        meta = np.zeros((n, 2))
+        if j:
+            got, meta = e.read_drafts(slots, j)
+            done = np.arange(j)[None] < drafted[:, None]
+            sig[:, :j][done] = got[done]
+        return DraftFeatures(sig[..., 0], sig[..., 1], sig[..., 2], meta[:, 0].astype(np.int64),
+                             np.minimum(meta[:, 1], drafted).astype(np.int64))
+
+    def _draft(self, slots: list[int], state: BatchState, caps: np.ndarray) -> tuple[np.ndarray, DraftFeatures]:
+        """The draft loop: position j + 1 for the rows still drafting (only those run), until every row reached
+        its cap or the policy's ``keep_drafting`` stopped it; (positions drafted per row, their features)."""
+        drafted, active, j = np.zeros(len(slots), np.int64), caps > 0, 0
+        while active.any():
+            self.engine.draft_position([slots[i] for i in np.flatnonzero(active)], j, int(caps.max()))
+            j += 1
+            drafted[active] = j
+            active &= drafted < caps
+            if active.any() and not isinstance(self.stop, AlwaysDraft):
+                keep = self.stop.keep_drafting(state, self._features(slots, drafted, j), j, active.copy())
+                active &= np.asarray(keep, bool)
+        return drafted, self._features(slots, drafted, j)
 
     def step(self, running: list[Request], step: int, now_s: float, min_rows: int):
-        """One policy-driven step: (StepResult, state, drafter kinds, forced caps, ks requested)."""
+        """One policy-driven step: (StepResult, state, drafter kinds, forced caps, ks requested, drafts drafted)."""
         e, n = self.engine, len(running)
         slots = [r.slot for r in running]
         state = BatchState(step=step, time_s=now_s, request_ids=np.array([r.id for r in running], np.int64),
                            num_generated=np.array([len(r.output) for r in running], np.int64))
-        buf = None
-        if self.uses_features:
+        drafted = None
+        if self.uses_features and isinstance(self.stop, AlwaysDraft):  # it reads every position, then decides
             cap = getattr(self.policy, "draft_cap", None)
             k_draft = e.k_max if cap is None else min(max(int(cap(state)), 0), e.k_max)
-            buf = e.draft(slots, k_draft, min_rows)
-            state = BatchState(state.step, state.time_s, state.request_ids, state.num_generated,
-                               self._features(buf, n, k_draft))
+            drafted, features = self._draft(slots, state, np.full(n, k_draft, np.int64))
+            state = BatchState(state.step, state.time_s, state.request_ids, state.num_generated, features)
         decision = self.policy.decide(state)
-        ks = np.clip(decision.ks_for(n), 0, e.k_max if buf is None else k_draft).astype(np.int64)
+        ks = np.clip(decision.ks_for(n), 0, e.k_max).astype(np.int64)
+        if self.split and drafted is None:  # a stop rule: decided first (its k_i cap the rows), then drafted
+            cap = getattr(self.policy, "draft_cap", None)
+            if cap is not None:
+                ks = np.minimum(ks, min(max(int(cap(state)), 0), e.k_max))
+            drafted, features = self._draft(slots, state, ks)
+            if self.uses_features:
+                state = BatchState(state.step, state.time_s, state.request_ids, state.num_generated, features)
         kinds = decision.drafter.tolist() if decision.drafter is not None else None
-        caps = draw_caps(self.cap_rates, ks.tolist(), n, self.rng) if self.cap_rates else None
-        if buf is None:
+        if drafted is None:
+            caps = draw_caps(self.cap_rates, ks.tolist(), n, self.rng) if self.cap_rates else None
             buf = e.launch(slots, ks.tolist(), caps, min_rows, kinds)
+            num_drafted = n * max(int(ks.max(initial=0)), 0)
         else:
+            ks = np.minimum(ks, drafted)
+            caps = draw_caps(self.cap_rates, ks.tolist(), n, self.rng) if self.cap_rates else None
             buf = e.verify_drafted(slots, ks.tolist(), caps, min_rows, kinds)
+            num_drafted = int(drafted.sum())
         kinds_arr = np.array(kinds if kinds is not None else [e.default_kind] * n, np.int64)
-        return e.read(buf, n, e.k_max), state, kinds_arr, caps, ks
+        return e.read(buf, n, e.k_max), state, kinds_arr, caps, ks, num_drafted
 
     def run(self, requests: Sequence[Request]) -> RunStats:
         """Serve all requests, at most max_num_seqs at a time (a closed loop of that load)."""
@@ -227,7 +266,8 @@ class Scheduler:
             if not running:
                 continue
             t_step = time.perf_counter()
-            res, state, kinds, caps, asked = self.step(running, len(stats.step_batch_sizes), t_step - t0, min_rows)
+            res, state, kinds, caps, asked, drafted = self.step(running, len(stats.step_batch_sizes), t_step - t0,
+                                                                min_rows)
             n_tok = n_first + self._emit(running, res, caps, asked)
             t_now = time.perf_counter()
             finished = np.array([r.id for r in running if self._done(r)], np.int64)
@@ -237,6 +277,7 @@ class Scheduler:
             stats.step_batch_sizes.append(len(running))
             stats.step_ks.append(max(res.ks))
             stats.step_drafts.append(sum(res.ks))
+            stats.step_drafted.append(drafted)
             stats.step_admitted.append(n_first)
             stats.step_prefill_s.append(t_adm)
             stats.step_wall_s.append(t_now - t_prev)

@@ -13,8 +13,9 @@ A position the trace lacks (untested, or no n-gram match) counts as rejected wit
 proposal. Longer outputs wrap around the trace. ``TracedReplayDrafter`` drafts the
 target's own greedy continuation (the oracle) with these signals; the step caps the
 accepted count at the leading run of ``accepted`` of the row's chain, where the target
-emits its own token: so the acceptance follows the trace, the cost is the target's,
-and greedy outputs stay exactly the target's (``verify`` says why).
+emits its own token: so the acceptance follows the trace, the verification cost is the
+target's, the drafting cost that of a real drafter run beside it (an EAGLE-style head
+by default), and greedy outputs stay exactly the target's (``verify`` says why).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tabletune.engine.drafters import Proposal, ReplayDrafter
+from tabletune.engine.drafters import Drafter, DraftSlots, EagleDrafter, ReplayDrafter
 
 ABSENT_SIGNALS = (0.5, 1.0, 0.0)  # top-1, entropy, margin of a position the trace lacks
 
@@ -80,25 +81,51 @@ def _trace(name: str, rows: list[dict]) -> TokenTrace:
 
 class TracedReplayDrafter(ReplayDrafter):
     """The replay drafter with per-slot traces by sequence position (``load``): the drafted tokens' recorded
-    signals, and per chain (model, n-gram) the leading run of recorded acceptances, the step's cap."""
+    signals, and per chain (model, n-gram) the leading run of recorded acceptances, the step's cap.
+
+    Drafting costs what the real drafter costs: ``cost`` (default: an EAGLE-style head of random weights on the
+    target, ``EagleDrafter``; or any drafter, e.g. a ``DraftModelDrafter`` of the draft model's shape; the null
+    ``Drafter()``: free) runs its own catch-up and per-position computation for exactly the rows and positions
+    drafted, into private arrays; the drafts verified and the signals read are the oracle's and the trace's."""
 
     name = "trace"
+    has_meta = True
+
+    def __init__(self, cost: Drafter | None = None) -> None:
+        self.cost = cost
 
     def setup(self, engine) -> None:
         super().setup(engine)
+        self.cost = self.cost or EagleDrafter(engine.target)
+        self.cost.setup(engine)
+        self.cost.out = DraftSlots(engine.drafts.clone(), engine.draft_sig.clone())
         s, n, dev = engine.cache.num_slots + 1, engine.cfg.max_len, engine.device
         self.signals = torch.zeros(s, n, 3, device=dev)  # top-1, entropy, margin by position
         self.ok = torch.zeros(s, n, 2, dtype=torch.long, device=dev)  # accepted: model, n-gram chain
         self.ngram = torch.zeros(s, n, 2, dtype=torch.long, device=dev)  # n-gram match length, proposals
 
-    def propose(self, slots, start, last, k):
-        idx = start[:, None] + 1 + torch.arange(k, device=start.device)
-        signals = self.signals[slots].gather(1, idx[..., None].expand(-1, -1, 3))
+    def begin(self, slots, start, last, k):
+        super().begin(slots, start, last, k)
+        k_max = self.engine.k_max
+        idx = start[:, None] + 1 + torch.arange(k_max, device=start.device)
+        self.out.signals[slots] = self.signals[slots].gather(1, idx[..., None].expand(-1, -1, 3))
         ok = self.ok[slots].gather(1, idx[..., None].expand(-1, -1, 2))
         ngram = self.ngram[slots].gather(1, (start + 1)[:, None, None].expand(-1, 1, 2))[:, 0]
-        return Proposal(super().propose(slots, start, last, k).drafts, signals=signals,
-                        num_proposed=ngram[:, 1].clamp_max(k), match_len=ngram[:, 0],
-                        accept_run=torch.cumprod(ok, dim=1).sum(1))
+        self.engine.draft_meta[slots] = torch.cat([ngram[:, :1], ngram[:, 1:].clamp_max(k_max),
+                                                   torch.cumprod(ok, dim=1).sum(1)], 1)
+        self.cost.begin(slots, start, last, k)
+
+    def draft(self, slots, j):
+        self.cost.draft(slots, j)
+
+    def prefill(self, *args):
+        self.cost.prefill(*args)
+
+    def observe(self, *args):
+        self.cost.observe(*args)
+
+    def reset(self, *args):
+        self.cost.reset(*args)
 
     def load(self, slot: int, prompt_len: int, model: TokenTrace, ngram: TokenTrace | None = None) -> None:
         """Write a request's traces into its slot: output position g sits at position prompt_len + g of the

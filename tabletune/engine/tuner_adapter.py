@@ -220,7 +220,7 @@ class BuiltinEngine:
         drafter = self.method + (f":{self.spec.draft_model}" if self.spec.draft_model else "")
         engine = self.engine
         cfg = engine.cfg
-        graphs = "cudagraph-per-(bucket,k)" if engine.graphs else "none"
+        graphs = "cudagraph-per-(bucket,k,tokens)" if engine.graphs else "none"
         # the configured max_num_seqs, not this context's engine (its slots and cache length follow the context)
         buckets = ",".join(map(str, geometric_batch_sizes(self.spec.max_batch_size)))
         knobs = (f"max_num_seqs={self.spec.max_batch_size} k_max={cfg.k_max} buckets={buckets} "

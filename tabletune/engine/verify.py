@@ -42,17 +42,20 @@ def num_accepted_greedy(drafts: torch.Tensor, target_tokens: torch.Tensor) -> to
 
 
 def verify(logits: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor | None, temperature: float,
-           cap: torch.Tensor | None = None, generator: torch.Generator | None = None):
-    """logits [B, k+1, V], drafts [B, k] -> (num_accepted m [B], tokens [B, k+1]); row b emits tokens[b, :m+1]."""
-    b, k1, _ = logits.shape
-    k = k1 - 1
+           cap: torch.Tensor | None = None, generator: torch.Generator | None = None,
+           index: torch.Tensor | None = None):
+    """logits [B, k+1, V], drafts [B, k] -> (num_accepted m [B], tokens [B, k+1]); row b emits tokens[b, :m+1].
+    ``index`` [B, k+1]: logits are packed [T, V] and row b's position j is logits[index[b, j]]."""
+    b, k = drafts.shape
+    k1 = k + 1
     if temperature == 0:
         target = logits.argmax(-1)
+        target = target if index is None else target[index]
         m = num_accepted_greedy(drafts, target)
         if cap is not None:
             m = torch.minimum(m, cap)
         return m, target
-    p = torch.softmax(logits.float() / temperature, dim=-1)
+    p = torch.softmax((logits if index is None else logits[index]).float() / temperature, dim=-1)
     # [B, k]
     p_d = p[:, :k].gather(-1, drafts[..., None]).squeeze(-1)
     if draft_probs is None:

@@ -198,6 +198,8 @@ class PerRequestController(ControllerPolicy):
 
     def decide(self, state: BatchState) -> Decision:
         b, k_max = state.batch_size, self.ctx.k_max
+        if self.model_chain and state.features is None:  # before drafting (the engine): the estimator's a_j only
+            return self._decide_blind(state)
         f = (require_features(state.features, self.label) if self.model_chain
              else default_features(state, self.ctx, self.label))
         top1 = f.top1_prob[:, :k_max]
@@ -232,6 +234,21 @@ class PerRequestController(ControllerPolicy):
         self.plan, self._rate, self._next_rates = plan, rate, next_rates
         return Decision.per_request(plan.ks, plan.drafter)
 
+    def _decide_blind(self, state: BatchState) -> Decision:
+        """The plan before any row drafted: every row's survival is the estimator's S_j = prod_{l<=j} a_l, so the
+        plan is one cap for the model chain; ``keep_drafting`` then stops rows on their own signals."""
+        b, k_max = state.batch_size, self.ctx.k_max
+        next_rates = np.asarray(self.controller.estimator.rates()[:k_max])
+        surv_m = np.broadcast_to(np.cumprod(next_rates)[None, :], (b, k_max))
+        table_k = nearest_k(self.controller.table.k_for(max(b, 1)), self.ctx.ks)
+        rate = self.rate(b, surv_m, table_k)
+        plan = choose_plan(self.ctx.cost, surv_m, None, next_rates, self.prices_ms(b), rate, table_k,
+                           None if b <= self.all_caps_max_batch else 2)
+        self._top1 = self._ng_conf = None
+        self.explore_row = -1
+        self.plan, self._rate, self._next_rates = plan, rate, next_rates
+        return Decision.per_request(plan.ks, plan.drafter)
+
     def keep_drafting(self, state: BatchState, features: DraftFeatures, j: int, active: np.ndarray) -> np.ndarray:
         """Row i drafts j + 1 while S_ij a_{j+1} > R dT_{j+1}(b, cap) and j < cap (module ``per_request``)."""
         plan = self.plan
@@ -254,6 +271,8 @@ class PerRequestController(ControllerPolicy):
         k_max = self.ctx.k_max
         tested = tested_mask(outcome.ks, outcome.accepted, k_max)
         acc = accepted_mask(outcome.accepted, k_max)
+        if self._top1 is None and self.model_chain and outcome.state.features is not None:
+            self._top1 = outcome.state.features.top1_prob[:, :k_max]  # the signals drafted after a blind plan
         if self._top1 is not None:
             mask = tested & (outcome.drafter == MODEL)[:, None]
             rows, cols = np.nonzero(mask)

@@ -141,10 +141,12 @@ def test_prefill_attention_takes_a_slot_tensor_and_sdpa_causal_from_position_0()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-def test_graphs_captured_per_bucket_and_k():
+def test_graphs_captured_per_bucket_k_and_token_bucket():
+    from tabletune.engine.runner import token_js
+
     target = Decoder(PRESETS["tiny"], torch.float32, "cuda")
     engine = _engine(target, "eagle", k_max=2, max_num_seqs=4)
-    assert set(engine.graphs) == {(b, k) for b in (1, 2, 4) for k in (0, 1, 2)}
+    assert set(engine.graphs) == {("step", b, k, j) for b in (1, 2, 4) for k in (0, 1, 2) for j in token_js(b, k)}
 
 
 @pytest.mark.slow

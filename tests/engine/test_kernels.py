@@ -92,6 +92,26 @@ for norm in ((qn, kn), (None, None)):
         oa = O.rope_attention(qkv, start, slots, kca, vca, *norm, H, Hkv, D, 1e4, 1e-6, D ** -0.5)
         ob = T.rope_attention(qkv, start, slots, kcb, vcb, *norm, H, Hkv, D, 1e4, 1e-6, D ** -0.5, cfg=cfg)
         err += [(oa - ob).abs().max(), (kca - kcb).abs().max(), (vca - vcb).abs().max()]
+# packed: rows of 1, 3 and 2 tokens (q_max 3) on one token axis of 6; Triton writes only each row's own new keys
+ql = torch.tensor([1, 3, 2]); qo = torch.cumsum(ql, 0) - ql
+flat = torch.cat([b * 3 + torch.arange(int(n)) for b, n in enumerate(ql)])
+pk = O.Packed(qo, ql, flat, 3)
+qkv_p = torch.randn(6, (H + 2 * Hkv) * D)
+for cfg in (AttnConfig(1, 64, 4, 1), AttnConfig(2, 64, 4, 1)):
+    kca, vca, kcb, vcb = kc0.clone(), vc0.clone(), kc0.clone(), vc0.clone()
+    oa = O.rope_attention(qkv_p, start, slots, kca, vca, qn, kn, H, Hkv, D, 1e4, 1e-6, D ** -0.5, packed=pk)
+    ob = T.rope_attention(qkv_p, start, slots, kcb, vcb, qn, kn, H, Hkv, D, 1e4, 1e-6, D ** -0.5, cfg=cfg, packed=pk)
+    assert oa.shape == ob.shape == (6, H, D)
+    err.append((oa - ob).abs().max())
+    for b in range(3):
+        s0, s1 = int(start[b]), int(start[b] + ql[b])
+        err += [(kca[slots[b], :, :s1] - kcb[slots[b], :, :s1]).abs().max(),
+                (vca[slots[b], :, :s1] - vcb[slots[b], :, :s1]).abs().max()]
+        assert torch.equal(kcb[slots[b], :, s1:], kc0[slots[b], :, s1:])
+    # row 1's tokens equal a dense step of that row alone
+    kd, vd = kc0.clone(), vc0.clone()
+    od = O.rope_attention(qkv_p[1:4][None], start[1:2], slots[1:2], kd, vd, qn, kn, H, Hkv, D, 1e4, 1e-6, D ** -0.5)
+    err.append((od[0] - ob[1:4]).abs().max())
 x, d, w = torch.randn(5, 48), torch.randn(5, 48), torch.rand(48)
 err += [(a - b).abs().max() for a, b in zip(O.add_rms_norm(x, d, w, 1e-6), T.add_rms_norm(x, d, w, 1e-6))]
 gu = torch.randn(7, 96)
@@ -122,8 +142,9 @@ print("ok")
 
 def test_triton_kernels_match_torch_ops_in_interpreter():
     """RoPE + cache write, split-KV attention (1, 2, 3 and 16 splits, new keys across a split boundary), the two
-    fused, the norms, the split-K GEMM (1, 3, 8 splits, plain and gated) and a whole forward, under
-    TRITON_INTERPRET=1, against the PyTorch ops; every ticket counter back at zero."""
+    fused (also on a packed token axis of rows of 1, 2, 3 tokens), the norms, the split-K GEMM (1, 3, 8 splits,
+    plain and gated) and a whole forward, under TRITON_INTERPRET=1, against the PyTorch ops; every ticket counter
+    back at zero."""
     env = dict(os.environ, TRITON_INTERPRET="1")
     res = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=240)
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]

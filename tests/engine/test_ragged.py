@@ -101,8 +101,9 @@ def test_feature_policies_on_split_steps_stay_lossless(tiny, name):
     out, stats = _serve(engine, prompts, policy, max_new=24)
     assert out == base, name
     assert all(o.state.features.top1_prob.shape == (o.state.batch_size, 4) for o in seen)
-    top1 = np.concatenate([o.state.features.top1_prob.ravel() for o in seen])
-    assert ((top1 > 0) & (top1 <= 1)).all() and top1.std() > 0  # real signals, not the one-hot defaults
+    # the verified positions carry real signals, not the one-hot defaults (a row that stopped reads 0 past its stop)
+    top1 = np.concatenate([o.state.features.top1_prob[np.arange(4)[None, :] < o.ks[:, None]] for o in seen])
+    assert len(top1) and ((top1 > 0) & (top1 <= 1)).all() and top1.std() > 0
 
 
 def test_feature_policies_need_split_steps(tiny):
@@ -129,9 +130,9 @@ def test_ngram_match_length_and_proposals_hand_worked(tiny):
     engine = _engine(target, NgramDrafter())
     engine.history[0, :5] = torch.tensor([5, 6, 7, 5, 6])
     engine.history[1, :3] = torch.tensor([1, 2, 3])
-    prop = engine.drafter.propose(torch.tensor([0, 1]), torch.tensor([4, 2]), torch.tensor([6, 3]), 4)
-    assert prop.drafts[0].tolist() == [7, 5, 6, 6]
-    assert prop.match_len.tolist() == [2, 0] and prop.num_proposed.tolist() == [3, 0]
+    engine.drafter.begin(torch.tensor([0, 1]), torch.tensor([4, 2]), torch.tensor([6, 3]), 4)
+    assert engine.drafts[0].tolist() == [7, 5, 6, 6]
+    assert engine.draft_meta[:2, 0].tolist() == [2, 0] and engine.draft_meta[:2, 1].tolist() == [3, 0]
 
 
 def test_ngram_rows_verify_only_their_real_drafts(tiny):
@@ -217,13 +218,13 @@ def test_a_draft_cap_known_up_front_shortens_the_draft_phase(tiny):
     policy = make_policy("disco:variant=threshold,threshold=0.0", policy_context(engine))
     policy.draft_cap = lambda state: 2
     drafted = []
-    draft = engine.draft
-    engine.draft = lambda slots, k, min_rows=0: (drafted.append(k), draft(slots, k, min_rows))[1]
+    draft_position = engine.draft_position
+    engine.draft_position = lambda slots, j, k: (drafted.append(j), draft_position(slots, j, k))[1]
     seen = []
     observe = policy.observe
     policy.observe = lambda o: (seen.append(o), observe(o))
     out, _ = _serve(engine, prompts, policy, max_new=24)
-    assert out == base and set(drafted) == {2}
+    assert out == base and set(drafted) == {0, 1}
     assert max(int(o.ks.max()) for o in seen) == 2  # threshold 0 keeps drafting to the cap
     f = seen[0].state.features
     assert (f.top1_prob[:, 2:] == 0).all() and (f.top1_prob[:, :2] > 0).all()
@@ -254,12 +255,12 @@ def test_bad_ragged_inputs_are_refused(tiny):
 
 
 def test_split_steps_keep_the_draft_distributions_for_sampling(tiny):
-    """T = 1 with a sampling EAGLE head: the draft phase keeps q [B, k_max, V] for the verify phase's rejection
+    """T = 1 with a sampling EAGLE head: the draft phase keeps q [slots + 1, k_max, V] for the verify phase's rejection
     sampling; every request gets its tokens and no row accepts more than it verified."""
     target, prompts, _ = tiny
     engine = _engine(target, "eagle", split=True, temperature=1.0)
-    assert engine.buffers[4].probs.shape == (4, 4, PRESETS["tiny"].vocab_size)
-    assert _engine(target, "ngram", split=True, temperature=1.0).buffers[4].probs is None
+    assert engine.draft_probs.shape == (5, 4, PRESETS["tiny"].vocab_size)
+    assert _engine(target, "ngram", split=True, temperature=1.0).draft_probs is None
     policy = make_policy("tapout", policy_context(engine))
     seen = []
     observe = policy.observe

@@ -111,3 +111,28 @@ def test_ragged_caps_keep_rejection_sampling_lossless():
         assert _chi_square_p(counts, p) > 1e-3, j
     # a row of k_i = 1 accepts its draft with probability sum_x min(p, q) = 0.5
     assert abs(m[ks == 1].float().mean().item() - 0.5) < 0.02
+
+
+def test_packed_logits_verify_as_their_padded_rows():
+    """Rows of k_i + 1 packed logits (``index`` [B, k + 1]: each row's positions, clamped to its last) verify as
+    the padded rows do: the same greedy result, and under T = 1 with caps k_i every emitted token follows p."""
+    g = torch.Generator().manual_seed(2)
+    n, vocab, k = 40000, 5, 3
+    p = torch.tensor([0.4, 0.3, 0.15, 0.1, 0.05])
+    q = torch.tensor([0.1, 0.1, 0.2, 0.3, 0.3])
+    ks = torch.randint(0, k + 1, (n,), generator=g)
+    qoff = torch.cumsum(ks + 1, 0) - (ks + 1)
+    index = qoff[:, None] + torch.minimum(torch.arange(k + 1)[None], ks[:, None])
+    drafts = torch.multinomial(q.expand(n, vocab), k, replacement=True, generator=g)
+    m, tokens = verify(torch.log(p).expand(int((ks + 1).sum()), vocab).clone(), drafts, q.expand(n, k, vocab), 1.0,
+                       cap=ks, generator=g, index=index)
+    assert (m <= ks).all()
+    for j in range(3):
+        counts = torch.bincount(tokens[m >= j, j], minlength=vocab).float()
+        assert _chi_square_p(counts, p) > 1e-3, j
+    logits = torch.randn(int((ks + 1).sum()), vocab, generator=g)
+    greedy_drafts = logits[index][:, :k].argmax(-1)
+    greedy_drafts[::3, 1] = (greedy_drafts[::3, 1] + 1) % vocab  # some rows reject at position 2
+    packed = verify(logits, greedy_drafts, None, 0.0, cap=ks, index=index)
+    padded = verify(logits[index], greedy_drafts, None, 0.0, cap=ks)
+    assert torch.equal(packed[0], padded[0]) and torch.equal(packed[1], padded[1]) and packed[0].float().mean() > 1

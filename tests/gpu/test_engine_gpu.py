@@ -54,6 +54,33 @@ def test_attention_kernels_match_torch_on_the_8b_shape(triton_ops, b, q):
     assert int(triton_ops.counters.abs().sum()) == 0  # every ticket counter back at zero
 
 
+@pytest.mark.parametrize("b", [8, 128])
+def test_packed_rope_attention_matches_torch_on_the_8b_shape(triton_ops, b):
+    """Rows of 1 .. 8 tokens on one packed token axis (q_max 8): outputs, and the cache at each row's own new keys."""
+    torch.manual_seed(0)
+    h, hkv, d = CFG.num_heads, CFG.num_kv_heads, CFG.head_dim
+    qlen = torch.randint(1, 9, (b,), device="cuda")
+    qlen[0] = 8
+    qoff = torch.cumsum(qlen, 0) - qlen
+    flat = torch.cat([i * 8 + torch.arange(int(n), device="cuda") for i, n in enumerate(qlen.tolist())])
+    packed = O.Packed(qoff, qlen, flat, 8)
+    qkv = torch.randn(int(qlen.sum()), (h + 2 * hkv) * d, device="cuda", dtype=torch.bfloat16)
+    kc = torch.randn(b + 1, hkv, 1100, d, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    start = torch.randint(900, 1024, (b,), device="cuda")
+    slots = torch.randperm(b, device="cuda")
+    norm = torch.rand(d, device="cuda", dtype=torch.bfloat16) + 0.5
+    args = (norm, norm, h, hkv, d, CFG.rope_theta, CFG.rms_norm_eps, d ** -0.5)
+    kc_t, vc_t = kc.clone(), vc.clone()
+    ref = O.rope_attention(qkv, start, slots, kc, vc, *args, packed=packed)
+    assert rel(triton_ops.rope_attention(qkv, start, slots, kc_t, vc_t, *args, packed=packed), ref) < 2e-2
+    for i in range(b):
+        s0, s1 = int(start[i]), int(start[i] + qlen[i])
+        assert rel(kc_t[slots[i], :, s0:s1], kc[slots[i], :, s0:s1]) < 1e-2
+        assert torch.equal(vc_t[slots[i], :, s0:s1], vc[slots[i], :, s0:s1])
+    assert int(triton_ops.counters.abs().sum()) == 0
+
+
 @pytest.mark.parametrize("m", [1, 8, 32, 128])
 @pytest.mark.parametrize("gated", [False, True])
 def test_split_k_gemm_and_the_chooser_match_torch(triton_ops, m, gated):
@@ -108,7 +135,8 @@ def test_greedy_outputs_with_speculation_and_graphs_equal_those_without(drafter)
 
 @pytest.mark.parametrize("drafter", ["ngram", "eagle"])
 def test_ragged_and_split_steps_from_graphs_equal_greedy_without_speculation(drafter):
-    """Random per-request k (fused graphs) and DISCO on split draft / verify graphs: the outputs of k = 0."""
+    """Random per-request k (fused graphs, packed verification), a stop rule and DISCO on the draft-position and
+    verify graphs: the outputs of k = 0."""
     import numpy as np
 
     from tabletune.engine.scheduler import policy_context
@@ -135,8 +163,20 @@ def test_ragged_and_split_steps_from_graphs_equal_greedy_without_speculation(dra
     base, _, _ = _serve(target, "ngram", DraftTable.fixed(0), prompts, prefill_graphs=0)
     e = SpecEngine(target, make_drafter(drafter, target, 5, draft_cfg=cfg),
                    EngineConfig(max_num_seqs=8, max_len=96, k_max=5, split_steps=True))
-    assert set(e.split_graphs) == {(p, b, k) for p in ("draft", "verify") for b in e.buckets for k in range(6)}
-    for policy in (RandomKs(), make_policy("disco:variant=threshold", policy_context(e))):
+    from tabletune.engine.runner import token_js
+
+    assert set(e.graphs) == ({(p, b, k, j) for p in ("step", "verify") for b in e.buckets for k in range(6)
+                              for j in token_js(b, k)} | {("first", b, k) for b in e.buckets for k in range(1, 6)}
+                             | {("next", b, j) for b in e.buckets for j in range(1, 5)})
+
+    class StopAfter(RandomKs):  # k = 5, each row's draft ended after a random position of 1..5 (the draft loop)
+        def decide(self, state):
+            return Decision.batch(5)
+
+        def keep_drafting(self, state, features, j, active):
+            return self.rng.integers(0, 6, state.batch_size) > j
+
+    for policy in (RandomKs(), StopAfter(), make_policy("disco:variant=threshold", policy_context(e))):
         reqs = [Request(list(p), 24, i) for i, p in enumerate(prompts)]
         Scheduler(e, policy).run(reqs)
         torch.cuda.synchronize()

@@ -8,7 +8,7 @@ from tabletune.sim import Schedule, SimConfig, Simulator, Workload
 from tabletune.sim.oracle import FateOracle, headroom_share, oracle_lengths, oracle_ratio
 from tabletune.sim.replay import TraceStreams
 
-from test_draft_stop import stop_cost
+from test_stop_loop import stop_cost
 
 # one cyclic stream: rows 0..4 accepted 1, 1, 1, 0, 0; k_max 3; T(1, k) = 11 + 4k
 TRACE = TraceStreams(np.full(5, 0.5), np.full(5, 1.0), np.full(5, 0.2), np.array([1, 1, 1, 0, 0], bool),

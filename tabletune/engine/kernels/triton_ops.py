@@ -61,8 +61,9 @@ class TritonOps:
         return attn.attention(q, k_cache, v_cache, start_pos, slots, scale, cfg, self.counters, self.pdl)
 
     def rope_attention(self, qkv, start_pos, slots, k_cache, v_cache, q_norm_w, k_norm_w, num_heads, num_kv_heads,
-                       head_dim, theta, eps, scale, cfg: attn.AttnConfig | None = None):
+                       head_dim, theta, eps, scale, cfg: attn.AttnConfig | None = None, packed=None):
         cos, sin = self.rope_table(head_dim, theta, k_cache.shape[2])
-        cfg = cfg or attn.attn_config(qkv.shape[0], num_kv_heads, self.num_sms)
+        cfg = cfg or attn.attn_config(start_pos.shape[0], num_kv_heads, self.num_sms)
         return attn.rope_attention(qkv, start_pos, slots, k_cache, v_cache, q_norm_w, k_norm_w, num_heads,
-                                   num_kv_heads, head_dim, eps, scale, cos, sin, cfg, self.counters, self.pdl)
+                                   num_kv_heads, head_dim, eps, scale, cos, sin, cfg, self.counters, self.pdl,
+                                   packed)

@@ -1,11 +1,16 @@
-"""Roofline floors of a step (hand-worked cases)."""
+"""Roofline floors of a step in benchmarks/engine_roofline.py (hand-worked cases)."""
+
+import sys
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from engine_roofline import Ceilings, serial_floor_ms, step_floor_ms  # noqa: E402
 
 from tabletune.engine.presets import resolve  # noqa: E402
-from tabletune.engine.profiling import Ceilings, serial_floor_ms, step_floor_ms  # noqa: E402
 
 CEIL = Ceilings(bandwidth_gb_s=4000.0, matrix_tflop_s=800.0)
 
