@@ -33,6 +33,15 @@ from tabletune.errors import InputError
 
 
 @dataclass(frozen=True)
+class LossConfig:
+    """The loss of the module docstring: the regression weight and one weight per pass (pass p >= 2 feeds the head
+    its own pass p - 1 outputs as features: a training-time test of p - 1 draft steps)."""
+
+    reg_weight: float = 0.5
+    pass_weights: tuple[float, ...] = (1.0, 0.7)
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     prompts: str  # .jsonl of {id, workload, source, ids}
     out: str
@@ -61,6 +70,10 @@ class TrainConfig:
         for name, ok in checks:
             if not ok:
                 raise InputError("drafter train", name, getattr(self, name), "out of range")
+
+    @property
+    def loss(self) -> LossConfig:
+        return LossConfig(self.reg_weight, self.pass_weights)
 
 
 def read_prompts(path: Path) -> tuple[dict, list[dict]]:
@@ -141,8 +154,10 @@ def feature_batches(target, seqs: list[dict], batch_tokens: int, eos_id: int) ->
     return batches
 
 
-def batch_loss(head: EagleHead, embed: torch.Tensor, lm_head: torch.Tensor, batch: dict, cfg: TrainConfig):
-    """-> total loss, and per pass (top-1 agreement with the target, CE) on the masked positions."""
+def batch_loss(head: EagleHead, embed: torch.Tensor, lm_head: torch.Tensor, batch: dict, cfg: LossConfig,
+               with_stats: bool = True):
+    """-> total loss, and per pass (top-1 agreement with the target, CE) on the masked positions (``with_stats``
+    False: no stats, and no host sync: an update on a side CUDA stream must not wait for the GPU)."""
     ids, f, mask = batch["ids"], batch["feats"], batch["mask"]
     b, width = ids.shape
     pos = torch.arange(1, width, device=ids.device).expand(b, -1)
@@ -160,7 +175,8 @@ def batch_loss(head: EagleHead, embed: torch.Tensor, lm_head: torch.Tensor, batc
         ce = -(p * logq).sum(-1).mean()
         reg = F.smooth_l1_loss(h[mask].float(), target_f[mask].float())
         total = total + w * (ce + cfg.reg_weight * reg)
-        stats.append(((logits.argmax(-1) == top1).float().mean().item(), ce.item()))
+        if with_stats:
+            stats.append(((logits.argmax(-1) == top1).float().mean().item(), ce.item()))
         feat_in = torch.cat([f[:, :1], h[:, :-1].to(f.dtype)], 1)
     return total, stats
 
@@ -197,7 +213,7 @@ def train(target, records: list[dict], eos_id: int, cfg: TrainConfig, log) -> Ea
             lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0)))
             for g in opt.param_groups:
                 g["lr"] = lr
-            loss, stats = batch_loss(head, embed, lm_head, train_b[i], cfg)
+            loss, stats = batch_loss(head, embed, lm_head, train_b[i], cfg.loss)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -220,7 +236,7 @@ def evaluate(head, embed, lm_head, batches, cfg) -> dict:
         return {}
     sums, n = None, 0
     for b in batches:
-        _, stats = batch_loss(head, embed, lm_head, b, cfg)
+        _, stats = batch_loss(head, embed, lm_head, b, cfg.loss)
         k = int(b["mask"].sum())
         vals = [v for s in stats for v in s]
         sums = [k * v for v in vals] if sums is None else [a + k * v for a, v in zip(sums, vals)]
