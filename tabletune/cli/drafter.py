@@ -1,4 +1,4 @@
-"""``tabletune drafter``: build the training prompts and train the EAGLE head for SmolLM2-135M."""
+"""``tabletune drafter``: build the training prompts, train the EAGLE head for SmolLM2-135M, print its held-out table."""
 
 from __future__ import annotations
 
@@ -108,3 +108,33 @@ def train_cmd(prompts, gguf, target_dir, device, max_new_tokens, num_samples, ge
     device_name = torch.cuda.get_device_name(0) if device.startswith("cuda") else "cpu"
     head = run(cfg, model, {"target": name, "device": device_name, "command": command_line()})
     click.echo(f"wrote {head}")
+
+
+@drafter_cmd.command("eval")
+@click.option("--head", "head_dir", required=True, type=click.Path(file_okay=False), help="a trained head's folder")
+@click.option("--workload", "workloads", multiple=True, default=("code", "chat"), show_default=True,
+              help="held-out workload (repeat the flag)")
+@click.option("--temperature", "temperatures", type=float, multiple=True, default=(0.0, 1.0), show_default=True)
+@click.option("--k-max", "k_max", type=int, default=7, show_default=True, help="draft length of every draft")
+@click.option("--k", type=int, default=4, show_default=True, help="the k of the tokens/step column")
+@click.option("--max-prompts", type=int, default=None, help="first N prompts of each workload (default: all)")
+@click.option("--max-new-tokens", type=int, default=256, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--target-dir", type=click.Path(exists=True, file_okay=False), default=None,
+              help="a transformers folder with its tokenizer (default: SmolLM2-135M-Instruct)")
+@click.option("--trajectories", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="a training run's eval_trajectories.json: score its continuations instead of generating")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="also write the table (markdown)")
+def eval_cmd(head_dir, workloads, temperatures, k_max, k, max_prompts, max_new_tokens, seed, target_dir, trajectories,
+             out):
+    """The held-out table of a head: per workload and T, a_1..a_4 and tokens a step at k (on the CPU, float32)."""
+    from tabletune import fileio
+    from tabletune.drafter.evaluate import EvalConfig, evaluate, format_table
+
+    cfg = EvalConfig(head=head_dir, workloads=tuple(workloads), temperatures=tuple(temperatures), k_max=k_max, k=k,
+                     max_prompts=max_prompts, max_new_tokens=max_new_tokens, seed=seed, target_dir=target_dir,
+                     trajectories=trajectories)
+    table = format_table(evaluate(cfg, command=command_line()))
+    click.echo(table)
+    if out:
+        fileio.write_text(out, f"Held-out acceptance of {head_dir} ({command_line()})\n\n{table}\n")
