@@ -1,4 +1,5 @@
-"""``tabletune drafter``: build the training prompts, train the EAGLE head for SmolLM2-135M, print its held-out table."""
+"""``tabletune drafter``: build the training prompts, train the EAGLE head for SmolLM2-135M, print its held-out
+table."""
 
 from __future__ import annotations
 

@@ -124,3 +124,13 @@ def evaluate(cfg: EvalConfig, progress=None, command: str = "") -> list[HeldOutR
                     trajs=given.get((run.workload, run.temperature)))
         rows.append(held_out_row(m.profile.entries[0], run.workload, run.temperature, m.detail["num_prompts"], cfg.k))
     return rows
+
+
+def split_by_prompt(rows: Sequence[tuple]) -> tuple[list[tuple], list[tuple]]:
+    """Trace rows (``replay.TRACE_COLUMNS``, the request first) into a calibration and a scoring half by prompt:
+    the requests in order of first appearance, even-numbered to calibration, odd-numbered to scoring."""
+    index: dict = {}
+    for row in rows:
+        index.setdefault(row[0], len(index))
+    calibration = [row for row in rows if index[row[0]] % 2 == 0]
+    return calibration, [row for row in rows if index[row[0]] % 2 == 1]

@@ -46,6 +46,7 @@ class OnlineConfig:
     max_pending: int = 8  # finished requests waiting for an update; more are dropped
     loss: LossConfig = field(default_factory=LossConfig)
     background: bool | None = None  # a worker thread (and a side stream on CUDA); default: on CUDA
+    eos_id: int | None = None  # learn from an output up to its first end-of-turn token (fixed-length serving)
 
     def __post_init__(self) -> None:
         if not (self.lr > 0 and self.steps >= 1 and self.min_tokens >= 3 and self.max_pending >= 1):
@@ -124,10 +125,13 @@ class OnlineAdapter:
 
     def _finish(self, req, pending: _Pending) -> None:
         feats = torch.cat([g[i, :n] for g, i, n in pending.chunks], 0)  # [F, hidden], positions P .. P + F - 1
-        num = min(feats.shape[0], len(req.output))
+        output = req.output
+        if self.cfg.eos_id is not None and self.cfg.eos_id in output:
+            output = output[: output.index(self.cfg.eos_id) + 1]
+        num = min(feats.shape[0], len(output))
         if num < self.cfg.min_tokens:
             return
-        ids, feats = torch.tensor(req.output[:num], device=self.device), feats[:num]
+        ids, feats = torch.tensor(output[:num], device=self.device), feats[:num]
         ready = None
         if self._stream is not None:  # the side stream reads tensors the main stream wrote
             ready = torch.cuda.Event()

@@ -92,3 +92,12 @@ def test_eval_refuses_a_trajectories_file_without_the_workload(tiny, tmp_path):
     result = CliRunner().invoke(main, ["drafter", "eval", "--head", str(head), "--workload", "chat", "--temperature",
                                        "0", "--trajectories", str(traj)])
     assert result.exit_code == 2 and "T0.chat" in result.output
+
+
+def test_traces_split_by_prompt_into_two_halves():
+    from tabletune.drafter.evaluate import split_by_prompt
+
+    rows = [("a", 1, 1), ("b", 1, 1), ("a", 3, 1), ("c", 1, 1), ("b", 2, 2), ("d", 5, 1)]
+    calibration, scoring = split_by_prompt(rows)
+    assert calibration == [("a", 1, 1), ("a", 3, 1), ("c", 1, 1)]
+    assert scoring == [("b", 1, 1), ("b", 2, 2), ("d", 5, 1)]
