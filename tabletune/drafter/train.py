@@ -248,7 +248,7 @@ def train(target, records: list[dict], eos_id: int, cfg: TrainConfig, log, deadl
     t0 = last_ckpt = time.monotonic()
     budget_s = min(cfg.train_budget_s, deadline - t0)
     if budget_s < cfg.train_budget_s:
-        log({"event": "train_budget_cut", "train_budget_s": round(budget_s, 1), "by": "wall_budget_s"})
+        log({"event": "train_budget_cut", "train_budget_s": round(budget_s, 3), "by": "wall_budget_s"})
     step, epoch = 0, 0
     if not train_b or budget_s <= 0:
         log({"event": "done", "steps": 0, "epochs": 0, "train_s": 0.0, "why": "no data" if not train_b else "no time"})

@@ -77,13 +77,17 @@ def test_wall_budget_refuses_budgets_that_do_not_fit(tmp_path, tiny_target, prom
 
 
 def test_wall_budget_stops_training_and_still_saves_the_head(tmp_path, tiny_target, prompts):
-    """A budget spent before training starts: no step, but a head and a log that says why."""
+    """Wall budget 16 s, 10 s kept to save: training ends 6 s after the command's start, before its own 5.99 s are up
+    (loading the target and generating take more than the 0.01 s between)."""
     out = tmp_path / "out"
-    result = _train(prompts, tiny_target, out, "--gen-budget-s", "0.1", "--train-budget-s", "0.1",
-                    "--wall-budget-s", "10.2")
+    result = _train(prompts, tiny_target, out, "--gen-budget-s", "0.01", "--train-budget-s", "5.99",
+                    "--wall-budget-s", "16")
     assert result.exit_code == 0, (result.output, result.exception)
-    done = next(r for r in _log(out) if r["event"] == "done")
-    assert done["steps"] == 0 and done["why"] in ("no data", "no time")
+    log = _log(out)
+    cut = next(r for r in log if r["event"] == "train_budget_cut")
+    done = next(r for r in log if r["event"] == "done")
+    assert cut["train_budget_s"] < 5.99 and done["train_s"] <= max(cut["train_budget_s"], 0) + 1.0
+    assert done["t_s"] <= 6.0 + 1.0  # one step of slack
     assert (out / "head" / "model.safetensors").exists()
 
 
