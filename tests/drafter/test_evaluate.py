@@ -101,3 +101,17 @@ def test_traces_split_by_prompt_into_two_halves():
     calibration, scoring = split_by_prompt(rows)
     assert calibration == [("a", 1, 1), ("a", 3, 1), ("c", 1, 1)]
     assert scoring == [("b", 1, 1), ("b", 2, 2), ("d", 5, 1)]
+
+
+def test_eval_scores_a_training_runs_trajectories(tiny, tmp_path):
+    """Given continuations (``eval_trajectories.json``) are scored as they are: no prompt is generated or read."""
+    target, head = tiny
+    traj = tmp_path / "eval_trajectories.json"
+    rows = [{"id": f"c{i}", "prompt": [5, 6 + i, 7], "output": [8 + i, 9, 10, 11, 12, 13]} for i in range(3)]
+    traj.write_text(json.dumps({"max_new_tokens": 6, "T0": {"code": rows}, "T1": {"code": rows[:2]}}))
+    result = CliRunner().invoke(main, ["drafter", "eval", "--head", str(head), "--target-dir", str(target),
+                                       "--workload", "code", "--k-max", "3", "--k", "2", "--trajectories", str(traj)])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].endswith("| tokens/step, k=2 |")
+    assert [line.split(" | ")[:3] for line in lines[2:]] == [["| code", "0", "3"], ["| code", "1", "2"]]
