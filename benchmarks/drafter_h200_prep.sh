@@ -21,7 +21,8 @@
 #   python benchmarks/drafter_traces.py --head drafter/head --trajectories drafter/eval_trajectories.json --name eagle-h200
 set -euo pipefail
 py=${PYTHON:-python}
-for d in .h200a .h200b .whl; do grep -qx "/$d/" .git/info/exclude 2>/dev/null || echo "/$d/" >> .git/info/exclude; done
+exclude=$(git rev-parse --git-path info/exclude)
+for d in .h200a .h200b .whl; do grep -qx "/$d/" "$exclude" 2>/dev/null || echo "/$d/" >> "$exclude"; done
 mkdir -p .h200a .h200b .whl
 $py -m tabletune drafter prompts --out .h200b/train_prompts.jsonl
 $py -m tabletune drafter eval-prompts --workload code --workload code-edit --workload chat --out .h200b/eval_prompts.jsonl
