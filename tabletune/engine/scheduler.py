@@ -38,14 +38,14 @@ from __future__ import annotations
 import random
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from tabletune.acceptance import AcceptanceCounts
 from tabletune.cost import StepCost
-from tabletune.engine.runner import SpecEngine
+from tabletune.engine.runner import SpecEngine, StepResult
 from tabletune.engine.trace_replay import TokenTrace
 from tabletune.policies.base import (AlwaysDraft, BatchState, DraftFeatures, Policy, PolicyContext, StepOutcome,
                                      draft_stop_of)
@@ -137,10 +137,22 @@ def policy_context(engine: SpecEngine, cost: StepCost | None = None, prior_rates
                          ngram_rates=tuple(ngram_rates))
 
 
+# ---- step hook: called after each step with its rows, their verified tokens and the finished request ids --------
+# (e.g. ``tabletune.drafter.online.OnlineAdapter``: the EAGLE head learning while serving). It runs on the host between
+# steps, after the step's read-back; its time counts in the next step's wall time.
+StepHook = Callable[[list["Request"], StepResult, np.ndarray], None]
+
+
+def no_hook(running: list[Request], res: StepResult, finished_ids: np.ndarray) -> None:
+    return None
+
+
 class Scheduler:
     def __init__(self, engine: SpecEngine, policy: Policy | DraftTable, max_num_seqs: int | None = None,
-                 cap_rates: Sequence[float] | None = None, seed: int = 0, fixed_shape: bool = False) -> None:
+                 cap_rates: Sequence[float] | None = None, seed: int = 0, fixed_shape: bool = False,
+                 after_step: StepHook = no_hook) -> None:
         self.engine = engine
+        self.after_step = after_step
         if isinstance(policy, DraftTable):
             policy = StaticTable(policy_context(engine), policy.clamped(engine.k_max))
         self.policy = policy
@@ -274,6 +286,7 @@ class Scheduler:
             self.policy.observe(StepOutcome(state=state, ks=np.array(res.ks, np.int64), drafter=kinds,
                                             accepted=np.array(res.accepted, np.int64),
                                             step_ms=(t_now - t_step) * 1e3, finished_ids=finished))
+            self.after_step(running, res, finished)
             stats.step_batch_sizes.append(len(running))
             stats.step_ks.append(max(res.ks))
             stats.step_drafts.append(sum(res.ks))

@@ -69,11 +69,18 @@ def load_eagle_head(drafter, folder: str | Path) -> None:
         raise InputError(str(folder), "head", theirs, f"does not fit the target's shape {ours}")
     if cfg.qk_norm:
         raise InputError(str(folder), "head", "eagle1", f"a Llama layer; the target {cfg.name} has qk-norm")
+    put_eagle_state(drafter, t, str(folder))
+
+
+def put_eagle_state(drafter, t: dict[str, torch.Tensor], source: str) -> None:
+    """vLLM-named EAGLE-1 tensors ``t`` into an ``EagleDrafter(norms=False)``'s fused weights (qkv and gate_up
+    concatenated), copied in place: captured CUDA graphs keep reading the same storage. The copies run on the
+    current stream (``drafter.online`` publishes an updated head this way between two steps)."""
     layer, p = drafter.layer, "layers.0."
 
     def get(name: str) -> torch.Tensor:
         if name not in t:
-            raise InputError(str(folder), name, None, "missing tensor")
+            raise InputError(source, name, None, "missing tensor")
         return t[name]
 
     with torch.no_grad():
@@ -85,5 +92,5 @@ def load_eagle_head(drafter, folder: str | Path) -> None:
                                                           get(p + "mlp.up_proj.weight")], 0)),
                              (layer.w_down, get(p + "mlp.down_proj.weight"))):
             if tuple(param.shape) != tuple(value.shape):
-                raise InputError(str(folder), "<shape>", tuple(value.shape), f"expected {tuple(param.shape)}")
+                raise InputError(source, "<shape>", tuple(value.shape), f"expected {tuple(param.shape)}")
             param.data.copy_(value.to(param.dtype))

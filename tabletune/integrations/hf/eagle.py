@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from tabletune.drafter.head import load_head
+from tabletune.errors import InputError
 from tabletune.integrations.hf import ngram
 from tabletune.integrations.hf.replay import Draft
 
@@ -31,6 +32,10 @@ class EagleScorer:
     def __init__(self, runner, head_dir: Path) -> None:
         self.runner = runner
         self.head = load_head(Path(head_dir)).float()
+        cfg = runner.model.config
+        if (self.head.cfg.hidden_size, self.head.cfg.vocab_size) != (cfg.hidden_size, cfg.vocab_size):
+            raise InputError(str(head_dir), "head", (self.head.cfg.hidden_size, self.head.cfg.vocab_size),
+                             f"does not fit the target (hidden size, vocabulary) {(cfg.hidden_size, cfg.vocab_size)}")
         self.embed = runner.model.model.embed_tokens.weight
         self.lm_head = runner.model.lm_head.weight
 

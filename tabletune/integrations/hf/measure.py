@@ -102,8 +102,8 @@ def _no_progress(stage: str, done: int, total: int) -> None:
     return None
 
 
-def trajectories(run: AcceptanceRun, runner, progress: Progress = _no_progress) -> list[Trajectory]:
-    """The target's continuations, cached under ``cache_dir()/trajectories`` and shared by the drafters.
+def trajectories(run: AcceptanceRun, runner, progress: Progress = _no_progress, cache: bool = True) -> list[Trajectory]:
+    """The target's continuations, cached under ``cache_dir()/trajectories`` (``cache``) and shared by the drafters.
 
     A cached run of the same workload, temperature and seed with at least as many prompts and
     tokens is reused, cut to size: a prefix of a continuation is a continuation (greedy or sampled).
@@ -111,7 +111,7 @@ def trajectories(run: AcceptanceRun, runner, progress: Progress = _no_progress) 
     prompts = load_prompts(run.workload, run.num_prompts)
     folder = cache_dir() / "trajectories"
     stem = f"{Path(run.workload).stem}_T{run.temperature:g}_seed{run.seed}"
-    cached = _cached_superset(folder, stem, [p.id for p in prompts], run.max_new_tokens)
+    cached = _cached_superset(folder, stem, [p.id for p in prompts], run.max_new_tokens) if cache else None
     if cached is not None:
         return cached
     ids = [runner.encode(p.text) for p in prompts]
@@ -122,8 +122,9 @@ def trajectories(run: AcceptanceRun, runner, progress: Progress = _no_progress) 
         outputs = runner.generate(batch, run.max_new_tokens, run.temperature, run.seed + start)
         result += [Trajectory(p.id, i, o) for p, i, o in zip(prompts[start:], batch, outputs)]
     progress("generate", len(prompts), len(prompts))
-    fileio.write_json(folder / f"{stem}_n{len(prompts)}_len{run.max_new_tokens}.json",
-                      {"max_new_tokens": run.max_new_tokens, "trajectories": [asdict(t) for t in result]})
+    if cache:
+        fileio.write_json(folder / f"{stem}_n{len(prompts)}_len{run.max_new_tokens}.json",
+                          {"max_new_tokens": run.max_new_tokens, "trajectories": [asdict(t) for t in result]})
     return result
 
 
@@ -162,15 +163,21 @@ def early_exit_proposer(tokens: list[int], prompt_len: int, scores, run: Accepta
     return propose
 
 
-def measure(run: AcceptanceRun, progress: Progress = _no_progress, command: str = "") -> Measurement:
-    """Generate (or reuse) the trajectories, replay the drafter, and count."""
+def measure(run: AcceptanceRun, progress: Progress = _no_progress, command: str = "", runner=None,
+            trajs: list[Trajectory] | None = None) -> Measurement:
+    """Generate (or reuse) the trajectories, replay the drafter, and count. ``runner``: a ``SmolLM2Runner`` of
+    another target folder (its trajectories are not cached: the cache holds SmolLM2-135M's); ``trajs``: given
+    continuations (e.g. the training run's held-out ones) instead of generating."""
     from tabletune.integrations.hf.model import SmolLM2Runner
 
-    threads = os.environ.get("TABLETUNE_TORCH_THREADS")
-    runner = SmolLM2Runner(smollm2_model_dir(), threads=int(threads) if threads else None)
+    cache = runner is None
+    if runner is None:
+        threads = os.environ.get("TABLETUNE_TORCH_THREADS")
+        runner = SmolLM2Runner(smollm2_model_dir(), threads=int(threads) if threads else None)
     if run.drafter == "early-exit" and run.exit_layer >= runner.num_layers:
         raise InputError("acceptance", "exit_layer", run.exit_layer, f"must be < {runner.num_layers}")
-    trajs = trajectories(run, runner, progress)
+    if trajs is None:
+        trajs = trajectories(run, runner, progress, cache=cache)
     if run.drafter == "eagle":
         from tabletune.integrations.hf.eagle import EagleScorer
 

@@ -1,0 +1,81 @@
+"""The head learning inside the engine's serving loop: lossless, it publishes, and it learns what it serves."""
+
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tabletune.drafter.head import EagleHead, HeadConfig, save_head  # noqa: E402
+from tabletune.drafter.online import OnlineAdapter, OnlineConfig  # noqa: E402
+from tabletune.engine.drafters import make_drafter  # noqa: E402
+from tabletune.engine.model import Decoder  # noqa: E402
+from tabletune.engine.presets import PRESETS, replace  # noqa: E402
+from tabletune.engine.runner import EngineConfig, SpecEngine  # noqa: E402
+from tabletune.engine.scheduler import Request, Scheduler, no_hook  # noqa: E402
+from tabletune.table import DraftTable  # noqa: E402
+
+K = 3
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    cfg = replace(PRESETS["tiny"], name="tiny-llama", qk_norm=False)
+    torch.manual_seed(0)
+    target = Decoder(cfg, torch.float32, "cpu")
+    head = EagleHead(HeadConfig(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
+                                cfg.rope_theta, cfg.rms_norm_eps, cfg.vocab_size))
+    head.reset_parameters()
+    folder = tmp_path_factory.mktemp("head")
+    save_head(head, folder, {}, dtype=torch.float32)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(97) for _ in range(rng.randrange(3, 12))] for _ in range(4)]
+    return target, str(folder), prompts
+
+
+def _serve(target, folder, prompts, rounds, k=K, online=None, max_new=20):
+    """Serve ``rounds`` passes over the prompts, 2 at a time; (outputs, a_1 per round, adapter)."""
+    engine = SpecEngine(target, make_drafter("eagle", target, max(k, 1), head=folder),
+                        EngineConfig(max_num_seqs=2, max_len=64, k_max=max(k, 1)))
+    adapter = OnlineAdapter(engine, folder, online) if online else None
+    outputs, a1 = [], []
+    for r in range(rounds):
+        reqs = [Request(list(p), max_new, r * 100 + i) for i, p in enumerate(prompts)]
+        sched = Scheduler(engine, DraftTable.fixed(k), after_step=adapter.after_step if adapter else no_hook)
+        stats = sched.run(reqs)
+        if adapter:
+            adapter.flush()
+        outputs.append([q.output for q in reqs])
+        a1.append(stats.counts.accepted[0] / max(1, stats.counts.reached[0]) if k else None)
+    if adapter:
+        adapter.close()
+    return outputs, a1, adapter, engine
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_greedy_outputs_are_identical_with_and_without_online_adaptation(setup, background):
+    target, folder, prompts = setup
+    base, _, _, _ = _serve(target, folder, prompts, 1, k=0)
+    frozen, _, _, _ = _serve(target, folder, prompts, 2)
+    learned, _, adapter, engine = _serve(target, folder, prompts, 2,
+                                         online=OnlineConfig(lr=3e-3, steps=2, background=background))
+    assert frozen == [base[0]] * 2 and learned == frozen
+    assert adapter.stats.updates == adapter.stats.queued == 8 and adapter.stats.published >= 1
+    initial = make_drafter("eagle", target, K, head=folder)
+    assert not torch.equal(engine.drafter.fc, initial.fc)  # the head the engine drafts with did change
+
+
+def test_head_learns_the_stream_it_serves(setup):
+    """A repeated stream at T = 0: the adapting head accepts more of it from round to round; the frozen one not."""
+    target, folder, prompts = setup
+    _, frozen, _, _ = _serve(target, folder, prompts, 3)
+    _, learned, adapter, _ = _serve(target, folder, prompts, 3, online=OnlineConfig(lr=3e-3, steps=4))
+    assert frozen[0] == frozen[-1]
+    assert learned[-1] > frozen[-1] + 0.15, (frozen, learned)
+
+
+def test_adapter_refuses_a_drafter_that_is_not_a_trained_eagle_head(setup):
+    target, folder, _ = setup
+    engine = SpecEngine(target, make_drafter("ngram", target, 2), EngineConfig(max_num_seqs=2, max_len=64, k_max=2))
+    with pytest.raises(ValueError, match="EAGLE-1"):
+        OnlineAdapter(engine, folder)
