@@ -1,40 +1,22 @@
-"""Continuous batching over a ``SpecEngine`` driven by any ``tabletune.policies`` policy.
+"""Continuous batching over a ``SpecEngine`` driven by any ``tabletune.policies`` policy (docs/engine.md).
 
-Each step, as in the simulator (``tabletune.sim.loop``): the running batch is a
-``BatchState``; the policy's ``decide`` returns one k or a k_i per request (and, for
-Hybrid Spark, a drafter kind per request); the engine runs one ragged step; the
-policy ``observe``s a ``StepOutcome`` with the verified k_i, the accepted counts and
-the step's wall time. A policy that reads draft signals (``uses_features``) or ends
-drafts (``keep_drafting``, ``tabletune.policies.base.DraftStop``) runs on an engine
-with split steps, whose draft loop drafts one position at a time for the rows still
-drafting: after position j the policy's ``keep_drafting`` says which rows go on, and
-the loop ends when none does or all reached their cap. A policy with a stop rule
-decides first, on the state before drafting (no features yet), and its k_i cap the
-rows, as in the simulator; a policy that reads every position's signals without a stop
-rule drafts up to k_max (or its optional ``draft_cap(state)``), then decides on them.
-Positions a row did not draft read as sure rejections (top-1 0, margin 0); a row is
-verified on at most what it drafted. The null rule ``AlwaysDraft`` reads nothing
-between positions. After
-the step the host appends the emitted tokens, counts acceptance per position (vLLM's
-meaning: see ``tabletune.acceptance``), and frees finished slots. A ``DraftTable``
-given instead of a policy runs as the ``table`` policy.
+Each step, as in the simulator (``tabletune.sim.loop``): the policy ``decide``s one k or a k_i (and a drafter kind)
+per row of the running ``BatchState``; the engine runs one ragged step; the policy ``observe``s a ``StepOutcome``.
+A policy that reads draft signals (``uses_features``) or ends drafts (``keep_drafting``) runs on an engine with
+split steps, whose draft loop drafts one position at a time for the rows still drafting. A stop rule decides first
+and its k_i cap the rows; a feature policy without one drafts up to k_max (or ``draft_cap(state)``), then decides.
+Positions a row did not draft read as sure rejections; a row is verified on at most what it drafted.
 
-With ``cap_rates`` = (a_1, ..., a_K) the forced-rejection cap replays measured
-conditional acceptance: for each row the host draws the first j with
-Bernoulli(a_j) = 0 and caps the accepted count there (``verify`` says why this
-stays lossless).
-
-A request with an ``oracle`` (the ReplayDrafter's continuation) accepts exactly its
-cap while the oracle is the target's own greedy path. A step that accepts less
-means the target left that path (in bf16 a near-tie can round the other way when the
-same position is verified inside a different batch shape): from that step on the
-request's drafts no longer follow the caps, and they are not counted. ``fixed_shape``
-keeps every step at one bucket, so that a shrinking batch does not change the shapes
-(and the kernels) that verify each position.
+``cap_rates`` = (a_1, ..., a_K): the forced-rejection cap replays measured conditional acceptance (the first j with
+Bernoulli(a_j) = 0 caps a row's accepted count; ``verify`` says why this stays lossless). A request with an
+``oracle`` (the target's own greedy continuation) accepts exactly its cap; a step that accepts less means the target
+left that path (a bf16 near-tie verified in another batch shape), and its later drafts are not counted.
+``fixed_shape`` keeps every step at one bucket, so a shrinking batch does not change the kernels.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections import deque
@@ -88,15 +70,6 @@ class RunStats:
     @property
     def throughput_tok_s(self) -> float:
         return self.output_tokens / self.wall_s if self.wall_s > 0 else 0.0
-
-    def steady_throughput_tok_s(self, load: int) -> float:
-        """Tokens / second of the closed loop before it drains, prefills included.
-
-        Window: from the second step (the first carries the initial prefill of the whole
-        load, which a steady loop, and the simulator's, never sees at once) to the last step
-        that ran the full load; every step in between counts, with its admissions.
-        """
-        return steady_throughput(self.step_batch_sizes, self.step_wall_s, self.step_tokens, load)
 
 
 def steady_throughput(batch_sizes: Sequence[int], wall_s: Sequence[float], tokens: Sequence[int], load: int,
@@ -215,6 +188,11 @@ class Scheduler:
                 active &= np.asarray(keep, bool)
         return drafted, self._features(slots, drafted, j)
 
+    def _draft_cap(self, state: BatchState) -> int:
+        """The policy's optional ``draft_cap(state)`` within 0..k_max (k_max without one)."""
+        cap = getattr(self.policy, "draft_cap", None)
+        return self.engine.k_max if cap is None else min(max(int(cap(state)), 0), self.engine.k_max)
+
     def step(self, running: list[Request], step: int, now_s: float, min_rows: int):
         """One policy-driven step: (StepResult, state, drafter kinds, forced caps, ks requested, drafts drafted)."""
         e, n = self.engine, len(running)
@@ -223,27 +201,21 @@ class Scheduler:
                            num_generated=np.array([len(r.output) for r in running], np.int64))
         drafted = None
         if self.uses_features and isinstance(self.stop, AlwaysDraft):  # it reads every position, then decides
-            cap = getattr(self.policy, "draft_cap", None)
-            k_draft = e.k_max if cap is None else min(max(int(cap(state)), 0), e.k_max)
-            drafted, features = self._draft(slots, state, np.full(n, k_draft, np.int64))
-            state = BatchState(state.step, state.time_s, state.request_ids, state.num_generated, features)
+            drafted, features = self._draft(slots, state, np.full(n, self._draft_cap(state), np.int64))
+            state = dataclasses.replace(state, features=features)
         decision = self.policy.decide(state)
         ks = np.clip(decision.ks_for(n), 0, e.k_max).astype(np.int64)
         if self.split and drafted is None:  # a stop rule: decided first (its k_i cap the rows), then drafted
-            cap = getattr(self.policy, "draft_cap", None)
-            if cap is not None:
-                ks = np.minimum(ks, min(max(int(cap(state)), 0), e.k_max))
-            drafted, features = self._draft(slots, state, ks)
+            drafted, features = self._draft(slots, state, np.minimum(ks, self._draft_cap(state)))
             if self.uses_features:
-                state = BatchState(state.step, state.time_s, state.request_ids, state.num_generated, features)
+                state = dataclasses.replace(state, features=features)
         kinds = decision.drafter.tolist() if decision.drafter is not None else None
+        ks = ks if drafted is None else np.minimum(ks, drafted)
+        caps = draw_caps(self.cap_rates, ks.tolist(), n, self.rng) if self.cap_rates else None
         if drafted is None:
-            caps = draw_caps(self.cap_rates, ks.tolist(), n, self.rng) if self.cap_rates else None
             buf = e.launch(slots, ks.tolist(), caps, min_rows, kinds)
             num_drafted = n * max(int(ks.max(initial=0)), 0)
         else:
-            ks = np.minimum(ks, drafted)
-            caps = draw_caps(self.cap_rates, ks.tolist(), n, self.rng) if self.cap_rates else None
             buf = e.verify_drafted(slots, ks.tolist(), caps, min_rows, kinds)
             num_drafted = int(drafted.sum())
         kinds_arr = np.array(kinds if kinds is not None else [e.default_kind] * n, np.int64)
