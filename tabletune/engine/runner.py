@@ -1,19 +1,12 @@
-"""The speculative step: draft, verify, accept, update state; CUDA graphs keyed by batch bucket, k and tokens.
+"""The speculative step (docs/engine.md, "The step"): draft, verify, accept, update state; CUDA graphs keyed by batch
+bucket, k and token bucket.
 
 All set-up happens in the constructor: KV caches, per-slot state (the drafters write their drafts, signals and
-distributions into per-slot arrays), and on CUDA every graph, captured largest first into one memory pool (as
-nano-vllm does). A step only writes the rows' slots, k_i, caps, drafter kinds and token layout into a pinned host
-buffer, replays (the graph's first node uploads that buffer), and reads back one small tensor (the step's single
-host sync). Verification is packed: row i feeds k_i + 1 tokens (``_layout``), so the GEMMs see sum_i (k_i + 1)
-tokens rounded up to a token bucket, while attention pads the rows to k = max k_i. With ``EngineConfig.split_steps``
-a step can also draft position by position (``draft_position``, over the rows still drafting) and verify after
-(``verify_drafted``), so that a policy reads the drafts' signals and ends rows' drafts in between:
-
-    step(b rows, k_1..k_b):  bucket B = bucket_for(b), k = max k_i; rows b..B-1 point at the scratch slot
-      drafter.begin(rows); drafter.draft(rows, j) for j < k     -> drafts [slots, k_max], signals [slots, k_max, 3]
-      hidden [T]  = target(packed [last, drafts of row i up to k_i]) at positions start .. start + k_i
-      m, tokens   = verify(lm_head(hidden) by row, drafts, cap = min(k_i, forced cap, recorded run))
-      cached += m + 1; last = tokens[m]; history[start+1 ..] = tokens
+distributions into per-slot arrays) and on CUDA every graph, captured largest first into one memory pool. A step
+writes the rows' inputs and token layout into a pinned host buffer, replays (the graph's first node uploads it) and
+reads back one small tensor. Verification is packed: row i feeds k_i + 1 tokens (``layout``), attention pads the
+rows to k = max k_i. With ``EngineConfig.split_steps`` a step can also draft position by position
+(``draft_position``) and verify after (``verify_drafted``), so that a policy ends rows' drafts in between.
 """
 
 from __future__ import annotations
@@ -244,32 +237,27 @@ class SpecEngine:
                     yield ("next", b, j), host, dev, lambda d=dev, j=j: self._position_body(d, j, self.k_max)
 
     def capture(self) -> None:
-        """Every graph (``_bodies``), largest bucket first, sharing one memory pool."""
+        """Every graph (``_bodies``), largest bucket first, sharing one memory pool; a graph's first node uploads
+        ``host`` into ``dev``. Each body first runs once on a side stream, so that kernel compiles and GEMM choices
+        happen outside the capture."""
         pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
         with _collector_paused():
             for key, host, dev, body in self._bodies():
-                self.graphs[key] = self.capture_step(host, dev, body, pool, stream)
+                dev.copy_(host)
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    body()
+                torch.cuda.current_stream().wait_stream(stream)
+                self.graphs[key] = g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool):
+                    dev.copy_(host, non_blocking=True)
+                    body()
         self.cached.zero_()
         torch.cuda.synchronize()
 
-    def capture_step(self, host: torch.Tensor, dev: torch.Tensor, body, pool=None, stream=None) -> torch.cuda.CUDAGraph:
-        """``body`` as a CUDA graph whose first node uploads ``host`` into ``dev``. It is first run once on a side
-        stream, so that kernel compiles and GEMM choices happen outside the capture."""
-        dev.copy_(host)
-        stream = stream or torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            body()
-        torch.cuda.current_stream().wait_stream(stream)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool):
-            dev.copy_(host, non_blocking=True)
-            body()
-        return g
-
-    def _write(self, buf: StepBuffers, slots, ks_row, caps, kinds, k: int, lay=None) -> None:
-        """Rows' inputs and token layout into the bucket's host buffer (rows past ``slots``: the scratch slot,
-        nothing verified, one token)."""
+    def _write(self, buf: StepBuffers, slots, ks_row, caps, kinds, k: int, lay=None) -> int:
+        """Rows' inputs and token layout (default: row i feeds k_i + 1 tokens) into the bucket's host buffer (rows
+        past ``slots``: the scratch slot, nothing verified, one token); the token bucket j."""
         n, b = len(slots), buf.out.shape[0]
         host = buf.host.numpy()  # free to overwrite: the previous step's copy finished before its read-back
         rows = host[: ROWS * b].reshape(ROWS, b)
@@ -278,9 +266,10 @@ class SpecEngine:
         rows[2, :n] = caps if caps is not None else k
         rows[3, :n] = kinds if kinds is not None else self.default_kind
         rows[3, n:] = self.default_kind
-        q, flat, _ = lay or layout(np.concatenate([np.asarray(ks_row, np.int64) + 1, np.ones(b - n, np.int64)]), k)
+        q, flat, j = lay or layout(np.concatenate([np.asarray(ks_row, np.int64) + 1, np.ones(b - n, np.int64)]), k)
         rows[4], rows[5] = np.cumsum(q) - q, q
         host[ROWS * b: ROWS * b + len(flat)] = flat
+        return j
 
     def _fill(self, slots: Sequence[int], ks: int | Sequence[int], caps: Sequence[int] | None,
               kinds: Sequence[int] | None, min_rows: int) -> tuple[StepBuffers, int, int]:
@@ -296,10 +285,7 @@ class SpecEngine:
         if k < 0:
             raise ValueError(f"k={max(ks_row)} has no graph (captured: {self.ks})")
         buf = self.buffers[bucket_for(max(n, min_rows), self.buckets)]
-        b = buf.out.shape[0]
-        lay = layout(np.concatenate([np.asarray(ks_row, np.int64) + 1, np.ones(b - n, np.int64)]), k)
-        self._write(buf, slots, ks_row, caps, kinds, k, lay)
-        return buf, k, lay[2]
+        return buf, k, self._write(buf, slots, ks_row, caps, kinds, k)
 
     def _run(self, key: tuple, host: torch.Tensor, dev: torch.Tensor, body) -> None:
         graph = self.graphs.get(key)
@@ -338,15 +324,6 @@ class SpecEngine:
         out = torch.cat([self.draft_sig[s, :k].flatten(1), self.draft_meta[s, :2].float()], 1).cpu().numpy()
         return out[:, : 3 * k].reshape(len(slots), k, 3), out[:, 3 * k:]
 
-    def draft(self, slots: Sequence[int], k: int, min_rows: int = 0) -> StepBuffers:
-        """Draft k positions for every row (a split step's draft phase without stops); the bucket's buffer, for
-        ``read_signals``. ``verify_drafted`` finishes the step."""
-        for j in range(k):
-            self.draft_position(slots, j, k)
-        buf = self.buffers[bucket_for(max(len(slots), min_rows), self.buckets)]
-        buf.host[: len(slots)] = torch.as_tensor(slots)
-        return buf
-
     def verify_drafted(self, slots: Sequence[int], ks: Sequence[int], caps: Sequence[int] | None = None,
                        min_rows: int = 0, kinds: Sequence[int] | None = None) -> StepBuffers:
         """The verify phase of a split step (after row i drafted at least k_i positions); no sync."""
@@ -358,10 +335,6 @@ class SpecEngine:
         """The step's results for rows 0 .. num_rows-1 (the one host sync of a step)."""
         out = buf.out[:num_rows, : OUT_COLS + k + 1].tolist()
         return StepResult([r[0] for r in out], [r[1] for r in out], [r[OUT_COLS: OUT_COLS + r[0] + 1] for r in out])
-
-    def read_signals(self, buf: StepBuffers, num_rows: int, k: int) -> np.ndarray:
-        """``read_drafts``'s signals of the rows of ``buf`` (as ``draft`` or the last step wrote its slots)."""
-        return self.read_drafts(buf.host[:num_rows].tolist(), k)[0]
 
     def step(self, slots: list[int], k: int | Sequence[int], caps: list[int] | None = None,
              min_rows: int = 0) -> tuple[list[int], list[list[int]]]:
@@ -385,10 +358,8 @@ class SpecEngine:
             first = int(logits.argmax(-1))
         else:
             first = int(torch.multinomial(torch.softmax(logits / self.temperature, -1), 1))
-        self.cached[slot] = n
-        self.last_token[slot] = first
-        self.history[slot, :n] = p
-        self.history[slot, n] = first
+        self.cached[slot], self.last_token[slot] = n, first
+        self.history[slot, :n], self.history[slot, n] = p, first
         self.drafter.prefill(slot, p, first, hidden)
         return first
 
@@ -432,7 +403,6 @@ class SpecEngine:
         """Pretend slots 0..num_rows-1 hold context_len tokens (random history) — for timing."""
         g = torch.Generator(device="cpu").manual_seed(seed)
         vocab = self.target.cfg.vocab_size
-        self.cached[:num_rows] = context_len
         self.history[:num_rows] = torch.randint(0, vocab, self.history[:num_rows].shape, generator=g).to(self.device)
         self.last_token[:num_rows] = self.history[:num_rows, context_len]
         self.reset_rows(num_rows, context_len)
