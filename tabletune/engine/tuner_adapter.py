@@ -1,31 +1,20 @@
 """The built-in engine behind the tuner's ``Engine`` protocol: ``tabletune tune --engine builtin``.
 
-    tabletune tune --engine builtin --model qwen3-8b --method eagle --k-max 7 --max-num-seqs 256 \\
-        --context-len 1024 --synthetic-acceptance 0.8,0.75,0.7,0.65,0.6,0.55,0.5
+* ``--model``: a shape preset (random weights; ``smollm2-135m`` loads its real weights) or a local HF folder.
+* ``--method``: ngram, eagle (eagle3 is taken as eagle), draft_model, parallel_block; ``--draft-model``: for eagle,
+  a trained head's folder (``tabletune drafter train``); for draft_model, a preset or folder. Both need one to
+  measure real acceptance; with ``--synthetic-acceptance`` (timing) eagle may run random weights and draft_model
+  qwen3-0.6b's shape when the vocabularies match, else a quarter-depth copy of the target's shape.
+* ``--policy``: the policy (``tabletune simulate --policy`` spellings) that picks the draft lengths while
+  acceptance is measured (default: every request drafts k); per-request k gives ragged steps.
+* GPU when there is one (bf16, CUDA graphs over power-of-two batch buckets), else the CPU in float32.
 
-* ``--model``: a shape preset (random weights; ``smollm2-135m`` loads its real
-  weights) or a local HF folder with config.json + safetensors.
-* ``--method``: ngram, eagle (eagle3 is taken as eagle), draft_model, parallel_block;
-  ``--draft-model``: for eagle, a trained head's folder (``tabletune drafter train``); for draft_model, a
-  preset or folder. Both need one to measure real acceptance; with ``--synthetic-acceptance`` (timing) they
-  may go without: then eagle has random weights and draft_model qwen3-0.6b's shape when the vocabularies
-  match, else a quarter-depth copy of the target's shape.
-* ``--policy``: the policy (``tabletune simulate --policy`` spellings) that picks the
-  draft lengths while acceptance is measured (default: every request drafts k); a
-  per-request policy gives ragged steps, whose counts stay per position (censoring-correct).
-* GPU when there is one (bf16, CUDA graphs over power-of-two batch buckets),
-  else the CPU in float32.
-
-``measure_step`` times whole steps from ``context_len`` cached tokens (each
-sample starts from the same context) on a timing engine sized for that context: ``batch_cap(n)``
-sequences (all ``max_num_seqs`` when they fit the free GPU memory, else the largest batch that
-fits, ``tabletune.tuner.budget``) of ``context_len + k_max + 256`` tokens, rebuilt when a context
-needs more room than the engine holds. Those tokens are the workload's own text
-(``EngineSpec.timing_prompts``, laid out by ``tabletune.tuner.workload.timing_rows``), so the
-n-gram drafter searches real text, else random tokens; ``measure_acceptance`` decodes the prompts
-with the real drafter, or, with synthetic acceptance, replays the target's own
-greedy continuation through the forced-rejection cap (lossless; the acceptance
-then follows the given conditional rates).
+``measure_step`` times whole steps from ``context_len`` cached tokens on a timing engine of ``batch_cap(n)``
+sequences (all ``max_num_seqs`` when they fit the free GPU memory, ``tabletune.tuner.budget``) of
+``context_len + k_max + 256`` tokens, rebuilt when a context needs more room. Those tokens are the workload's own
+text (``EngineSpec.timing_prompts`` laid out by ``tabletune.tuner.workload.timing_rows``), else random tokens.
+``measure_acceptance`` decodes the prompts with the real drafter or, with synthetic acceptance, replays the target's
+own greedy continuation through the forced-rejection cap (lossless; acceptance follows the given rates).
 """
 
 from __future__ import annotations
@@ -254,37 +243,32 @@ class BuiltinEngine:
 
     def measure_acceptance(self, prompts: Sequence[str], k: int, max_tokens: int) -> AcceptanceCounts:
         self._rows_ready = 0  # the decode below overwrites the timing rows' state
-        ids = [self._tokenize(p) for p in prompts]
+        limit = max(self.context_len, 8)
+        ids = [i[-limit:] or [0] for i in prompt_token_ids(self.spec, prompts)]
         max_tokens = min(max_tokens, ACCEPTANCE_TOKENS - 8)
         prompt_len = self._max_len(max(len(i) for i in ids))  # an engine of the prompts' own size
         rates = self.spec.synthetic_acceptance
         if rates:
-            # The oracle: the target's greedy path, decoded by the same graphs (same k, every draft rejected by
-            # a zero cap).
-            # One batch shape for both runs (fixed_shape), so that the replay verifies each position with the
-            # same kernels as the oracle's decode as far as possible.
-            # a small engine of its own (the prompts' batch, k only); the timing engine is not built yet
-            replay = self._build(ReplayDrafter(), max_num_seqs=len(ids), max_len=prompt_len, ks=(k,))
+            # the oracle: the target's greedy path, decoded by the same graphs (every draft rejected by a zero cap),
+            # on a small engine of its own (the prompts' batch, k only) in one batch shape (fixed_shape) for both runs
+            engine = self._build(ReplayDrafter(), max_num_seqs=len(ids), max_len=prompt_len, ks=(k,))
             base = [Request(p, max_tokens, i) for i, p in enumerate(ids)]
-            Scheduler(replay, DraftTable.fixed(k), cap_rates=[0.0] * k, fixed_shape=True).run(base)
+            Scheduler(engine, DraftTable.fixed(k), cap_rates=[0.0] * k, fixed_shape=True).run(base)
             reqs = [Request(p, max_tokens, i, oracle=r.output + [0] * (k + 2)) for i, (p, r) in enumerate(zip(ids, base))]
-            counts = Scheduler(replay, self._policy(replay, k), cap_rates=rates, seed=self.spec.seed,
+            counts = Scheduler(engine, self._policy(engine, k), cap_rates=rates, seed=self.spec.seed,
                                fixed_shape=True).run(reqs).counts
             stale = sum(r.oracle_stale for r in reqs)
             if stale:
                 print(f"tabletune: synthetic acceptance: {stale}/{len(reqs)} requests left the oracle's path "
                       "(bf16 rounding); their later steps are not counted", flush=True)
-            del replay
-            self._free()
         else:
             reqs = [Request(p, max_tokens, i) for i, p in enumerate(ids)]
             engine = self._build(self._drafter(), max_num_seqs=len(ids), max_len=prompt_len)
             counts = Scheduler(engine, self._policy(engine, k)).run(reqs).counts
-            del engine
-            self._free()
-        out = AcceptanceCounts(k_max=k, drafter=self.method, num_drafts=counts.num_drafts,
-                               reached=counts.reached[:k], accepted=counts.accepted[:k], drafted=counts.drafted[:k])
-        return out
+        del engine
+        self._free()
+        return AcceptanceCounts(k_max=k, drafter=self.method, num_drafts=counts.num_drafts,
+                                reached=counts.reached[:k], accepted=counts.accepted[:k], drafted=counts.drafted[:k])
 
     def _policy(self, engine: SpecEngine, k: int):
         """``--policy`` on this engine (its prior: the synthetic rates if given), else a fixed k."""
@@ -301,18 +285,3 @@ class BuiltinEngine:
         gc.collect()
         if self.device == "cuda":
             torch.cuda.empty_cache()
-
-    # ---- helpers ------------------------------------------------------------
-
-    def _tokenize(self, text: str) -> list[int]:
-        """The model's tokenizer with real weights; bytes (mod vocab) for a random-weight shape."""
-        limit = max(self.context_len, 8)
-        if self.weights:
-            from transformers import AutoTokenizer
-
-            if not hasattr(self, "_tok"):
-                self._tok = AutoTokenizer.from_pretrained(self.weights)
-            ids = self._tok(text).input_ids
-        else:
-            ids = [b % self.target.cfg.vocab_size for b in text.encode()]
-        return ids[-limit:] or [0]
