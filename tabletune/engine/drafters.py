@@ -1,34 +1,17 @@
-"""Drafters: draft tokens per sequence on the device, inside the step's CUDA graph.
+"""Drafters: draft tokens per sequence on the device, inside the step's CUDA graph (docs/engine.md).
 
-Every drafter has ``prefill`` (eager, once per request), ``begin`` and ``draft``
-(below) and ``observe`` (state update from the verified step). State lives in
-per-slot device tensors, gathered by slot.
-
-* ``NgramDrafter``: prompt lookup (as vLLM's ``ngram``): the latest earlier
-  occurrence of the last n tokens (n = n_max..n_min) in the sequence's history;
-  the k tokens that followed it are the drafts.
-* ``ReplayDrafter``: proposes a recorded continuation (e.g. the target's own
-  greedy output); with the forced-rejection cap it replays measured acceptance.
+* ``NgramDrafter``: prompt lookup (as vLLM's ``ngram``): the latest earlier occurrence of the last n tokens
+  (n = n_max..n_min) in the sequence's history; the k tokens that followed it are the drafts.
+* ``ReplayDrafter``: proposes a recorded continuation; with the forced-rejection cap it replays measured acceptance.
 * ``DraftModelDrafter``: a separate small decoder with its own KV cache.
-* ``EagleDrafter``: EAGLE-style head (Li et al. 2024, arXiv:2401.15077): one
-  decoder layer over fc([embed(token); target hidden]), the target's LM head.
-* ``ParallelBlockDrafter``: DFlash-like: all k drafts from one forward of one
-  layer over k positions conditioned on the target's last hidden state.
+* ``EagleDrafter``: EAGLE-style head (Li et al. 2024, arXiv:2401.15077): one decoder layer over
+  fc([embed(token); target hidden]), the target's LM head.
+* ``ParallelBlockDrafter``: DFlash-like: all k drafts from one forward of one layer over k positions.
 
-A drafter drafts position by position, so that a row can stop at any position:
-``begin`` once a step (the catch-up below; the n-gram match; drafters that make
-all their drafts at once write them here), then ``draft(slots, j)`` for position
-j + 1 of the rows still drafting. Each writes into per-slot arrays (``DraftSlots``,
-the engine's): the drafts and, per drafted token, the signals the policies read
-(``tabletune.policies.base.DraftFeatures``): the draft distribution's top-1
-probability, entropy (nats) and top-1/top-2 margin (at T = 0 of the softmax at
-temperature 1); the n-gram drafter also writes its suffix match length and how
-many of its drafts are real (what follows the match) into ``engine.draft_meta``.
-All are device tensors written inside the step's graphs; the host reads them after.
-
-Draft-model and EAGLE-style catch-up: the previous step's emitted tokens (m+1)
-are re-fed in one forward of width k+1 before the single-token positions; when
-more tokens are pending than fit, the oldest are skipped (only acceptance suffers).
+Per drafted token a drafter writes the draft and the signals the policies read (``draft_signals``); the n-gram
+drafter also writes its match length and real drafts into ``engine.draft_meta``. Draft-model and EAGLE-style
+catch-up: the previous step's m + 1 emitted tokens are re-fed in one forward of width k + 1 before the single-token
+positions; when more are pending than fit, the oldest are skipped (only acceptance suffers).
 """
 
 from __future__ import annotations

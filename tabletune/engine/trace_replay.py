@@ -1,21 +1,14 @@
 """Trace replay: a real drafter's recorded per-token trace, replayed on any target through the forced-rejection cap.
 
-A trace (``tabletune acceptance --trace-out``, ``docs/formats.md``) has one row per
-tested draft token: its output position ``gen_pos`` (1 = the first token after the
-prefill's), its signals (top-1 probability, entropy, margin; empty for n-gram) and
-whether the target accepted it; n-gram rows also carry the suffix match length.
-A request's trace becomes arrays by output position g:
-
-    signals[g], accepted[g]        the model chain (e.g. the early-exit trace)
-    accepted_ngram[g], match[g]    the n-gram chain, run[g] = recorded rows from g on (its proposals)
-
-A position the trace lacks (untested, or no n-gram match) counts as rejected with no
-proposal. Longer outputs wrap around the trace. ``TracedReplayDrafter`` drafts the
-target's own greedy continuation (the oracle) with these signals; the step caps the
-accepted count at the leading run of ``accepted`` of the row's chain, where the target
-emits its own token: so the acceptance follows the trace, the verification cost is the
-target's, the drafting cost that of a real drafter run beside it (an EAGLE-style head
-by default), and greedy outputs stay exactly the target's (``verify`` says why).
+A trace (``tabletune acceptance --trace-out``, ``docs/formats.md``) has one row per tested draft token at output
+position ``gen_pos`` g (1 = the first token after the prefill's): its signals (top-1, entropy, margin; empty for
+n-gram), whether the target accepted it, and for n-gram its suffix match length. A request's trace becomes arrays
+by g: signals[g] and accepted[g] of the model chain; accepted_ngram[g], match[g] and run[g] (recorded rows from g
+on: its proposals) of the n-gram chain. A position the trace lacks counts as rejected with no proposal; longer
+outputs wrap around the trace. ``TracedReplayDrafter`` drafts the target's own greedy continuation with these
+signals and caps the accepted count at the leading run of ``accepted`` of the row's chain: the acceptance follows
+the trace, verification and drafting cost what the target and a real drafter cost (an EAGLE-style head by
+default), and greedy outputs stay exactly the target's (``verify`` says why).
 """
 
 from __future__ import annotations
