@@ -22,6 +22,3 @@ class KVCache:
     @property
     def scratch_slot(self) -> int:
         return self.num_slots
-
-    def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() * 2

@@ -136,14 +136,11 @@ def moe_mlp(ops, x, router, w_gate_up, w_down, top_k):
 class Decoder(nn.Module):
     """A stack of decoder layers with embeddings, final norm and LM head; ``ops`` default: ``select_ops(device)``."""
 
-    def __init__(self, cfg: ModelConfig, dtype=torch.bfloat16, device="cpu", num_layers: int | None = None,
-                 ops=None) -> None:
+    def __init__(self, cfg: ModelConfig, dtype=torch.bfloat16, device="cpu", ops=None) -> None:
         super().__init__()
-        self.cfg = cfg
-        self.dtype = dtype
-        n = cfg.num_layers if num_layers is None else num_layers
+        self.cfg, self.dtype = cfg, dtype
         self.embed = _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device, std=1.0)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, dtype, device) for _ in range(n))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, dtype, device) for _ in range(cfg.num_layers))
         self.final_norm = _ones(cfg.hidden_size, dtype, device)
         self.lm_head = self.embed if cfg.tie_embeddings else _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype,
                                                                      device=device)
@@ -157,11 +154,11 @@ class Decoder(nn.Module):
         c = self.cfg
         return KVCache(len(self.layers), num_slots, c.num_kv_heads, max_len, c.head_dim, self.dtype, self.device)
 
-    def forward(self, tokens, start_pos, slots, cache: KVCache, embeds: torch.Tensor | None = None,
-                prefill_at: tuple | None = None, packed: torch_ops.Packed | None = None):
+    def forward(self, tokens, start_pos, slots, cache: KVCache, prefill_at: tuple | None = None,
+                packed: torch_ops.Packed | None = None):
         """tokens [B, q] -> final-normed hidden [B, q, hidden]; ``packed``: tokens [T] -> hidden [T, hidden]."""
         ops, eps = self.ops, self.cfg.rms_norm_eps
-        x = self.embed[tokens] if embeds is None else embeds
+        x = self.embed[tokens]
         delta = None  # the first add+norm has nothing to add
         for i, layer in enumerate(self.layers):
             h, x = ops.add_rms_norm(x, delta, layer.in_norm, eps)

@@ -79,12 +79,6 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
-def preset(name: str) -> ModelConfig:
-    if name not in PRESETS:
-        raise InputError("--model", "model", name, f"unknown preset; choose one of {sorted(PRESETS)}")
-    return PRESETS[name]
-
-
 def config_from_hf(path: str | Path) -> ModelConfig:
     """Read a HF ``config.json`` (a file or the folder holding it)."""
     p = Path(path)
@@ -129,7 +123,7 @@ def resolve(model: str) -> ModelConfig:
         return PRESETS[model]
     if Path(model).exists():
         return config_from_hf(model)
-    return preset(model)
+    raise InputError("--model", "model", model, f"unknown preset; choose one of {sorted(PRESETS)}")
 
 
 def replace(cfg: ModelConfig, **changes: object) -> ModelConfig:

@@ -171,7 +171,6 @@ class GemmChooser:
     def __init__(self, counters: torch.Tensor, pdl: bool, split_k: bool = True) -> None:
         self.counters, self.pdl, self.split_k = counters, pdl, split_k
         self.choices: dict[tuple[int, int, int, bool], object] = {}
-        self.timings_us: dict[tuple[int, int, int, bool], dict] = {}
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, gated: bool = False) -> torch.Tensor:
         """x [M, K] -> x W^T [M, N] (gated: x = [gate | up] of width 2K, silu(gate) * up first)."""
@@ -240,5 +239,4 @@ class GemmChooser:
                 timings[choice] = time_us(lambda: run(rotated())) + penalty
         if not timings:
             raise RuntimeError(f"no GEMM candidate for {key} ran correctly on this GPU")
-        self.timings_us[key] = timings
         return min(timings, key=timings.get)
