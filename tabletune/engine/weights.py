@@ -21,21 +21,25 @@ def _read_all(folder: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def load_hf_weights(model, folder: Path) -> None:
-    t = _read_all(folder)
-    if any(name.endswith("q_proj.bias") for name in t):
-        raise InputError(str(folder), "q_proj.bias", True, "attention biases (Qwen2) are not supported")
-
+def _get_put(t: dict[str, torch.Tensor], source: str):
+    """(get(name): the tensor, else an InputError; put(param, value): copied in place after a shape check)."""
     def get(name: str) -> torch.Tensor:
         if name not in t:
-            raise InputError(str(folder), name, None, "missing tensor")
+            raise InputError(source, name, None, "missing tensor")
         return t[name]
 
     def put(param: torch.nn.Parameter, value: torch.Tensor) -> None:
         if tuple(param.shape) != tuple(value.shape):
-            raise InputError(str(folder), "<shape>", tuple(value.shape), f"expected {tuple(param.shape)}")
+            raise InputError(source, "<shape>", tuple(value.shape), f"expected {tuple(param.shape)}")
         param.data.copy_(value.to(param.dtype))
+    return get, put
 
+
+def load_hf_weights(model, folder: Path) -> None:
+    t = _read_all(folder)
+    if any(name.endswith("q_proj.bias") for name in t):
+        raise InputError(str(folder), "q_proj.bias", True, "attention biases (Qwen2) are not supported")
+    get, put = _get_put(t, str(folder))
     with torch.no_grad():
         put(model.embed, get("model.embed_tokens.weight"))
         put(model.final_norm, get("model.norm.weight"))
@@ -77,12 +81,7 @@ def put_eagle_state(drafter, t: dict[str, torch.Tensor], source: str) -> None:
     concatenated), copied in place: captured CUDA graphs keep reading the same storage. The copies run on the
     current stream (``drafter.online`` publishes an updated head this way between two steps)."""
     layer, p = drafter.layer, "layers.0."
-
-    def get(name: str) -> torch.Tensor:
-        if name not in t:
-            raise InputError(source, name, None, "missing tensor")
-        return t[name]
-
+    get, put = _get_put(t, source)
     with torch.no_grad():
         for param, value in ((drafter.fc, get("fc.weight")),
                              (layer.wqkv, torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"], 0)),
@@ -91,6 +90,4 @@ def put_eagle_state(drafter, t: dict[str, torch.Tensor], source: str) -> None:
                              (layer.w_gate_up, torch.cat([get(p + "mlp.gate_proj.weight"),
                                                           get(p + "mlp.up_proj.weight")], 0)),
                              (layer.w_down, get(p + "mlp.down_proj.weight"))):
-            if tuple(param.shape) != tuple(value.shape):
-                raise InputError(source, "<shape>", tuple(value.shape), f"expected {tuple(param.shape)}")
-            param.data.copy_(value.to(param.dtype))
+            put(param, value)
