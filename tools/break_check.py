@@ -131,7 +131,7 @@ BREAKS = (
           "reqs.trace_pos = reqs.trace_pos + tokens", "reqs.trace_pos = reqs.trace_pos + tokens - 1",
           ("tests/engine/test_replay_agreement.py",)),
     Break("engine replay: the cap counts every accepted row, not the leading run",
-          "tabletune/engine/trace_replay.py", "accept_run=torch.cumprod(ok, dim=1).sum(1)", "accept_run=ok.sum(1)",
+          "tabletune/engine/trace_replay.py", "torch.cumprod(ok, dim=1).sum(1)], 1)", "ok.sum(1)], 1)",
           ("tests/engine/test_replay_agreement.py",)),
     Break("report: figures not embedded", "tabletune/experiments/report.py",
           'images = "".join(f"\\n![{f}]({f})\\n" for f in section.files if f.endswith(".png"))', 'images = ""',
