@@ -194,12 +194,29 @@ class PerRequestController(ControllerPolicy):
         rates = np.asarray(self.controller.estimator.rates()[: top1.shape[1]])
         return np.broadcast_to(rates[None, :], top1.shape)
 
+    def ngram_survival(self, match_len: np.ndarray | None, num_proposed: np.ndarray | None) -> np.ndarray | None:
+        """[b, k_max] survival of the n-gram chain from the lookup (None: no chain, or no row matched); it sets
+        ``_ng_conf``, the per-position confidence that ``observe`` calibrates."""
+        self._ng_conf = None
+        if not self.use_ngram or num_proposed is None or not np.any(num_proposed > 0):
+            return None
+        k_max = self.ctx.k_max
+        rates = self.ngram_table.rates  # [l_max + 1, k_max] conditional acceptance by match length
+        cond = rates[np.clip(match_len, 0, rates.shape[0] - 1)]
+        proposed = np.arange(1, k_max + 1)[None, :] <= num_proposed[:, None]
+        self._ng_conf = cond
+        return np.cumprod(self.ngram_cal(cond), axis=1) * (proposed & (cond[:, :1] > 0))
+
     # ---- per step -------------------------------------------------------------------
 
     def decide(self, state: BatchState) -> Decision:
         b, k_max = state.batch_size, self.ctx.k_max
         if self.model_chain and state.features is None:  # before drafting (the engine): the estimator's a_j only
             return self._decide_blind(state)
+        if state.features is None and state.ngram_num_proposed is not None:  # the n-gram chain: its lookup is its signal
+            nan = np.full((b, k_max), np.nan)
+            state = BatchState(state.step, state.time_s, state.request_ids, state.num_generated,
+                               DraftFeatures(nan, nan, nan, state.ngram_match_len, state.ngram_num_proposed))
         f = (require_features(state.features, self.label) if self.model_chain
              else default_features(state, self.ctx, self.label))
         top1 = f.top1_prob[:, :k_max]
@@ -208,15 +225,7 @@ class PerRequestController(ControllerPolicy):
             surv_m = np.cumprod(self.model_probs(top1), axis=1)
         else:
             surv_m = np.cumprod(self.ngram_cal(top1), axis=1) * (top1 > 0)
-        surv_n = None
-        if self.use_ngram and np.any(f.ngram_num_proposed > 0):
-            rates = self.ngram_table.rates  # [l_max + 1, k_max] conditional acceptance by match length
-            cond = rates[np.clip(f.ngram_match_len, 0, rates.shape[0] - 1)]
-            proposed = np.arange(1, k_max + 1)[None, :] <= f.ngram_num_proposed[:, None]
-            self._ng_conf = cond
-            surv_n = np.cumprod(self.ngram_cal(cond), axis=1) * (proposed & (cond[:, :1] > 0))
-        else:
-            self._ng_conf = None
+        surv_n = self.ngram_survival(f.ngram_match_len, f.ngram_num_proposed)
         table_k = nearest_k(self.controller.table.k_for(max(b, 1)), self.ctx.ks)
         next_rates = np.asarray(self.controller.estimator.rates()[:k_max])
         rate = self.rate(b, surv_m, table_k)
@@ -235,16 +244,18 @@ class PerRequestController(ControllerPolicy):
         return Decision.per_request(plan.ks, plan.drafter)
 
     def _decide_blind(self, state: BatchState) -> Decision:
-        """The plan before any row drafted: every row's survival is the estimator's S_j = prod_{l<=j} a_l, so the
-        plan is one cap for the model chain; ``keep_drafting`` then stops rows on their own signals."""
+        """The plan before any row drafted: every row's model survival is the estimator's S_j = prod_{l<=j} a_l
+        (one cap for the model chain), the n-gram chain's comes from the lookup (``state.ngram_*``, known before
+        drafting); ``keep_drafting`` then stops the model rows on their own signals."""
         b, k_max = state.batch_size, self.ctx.k_max
         next_rates = np.asarray(self.controller.estimator.rates()[:k_max])
         surv_m = np.broadcast_to(np.cumprod(next_rates)[None, :], (b, k_max))
+        surv_n = self.ngram_survival(state.ngram_match_len, state.ngram_num_proposed)
         table_k = nearest_k(self.controller.table.k_for(max(b, 1)), self.ctx.ks)
         rate = self.rate(b, surv_m, table_k)
-        plan = choose_plan(self.ctx.cost, surv_m, None, next_rates, self.prices_ms(b), rate, table_k,
+        plan = choose_plan(self.ctx.cost, surv_m, surv_n, next_rates, self.prices_ms(b), rate, table_k,
                            None if b <= self.all_caps_max_batch else 2)
-        self._top1 = self._ng_conf = None
+        self._top1 = None
         self.explore_row = -1
         self.plan, self._rate, self._next_rates = plan, rate, next_rates
         return Decision.per_request(plan.ks, plan.drafter)
