@@ -18,6 +18,7 @@ and drafter choice priced by the step cost (``tabletune.controller.per_request``
 
 from __future__ import annotations
 
+import dataclasses
 from typing import ClassVar
 
 import numpy as np
@@ -181,6 +182,16 @@ class PerRequestController(ControllerPolicy):
             prices = self._prices[b] = np.array([marginal_ms(self.ctx.cost, b, c, k_max) for c in range(1, k_max + 1)])
         return prices
 
+    def ngram_prices_ms(self, b: int) -> np.ndarray:
+        """[caps, k_max]: as ``prices_ms`` for a row on the n-gram chain (its verification only)."""
+        key = -b
+        prices = self._prices.get(key)
+        if prices is None:
+            k_max = self.ctx.k_max
+            prices = self._prices[key] = np.array([marginal_ms(self.ctx.cost, b, c, k_max, free=True)
+                                                   for c in range(1, k_max + 1)])
+        return prices
+
     def rate(self, b: int, surv: np.ndarray, table_k: int) -> float:
         """R: the running tokens per ms; before the first step, the table's modelled rate."""
         if self.ema_ms > 0:
@@ -254,7 +265,8 @@ class PerRequestController(ControllerPolicy):
         table_k = nearest_k(self.controller.table.k_for(max(b, 1)), self.ctx.ks)
         rate = self.rate(b, surv_m, table_k)
         plan = choose_plan(self.ctx.cost, surv_m, surv_n, next_rates, self.prices_ms(b), rate, table_k,
-                           None if b <= self.all_caps_max_batch else 2)
+                           None if b <= self.all_caps_max_batch else 2,
+                           None if surv_n is None else self.ngram_prices_ms(b))
         self._top1 = None
         self.explore_row = -1
         self.plan, self._rate, self._next_rates = plan, rate, next_rates
@@ -277,7 +289,19 @@ class PerRequestController(ControllerPolicy):
         return keep
 
     def observe(self, outcome: StepOutcome) -> None:
-        super().observe(outcome)
+        """The batch controller learns the model chain's a_j from the model rows only (an n-gram row's run of
+        accepted tokens is not the model drafter's); the calibrations learn per chain."""
+        model = outcome.drafter == MODEL
+        if not self.model_chain or model.all():
+            super().observe(outcome)
+        else:
+            now_s = outcome.state.time_s + outcome.step_ms / 1000.0
+            rows = dataclasses.replace(outcome, ks=outcome.ks[model], accepted=outcome.accepted[model],
+                                       drafter=outcome.drafter[model])
+            obs = dataclasses.replace(observation(rows, self.controller.k_max, now_s, self.asked_k),
+                                      batch_size=len(outcome.ks))
+            self.controller.observe(obs)
+            self.controller.maybe_rebuild(now_s)
         self.steps += 1
         k_max = self.ctx.k_max
         tested = tested_mask(outcome.ks, outcome.accepted, k_max)

@@ -125,9 +125,12 @@ class _Run:
             return
         ks = np.minimum(np.maximum(decision.ks_for(b), 0), k_max)
         drafter = decision.drafter if decision.drafter is not None else self._const(b, sim.default_drafter)
+        free = None
         if stops:  # the draft ends row by row (``DraftStop``), on the signals drafted so far
-            ks = draft_until_stopped(self.draft_stop, state, ks)
-            drafted = ks
+            # a row given the n-gram chain (beside a model default) takes no model drafting: the lookup proposes
+            free = (drafter == NGRAM) & (sim.default_drafter != NGRAM)
+            drafted = draft_until_stopped(self.draft_stop, state, np.where(free, 0, ks))
+            ks = np.where(free, ks, drafted)
         elif self.uses_features and sim.default_drafter != NGRAM:  # it read every position's signals: all drafted
             drafted = self._const(b, k_max)
         else:
@@ -150,8 +153,9 @@ class _Run:
         if self.uses_features and margin is not None and sim.replay is None:
             kl = acc.kl_divergence(margin, rng)
             kl[np.arange(k_max)[None, :] >= ks[:, None]] = np.nan
-        self.finish_step(state, ks, drafter, accepted, kl, sim.cost.mixed_ms(ks, np.maximum(drafted, ks)),
-                         int(ks.sum()))
+        step_ms = (sim.cost.mixed_ms(ks, drafted, free) if free is not None
+                   else sim.cost.mixed_ms(ks, np.maximum(drafted, ks)))
+        self.finish_step(state, ks, drafter, accepted, kl, step_ms, int(ks.sum()))
 
     def uniform_step(self, state: BatchState, k: int) -> None:
         """Fast path: one k for every request, model drafter, no features."""
