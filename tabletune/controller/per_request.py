@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tabletune.cost import StepCost
+from tabletune.cost import StepCost, active_rows
 
 MODEL, NGRAM = 0, 1  # as tabletune.policies.base
 
@@ -58,14 +58,6 @@ def marginal_ms(cost: StepCost, batch_size: int, cap: int, k_max: int, free: boo
         drafted[0] = 0 if free else j
         times[j] = cost.mixed_ms(ks, drafted, mask)
     return np.maximum(np.diff(times), 0.0)
-
-
-def plan_ms(cost: StepCost, ks: np.ndarray, drafter: np.ndarray) -> float:
-    """T of a plan: the model rows draft and verify ks, the n-gram rows verify ks with no model drafting."""
-    ng = drafter == NGRAM
-    if not ng.any():
-        return cost.mixed_ms(ks)
-    return cost.mixed_ms(ks, np.where(ng, 0, ks), ng)
 
 
 def leading_true(mask: np.ndarray) -> np.ndarray:
@@ -148,7 +140,7 @@ def choose_plan(cost: StepCost, surv_model: np.ndarray, surv_ngram: np.ndarray |
     speculation. ``prices_ms[c - 1]`` is dT(b, c) (``marginal_ms``); the price vector under cap c is R dT(b, c)
     (``ngram_prices_ms``: the n-gram chain's, verification only). Caps are 1..k_max, or table_k +- ``cap_window``
     when given (fewer step costs to evaluate). A uniform plan costs T(b, k) (``StepCost.step_ms``), a mixed one
-    ``plan_ms`` (n-gram rows take no model drafting).
+    T(b; k, d) of ``StepCost.rows_ms`` with d = k on the model rows and d = 0 on the n-gram rows.
     """
     b = surv_model.shape[0]
     cum_m = prefix_sums(surv_model)
@@ -160,12 +152,13 @@ def choose_plan(cost: StepCost, surv_model: np.ndarray, surv_ngram: np.ndarray |
     caps = np.arange(lo, hi + 1)
     ks, drafter, tokens = plans_by_cap(surv_model, surv_ngram, next_rates, rate * prices_ms, caps,
                                        None if ngram_prices_ms is None else rate * ngram_prices_ms)
-    for i, cap in enumerate(caps.tolist()):
-        if i > 0 and np.array_equal(ks[i], ks[i - 1]) and np.array_equal(drafter[i], drafter[i - 1]):
-            continue  # a larger cap that changes nothing
-        plan = Plan(ks[i], drafter[i], cap, float(b + tokens[i].sum()), plan_ms(cost, ks[i], drafter[i]))
-        if plan.surplus(rate) > best.surplus(rate):
-            best = plan
+    # T of every cap's plan at once: the rule of ``StepCost.mixed_ms`` (n-gram rows draft nothing), [caps]
+    times = cost.rows_ms(b, active_rows(np.where(drafter == NGRAM, 0, ks), k_max), ks.mean(axis=1))
+    expected = b + tokens.sum(axis=1)
+    i = int(np.argmax(expected - rate * times))
+    plan = Plan(ks[i], drafter[i], int(caps[i]), float(expected[i]), float(times[i]))
+    if plan.surplus(rate) > best.surplus(rate):
+        best = plan
     if table_k > 0:
         zeros = np.zeros(b, np.int64)
         off = Plan(zeros, model, 0, float(b), cost.step_ms(b, 0))
