@@ -29,7 +29,9 @@ two more candidates, so a step never scores below the table by its own estimate.
 
 Drafter choice: where a second chain exists (n-gram, drafted on the host for free), each
 row takes the chain with the larger surplus sum_{j <= k_i} (S_ij - lambda_j) over its
-verified prefix (Hybrid Spark's yield per verified token, priced by the same lambda).
+verified prefix (Hybrid Spark's yield per verified token). A row on the n-gram chain takes
+no model drafting, so its lambda_j is R dV_j (``marginal_ms(..., free=True)``: its
+verification only), and a plan costs T(b; k, d) with d_i = 0 on its n-gram rows.
 """
 
 from __future__ import annotations

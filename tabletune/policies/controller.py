@@ -118,26 +118,30 @@ class PerRequestController(ControllerPolicy):
     """``controller:per-request``: the controller's table at the batch level, per-row drafting and verification.
 
     Batch level: the ``Controller`` as in ``controller`` (table from the measured T(b, k),
-    acceptance re-estimated online and shrunk to the tuner's prior, rebuilt with hysteresis);
-    its k at the step's batch size is the anchor plan. Request level
-    (``tabletune.controller.per_request``): each row drafts its next token while the token's
-    expected yield is worth more than its marginal cost on the step cost, verifies the prefix
-    whose calibrated survival pays, and takes the n-gram chain instead where that pays more
-    per verified token (``ngram=0`` turns the second chain off).
+    acceptance re-estimated online from the model-drafter rows and shrunk to the tuner's prior,
+    rebuilt with hysteresis); its k at the step's batch size is the anchor plan. Request level
+    (``tabletune.controller.per_request``), decided before anything is drafted (``DraftStop``: no
+    model signal yet, on the engine as in the simulator): every model row's survival is the
+    estimator's S_j = prod_{l<=j} a_l; each row takes the n-gram chain instead where its surplus
+    is larger (its survival from the lookup's match length, known before drafting, priced by its
+    verification only: an n-gram row takes no model drafting; ``ngram=0`` turns the chain off);
+    the plan's cap bounds the model rows, and ``keep_drafting`` then stops each model row on its
+    own drafted signals: row i drafts j + 1 while S_ij a_{j+1} > R dT_{j+1}(b, cap).
 
-    Survival: S_ij = prod_{l<=j} p_il, p from ``LogitCalibration`` on the model drafter's top-1
+    Signals: S_ij = prod_{l<=j} p_il, p from ``LogitCalibration`` on the model drafter's top-1
     probability, refitted every ``refit_every`` steps on the last ``memory`` tested tokens and
     cleared when the estimator detects a workload shift (calibration per workload); before its
     first fit p_ij is the estimator's a_j. The n-gram chain's survival is the context's
     calibration table, re-calibrated online by a binned map from its confidence to acceptance.
+    (Given every position's signals in ``decide``, as a test may, it plans on them directly.)
 
     Caps: every cap 1..k_max competes at batch sizes <= ``all_caps_max_batch`` (16), the table's k +- 2
     above (fewer step costs to price per step at large b).
 
-    Exploration: only at batch sizes <= ``explore_max_batch`` and only one row (the one whose
-    draft survives best) drafts k_max, on the controller's exploration steps (``explore_fraction``
-    credit, 0.005 by default here, and its evidence rule); larger batches learn deep positions from the rows the
-    request-level rule lets run past the table's k.
+    Exploration: on a plan made with the signals, at batch sizes <= ``explore_max_batch`` one row (the one
+    whose draft survives best) drafts k_max on the controller's exploration steps (``explore_fraction``
+    credit, 0.005 by default here); a plan made before drafting does not explore: the estimator learns
+    deep positions from the rows whose signals let them run past the table's k.
     """
 
     uses_features: ClassVar[bool] = True
