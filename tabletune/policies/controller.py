@@ -135,7 +135,7 @@ class PerRequestController(ControllerPolicy):
     calibration table, re-calibrated online by a binned map from its confidence to acceptance.
     (Given every position's signals in ``decide``, as a test may, it plans on them directly.)
 
-    Caps: every cap 1..k_max competes at batch sizes <= ``all_caps_max_batch`` (16), the table's k +- 2
+    Caps: every cap 1..k_max competes at batch sizes <= ``all_caps_max_batch`` (32), the table's k +- 2
     above (fewer step costs to price per step at large b).
 
     Exploration: on a plan made with the signals, at batch sizes <= ``explore_max_batch`` one row (the one
@@ -152,7 +152,7 @@ class PerRequestController(ControllerPolicy):
     def __init__(self, ctx: PolicyContext, start: DraftTable | None = None, prior: tuple[float, ...] | None = None,
                  config: ControllerConfig | None = None, label: str = "controller:per-request",
                  explore_max_batch: int = 8, ngram: int = 1, refit_every: int = 50, memory: int = 4096,
-                 ema: float = 0.95, all_caps_max_batch: int = 16) -> None:
+                 ema: float = 0.95, all_caps_max_batch: int = 32) -> None:
         super().__init__(ctx, start, prior, config or ControllerConfig(explore_fraction=self.EXPLORE_FRACTION), label)
         self.all_caps_max_batch = int(all_caps_max_batch)
         if explore_max_batch < 0 or refit_every < 1 or memory < 16 or not 0 <= ema < 1:
