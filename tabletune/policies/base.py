@@ -227,7 +227,10 @@ class DraftStop(Protocol):
     The draft loop ends when no row continues or j reaches the step's cap; a row that
     stopped at j drafted j tokens and is verified on at most those j (``decide`` may verify
     fewer). Rows that stop cost no further drafting and no verification past their stop.
-    The rule may use positions <= j only, which is all it is given.
+    The rule may use positions <= j only, which is all it is given. Such a policy's ``decide`` runs
+    before drafting, on ``BatchState.before_drafting()`` (no model signal, the n-gram lookup kept), and
+    its ks cap the rows; a row it puts on the n-gram chain (beside a model default drafter) takes no
+    model drafting and verifies the lookup's proposal (``StepCost.mixed_ms`` with ``free`` rows).
     """
 
     def keep_drafting(self, state: BatchState, features: DraftFeatures, j: int, active: np.ndarray) -> np.ndarray: ...
