@@ -169,10 +169,13 @@ class StepCost:
             active = np.where(active > 0, float(batch_size), 0.0)
         return self.verify_ms(batch_size, k_bar) + self.drafting_ms(active)
 
-    def mixed_ms(self, ks: np.ndarray, drafted: np.ndarray | None = None) -> float:
+    def mixed_ms(self, ks: np.ndarray, drafted: np.ndarray | None = None, free: np.ndarray | None = None) -> float:
         """T(b; k, d) by the rule in the module docstring: ``ks`` [b] verified, ``drafted`` [b] (default ks).
 
-        Raises ValueError when a row verifies more than it drafted.
+        ``free`` [b] bool marks rows whose verified tokens came from a drafter that costs no drafting time
+        (the n-gram lookup on the CPU): their ``drafted`` counts only the model drafter's positions (0 when
+        it did not run for them), so they may verify more than that. Raises ValueError when any other row
+        verifies more than it drafted.
         """
         b = len(ks)
         if b == 0:
@@ -180,10 +183,10 @@ class StepCost:
         ks = np.asarray(ks)
         if drafted is None:
             drafted = ks
-        elif np.any(ks > drafted):
+        elif np.any((ks > drafted) if free is None else (ks > drafted) & ~free):
             raise ValueError("a row verifies more tokens than it drafted (need ks <= drafted)")
         d_top = int(drafted.max())
-        if d_top == int(ks.min()):  # uniform: every row drafted and verified the same k
+        if d_top == int(ks.min()) and int(drafted.min()) == d_top:  # uniform: every row drafted and verified k
             return self.step_ms(b, d_top)
         active = (np.asarray(drafted)[:, None] >= np.arange(1, d_top + 1)[None, :]).sum(axis=0)
         return float(self.rows_ms(b, active, float(ks.sum()) / b))

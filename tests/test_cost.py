@@ -137,6 +137,18 @@ def test_stopped_rows_uniform_stop_is_the_profile_and_bad_rows_are_refused():
         StepCost(stop_profile(), draft_rows="padded")
 
 
+def test_free_rows_verify_without_model_drafting():
+    # T(b, k) = 10 + b + 4k, D(b, k) = b k; row 1 verifies 3 n-gram tokens with no model drafting:
+    # V~(2, 3) = 24 - 6 = 18, a = (1, 1, 1): drafting D(1, 3) = 3, T = 21 (both drafting: T(2, 3) = 24)
+    cost = StepCost.split(stop_profile(), lambda b, k: b * k)
+    free = np.array([False, True])
+    assert cost.mixed_ms(np.array([3, 3]), np.array([3, 0]), free) == pytest.approx(21.0)
+    # equal ks is not the uniform step when a row did not draft: V~(2, 2) = 16 + D(1, 2) = 2 -> 18, not T(2, 2) = 20
+    assert cost.mixed_ms(np.array([2, 2]), np.array([2, 0]), free) == pytest.approx(18.0)
+    with pytest.raises(ValueError, match="verifies more"):
+        cost.mixed_ms(np.array([3, 3]), np.array([0, 0]), free)  # row 0 is not free
+
+
 def test_fit_active_share_recovers_f_of_the_active_rows_rule():
     from tabletune.cost import fit_active_share
 

@@ -29,7 +29,9 @@ two more candidates, so a step never scores below the table by its own estimate.
 
 Drafter choice: where a second chain exists (n-gram, drafted on the host for free), each
 row takes the chain with the larger surplus sum_{j <= k_i} (S_ij - lambda_j) over its
-verified prefix (Hybrid Spark's yield per verified token, priced by the same lambda).
+verified prefix (Hybrid Spark's yield per verified token). A row on the n-gram chain takes
+no model drafting, so its lambda_j is R dV_j (``marginal_ms(..., free=True)``: its
+verification only), and a plan costs T(b; k, d) with d_i = 0 on its n-gram rows.
 """
 
 from __future__ import annotations
@@ -38,18 +40,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tabletune.cost import StepCost
+from tabletune.cost import StepCost, active_rows
 
 MODEL, NGRAM = 0, 1  # as tabletune.policies.base
 
 
-def marginal_ms(cost: StepCost, batch_size: int, cap: int, k_max: int) -> np.ndarray:
-    """[k_max] dT_j(b, c), j = 1..k_max: one row moved from j - 1 to j with the others at ``cap`` (>= 0)."""
+def marginal_ms(cost: StepCost, batch_size: int, cap: int, k_max: int, free: bool = False) -> np.ndarray:
+    """[k_max] dT_j(b, c), j = 1..k_max: one row moved from j - 1 to j with the others at ``cap`` (>= 0).
+
+    ``free``: the row's tokens come from the n-gram lookup (no model drafting), so dT_j is its verification only.
+    """
     ks = np.full(batch_size, cap, dtype=np.int64)
+    drafted = ks.copy()
+    mask = np.zeros(batch_size, bool)
+    mask[0] = free
     times = np.empty(k_max + 1)
     for j in range(k_max + 1):
         ks[0] = j
-        times[j] = cost.mixed_ms(ks)
+        drafted[0] = 0 if free else j
+        times[j] = cost.mixed_ms(ks, drafted, mask)
     return np.maximum(np.diff(times), 0.0)
 
 
@@ -92,12 +101,15 @@ def prefix_sums(survival: np.ndarray) -> np.ndarray:
 
 
 def plans_by_cap(surv_model: np.ndarray, surv_ngram: np.ndarray | None, next_rates: np.ndarray,
-                 prices: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                 prices: np.ndarray, caps: np.ndarray,
+                 ngram_prices: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(ks, drafter, bought survival), each [len(caps), b], for the caps c with price vectors ``prices[c - 1]``.
 
     Row i under cap c: ks = min(draft length, verified prefix, c) of the model chain, or the n-gram
-    chain's verified prefix where its surplus sum_{j<=k} (S_ij - lambda_j) is larger (module docstring).
+    chain's verified prefix where its surplus sum_{j<=k} (S_ij - lambda_j) is larger (module docstring);
+    the n-gram chain is priced by ``ngram_prices[c - 1]`` (verification only; default ``prices``).
     """
+    ngram_prices = prices if ngram_prices is None else ngram_prices
     b, k_max = surv_model.shape
     rows = np.arange(b)[None, :]
     price = prices[caps - 1][:, None, :]  # [caps, 1, k_max]
@@ -106,11 +118,13 @@ def plans_by_cap(surv_model: np.ndarray, surv_ngram: np.ndarray | None, next_rat
     tokens = prefix_sums(surv_model)[rows, ks]
     drafter = np.zeros_like(ks)
     if surv_ngram is not None:
-        cum_price = np.concatenate([np.zeros((len(caps), 1)), np.cumsum(prices[caps - 1], axis=1)], axis=1)
+        zero = np.zeros((len(caps), 1))
+        cum_price = np.concatenate([zero, np.cumsum(prices[caps - 1], axis=1)], axis=1)
+        cum_ng = np.concatenate([zero, np.cumsum(ngram_prices[caps - 1], axis=1)], axis=1)
         idx = np.arange(len(caps))[:, None]
-        ks_ng = np.minimum(leading_true3(surv_ngram[None] > price), caps[:, None])
+        ks_ng = np.minimum(leading_true3(surv_ngram[None] > ngram_prices[caps - 1][:, None, :]), caps[:, None])
         tok_ng = prefix_sums(surv_ngram)[rows, ks_ng]
-        use_ng = tok_ng - cum_price[idx, ks_ng] > tokens - cum_price[idx, ks]
+        use_ng = tok_ng - cum_ng[idx, ks_ng] > tokens - cum_price[idx, ks]
         ks, tokens = np.where(use_ng, ks_ng, ks), np.where(use_ng, tok_ng, tokens)
         drafter = use_ng.astype(np.int64)  # NGRAM = 1
     return ks.astype(np.int64), drafter, tokens
@@ -122,11 +136,13 @@ def leading_true3(mask: np.ndarray) -> np.ndarray:
 
 
 def choose_plan(cost: StepCost, surv_model: np.ndarray, surv_ngram: np.ndarray | None, next_rates: np.ndarray,
-                prices_ms: np.ndarray, rate: float, table_k: int, cap_window: int | None = None) -> Plan:
+                prices_ms: np.ndarray, rate: float, table_k: int, cap_window: int | None = None,
+                ngram_prices_ms: np.ndarray | None = None) -> Plan:
     """The plan with the largest surplus E - R T over the caps, the table's uniform ``table_k`` and no
-    speculation. ``prices_ms[c - 1]`` is dT(b, c) (``marginal_ms``); the price vector under cap c is R dT(b, c).
-    Caps are 1..k_max, or table_k +- ``cap_window`` when given (fewer step costs to evaluate). A uniform
-    plan costs T(b, k) (``StepCost.step_ms``).
+    speculation. ``prices_ms[c - 1]`` is dT(b, c) (``marginal_ms``); the price vector under cap c is R dT(b, c)
+    (``ngram_prices_ms``: the n-gram chain's, verification only). Caps are 1..k_max, or table_k +- ``cap_window``
+    when given (fewer step costs to evaluate). A uniform plan costs T(b, k) (``StepCost.step_ms``), a mixed one
+    T(b; k, d) of ``StepCost.rows_ms`` with d = k on the model rows and d = 0 on the n-gram rows.
     """
     b = surv_model.shape[0]
     cum_m = prefix_sums(surv_model)
@@ -136,13 +152,15 @@ def choose_plan(cost: StepCost, surv_model: np.ndarray, surv_ngram: np.ndarray |
     k_max = prices_ms.shape[0]
     lo, hi = (1, k_max) if cap_window is None else (max(table_k - cap_window, 1), min(table_k + cap_window, k_max))
     caps = np.arange(lo, hi + 1)
-    ks, drafter, tokens = plans_by_cap(surv_model, surv_ngram, next_rates, rate * prices_ms, caps)
-    for i, cap in enumerate(caps.tolist()):
-        if i > 0 and np.array_equal(ks[i], ks[i - 1]) and np.array_equal(drafter[i], drafter[i - 1]):
-            continue  # a larger cap that changes nothing
-        plan = Plan(ks[i], drafter[i], cap, float(b + tokens[i].sum()), cost.mixed_ms(ks[i]))
-        if plan.surplus(rate) > best.surplus(rate):
-            best = plan
+    ks, drafter, tokens = plans_by_cap(surv_model, surv_ngram, next_rates, rate * prices_ms, caps,
+                                       None if ngram_prices_ms is None else rate * ngram_prices_ms)
+    # T of every cap's plan at once: the rule of ``StepCost.mixed_ms`` (n-gram rows draft nothing), [caps]
+    times = cost.rows_ms(b, active_rows(np.where(drafter == NGRAM, 0, ks), k_max), ks.mean(axis=1))
+    expected = b + tokens.sum(axis=1)
+    i = int(np.argmax(expected - rate * times))
+    plan = Plan(ks[i], drafter[i], int(caps[i]), float(expected[i]), float(times[i]))
+    if plan.surplus(rate) > best.surplus(rate):
+        best = plan
     if table_k > 0:
         zeros = np.zeros(b, np.int64)
         off = Plan(zeros, model, 0, float(b), cost.step_ms(b, 0))

@@ -22,10 +22,16 @@ Decisions come in two shapes, both ordinary :class:`Decision` objects:
   n-gram drafter (``NGRAM``); None means the setting's default drafter
   (``ctx.default_drafter``).
 
-Token-by-token stopping rules (DISCO, TapOut, DSDE) are expressed as a per-request
-length: the policy scans ``features.top1_prob[i, :]`` (etc.) position by position and
-returns the first position where it would stop. It must only use positions <= j when
-deciding whether to draft j+1 (the features of a position exist once it is drafted).
+Token-by-token stopping rules (DISCO, TapOut, GammaTune, DSDE, ``controller:per-request``)
+implement ``DraftStop.keep_drafting``: a row's draft ends at the first position where the rule
+says stop, and the rule sees only the signals of positions <= j when deciding whether to draft
+j + 1. No peeking: such a policy's ``decide`` runs *before* anything is drafted, on the engine
+as in the simulator, so it gets ``state.features = None`` (no model signal of any position)
+and returns caps; the n-gram lookup, which costs no drafter step, comes with the state as
+``state.ngram_match_len`` / ``state.ngram_num_proposed`` (``BatchState.before_drafting``).
+The outcome's state carries the drafted signals (``features``) for ``observe``. A policy
+without a stop rule that sets ``uses_features`` reads every position's signals in ``decide``
+(the engine drafts all of them first, and the step pays for drafting them).
 
 Conventions:
 
@@ -110,10 +116,22 @@ class BatchState:
     request_ids: np.ndarray  # [batch_size] int64, stable for a request's lifetime
     num_generated: np.ndarray  # [batch_size] int, output tokens emitted so far (0: new request)
     features: DraftFeatures | None = None  # only for policies with uses_features = True
+    # the n-gram lookup, known before drafting (a suffix match costs no drafter step); None where not looked up
+    ngram_match_len: np.ndarray | None = None  # [batch_size] int, suffix-match length L (0: no match)
+    ngram_num_proposed: np.ndarray | None = None  # [batch_size] int, tokens the n-gram drafter can propose
 
     @property
     def batch_size(self) -> int:
         return len(self.request_ids)
+
+    def before_drafting(self) -> BatchState:
+        """The state a stop-rule policy decides on: no model signal (``features`` None), the n-gram lookup kept."""
+        f = self.features
+        if f is None:
+            return self
+        return BatchState(self.step, self.time_s, self.request_ids, self.num_generated, None,
+                          f.ngram_match_len if self.ngram_match_len is None else self.ngram_match_len,
+                          f.ngram_num_proposed if self.ngram_num_proposed is None else self.ngram_num_proposed)
 
 
 @dataclass(frozen=True)
@@ -209,7 +227,10 @@ class DraftStop(Protocol):
     The draft loop ends when no row continues or j reaches the step's cap; a row that
     stopped at j drafted j tokens and is verified on at most those j (``decide`` may verify
     fewer). Rows that stop cost no further drafting and no verification past their stop.
-    The rule may use positions <= j only, which is all it is given.
+    The rule may use positions <= j only, which is all it is given. Such a policy's ``decide`` runs
+    before drafting, on ``BatchState.before_drafting()`` (no model signal, the n-gram lookup kept), and
+    its ks cap the rows; a row it puts on the n-gram chain (beside a model default drafter) takes no
+    model drafting and verifies the lookup's proposal (``StepCost.mixed_ms`` with ``free`` rows).
     """
 
     def keep_drafting(self, state: BatchState, features: DraftFeatures, j: int, active: np.ndarray) -> np.ndarray: ...

@@ -18,6 +18,7 @@ and drafter choice priced by the step cost (``tabletune.controller.per_request``
 
 from __future__ import annotations
 
+import dataclasses
 from typing import ClassVar
 
 import numpy as np
@@ -117,26 +118,30 @@ class PerRequestController(ControllerPolicy):
     """``controller:per-request``: the controller's table at the batch level, per-row drafting and verification.
 
     Batch level: the ``Controller`` as in ``controller`` (table from the measured T(b, k),
-    acceptance re-estimated online and shrunk to the tuner's prior, rebuilt with hysteresis);
-    its k at the step's batch size is the anchor plan. Request level
-    (``tabletune.controller.per_request``): each row drafts its next token while the token's
-    expected yield is worth more than its marginal cost on the step cost, verifies the prefix
-    whose calibrated survival pays, and takes the n-gram chain instead where that pays more
-    per verified token (``ngram=0`` turns the second chain off).
+    acceptance re-estimated online from the model-drafter rows and shrunk to the tuner's prior,
+    rebuilt with hysteresis); its k at the step's batch size is the anchor plan. Request level
+    (``tabletune.controller.per_request``), decided before anything is drafted (``DraftStop``: no
+    model signal yet, on the engine as in the simulator): every model row's survival is the
+    estimator's S_j = prod_{l<=j} a_l; each row takes the n-gram chain instead where its surplus
+    is larger (its survival from the lookup's match length, known before drafting, priced by its
+    verification only: an n-gram row takes no model drafting; ``ngram=0`` turns the chain off);
+    the plan's cap bounds the model rows, and ``keep_drafting`` then stops each model row on its
+    own drafted signals: row i drafts j + 1 while S_ij a_{j+1} > R dT_{j+1}(b, cap).
 
-    Survival: S_ij = prod_{l<=j} p_il, p from ``LogitCalibration`` on the model drafter's top-1
+    Signals: S_ij = prod_{l<=j} p_il, p from ``LogitCalibration`` on the model drafter's top-1
     probability, refitted every ``refit_every`` steps on the last ``memory`` tested tokens and
     cleared when the estimator detects a workload shift (calibration per workload); before its
     first fit p_ij is the estimator's a_j. The n-gram chain's survival is the context's
     calibration table, re-calibrated online by a binned map from its confidence to acceptance.
+    (Given every position's signals in ``decide``, as a test may, it plans on them directly.)
 
-    Caps: every cap 1..k_max competes at batch sizes <= ``all_caps_max_batch`` (16), the table's k +- 2
+    Caps: every cap 1..k_max competes at batch sizes <= ``all_caps_max_batch`` (32), the table's k +- 2
     above (fewer step costs to price per step at large b).
 
-    Exploration: only at batch sizes <= ``explore_max_batch`` and only one row (the one whose
-    draft survives best) drafts k_max, on the controller's exploration steps (``explore_fraction``
-    credit, 0.005 by default here, and its evidence rule); larger batches learn deep positions from the rows the
-    request-level rule lets run past the table's k.
+    Exploration: on a plan made with the signals, at batch sizes <= ``explore_max_batch`` one row (the one
+    whose draft survives best) drafts k_max on the controller's exploration steps (``explore_fraction``
+    credit, 0.005 by default here); a plan made before drafting does not explore: the estimator learns
+    deep positions from the rows whose signals let them run past the table's k.
     """
 
     uses_features: ClassVar[bool] = True
@@ -147,7 +152,7 @@ class PerRequestController(ControllerPolicy):
     def __init__(self, ctx: PolicyContext, start: DraftTable | None = None, prior: tuple[float, ...] | None = None,
                  config: ControllerConfig | None = None, label: str = "controller:per-request",
                  explore_max_batch: int = 8, ngram: int = 1, refit_every: int = 50, memory: int = 4096,
-                 ema: float = 0.95, all_caps_max_batch: int = 16) -> None:
+                 ema: float = 0.95, all_caps_max_batch: int = 32) -> None:
         super().__init__(ctx, start, prior, config or ControllerConfig(explore_fraction=self.EXPLORE_FRACTION), label)
         self.all_caps_max_batch = int(all_caps_max_batch)
         if explore_max_batch < 0 or refit_every < 1 or memory < 16 or not 0 <= ema < 1:
@@ -181,6 +186,16 @@ class PerRequestController(ControllerPolicy):
             prices = self._prices[b] = np.array([marginal_ms(self.ctx.cost, b, c, k_max) for c in range(1, k_max + 1)])
         return prices
 
+    def ngram_prices_ms(self, b: int) -> np.ndarray:
+        """[caps, k_max]: as ``prices_ms`` for a row on the n-gram chain (its verification only)."""
+        key = -b
+        prices = self._prices.get(key)
+        if prices is None:
+            k_max = self.ctx.k_max
+            prices = self._prices[key] = np.array([marginal_ms(self.ctx.cost, b, c, k_max, free=True)
+                                                   for c in range(1, k_max + 1)])
+        return prices
+
     def rate(self, b: int, surv: np.ndarray, table_k: int) -> float:
         """R: the running tokens per ms; before the first step, the table's modelled rate."""
         if self.ema_ms > 0:
@@ -194,12 +209,29 @@ class PerRequestController(ControllerPolicy):
         rates = np.asarray(self.controller.estimator.rates()[: top1.shape[1]])
         return np.broadcast_to(rates[None, :], top1.shape)
 
+    def ngram_survival(self, match_len: np.ndarray | None, num_proposed: np.ndarray | None) -> np.ndarray | None:
+        """[b, k_max] survival of the n-gram chain from the lookup (None: no chain, or no row matched); it sets
+        ``_ng_conf``, the per-position confidence that ``observe`` calibrates."""
+        self._ng_conf = None
+        if not self.use_ngram or num_proposed is None or not np.any(num_proposed > 0):
+            return None
+        k_max = self.ctx.k_max
+        rates = self.ngram_table.rates  # [l_max + 1, k_max] conditional acceptance by match length
+        cond = rates[np.clip(match_len, 0, rates.shape[0] - 1)]
+        proposed = np.arange(1, k_max + 1)[None, :] <= num_proposed[:, None]
+        self._ng_conf = cond
+        return np.cumprod(self.ngram_cal(cond), axis=1) * (proposed & (cond[:, :1] > 0))
+
     # ---- per step -------------------------------------------------------------------
 
     def decide(self, state: BatchState) -> Decision:
         b, k_max = state.batch_size, self.ctx.k_max
         if self.model_chain and state.features is None:  # before drafting (the engine): the estimator's a_j only
             return self._decide_blind(state)
+        if state.features is None and state.ngram_num_proposed is not None:  # the n-gram chain: its lookup is its signal
+            nan = np.full((b, k_max), np.nan)
+            state = BatchState(state.step, state.time_s, state.request_ids, state.num_generated,
+                               DraftFeatures(nan, nan, nan, state.ngram_match_len, state.ngram_num_proposed))
         f = (require_features(state.features, self.label) if self.model_chain
              else default_features(state, self.ctx, self.label))
         top1 = f.top1_prob[:, :k_max]
@@ -208,15 +240,7 @@ class PerRequestController(ControllerPolicy):
             surv_m = np.cumprod(self.model_probs(top1), axis=1)
         else:
             surv_m = np.cumprod(self.ngram_cal(top1), axis=1) * (top1 > 0)
-        surv_n = None
-        if self.use_ngram and np.any(f.ngram_num_proposed > 0):
-            rates = self.ngram_table.rates  # [l_max + 1, k_max] conditional acceptance by match length
-            cond = rates[np.clip(f.ngram_match_len, 0, rates.shape[0] - 1)]
-            proposed = np.arange(1, k_max + 1)[None, :] <= f.ngram_num_proposed[:, None]
-            self._ng_conf = cond
-            surv_n = np.cumprod(self.ngram_cal(cond), axis=1) * (proposed & (cond[:, :1] > 0))
-        else:
-            self._ng_conf = None
+        surv_n = self.ngram_survival(f.ngram_match_len, f.ngram_num_proposed)
         table_k = nearest_k(self.controller.table.k_for(max(b, 1)), self.ctx.ks)
         next_rates = np.asarray(self.controller.estimator.rates()[:k_max])
         rate = self.rate(b, surv_m, table_k)
@@ -235,16 +259,19 @@ class PerRequestController(ControllerPolicy):
         return Decision.per_request(plan.ks, plan.drafter)
 
     def _decide_blind(self, state: BatchState) -> Decision:
-        """The plan before any row drafted: every row's survival is the estimator's S_j = prod_{l<=j} a_l, so the
-        plan is one cap for the model chain; ``keep_drafting`` then stops rows on their own signals."""
+        """The plan before any row drafted: every row's model survival is the estimator's S_j = prod_{l<=j} a_l
+        (one cap for the model chain), the n-gram chain's comes from the lookup (``state.ngram_*``, known before
+        drafting); ``keep_drafting`` then stops the model rows on their own signals."""
         b, k_max = state.batch_size, self.ctx.k_max
         next_rates = np.asarray(self.controller.estimator.rates()[:k_max])
         surv_m = np.broadcast_to(np.cumprod(next_rates)[None, :], (b, k_max))
+        surv_n = self.ngram_survival(state.ngram_match_len, state.ngram_num_proposed)
         table_k = nearest_k(self.controller.table.k_for(max(b, 1)), self.ctx.ks)
         rate = self.rate(b, surv_m, table_k)
-        plan = choose_plan(self.ctx.cost, surv_m, None, next_rates, self.prices_ms(b), rate, table_k,
-                           None if b <= self.all_caps_max_batch else 2)
-        self._top1 = self._ng_conf = None
+        plan = choose_plan(self.ctx.cost, surv_m, surv_n, next_rates, self.prices_ms(b), rate, table_k,
+                           None if b <= self.all_caps_max_batch else 2,
+                           None if surv_n is None else self.ngram_prices_ms(b))
+        self._top1 = None
         self.explore_row = -1
         self.plan, self._rate, self._next_rates = plan, rate, next_rates
         return Decision.per_request(plan.ks, plan.drafter)
@@ -266,7 +293,19 @@ class PerRequestController(ControllerPolicy):
         return keep
 
     def observe(self, outcome: StepOutcome) -> None:
-        super().observe(outcome)
+        """The batch controller learns the model chain's a_j from the model rows only (an n-gram row's run of
+        accepted tokens is not the model drafter's); the calibrations learn per chain."""
+        model = outcome.drafter == MODEL
+        if not self.model_chain or model.all():
+            super().observe(outcome)
+        else:
+            now_s = outcome.state.time_s + outcome.step_ms / 1000.0
+            rows = dataclasses.replace(outcome, ks=outcome.ks[model], accepted=outcome.accepted[model],
+                                       drafter=outcome.drafter[model])
+            obs = dataclasses.replace(observation(rows, self.controller.k_max, now_s, self.asked_k),
+                                      batch_size=len(outcome.ks))
+            self.controller.observe(obs)
+            self.controller.maybe_rebuild(now_s)
         self.steps += 1
         k_max = self.ctx.k_max
         tested = tested_mask(outcome.ks, outcome.accepted, k_max)

@@ -50,7 +50,7 @@ from typing import ClassVar
 import numpy as np
 
 from tabletune.policies.base import MODEL, BatchState, Decision, DraftFeatures, PolicyContext, StepOutcome
-from tabletune.policies.per_request import accepted_mask, default_features, tested_mask
+from tabletune.policies.per_request import accepted_mask, default_features, drafter_features, tested_mask
 
 P_FLOOR = 1e-6
 SF_ALPHA = 2.0  # SF = exp(2 * kl_bar) - 1
@@ -327,7 +327,9 @@ class DsdePolicy:
         k_max = self.ctx.k_max
         if outcome.kl is not None and self.ctx.default_drafter == MODEL:
             return outcome.kl[:, :k_max]
-        if self._features is not None:
-            f = self._features
+        f = self._features
+        if f is None and outcome.state.features is not None:  # decided before drafting: the drafted signals
+            f = drafter_features(outcome.state.features, self.ctx)
+        if f is not None:
             return kl_proxy(f.top1_prob[:, :k_max], f.margin[:, :k_max], outcome.ks, outcome.accepted)
         return None

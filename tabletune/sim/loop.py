@@ -83,8 +83,8 @@ class _Run:
             noise = self.sim._w["signal_noise"][self.reqs.widx][:, None]
             top1, entropy, margin12, _ = acc.confidence_features(margin, noise, self.rng)
             features = DraftFeatures(top1, entropy, margin12, ng_len, ng_prop)
-        return BatchState(step=len(self.steps), time_s=self.time_s, request_ids=self.reqs.ids,
-                          num_generated=self.reqs.generated, features=features)
+        lookup = (ng_len, ng_prop) if self.track_ngram else (None, None)
+        return BatchState(len(self.steps), self.time_s, self.reqs.ids, self.reqs.generated, features, *lookup)
 
     def _const(self, b: int, value: int) -> np.ndarray:
         """A cached read-only [b] int array filled with value (uniform k, default drafter)."""
@@ -117,15 +117,20 @@ class _Run:
             self.policy.fate = (margin > 0).cumprod(axis=1).sum(axis=1)  # type: ignore[attr-defined]
             self.policy.fate_ngram = (None if ng_ok is None else  # type: ignore[attr-defined]
                                       np.minimum(ng_ok.cumprod(axis=1).sum(axis=1), ng_prop))
-        decision = self.policy.decide(state)
+        stops = self.draft_stop is not ALWAYS_DRAFT
+        # a stop rule decides before drafting (no model signal yet; ``BatchState.before_drafting``)
+        decision = self.policy.decide(state.before_drafting() if stops else state)
         if decision.ks is None and decision.drafter is None and sim.default_drafter != NGRAM and margin is None:
             self.uniform_step(state, min(max(int(decision.k), 0), k_max))  # type: ignore[arg-type]
             return
         ks = np.minimum(np.maximum(decision.ks_for(b), 0), k_max)
         drafter = decision.drafter if decision.drafter is not None else self._const(b, sim.default_drafter)
-        if self.draft_stop is not ALWAYS_DRAFT:  # the draft ends row by row (``DraftStop``)
-            ks = draft_until_stopped(self.draft_stop, state, ks)
-            drafted = ks
+        free = None
+        if stops:  # the draft ends row by row (``DraftStop``), on the signals drafted so far
+            # a row given the n-gram chain (beside a model default) takes no model drafting: the lookup proposes
+            free = (drafter == NGRAM) & (sim.default_drafter != NGRAM)
+            drafted = draft_until_stopped(self.draft_stop, state, np.where(free, 0, ks))
+            ks = np.where(free, ks, drafted)
         elif self.uses_features and sim.default_drafter != NGRAM:  # it read every position's signals: all drafted
             drafted = self._const(b, k_max)
         else:
@@ -148,8 +153,9 @@ class _Run:
         if self.uses_features and margin is not None and sim.replay is None:
             kl = acc.kl_divergence(margin, rng)
             kl[np.arange(k_max)[None, :] >= ks[:, None]] = np.nan
-        self.finish_step(state, ks, drafter, accepted, kl, sim.cost.mixed_ms(ks, np.maximum(drafted, ks)),
-                         int(ks.sum()))
+        step_ms = (sim.cost.mixed_ms(ks, drafted, free) if free is not None
+                   else sim.cost.mixed_ms(ks, np.maximum(drafted, ks)))
+        self.finish_step(state, ks, drafter, accepted, kl, step_ms, int(ks.sum()))
 
     def uniform_step(self, state: BatchState, k: int) -> None:
         """Fast path: one k for every request, model drafter, no features."""

@@ -4,13 +4,14 @@
 draft (``fate[i]`` = m_i, the leading run of positions the target would accept, at most
 k_max; from the replayed trace or the drawn acceptance) and, when the n-gram chain is
 replayed, the fate of the n-gram drafter's proposal (``fate_ngram[i]``, its accepted run
-within the tokens it proposes); a row takes the chain with the longer run (the model chain
-on ties), so the oracle bounds Hybrid Spark's two drafters as well. It never drafts a rejected token
+within the tokens it proposes); a row takes the chain with the longer run (the n-gram chain
+on ties: it takes no model drafting), so the oracle bounds Hybrid Spark's two drafters as well. It never drafts a rejected token
 (a row stops at its first rejection) and, per step, picks the cap c that maximises the
 step's tokens per ms under the cost rule (``tabletune.cost``):
 
-    k_i(c) = min(m_i, c),   c* = argmax_c  sum_i (k_i(c) + 1) / T(b; k(c), k(c))
+    k_i(c) = min(m_i, c),   c* = argmax_c  sum_i (k_i(c) + 1) / T(b; k(c), d(c))
 
+with d_i = k_i on the model chain and d_i = 0 on the n-gram chain (a lookup, no model drafting),
 so each row drafts and verifies exactly the tokens it keeps, and a row's accepted run is
 cut only where drafting it would cost more than it earns at that batch size (each request's
 best k given the fates; myopic, one step at a time). The cell's headroom is
@@ -49,9 +50,9 @@ class FateOracle:
             raise ValueError("oracle: the simulator must set the step's fate before decide")
         fate, drafter = self.fate, None
         if self.fate_ngram is not None:
-            use_ng = self.fate_ngram > fate
+            use_ng = (self.fate_ngram >= fate) & (self.fate_ngram > 0)
             fate, drafter = np.where(use_ng, self.fate_ngram, fate), np.where(use_ng, NGRAM, MODEL)
-        self._ks = oracle_lengths(fate, self.ctx)
+        self._ks = oracle_lengths(fate, self.ctx, None if drafter is None else drafter == NGRAM)
         return Decision.per_request(self._ks, drafter)
 
     def keep_drafting(self, state: BatchState, features: DraftFeatures | None, j: int,
@@ -62,15 +63,17 @@ class FateOracle:
         self.fate = self.fate_ngram = None
 
 
-def oracle_lengths(fate: np.ndarray, ctx: PolicyContext) -> np.ndarray:
-    """[b] k_i = min(m_i, c*) with c* = argmax_c sum_i (min(m_i, c) + 1) / T(b; min(m, c)) (ties: smaller c)."""
+def oracle_lengths(fate: np.ndarray, ctx: PolicyContext, free: np.ndarray | None = None) -> np.ndarray:
+    """[b] k_i = min(m_i, c*) with c* = argmax_c sum_i (min(m_i, c) + 1) / T(b; min(m, c), d) (ties: smaller c);
+    d_i = min(m_i, c), or 0 on the ``free`` rows (n-gram: no model drafting)."""
     b, k_max = len(fate), ctx.k_max
     m = np.minimum(np.asarray(fate, dtype=np.int64), k_max)
     if b == 0:
         return m
     caps = np.arange(k_max + 1)
     ks = np.minimum(m[None, :], caps[:, None])  # [caps, b]
-    step_ms = ctx.cost.rows_ms(b, active_rows(ks, k_max), ks.mean(axis=1))
+    drafted = ks if free is None else np.where(free[None, :], 0, ks)
+    step_ms = ctx.cost.rows_ms(b, active_rows(drafted, k_max), ks.mean(axis=1))
     c = int(np.argmax((b + ks.sum(axis=1)) / step_ms))
     return ks[c]
 

@@ -15,6 +15,12 @@ def test_marginal_cost_read_from_the_step_cost():
     # f = 1: the step pays the longest draft; with the other row at cap 1 only positions past 1 cost (4 ms each)
     assert marginal_ms(linear_cost(per_k_ms=4.0, k_max=3, draft_share=1.0), 2, 1, 3).tolist() == \
         pytest.approx([0.0, 4.0, 4.0])
+    # an n-gram row (free: no model drafting) pays its verification only: f = 1, T = T0 + D, V = T0 -> 0 ms
+    assert marginal_ms(linear_cost(per_k_ms=4.0, k_max=3, draft_share=1.0), 2, 1, 3, free=True).tolist() == \
+        pytest.approx([0.0, 0.0, 0.0])
+    # f = 0.5: V~(2, k_bar) = 10 + 2 k_bar: one more verified token of one row costs 2 / 2 = 1 ms
+    assert marginal_ms(linear_cost(per_k_ms=4.0, k_max=3, draft_share=0.5), 2, 1, 3, free=True).tolist() == \
+        pytest.approx([1.0, 1.0, 1.0])
 
 
 def test_rule_stops_where_the_hand_worked_marginal_cost_says():
@@ -85,3 +91,18 @@ def test_rows_choose_their_drafter_and_length_in_the_simulator():
     drafter = np.concatenate([d for _, d in seen])
     assert (drafter == 1).any() and (drafter == 0).any()  # copyable spans go to the n-gram chain
     assert any(len(set(k.tolist())) > 1 for k in verified)  # lengths differ within a step
+
+
+def test_the_estimator_learns_the_model_chain_from_model_rows_only():
+    # row 1 took the n-gram chain and had 3 accepted: the model drafter's a_j must not count it; the same step
+    # with row 1 undrafted gives the same estimate
+    from per_request_helpers import make_outcome
+
+    with_ngram, without = _policy(0.7), _policy(0.7)
+    state = make_state(np.full((2, 4), 0.5))
+    with_ngram.decide(state), without.decide(state)
+    with_ngram.observe(make_outcome(state, [2, 3], [0, 3], drafter=[0, 1]))
+    without.observe(make_outcome(state, [2, 0], [0, 0]))
+    rates = with_ngram.controller.estimator.rates()
+    assert rates == pytest.approx(without.controller.estimator.rates())
+    assert rates[0] < 0.9  # the model row's rejection at position 1 moved it down from the prior

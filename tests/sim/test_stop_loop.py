@@ -78,3 +78,29 @@ def test_draft_until_stopped_by_hand():
     # no features (a policy that reads none): the rule gets None
     policy.keep_drafting = lambda s, f, j, active: active & (policy.stops > j)
     assert draft_until_stopped(policy, state, policy.caps).tolist() == [0, 1, 3, 2]
+
+
+def test_a_stop_rule_decides_before_drafting_without_model_signals():
+    # no peeking: decide sees no model signal of any position (features None) but the n-gram lookup;
+    # keep_drafting gets positions 1..j; observe gets the drafted signals
+    class Records(StopAt):
+        def decide(self, state: BatchState) -> Decision:
+            self.decided_on = state
+            return super().decide(state)
+
+    policy = Records(caps=[3, 3], stops=[3, 1])
+    _, outcome = first_step(policy)
+    state = policy.decided_on
+    assert state.features is None
+    assert state.ngram_match_len is not None and state.ngram_num_proposed is not None
+    assert len(state.ngram_num_proposed) == 2
+    assert outcome.state.features is not None and outcome.state.features.top1_prob.shape == (2, 3)
+
+
+def test_before_drafting_keeps_the_lookup_and_drops_the_signals():
+    top1 = np.array([[0.9, 0.8], [0.2, 0.1]])
+    f = DraftFeatures(top1, 1 - top1, top1 / 2, np.array([3, 0]), np.array([2, 0]))
+    state = BatchState(step=0, time_s=0.0, request_ids=np.arange(2), num_generated=np.zeros(2, np.int64), features=f)
+    before = state.before_drafting()
+    assert before.features is None and before.request_ids is state.request_ids
+    assert before.ngram_match_len.tolist() == [3, 0] and before.ngram_num_proposed.tolist() == [2, 0]
