@@ -53,16 +53,13 @@ def write_stream(path: str, num_code: int) -> None:
 
 def quick_setup(folder: Path):
     """A tiny random Llama target, a random head saved in ``folder``, and random prompts."""
-    from tabletune.drafter.head import EagleHead, HeadConfig, save_head
+    from tabletune.drafter.head import save_random_head
     from tabletune.engine.presets import PRESETS, replace
 
     cfg = replace(PRESETS["tiny"], name="tiny-llama", qk_norm=False)
     torch.manual_seed(0)
     target = Decoder(cfg, torch.float32, "cpu")
-    head = EagleHead(HeadConfig(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
-                                cfg.rope_theta, cfg.rms_norm_eps, cfg.vocab_size))
-    head.reset_parameters()
-    save_head(head, folder, {}, dtype=torch.float32)
+    save_random_head(cfg, folder)
     rng = random.Random(0)
 
     def prompts(n, lo):  # two "workloads": prompts over different token ranges

@@ -163,6 +163,17 @@ def save_head(head: EagleHead, folder: Path, meta: dict, dtype=torch.bfloat16) -
     fileio.write_json(folder / "tabletune_head.json", {"architecture": "eagle1", "head": asdict(head.cfg), **meta})
 
 
+def save_random_head(target_cfg, folder: Path, dtype=torch.float32) -> EagleHead:
+    """A freshly initialised head shaped for ``target_cfg`` (the target's ``ModelConfig``), saved in ``folder``:
+    the untrained head of tests and quick runs (random, yet served losslessly)."""
+    c = target_cfg
+    head = EagleHead(HeadConfig(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
+                                c.rope_theta, c.rms_norm_eps, c.vocab_size))
+    head.reset_parameters()
+    save_head(head, Path(folder), {}, dtype=dtype)
+    return head
+
+
 def load_head_state(folder: Path) -> tuple[HeadConfig, dict[str, torch.Tensor]]:
     """The config and tensors of a saved head (vLLM names); ``InputError`` if the folder is not one."""
     from safetensors.torch import load_file

@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tabletune.drafter.head import EagleHead, HeadConfig, save_head  # noqa: E402
+from tabletune.drafter.head import save_random_head  # noqa: E402
 from tabletune.drafter.online import OnlineAdapter, OnlineConfig  # noqa: E402
 from tabletune.engine.drafters import make_drafter  # noqa: E402
 from tabletune.engine.model import Decoder  # noqa: E402
@@ -23,11 +23,8 @@ def setup(tmp_path_factory):
     cfg = replace(PRESETS["tiny"], name="tiny-llama", qk_norm=False)
     torch.manual_seed(0)
     target = Decoder(cfg, torch.float32, "cpu")
-    head = EagleHead(HeadConfig(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
-                                cfg.rope_theta, cfg.rms_norm_eps, cfg.vocab_size))
-    head.reset_parameters()
     folder = tmp_path_factory.mktemp("head")
-    save_head(head, folder, {}, dtype=torch.float32)
+    save_random_head(cfg, folder)
     rng = random.Random(0)
     prompts = [[rng.randrange(97) for _ in range(rng.randrange(3, 12))] for _ in range(4)]
     return target, str(folder), prompts

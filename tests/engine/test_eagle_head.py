@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tabletune.drafter.head import EagleHead, HeadConfig, save_head  # noqa: E402
+from tabletune.drafter.head import EagleHead, HeadConfig, save_head, save_random_head  # noqa: E402
 from tabletune.engine import tuner_adapter  # noqa: E402
 from tabletune.engine.drafters import make_drafter  # noqa: E402
 from tabletune.engine.model import Decoder  # noqa: E402
@@ -32,10 +32,7 @@ def test_random_head_from_a_folder_is_lossless(tmp_path):
     cfg = replace(PRESETS["tiny"], name="tiny-llama", qk_norm=False)
     torch.manual_seed(0)
     target = Decoder(cfg, torch.float32, "cpu")
-    head = EagleHead(HeadConfig(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
-                                cfg.rope_theta, cfg.rms_norm_eps, cfg.vocab_size))
-    head.reset_parameters()
-    save_head(head, tmp_path, {}, dtype=torch.float32)
+    save_random_head(cfg, tmp_path)
     rng = random.Random(0)
     prompts = [[rng.randrange(97) for _ in range(rng.randrange(3, 20))] for _ in range(4)]
     base, _ = _serve(target, make_drafter("ngram", target, 4), prompts, 0, 24)
