@@ -225,54 +225,46 @@ class PerRequestController(ControllerPolicy):
     # ---- per step -------------------------------------------------------------------
 
     def decide(self, state: BatchState) -> Decision:
+        """Before drafting (``state.features`` None with the model chain: the engine, or a simulated step
+        before it drafts) every row's model survival is the estimator's S_j = prod_{l<=j} a_l (one cap for the
+        model chain), the n-gram chain's comes from the lookup (``state.ngram_*``, known before drafting), and
+        ``keep_drafting`` then stops the model rows on their own signals; such a plan does not explore.
+        With the drafted signals, survival is calibrated per row."""
         b, k_max = state.batch_size, self.ctx.k_max
-        if self.model_chain and state.features is None:  # before drafting (the engine): the estimator's a_j only
-            return self._decide_blind(state)
-        if state.features is None and state.ngram_num_proposed is not None:  # the n-gram chain: its lookup is its signal
-            nan = np.full((b, k_max), np.nan)
-            state = BatchState(state.step, state.time_s, state.request_ids, state.num_generated,
-                               DraftFeatures(nan, nan, nan, state.ngram_match_len, state.ngram_num_proposed))
-        f = (require_features(state.features, self.label) if self.model_chain
-             else default_features(state, self.ctx, self.label))
-        top1 = f.top1_prob[:, :k_max]
-        self._top1 = top1 if self.model_chain else None
-        if self.model_chain:
-            surv_m = np.cumprod(self.model_probs(top1), axis=1)
-        else:
-            surv_m = np.cumprod(self.ngram_cal(top1), axis=1) * (top1 > 0)
-        surv_n = self.ngram_survival(f.ngram_match_len, f.ngram_num_proposed)
-        table_k = nearest_k(self.controller.table.k_for(max(b, 1)), self.ctx.ks)
         next_rates = np.asarray(self.controller.estimator.rates()[:k_max])
+        blind = self.model_chain and state.features is None
+        if blind:
+            surv_m = np.broadcast_to(np.cumprod(next_rates)[None, :], (b, k_max))
+            surv_n = self.ngram_survival(state.ngram_match_len, state.ngram_num_proposed)
+            self._top1 = None
+        else:
+            if state.features is None and state.ngram_num_proposed is not None:  # the n-gram chain: its lookup
+                nan = np.full((b, k_max), np.nan)                                 # is its signal
+                state = BatchState(state.step, state.time_s, state.request_ids, state.num_generated,
+                                   DraftFeatures(nan, nan, nan, state.ngram_match_len, state.ngram_num_proposed))
+            f = (require_features(state.features, self.label) if self.model_chain
+                 else default_features(state, self.ctx, self.label))
+            top1 = f.top1_prob[:, :k_max]
+            self._top1 = top1 if self.model_chain else None
+            if self.model_chain:
+                surv_m = np.cumprod(self.model_probs(top1), axis=1)
+            else:
+                surv_m = np.cumprod(self.ngram_cal(top1), axis=1) * (top1 > 0)
+            surv_n = self.ngram_survival(f.ngram_match_len, f.ngram_num_proposed)
+        table_k = nearest_k(self.controller.table.k_for(max(b, 1)), self.ctx.ks)
         rate = self.rate(b, surv_m, table_k)
         plan = choose_plan(self.ctx.cost, surv_m, surv_n, next_rates, self.prices_ms(b), rate, table_k,
-                           None if b <= self.all_caps_max_batch else 2)
+                           None if b <= self.all_caps_max_batch else 2,
+                           self.ngram_prices_ms(b) if blind and surv_n is not None else None)
         if not self.model_chain:
             plan = Plan(plan.ks, np.full(b, NGRAM, np.int64), plan.cap, plan.expected_tokens, plan.step_ms)
         self.explore_row = -1
-        if 0 < b <= self.explore_max_batch and self.model_chain and self.controller.explore_next(b):
+        if not blind and 0 < b <= self.explore_max_batch and self.model_chain and self.controller.explore_next(b):
             row = int(np.argmax(surv_m[:, -1]))
             ks, drafter = plan.ks.copy(), plan.drafter.copy()
             ks[row], drafter[row] = k_max, MODEL
             plan = Plan(ks, drafter, k_max, plan.expected_tokens, plan.step_ms)
             self.explore_row = row
-        self.plan, self._rate, self._next_rates = plan, rate, next_rates
-        return Decision.per_request(plan.ks, plan.drafter)
-
-    def _decide_blind(self, state: BatchState) -> Decision:
-        """The plan before any row drafted: every row's model survival is the estimator's S_j = prod_{l<=j} a_l
-        (one cap for the model chain), the n-gram chain's comes from the lookup (``state.ngram_*``, known before
-        drafting); ``keep_drafting`` then stops the model rows on their own signals."""
-        b, k_max = state.batch_size, self.ctx.k_max
-        next_rates = np.asarray(self.controller.estimator.rates()[:k_max])
-        surv_m = np.broadcast_to(np.cumprod(next_rates)[None, :], (b, k_max))
-        surv_n = self.ngram_survival(state.ngram_match_len, state.ngram_num_proposed)
-        table_k = nearest_k(self.controller.table.k_for(max(b, 1)), self.ctx.ks)
-        rate = self.rate(b, surv_m, table_k)
-        plan = choose_plan(self.ctx.cost, surv_m, surv_n, next_rates, self.prices_ms(b), rate, table_k,
-                           None if b <= self.all_caps_max_batch else 2,
-                           None if surv_n is None else self.ngram_prices_ms(b))
-        self._top1 = None
-        self.explore_row = -1
         self.plan, self._rate, self._next_rates = plan, rate, next_rates
         return Decision.per_request(plan.ks, plan.drafter)
 
