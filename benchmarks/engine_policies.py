@@ -136,9 +136,11 @@ def protocol_of(args) -> Protocol:
 
 
 def estimate_s(args, step_ms: float, num_policies: int, num_loads: int, num_workloads: int) -> float:
-    """Wall estimate: per cell ~ rounds * output_len / 2 steps (about 2 tokens a request-step) at ``step_ms``;
-    the k_max + 1 fixed-k cells run ``fixed_repeats`` times."""
-    steps_per_cell = args.rounds * args.output_len / 2.0
+    """Wall estimate: a cell stops once its window is complete, ~ max(warm-up, output_len / 2) + measured steps
+    (about 2 tokens a request-step), and at most rounds * output_len / 2, at ``step_ms``; the k_max + 1 fixed-k
+    cells run ``fixed_repeats`` times."""
+    steps_per_cell = min(args.rounds * args.output_len / 2.0,
+                         max(args.warmup_steps, args.output_len / 2.0) + args.measured_steps)
     runs = num_policies + (args.k_max + 1) * (getattr(args, "fixed_repeats", 1) - 1)
     cells = runs * num_loads * num_workloads
     profile = (args.profile_steps + 2) * (args.k_max + 1) * len(geometric_batch_sizes(max(
@@ -279,7 +281,13 @@ def serve_cell(engine, args, policy_spec, ctx, load, prompts, oracle, pairs, see
     reqs = [Request(list(prompts[i]), staggered_len(i, load, args.output_len), i, oracle=oracle[i],
                     trace=pairs[i % len(pairs)]) for i in range(n)]
     policy = timed(make_policy(policy_spec, ctx))
-    stats = Scheduler(engine, policy, max_num_seqs=load, seed=load + 1000 * seed).run(reqs)
+
+    def window_done(stats) -> bool:  # the first wave replaced, the warm-up and the measured steps run
+        if any(i not in stats.replaced_at_step for i in range(load)):
+            return False
+        return len(stats.step_batch_sizes) >= max(window_start(stats, load), args.warmup_steps) + args.measured_steps
+
+    stats = Scheduler(engine, policy, max_num_seqs=load, seed=load + 1000 * seed).run(reqs, stop=window_done)
     end = max(i for i, b in enumerate(stats.step_batch_sizes) if b == load) + 1
     start = min(max(window_start(stats, load), args.warmup_steps), end - 1)
     adm = sum(stats.step_admitted[start:end])
@@ -436,6 +444,24 @@ def serve_workload(engine, args, wname, loads, policies, cost, result, done, pro
                   flush=True)
 
 
+def greedy_outputs(engine: SpecEngine, args, prompts: list[list[int]], resume: bool) -> list[list[int]]:
+    """The target's greedy continuation of every prompt (what the replayed drafts copy), at k = 0; kept beside
+    OUT.json as OUT.greedy.npy, and read back under ``--resume`` (same fingerprint: same weights, same outputs)."""
+    path = Path(args.out + ".greedy.npy")
+    n_new = args.output_len + args.k_max + 2
+    if resume and path.exists():
+        saved = np.load(path)
+        if saved.shape == (len(prompts), n_new):
+            return [row.tolist() for row in saved]
+    record = [Request(p, n_new, i) for i, p in enumerate(prompts)]
+    Scheduler(engine, DraftTable.fixed(0)).run(record)
+    out = np.array([r.output for r in record], np.int64)
+    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".npy", delete=False) as f:
+        np.save(f, out)
+    Path(f.name).replace(path)
+    return [row.tolist() for row in out]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.sim_only:
@@ -490,9 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(0)
     prompts = [[rng.randrange(target.cfg.vocab_size) for _ in range(args.prompt_len)]
                for _ in range(max(4, args.rounds * max_load))]
-    record = [Request(p, args.output_len + args.k_max + 2, i) for i, p in enumerate(prompts)]
-    Scheduler(engine, DraftTable.fixed(0)).run(record)
-    oracle = [r.output for r in record]
+    oracle = greedy_outputs(engine, args, prompts, resume=old is not None)
     with tempfile.TemporaryDirectory() as tmp:  # calibrated files (DISCO, n-gram table) live for the run
         for wname in workloads:
             serve_workload(engine, args, wname, loads, policies, cost, result, done, prompts, oracle,

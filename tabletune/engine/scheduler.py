@@ -221,8 +221,9 @@ class Scheduler:
         kinds_arr = np.array(kinds if kinds is not None else [e.default_kind] * n, np.int64)
         return e.read(buf, n, e.k_max), state, kinds_arr, caps, ks, num_drafted
 
-    def run(self, requests: Sequence[Request]) -> RunStats:
-        """Serve all requests, at most max_num_seqs at a time (a closed loop of that load)."""
+    def run(self, requests: Sequence[Request], stop: Callable[[RunStats], bool] | None = None) -> RunStats:
+        """Serve the requests, at most max_num_seqs at a time (a closed loop of that load): all of them, or until
+        ``stop(stats)`` says so after a step (a measurement window that is complete)."""
         waiting = deque(requests)
         min_rows = min(self.max_num_seqs, len(requests)) if self.fixed_shape else 0
         running: list[Request] = []
@@ -268,6 +269,8 @@ class Scheduler:
             stats.step_wall_s.append(t_now - t_prev)
             stats.step_tokens.append(n_tok)
             t_prev = t_now
+            if stop is not None and stop(stats):
+                break
         stats.wall_s = time.perf_counter() - t0
         stats.output_tokens = sum(len(r.output) for r in requests)
         stats.num_steps = len(stats.step_batch_sizes)

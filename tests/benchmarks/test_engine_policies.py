@@ -23,8 +23,16 @@ def test_policy_names_put_fixed_ks_first_and_skip_unregistered(capsys):
 def test_estimate_counts_cells_and_profile():
     """2 policies x 1 load x 1 workload, rounds 2 x output 10 / 2 = 10 steps a cell at 4 + 1 ms: 0.1 s; profile
     (1 + 2) steps x 2 ks x 1 bucket at 4 ms: 0.024 s."""
-    args = Namespace(rounds=2, output_len=10, profile_steps=1, k_max=1, loads="1")
+    args = Namespace(rounds=2, output_len=10, profile_steps=1, k_max=1, loads="1", warmup_steps=20, measured_steps=50)
     assert engine_policies.estimate_s(args, 4.0, 2, 1, 1) == pytest.approx(0.1 + 0.024)
+
+
+def test_estimate_stops_at_the_window():
+    """A cell stops once its window is complete: max(warm-up 20, output 100 / 2) + 30 measured = 80 steps a cell,
+    not rounds 8 x 100 / 2 = 400; 2 cells at 4 + 1 ms: 0.8 s; profile 0.024 s as above."""
+    args = Namespace(rounds=8, output_len=100, profile_steps=1, k_max=1, loads="1", warmup_steps=20,
+                     measured_steps=30)
+    assert engine_policies.estimate_s(args, 4.0, 2, 1, 1) == pytest.approx(0.8 + 0.024)
 
 
 @pytest.mark.slow
