@@ -138,9 +138,9 @@ def workload_of(name: str, rates: tuple[float, ...], protocol: Protocol):
 
 
 def scoring_sim(cost: StepCost, name: str, rates, protocol: Protocol, load: int, duration_s: float, seed: int,
-                half: str = "scoring", prefill_ms_per_token: float = 0.02) -> Simulator:
+                half: str = "scoring", prefill_ms_per_token: float = 0.02, host_ms_per_step: float = 0.0) -> Simulator:
     cfg = SimConfig(duration_s=duration_s, load=load, max_num_seqs=max(128, load), seed=seed,
-                    prefill_ms_per_token=prefill_ms_per_token)
+                    prefill_ms_per_token=prefill_ms_per_token, host_ms_per_step=host_ms_per_step)
     return Simulator(cost, Schedule.constant(workload_of(name, rates, protocol)), cfg,
                      replay=load_traces([TRACES / f"early-exit_{name}_T0.csv.gz"], half=half),
                      ngram_replay=load_ngram_trace(TRACES / f"ngram_{name}_T0.csv.gz", half=half))
@@ -175,13 +175,19 @@ def calibrate(name: str, k_max: int, cost: StepCost, folder: Path, protocol: Pro
 
 
 def run_cell(cost: StepCost, calib: Calibration, spec: str, load: int, protocol: Protocol, seed: int = 0,
-             prefill_ms_per_token: float = 0.02) -> dict:
-    """One policy at one load: warm-up, then ``measured_steps`` measured steps (module docstring)."""
+             prefill_ms_per_token: float = 0.02, host_ms_per_step: float | None = None) -> dict:
+    """One policy at one load: warm-up, then ``measured_steps`` measured steps (module docstring).
+
+    Host time is charged serially, as an engine that decides between its steps pays it: ``host_ms_per_step``
+    (e.g. the engine's own measurement of this policy) on every step, or, when None, the policy's decide +
+    observe time measured in this run, its window mean added to each measured step (``sim_tok_s``;
+    ``sim_device_tok_s`` leaves it out). The oracle is charged nothing."""
     step_s = cost.step_ms(load, cost.k_max) / 1e3
     duration_s = 1.2 * (protocol.warmup_s + (protocol.warmup_steps + protocol.measured_steps) * step_s)
     while True:
         sim = scoring_sim(cost, calib.workload, calib.rates, protocol, load, duration_s, seed,
-                          prefill_ms_per_token=prefill_ms_per_token)
+                          prefill_ms_per_token=prefill_ms_per_token,
+                          host_ms_per_step=0.0 if spec == "oracle" or host_ms_per_step is None else host_ms_per_step)
         ctx = dataclasses.replace(sim.context(prior_rates=calib.rates), ngram_rates=calib.ngram_rates)
         # the oracle runs bare: the simulator tells it each draft's fate (its host time is not a policy's)
         policy = FateOracle(ctx) if spec == "oracle" else timed(make_policy(calib.spec(spec), ctx))
@@ -194,8 +200,13 @@ def run_cell(cost: StepCost, calib: Calibration, spec: str, load: int, protocol:
         duration_s *= 2
     window = slice(int(after[0]), int(after[0]) + protocol.measured_steps)
     tokens, ms = steps.tokens[window].sum(), steps.step_ms[window].sum()
-    return {"sim_tok_s": round(float(tokens / ms * 1e3), 2), "sim_mean_k": round(float(steps.mean_k[window].mean()), 3),
-            "host_ms_per_step": None if spec == "oracle" else round(float(np.mean(policy.host_ms[window])), 4),
+    host = None if spec == "oracle" else float(np.mean(policy.host_ms[window]))
+    charged = ms + (host * protocol.measured_steps if host is not None and host_ms_per_step is None else 0.0)
+    device_ms = ms - (host_ms_per_step or 0.0) * protocol.measured_steps if spec != "oracle" else ms
+    return {"sim_tok_s": round(float(tokens / charged * 1e3), 2),
+            "sim_device_tok_s": round(float(tokens / device_ms * 1e3), 2),
+            "sim_mean_k": round(float(steps.mean_k[window].mean()), 3),
+            "host_ms_per_step": None if host is None else round(host, 4),
             "warmup_steps": int(after[0]), "measured_steps": protocol.measured_steps}
 
 

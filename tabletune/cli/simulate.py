@@ -13,7 +13,7 @@ from tabletune.profile import StepProfile
 
 
 @click.command("simulate")
-@click.option("--policy", default="controller:per-request", show_default=True,
+@click.option("--policy", default="tabletune", show_default=True,
               help="NAME[:ARG], e.g. fixed:3, off, table:FILE, tabletune, controller, vllm-av")
 @click.option("--load", type=click.IntRange(min=1), default=32, show_default=True, help="closed loop: open requests")
 @click.option("--arrival-rate", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -32,6 +32,8 @@ from tabletune.profile import StepProfile
               help="mixed-k step cost rule")
 @click.option("--max-num-seqs", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--noise-cv", type=click.FloatRange(min=0), default=0.0, show_default=True, help="step-time noise")
+@click.option("--host-ms-per-step", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="the policy's host time a step, charged after each step (an engine that decides between steps)")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
               help="engines behind a router, each with its own policy (needs --arrival-rate)")
@@ -39,7 +41,7 @@ from tabletune.profile import StepProfile
               show_default=True, help="how --replicas share the arrivals")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def simulate_cmd(policy, load, arrival_rate, step_times, acceptance, prior, duration, output_len, workload,
-                 heterogeneity, drafter, draft_share, max_num_seqs, noise_cv, seed, replicas, router, as_json):
+                 heterogeneity, drafter, draft_share, max_num_seqs, noise_cv, host_ms_per_step, seed, replicas, router, as_json):
     """Simulate one serving point and print throughput and the other metrics."""
     from tabletune.policies import make_policy
     from tabletune.policies.base import MODEL, NGRAM
@@ -56,7 +58,7 @@ def simulate_cmd(policy, load, arrival_rate, step_times, acceptance, prior, dura
     w = dataclasses.replace(base, rates=tuple(rates), heterogeneity=heterogeneity,
                             output_len=output_len if output_len is not None else base.output_len)
     config = SimConfig(duration_s=duration, load=load, arrival_rate=arrival_rate, max_num_seqs=max_num_seqs,
-                       noise_cv=noise_cv, seed=seed)
+                       noise_cv=noise_cv, seed=seed, host_ms_per_step=host_ms_per_step)
     sim = Simulator(StepCost(profile, draft_share), Schedule.constant(w), config,
                     default_drafter=NGRAM if drafter == "ngram" else MODEL)
     prior_rates = tuple(parse_rates(prior, "--prior")) if prior else None

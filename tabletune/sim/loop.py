@@ -175,7 +175,7 @@ class _Run:
         if cfg.noise_cv > 0:
             sigma2 = np.log1p(cfg.noise_cv ** 2)
             step_ms *= float(np.exp(self.rng.normal(-sigma2 / 2, np.sqrt(sigma2))))
-        total_ms = step_ms + self.prefill_ms
+        total_ms = step_ms + self.prefill_ms + cfg.host_ms_per_step
         self.prefill_ms = 0.0
         end_s = self.time_s + total_ms / 1000.0
         tokens = np.minimum(accepted + 1, reqs.out_len - reqs.generated)

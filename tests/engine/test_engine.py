@@ -220,6 +220,16 @@ def test_scheduler_replaces_finished_requests_in_the_same_step(tiny):
     assert len(stats.step_prefill_s) == 5 and stats.step_prefill_s[1] == 0.0 < stats.step_prefill_s[0]
 
 
+def test_a_run_stops_when_its_stop_says_so(tiny):
+    """stop after the third step: 3 steps served, the waiting requests never admitted, outputs cut there."""
+    target, prompts, _ = tiny
+    engine = _engine(target, "ngram", max_num_seqs=2)
+    reqs = [Request(list(prompts[i]), 20, i) for i in range(4)]
+    stats = Scheduler(engine, DraftTable.fixed(0)).run(reqs, stop=lambda s: len(s.step_batch_sizes) >= 3)
+    assert stats.num_steps == 3 and stats.step_batch_sizes == [2, 2, 2]
+    assert [len(r.output) for r in reqs] == [4, 4, 0, 0]  # prefill + 3 steps of k = 0
+
+
 def test_steady_throughput_window_hand_worked():
     # steps: batch [2, 2, 2, 1], tokens [4, 2, 3, 1], wall [1, 1, 2, 1] s; load 2 -> last full step is 2
     args = ([2, 2, 2, 1], [1.0, 1.0, 2.0, 1.0], [4, 2, 3, 1], 2)

@@ -32,6 +32,15 @@ def test_closed_loop_long_outputs_fixed_k_is_analytic(starter_8b, load, k):
     assert res["mean_k"] == k and res["finished_requests"] == 0 and res["steps"] > 100
 
 
+def test_host_time_is_charged_after_every_step(starter_8b):
+    """No request ends, fixed k = 3 at load 8: throughput = N * E[tokens|3] / (T(8, 3) + 1.5 ms of host time)."""
+    res = simulate(starter_8b, "--policy", "fixed:3", "--load", "8", "--duration", "30", "--output-len", "1000000",
+                   "--seed", "3", "--host-ms-per-step", "1.5")
+    step_ms = StepProfile.load(starter_8b).step_ms(8, 3)
+    analytic = 8 * expected_tokens(RATES, 3) / (step_ms + 1.5) * 1000
+    assert step_ms > 4 and res["throughput_tok_s"] == pytest.approx(analytic, rel=0.01)
+
+
 def test_deterministic_per_seed_and_seeds_differ(starter_8b):
     a = simulate(starter_8b, "--policy", "fixed:3", "--load", "8", "--duration", "10", "--heterogeneity", "0.6")
     b = simulate(starter_8b, "--policy", "fixed:3", "--load", "8", "--duration", "10", "--heterogeneity", "0.6")
