@@ -4,7 +4,8 @@ A trace (``tabletune acceptance --trace-out``, ``docs/formats.md``) has one row 
 position ``gen_pos`` g (1 = the first token after the prefill's): its signals (top-1, entropy, margin; empty for
 n-gram), whether the target accepted it, and for n-gram its suffix match length. A request's trace becomes arrays
 by g: signals[g] and accepted[g] of the model chain; accepted_ngram[g], match[g] and run[g] (recorded rows from g
-on: its proposals) of the n-gram chain. A position the trace lacks counts as rejected with no proposal; longer
+on: its proposals) of the n-gram chain. A position the trace lacks counts as rejected with no proposal, except
+the n-gram chain's bonus position after a fully accepted recorded draft (``TokenTrace.bridged``); longer
 outputs wrap around the trace. ``TracedReplayDrafter`` drafts the target's own greedy continuation with these
 signals and caps the accepted count at the leading run of ``accepted`` of the row's chain: the acceptance follows
 the trace, verification and drafting cost what the target and a real drafter cost (an EAGLE-style head by
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 
 from tabletune.engine.drafters import Drafter, DraftSlots, EagleDrafter, ReplayDrafter
+from tabletune.sim.replay import bridge_bonus
 
 ABSENT_SIGNALS = (0.5, 1.0, 0.0)  # top-1, entropy, margin of a position the trace lacks
 
@@ -35,6 +37,12 @@ class TokenTrace:
     accepted: np.ndarray  # [n] bool: the token at g was drafted, tested and accepted
     present: np.ndarray  # [n] bool: the trace has a row at g
     match_len: np.ndarray  # [n] int64: n-gram suffix match length at g (0: none)
+
+    def bridged(self) -> TokenTrace:
+        """The trace read as an n-gram chain: the bonus position after a fully accepted recorded draft counts as
+        an accepted proposal (``tabletune.sim.replay.bridge_bonus``, the simulator's reading too)."""
+        present, accepted, match = bridge_bonus(self.present, self.accepted, self.match_len)
+        return TokenTrace(self.request, self.signals, accepted, present, match)
 
     @property
     def run(self) -> np.ndarray:
@@ -131,6 +139,7 @@ class TracedReplayDrafter(ReplayDrafter):
         ok[:, 0] = model.accepted[im] & valid
         ng = np.zeros((length, 2), np.int64)
         if ngram is not None:
+            ngram = ngram.bridged()
             ig = np.where(valid, (g - 1) % len(ngram.accepted), 0)
             ok[:, 1] = ngram.accepted[ig] & valid
             ng[:, 0] = np.where(valid, ngram.match_len[ig], 0)

@@ -121,10 +121,10 @@ class NgramStreams:
     length. A draft at g of k tokens proposes min(k, run[g]) and keeps its leading run of accepted
     rows, so the share of request-steps that draft (q) and the acceptance given the match follow the
     measurement. The same reading of a trace as the engine's ``TracedReplayDrafter``: a draft that starts
-    inside a recorded one continues the recorded proposal (a stated simplification). One more: the
-    bonus token after a fully accepted recorded draft has no row (the target emitted it); a one-position
-    gap after an accepted row, with the next draft right behind it, is read as an accepted proposal, so
-    that a replay with a shorter k than the recording does not see a miss the recording never had.
+    inside a recorded one continues the recorded proposal (a stated simplification), and the bonus token
+    after a fully accepted recorded draft, which has no row, counts as an accepted proposal
+    (``bridge_bonus``), so that a replay with another k than the recording does not see a miss the
+    recording never had.
     """
 
     accepted: np.ndarray  # [num_rows] bool
@@ -140,6 +140,19 @@ class NgramStreams:
         pos = np.asarray(pos, dtype=np.int64) % self.num_rows
         rows = (pos[:, None] + np.arange(k_max)[None, :]) % self.num_rows
         return self.accepted[rows], np.minimum(self.run[pos], k_max), self.match_len[pos]
+
+
+def bridge_bonus(present: np.ndarray, accepted: np.ndarray, match_len: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One request's n-gram chain by output position, with the bonus position after a fully accepted recorded draft
+    read as an accepted proposal: a position without a row, after an accepted row and before the next recorded
+    draft (the target emitted it, so the recording never tested it; a replay with another k would have). Its
+    match length is the row before's. The one reading of an n-gram trace, for the simulator (``NgramStreams``)
+    and the engine (``tabletune.engine.trace_replay``); new arrays, the inputs untouched."""
+    bonus = np.zeros(len(present), bool)
+    bonus[1:-1] = ~present[1:-1] & accepted[:-2] & present[2:]
+    return (present | bonus, accepted | bonus,
+            np.where(bonus, np.roll(match_len, 1), match_len).astype(np.int64))
 
 
 def load_ngram_trace(path: str | Path, half: str | None = None) -> NgramStreams:
@@ -162,11 +175,7 @@ def load_ngram_trace(path: str | Path, half: str | None = None) -> NgramStreams:
             g = int(r["gen_pos"]) - 1
             present[g], ok[g] = True, r["accepted"] == "1"
             match[g] = int(float(r["ngram_len"] or 0))
-        bonus = np.zeros(n, bool)  # [n] the bonus position after a fully accepted draft
-        bonus[1:-1] = ~present[1:-1] & ok[:-2] & present[2:]
-        present |= bonus
-        ok |= bonus
-        match = np.where(bonus, np.roll(match, 1), match)
+        present, ok, match = bridge_bonus(present, ok, match)
         run = np.zeros(n, np.int64)
         for g in range(n - 1, -1, -1):
             run[g] = (run[g + 1] + 1 if g + 1 < n else 1) if present[g] else 0

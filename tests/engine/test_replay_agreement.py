@@ -103,3 +103,48 @@ def test_simulator_and_engine_replay_one_committed_trace_alike(one_thread):
     rolled = TokenTrace(trace.request, np.roll(trace.signals, -p, axis=0), np.roll(trace.accepted, -p),
                         np.roll(trace.present, -p), np.roll(trace.match_len, -p))
     assert on_the_engine(rolled) == sim
+
+
+NGRAM_TRACE = Path(__file__).resolve().parents[2] / "profiles" / "traces" / "ngram_code-edit_T0.csv.gz"
+
+
+def test_engine_and_simulator_read_an_ngram_trace_alike():
+    """Every request of a committed n-gram trace: the engine's chain (``TokenTrace.bridged``: accepted, proposals,
+    match length by output position) is the simulator's stream (``NgramStreams``) for that request, bonus
+    positions after fully accepted recorded drafts included; and there are such positions to bridge."""
+    from tabletune.sim.replay import load_ngram_trace
+    traces = load_token_traces(NGRAM_TRACE)
+    streams = load_ngram_trace(NGRAM_TRACE)
+    bridged = [t.bridged() for t in traces]
+    assert sum(int((b.present & ~t.present).sum()) for b, t in zip(bridged, traces)) > 0
+    assert np.array_equal(np.concatenate([b.accepted for b in bridged]), streams.accepted)
+    assert np.array_equal(np.concatenate([b.run for b in bridged]), streams.run)
+    assert np.array_equal(np.concatenate([b.match_len for b in bridged]), streams.match_len)
+
+
+def test_the_bonus_position_is_bridged_by_hand():
+    """Rows at 1..3 accepted (a draft of 3), none at 4 (the bonus), a draft at 5..6 (accepted, rejected), none at 7,
+    8 rejected: position 4 becomes an accepted proposal with 3's match length; 7 stays a gap (6 was rejected)."""
+    present = np.array([1, 1, 1, 0, 1, 1, 0, 1], bool)
+    accepted = np.array([1, 1, 1, 0, 1, 0, 0, 0], bool)
+    match = np.array([2, 2, 2, 0, 4, 4, 0, 3], np.int64)
+    t = TokenTrace("r", np.zeros((8, 3), np.float32), accepted, present, match).bridged()
+    assert t.present.tolist() == [1, 1, 1, 1, 1, 1, 0, 1]
+    assert t.accepted.tolist() == [1, 1, 1, 1, 1, 0, 0, 0]
+    assert t.match_len.tolist() == [2, 2, 2, 2, 4, 4, 0, 3]
+    assert t.run.tolist() == [6, 5, 4, 3, 2, 1, 0, 1]
+
+
+def test_the_engine_drafter_loads_the_bridged_chain():
+    """``TracedReplayDrafter.load`` writes the n-gram chain as bridged: output position g at sequence position
+    prompt_len + g, accepted flags and proposals (run) those of the hand-worked trace above."""
+    present = np.array([1, 1, 1, 0, 1, 1, 0, 1], bool)
+    accepted = np.array([1, 1, 1, 0, 1, 0, 0, 0], bool)
+    ngram = TokenTrace("r", np.zeros((8, 3), np.float32), accepted, present, np.array([2, 2, 2, 0, 4, 4, 0, 3]))
+    model = TokenTrace("r", np.zeros((8, 3), np.float32), np.ones(8, bool), np.ones(8, bool), np.zeros(8, np.int64))
+    torch.manual_seed(0)
+    engine = SpecEngine(Decoder(PRESETS["tiny"], torch.float32, "cpu"), TracedReplayDrafter(),
+                        EngineConfig(max_num_seqs=1, max_len=32, k_max=K))
+    engine.drafter.load(0, 4, model, ngram)
+    assert engine.drafter.ok[0, 5:13, 1].tolist() == [1, 1, 1, 1, 1, 0, 0, 0]
+    assert engine.drafter.ngram[0, 5:13, 1].tolist() == [6, 5, 4, 3, 2, 1, 0, 1]
