@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -65,6 +66,15 @@ class Drafter:
 
     def draft(self, slots, j: int) -> None:
         pass
+
+    def host_lookup(self, slots: list[int], positions: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """The n-gram lookup before drafting, on the host: (match length, tokens proposed) of each row's next
+        position (its sequence position ``positions``); None for a drafter without an n-gram chain to plan."""
+        return None
+
+    def lookup(self, slots, start, last, k: int) -> None:
+        """Write the n-gram proposals (drafts and ``draft_meta``) of rows that take no model draft this step."""
+        raise NotImplementedError(f"{self.name} has no n-gram lookup apart from drafting")
 
     def observe(self, slots, start, tokens, m, hidden) -> None:
         pass

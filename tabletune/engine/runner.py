@@ -317,6 +317,13 @@ class SpecEngine:
         key = ("first", b, k) if j == 0 else ("next", b, j)
         self._run(key, host, dev, lambda: self._position_body(dev, j, k if j == 0 else self.k_max))
 
+    @torch.inference_mode()
+    def lookup_rows(self, slots: Sequence[int], k: int) -> None:
+        """The drafter's n-gram proposals for rows that take no model draft this step (``Drafter.lookup``: a few
+        gathers, run eagerly); no sync."""
+        s = torch.as_tensor(list(slots), device=self.device)
+        self.drafter.lookup(s, self.cached[s], self.last_token[s], k)
+
     def read_drafts(self, slots: Sequence[int], k: int) -> tuple[np.ndarray, np.ndarray]:
         """(signals [rows, k, 3]: top-1, entropy, margin of positions 1..k; [rows, 2]: n-gram match length and
         proposals), one sync."""

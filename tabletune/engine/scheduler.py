@@ -29,7 +29,7 @@ from tabletune.acceptance import AcceptanceCounts
 from tabletune.cost import StepCost
 from tabletune.engine.runner import SpecEngine, StepResult
 from tabletune.engine.trace_replay import TokenTrace
-from tabletune.policies.base import (AlwaysDraft, BatchState, DraftFeatures, Policy, PolicyContext, StepOutcome,
+from tabletune.policies.base import (NGRAM, AlwaysDraft, BatchState, DraftFeatures, Policy, PolicyContext, StepOutcome,
                                      draft_stop_of)
 from tabletune.policies.static_table import StaticTable
 from tabletune.profile import StepPoint, StepProfile
@@ -199,18 +199,31 @@ class Scheduler:
         slots = [r.slot for r in running]
         state = BatchState(step=step, time_s=now_s, request_ids=np.array([r.id for r in running], np.int64),
                            num_generated=np.array([len(r.output) for r in running], np.int64))
+        lookup = None
+        if self.split and not isinstance(self.stop, AlwaysDraft):  # a stop rule plans before drafting
+            lookup = e.drafter.host_lookup(slots, np.array([len(r.prompt) + len(r.output) for r in running]))
+            if lookup is not None:  # the n-gram lookup costs no drafter step: the plan may put rows on that chain
+                state = dataclasses.replace(state, ngram_match_len=lookup[0], ngram_num_proposed=lookup[1])
         drafted = None
         if self.uses_features and isinstance(self.stop, AlwaysDraft):  # it reads every position, then decides
             drafted, features = self._draft(slots, state, np.full(n, self._draft_cap(state), np.int64))
             state = dataclasses.replace(state, features=features)
         decision = self.policy.decide(state)
         ks = np.clip(decision.ks_for(n), 0, e.k_max).astype(np.int64)
+        # rows the plan put on the n-gram chain before drafting: no model draft, they verify the lookup's proposal
+        ngram_rows = np.zeros(n, bool)
+        if lookup is not None and decision.drafter is not None:
+            ngram_rows = (np.asarray(decision.drafter) == NGRAM) & (ks > 0)
+            ks = np.where(ngram_rows, np.minimum(ks, lookup[1]), ks)
         if self.split and drafted is None:  # a stop rule: decided first (its k_i cap the rows), then drafted
-            drafted, features = self._draft(slots, state, np.minimum(ks, self._draft_cap(state)))
+            caps_model = np.where(ngram_rows, 0, np.minimum(ks, self._draft_cap(state)))
+            drafted, features = self._draft(slots, state, caps_model)
+            if ngram_rows.any():
+                e.lookup_rows([s for s, g in zip(slots, ngram_rows) if g], int(ks[ngram_rows].max()))
             if self.uses_features:
                 state = dataclasses.replace(state, features=features)
         kinds = decision.drafter.tolist() if decision.drafter is not None else None
-        ks = ks if drafted is None else np.minimum(ks, drafted)
+        ks = ks if drafted is None else np.where(ngram_rows, ks, np.minimum(ks, drafted))
         caps = draw_caps(self.cap_rates, ks.tolist(), n, self.rng) if self.cap_rates else None
         if drafted is None:
             buf = e.launch(slots, ks.tolist(), caps, min_rows, kinds)

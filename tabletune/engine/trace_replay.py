@@ -104,8 +104,19 @@ class TracedReplayDrafter(ReplayDrafter):
         self.signals = torch.zeros(s, n, 3, device=dev)  # top-1, entropy, margin by position
         self.ok = torch.zeros(s, n, 2, dtype=torch.long, device=dev)  # accepted: model, n-gram chain
         self.ngram = torch.zeros(s, n, 2, dtype=torch.long, device=dev)  # n-gram match length, proposals
+        self.ngram_host = np.zeros((s, n, 2), np.int64)  # the same on the host, for the lookup before drafting
 
     def begin(self, slots, start, last, k):
+        self.lookup(slots, start, last, k)
+        self.cost.begin(slots, start, last, k)
+
+    def host_lookup(self, slots: list[int], positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ng = self.ngram_host[np.asarray(slots, np.int64), np.asarray(positions, np.int64)]
+        return ng[:, 0].copy(), np.minimum(ng[:, 1], self.engine.k_max)
+
+    def lookup(self, slots, start, last, k):
+        """The replayed drafts, signals and chains' runs (no drafting cost: a row put on the n-gram chain before
+        drafting pays its verification only)."""
         super().begin(slots, start, last, k)
         k_max = self.engine.k_max
         idx = start[:, None] + 1 + torch.arange(k_max, device=start.device)
@@ -114,7 +125,6 @@ class TracedReplayDrafter(ReplayDrafter):
         ngram = self.ngram[slots].gather(1, (start + 1)[:, None, None].expand(-1, 1, 2))[:, 0]
         self.engine.draft_meta[slots] = torch.cat([ngram[:, :1], ngram[:, 1:].clamp_max(k_max),
                                                    torch.cumprod(ok, dim=1).sum(1)], 1)
-        self.cost.begin(slots, start, last, k)
 
     def draft(self, slots, j):
         self.cost.draft(slots, j)
@@ -148,6 +158,7 @@ class TracedReplayDrafter(ReplayDrafter):
         self.signals[slot] = torch.from_numpy(model.signals[im]).to(dev)
         self.ok[slot] = torch.from_numpy(ok).to(dev)
         self.ngram[slot] = torch.from_numpy(ng).to(dev)
+        self.ngram_host[slot] = ng
 
 
 def pair_traces(model: list[TokenTrace], ngram: list[TokenTrace]) -> list[tuple[TokenTrace, TokenTrace | None]]:

@@ -163,3 +163,51 @@ def test_the_traced_replay_runs_the_heads_computation_for_the_rows_that_draft(ti
     free.prefill(0, prompts[0])
     free.draft_position([0], 0, 3)
     assert free.drafter.cost.name == "none"
+
+
+class NgramFirst:
+    """Test policy with a stop rule: before drafting, a row with an n-gram proposal takes the n-gram chain at k 3,
+    the others the model chain at k 2; records what the lookup said."""
+
+    name, uses_features = "ngram-first", False
+
+    def __init__(self):
+        self.proposed, self.outcomes = [], []
+
+    def decide(self, state):
+        from tabletune.policies.base import MODEL, NGRAM
+        assert state.features is None and state.ngram_num_proposed is not None
+        self.proposed.append(state.ngram_num_proposed.tolist())
+        ngram = state.ngram_num_proposed > 0
+        return Decision.per_request(np.where(ngram, 3, 2), np.where(ngram, NGRAM, MODEL))
+
+    def keep_drafting(self, state, features, j, active):
+        return active
+
+    def observe(self, outcome):
+        self.outcomes.append(outcome)
+
+
+def test_rows_put_on_the_ngram_chain_before_drafting_take_no_model_draft(tiny):
+    """Request 0 has an n-gram chain of 30 accepted proposals, request 1 none; both model chains reject every
+    draft. Row 0 verifies 3 n-gram proposals a step (all accepted: 4 tokens) and drafts no model position; row 1
+    drafts 2 model positions and accepts none. The lookup before drafting reports row 0's proposals (capped at
+    k_max 4) and 0 for row 1; outputs are the target's own."""
+    from tabletune.engine.trace_replay import TokenTrace
+    target, prompts, base = tiny
+    engine = _engine(target, TracedReplayDrafter())
+    seen = _record_positions(engine)
+    n = 30
+    sig = np.zeros((n, 3), np.float32)
+    model = TokenTrace("m", sig, np.zeros(n, bool), np.ones(n, bool), np.zeros(n, np.int64))
+    chain = TokenTrace("g", sig, np.ones(n, bool), np.ones(n, bool), np.full(n, 3, np.int64))
+    none = TokenTrace("g", sig, np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, np.int64))
+    reqs = [Request(list(prompts[i]), 13, i, oracle=base[i] + [0] * 8, trace=(model, g))
+            for i, g in ((0, chain), (1, none))]
+    policy = NgramFirst()
+    Scheduler(engine, policy).run(reqs)
+    assert [r.output for r in reqs] == [base[0][:13], base[1][:13]]
+    assert policy.proposed[0] == [4, 0]
+    first = policy.outcomes[0]
+    assert first.ks.tolist() == [3, 2] and first.accepted.tolist() == [3, 0]
+    assert all(0 not in slots for _, slots in seen)  # slot 0 never drafted by the model drafter
