@@ -458,9 +458,8 @@ def greedy_outputs(engine: SpecEngine, args, prompts: list[list[int]], resume: b
     record = [Request(p, n_new, i) for i, p in enumerate(prompts)]
     Scheduler(engine, DraftTable.fixed(0)).run(record)
     out = np.array([r.output for r in record], np.int64)
-    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".npy", delete=False) as f:
-        np.save(f, out)
-    Path(f.name).replace(path)
+    with fileio.atomic_path(path) as tmp:  # suffix .npy kept: np.save adds none
+        np.save(tmp, out)
     return [row.tolist() for row in out]
 
 

@@ -184,10 +184,10 @@ def run_cell(cost: StepCost, calib: Calibration, spec: str, load: int, protocol:
     ``sim_device_tok_s`` leaves it out). The oracle is charged nothing."""
     step_s = cost.step_ms(load, cost.k_max) / 1e3
     duration_s = 1.2 * (protocol.warmup_s + (protocol.warmup_steps + protocol.measured_steps) * step_s)
+    in_sim = 0.0 if spec == "oracle" or host_ms_per_step is None else host_ms_per_step  # charged by the simulator
     while True:
         sim = scoring_sim(cost, calib.workload, calib.rates, protocol, load, duration_s, seed,
-                          prefill_ms_per_token=prefill_ms_per_token,
-                          host_ms_per_step=0.0 if spec == "oracle" or host_ms_per_step is None else host_ms_per_step)
+                          prefill_ms_per_token=prefill_ms_per_token, host_ms_per_step=in_sim)
         ctx = dataclasses.replace(sim.context(prior_rates=calib.rates), ngram_rates=calib.ngram_rates)
         # the oracle runs bare: the simulator tells it each draft's fate (its host time is not a policy's)
         policy = FateOracle(ctx) if spec == "oracle" else timed(make_policy(calib.spec(spec), ctx))
@@ -201,9 +201,9 @@ def run_cell(cost: StepCost, calib: Calibration, spec: str, load: int, protocol:
     window = slice(int(after[0]), int(after[0]) + protocol.measured_steps)
     tokens, ms = steps.tokens[window].sum(), steps.step_ms[window].sum()
     host = None if spec == "oracle" else float(np.mean(policy.host_ms[window]))
-    charged = ms + (host * protocol.measured_steps if host is not None and host_ms_per_step is None else 0.0)
-    device_ms = ms - (host_ms_per_step or 0.0) * protocol.measured_steps if spec != "oracle" else ms
-    return {"sim_tok_s": round(float(tokens / charged * 1e3), 2),
+    post_hoc = host if host is not None and host_ms_per_step is None else 0.0  # measured here, charged after
+    device_ms = ms - in_sim * protocol.measured_steps
+    return {"sim_tok_s": round(float(tokens / (ms + post_hoc * protocol.measured_steps) * 1e3), 2),
             "sim_device_tok_s": round(float(tokens / device_ms * 1e3), 2),
             "sim_mean_k": round(float(steps.mean_k[window].mean()), 3),
             "host_ms_per_step": None if host is None else round(host, 4),
