@@ -41,7 +41,8 @@ from tabletune.profile import StepProfile
               show_default=True, help="how --replicas share the arrivals")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def simulate_cmd(policy, load, arrival_rate, step_times, acceptance, prior, duration, output_len, workload,
-                 heterogeneity, drafter, draft_share, max_num_seqs, noise_cv, host_ms_per_step, seed, replicas, router, as_json):
+                 heterogeneity, drafter, draft_share, max_num_seqs, noise_cv, host_ms_per_step, seed, replicas, router,
+                 as_json):
     """Simulate one serving point and print throughput and the other metrics."""
     from tabletune.policies import make_policy
     from tabletune.policies.base import MODEL, NGRAM

@@ -15,7 +15,8 @@ from tabletune.engine.presets import resolve
 from tabletune.engine.runner import SpecEngine
 from tabletune.engine.trace_replay import TracedReplayDrafter
 
-ENGINE_VERSION = "0.10.1"  # packed verification (token buckets), drafting position by position with stops; n-gram traces read bridged
+# packed verification (token buckets), drafting position by position with stops; n-gram traces read bridged
+ENGINE_VERSION = "0.10.1"
 RUNNER = "builtin/cudagraph-per-(bucket,k,tokens)"
 
 
