@@ -34,20 +34,25 @@ def configure(profile_dir: str, cap: list[float] | None, options: dict | None = 
         os.environ["TABLETUNE_CONTROLLER"] = json.dumps(options)
 
 
-def start_engine(model: str, table: list[list[int]], k_max: int, max_num_seqs: int, max_model_len: int = 2048):
-    """vLLM with n-gram drafting and a starting table; returns (llm, controller hook)."""
+def start_engine(model: str, table: list[list[int]], k_max: int, max_num_seqs: int, max_model_len: int = 2048,
+                 rates: list[float] | None = None, **llm_kwargs):
+    """vLLM with n-gram drafting and a starting table; returns (llm, controller hook). On a GPU, ``rates``
+    force acceptance through vLLM's synthetic sampler (``configure``'s cap does it on the CPU)."""
     from vllm import LLM
 
-    from tabletune.integrations.vllm import controller_hook
+    from tabletune.integrations.vllm import controller_hook, engine_args, versions
     from tabletune.integrations.vllm.presets import resolve_model
 
     controller_hook.install()  # idempotent; vLLM's plugin loading normally does it
     preset = resolve_model(model)
     spec = {"method": "ngram", "num_speculative_tokens": k_max, "prompt_lookup_min": 2, "prompt_lookup_max": 4,
             "num_speculative_tokens_per_batch_size": table}
+    on_cpu = engine_args.on_cpu()
+    if rates and not on_cpu:
+        spec.update(versions.forced_acceptance(rates, k_max, on_cpu=False)[0])
     llm = LLM(model=preset.path, load_format=preset.load_format, skip_tokenizer_init=preset.skip_tokenizer_init,
-              dtype="float32", max_model_len=max_model_len, max_num_seqs=max_num_seqs, seed=0,
-              speculative_config=spec)
+              dtype="float32" if on_cpu else "auto", max_model_len=max_model_len, max_num_seqs=max_num_seqs, seed=0,
+              speculative_config=spec, **llm_kwargs)
     hook = llm.llm_engine.engine_core.engine_core.scheduler._tabletune_hook
     if hook is None:
         sys.exit(f"controller did not attach: {controller_hook._status}")

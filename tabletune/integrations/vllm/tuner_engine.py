@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from tabletune.acceptance import AcceptanceCounts
 from tabletune.cost import MixedStep
-from tabletune.integrations.vllm import engine_args, presets
+from tabletune.integrations.vllm import engine_args, presets, versions
 from tabletune.integrations.vllm.step_hooks import StepRecorder
 from tabletune.integrations.vllm.timing_requests import full_drafts, model_token_ids, timing_window
 from tabletune.errors import InputError
@@ -47,7 +47,7 @@ def validate(spec: EngineSpec) -> None:
 
 def prompt_token_ids(spec: EngineSpec, texts) -> list[list[int]]:
     """The model's token ids of each text, without starting vLLM (the CLI sizes the grid's context from them)."""
-    preset = presets.resolve_model(spec.model)
+    preset = presets.resolve_model(spec.model, spec.engine_args)
     try:
         return model_token_ids(preset.path, preset.skip_tokenizer_init, texts)
     except (OSError, ValueError) as exc:
@@ -82,16 +82,24 @@ class VllmEngine:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core must live in this process
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; ~40k tokens of the tiny model
         self.spec = spec
-        self.preset = presets.resolve_model(spec.model)
+        self.preset = presets.resolve_model(spec.model, spec.engine_args)
         self.k_max = spec.k_max
         self.max_batch_size = spec.max_batch_size
         self.context_len = spec.context_len  # measured: mean context of the timed steps
         self.context_target, self.refresh_tokens = timing_window(spec.context_len)  # timing requests' prompt tokens
+        import vllm
+        from vllm import LLM, SamplingParams
+
+        warning = versions.check(vllm.__version__)
+        if warning:
+            versions.logger.warning("tabletune: %s", warning)
+        forced, use_cap = ({}, False)
         if spec.synthetic_acceptance:
+            forced, use_cap = versions.forced_acceptance(spec.synthetic_acceptance, spec.k_max, engine_args.on_cpu())
+        if use_cap:
             from tabletune.integrations.vllm import acceptance_cap
 
             acceptance_cap.set_rates(spec.synthetic_acceptance)
-        from vllm import LLM, SamplingParams
 
         self._sampling_params = SamplingParams
         self.static_k = static_k
@@ -101,6 +109,9 @@ class VllmEngine:
         else:  # the table mechanism off: vLLM's static mode
             config = presets.speculative_config(spec.method, max(static_k, 1), spec.draft_model, [])
             del config["num_speculative_tokens_per_batch_size"]
+            if forced:
+                forced = versions.forced_acceptance(spec.synthetic_acceptance, max(static_k, 1), False)[0]
+        config.update(forced)
         args = engine_args.build(self.preset.path, spec.engine_args, max_num_seqs=spec.max_batch_size,
                                  seed=spec.seed, speculative_config=config,
                                  dummy_weights=self.preset.load_format == "dummy")
