@@ -8,8 +8,9 @@ import click
 
 from tabletune.acceptance import load_acceptance
 from tabletune.cli.common import optimize_options
-from tabletune.optimizer import TableResult, optimize_table
+from tabletune.optimizer import TableResult
 from tabletune.profile import StepProfile
+from tabletune.simple_table import smooth_within_noise
 
 
 @click.command("show")
@@ -33,7 +34,7 @@ def show_cmd(step_times, acceptance, workload, temperature, max_batch, k_max, ks
         rates, draft_rate = load_acceptance(acceptance, workload, temperature)
         options = optimize_options(profile, len(rates), max_batch, k_max, ks, 0.0,
                                    draft_rate if model_draft_rate else 1.0)
-        result = optimize_table(profile, rates, options)
+        result = smooth_within_noise(profile, rates, options)  # the table `tabletune table` writes
     draw_tune_png(profile, result, png, title=Path(step_times).name)
     for line in summary_lines(profile, result):
         click.echo(line)

@@ -37,7 +37,7 @@ known in advance, while UCB installs whole optimistic tables whose cost depends
 on how wrong the optimism is.
 
 Rebuild: exactly ``tabletune.optimizer.optimize_table(step_profile, rates, ...)``
-(the optimizer of ``tabletune table``). Hysteresis: the new table is installed only
+(the optimizer of ``tabletune table --exact``). Hysteresis: the new table is installed only
 if its modelled goodput beats the current table's by more than ``min_gain`` at
 some batch size, at most once per ``min_install_interval_s``, and only after
 ``warmup_drafts`` drafts were observed. Rebuilds are evaluated at most once per

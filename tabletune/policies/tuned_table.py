@@ -3,7 +3,7 @@
 Rule: k(b) = argmax_k b * E[tokens | k] / T(b, k) over the allowed ks, with
 E[tokens | k] from the prior (offline-measured) acceptance rates and T from the
 offline step-time profile (``tabletune.optimizer.optimize_table``, the same code as
-``tabletune table``). A drafter that proposes in only a share q < 1 of request-steps
+``tabletune table --exact``). A drafter that proposes in only a share q < 1 of request-steps
 (``PolicyContext.prior_draft_rate``, n-gram) is optimised with the partial-draft model
 (``optimizer.partial_goodput_grid``) at the cost's draft share f. No online adaptation;
 see ``controller`` for that.

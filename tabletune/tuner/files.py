@@ -32,7 +32,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tabletune import fileio
 from tabletune.acceptance import AcceptanceProfile
+from tabletune.errors import InputError
 from tabletune.goodput import DraftYield
 from tabletune.optimizer import TableResult, evaluate_table, gain_vs
 from tabletune.profile import StepProfile
@@ -122,9 +124,13 @@ def yields_json(outcome: TuneOutcome) -> dict:
 
 
 def load_yields(path: str | Path) -> tuple[tuple[DraftYield, ...], float]:
-    """(yields, draft share) of a ``yields.json`` that ``yields_json`` wrote."""
-    saved = json.loads(Path(path).read_text())
-    return tuple(DraftYield(**y) for y in saved["yields"]), saved["draft_share"]
+    """(yields, draft share) of a ``yields.json`` that ``yields_json`` wrote; a file that is not one is
+    InputError."""
+    saved = fileio.read_json(path)
+    try:
+        return tuple(DraftYield(**y) for y in saved["yields"]), float(saved["draft_share"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(str(path), "yields", type(exc).__name__, f"not a tune's yields.json ({exc})") from None
 
 
 def static_json(decision: StaticDecision, speculative_config: Callable[[list[list[int]]], dict]) -> dict:

@@ -17,7 +17,7 @@ import tabletune.cli.table as cmd
 def broken(*args, **kwargs):
     raise {exc}("injected bug")
 
-cmd.optimize_table = broken
+cmd.smooth_within_noise = broken  # the default table
 sys.argv = ["tabletune", *sys.argv[1:]]
 runpy.run_module("tabletune", run_name="__main__", alter_sys=True)
 """

