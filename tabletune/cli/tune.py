@@ -197,7 +197,7 @@ def tune_cmd(engine_name, model, method, draft_model, k_max, batch_sizes, max_nu
                 console.print(cap.describe())
         console.print(f"checkpoint: {checkpoint.folder} (after an interruption: the same command with --resume "
                       f"{checkpoint.folder})")
-        outcomes = _measure(engine, plan, prompts, workload, command, console, lens, checkpoint, caps)
+        outcomes = _measure(engine, plan, prompts, workload, command, console, lens, checkpoint)
     finally:
         engine.close()
     make_config = getattr(adapter, "speculative_config", None)
@@ -273,7 +273,7 @@ def _png_drawer(title: str) -> DrawPng:
     return draw
 
 
-def _measure(engine, plan, prompts, workload, command, console: Console, context_lens, checkpoint, caps):
+def _measure(engine, plan, prompts, workload, command, console: Console, context_lens, checkpoint):
     columns = (TextColumn("{task.description:<32}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
                TextColumn("ETA"), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=False) as bar:
@@ -281,7 +281,7 @@ def _measure(engine, plan, prompts, workload, command, console: Console, context
         return run_contexts(engine, plan, prompts, context_lens, workload=workload, command=command,
                             progress=lambda text, frac: bar.update(task, description=text,
                                                                    completed=round(1000 * frac)),
-                            checkpoint=checkpoint, caps=caps)
+                            checkpoint=checkpoint)
 
 
 def _report(outcome, result, console: Console) -> None:

@@ -11,15 +11,16 @@
 
 ``measure_step`` times whole steps from ``context_len`` cached tokens on a timing engine of ``batch_cap(n)``
 sequences (all ``max_num_seqs`` when they fit the free GPU memory, ``tabletune.tuner.budget``) of
-``context_len + k_max + 256`` tokens, rebuilt when a context needs more room. Those tokens are the workload's own
-text (``EngineSpec.timing_prompts`` laid out by ``tabletune.tuner.workload.timing_rows``), else random tokens.
+``context_len + k_max + 256`` tokens, the workload's own text (``EngineSpec.timing_prompts`` laid out by
+``tabletune.tuner.workload.timing_rows``), else random tokens. One engine holds memory at a time: a new context
+(or the acceptance pass) first releases the previous engine (``tabletune.engine.memory``) and measures the free
+memory again, and the next engine is sized from that.
 ``measure_acceptance`` decodes the prompts with the real drafter or, with synthetic acceptance, replays the target's
 own greedy continuation through the forced-rejection cap (lossless; acceptance follows the given rates).
 """
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,6 +28,7 @@ import torch
 
 from tabletune.acceptance import AcceptanceCounts
 from tabletune.engine.drafters import ReplayDrafter, make_drafter
+from tabletune.engine.memory import CudaMemory, DeviceMemory, FixedMemory
 from tabletune.engine.model import Decoder
 from tabletune.engine.presets import PRESETS, replace, resolve
 from tabletune.engine.profiling import ENGINE_VERSION, RUNNER, device_name, time_steps
@@ -95,9 +97,10 @@ def _weights_folder(model: str) -> str | None:
 
 
 class BuiltinEngine:
-    def __init__(self, spec: EngineSpec, free_bytes: int | None = None) -> None:
-        """``free_bytes``: device memory free for the KV caches and workspace once the weights are loaded
-        (default: measured on a GPU; on the CPU none, every batch size fits)."""
+    def __init__(self, spec: EngineSpec, free_bytes: int | None = None, memory: DeviceMemory | None = None) -> None:
+        """``memory``: the device's (default: the GPU's; ``free_bytes`` gives a fixed size instead, and on the
+        CPU without it there is no limit). ``self.free_bytes``: what it has free with no engine built, measured
+        once the weights are loaded and again at each release."""
         self.spec = spec
         cuda = torch.cuda.is_available()
         self.device, self.dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
@@ -112,15 +115,16 @@ class BuiltinEngine:
         self._engine: SpecEngine | None = None  # the timing engine, built on first use (after the acceptance pass)
         self._timing_ids = prompt_token_ids(spec, spec.timing_prompts) if spec.timing_prompts else []
         self._rows_ready = 0
-        if free_bytes is None and self.device == "cuda":
-            free_bytes = torch.cuda.mem_get_info()[0]
-        self.free_bytes = free_bytes
+        if memory is None:
+            memory = CudaMemory() if self.device == "cuda" and free_bytes is None else FixedMemory(free_bytes)
+        self.memory = memory
+        self.free_bytes = memory.free_bytes()
 
     @property
     def engine(self) -> SpecEngine:
         """The timing engine (every bucket, every k) for the current context: ``batch_cap`` slots of
-        ``_max_len(context_len)`` tokens, built on first use (after the acceptance pass's own engine is
-        freed); one engine holds memory at a time."""
+        ``_max_len(context_len)`` tokens, built on first use (after the acceptance pass's own engine and the
+        previous context's are released); one engine holds memory at a time."""
         if self._engine is None:
             self._engine = self._build(self._drafter(), max_num_seqs=self.batch_cap(self.context_len).batch_size,
                                        max_len=self._max_len(self.context_len))
@@ -155,8 +159,9 @@ class BuiltinEngine:
                           workspace_bytes=WORKSPACE_BYTES, already_allocated_bytes=loaded)
 
     def batch_cap(self, context_len: int) -> BatchCap:
-        """The largest batch a timing engine at ``context_len`` holds in the free memory:
-        WORKSPACE_BYTES + weights to load + (b + 1 slots) * KV bytes per slot <= free (``budget.largest_batch``)."""
+        """The largest batch a timing engine at ``context_len`` holds in ``free_bytes`` (free with no engine
+        built): WORKSPACE_BYTES + weights to load + (b + 1 slots) * KV bytes per slot <= free
+        (``budget.largest_batch``)."""
         n = self.spec.max_batch_size
         if self.free_bytes is None:
             return BatchCap(context_len, n, n)
@@ -164,7 +169,7 @@ class BuiltinEngine:
                           self._sequence_bytes(self._max_len(context_len)), n, extra_slots=1)
         plan = self.memory_plan(context_len, n)
         numbers = (f"{n} sequences of {self._max_len(context_len)} tokens {plan.describe()}" if b < n else "")
-        return BatchCap(context_len, b, n, numbers)
+        return BatchCap(context_len, b, n, numbers, self.free_bytes)
 
     def _draft_cfg(self):
         name = self.spec.draft_model
@@ -193,13 +198,11 @@ class BuiltinEngine:
         return SpecEngine(self.target, drafter, cfg)
 
     def set_context_len(self, context_len: int) -> None:
-        """Time the next steps from ``context_len`` cached tokens; a timing engine too small for it (fewer
-        slots than ``batch_cap`` or a shorter cache) is freed, and the next step builds one that fits."""
-        built = self._engine
-        if built is not None and (built.cfg.max_len < self._max_len(context_len)
-                                  or built.cfg.max_num_seqs < self.batch_cap(context_len).batch_size):
-            self._engine = None
-            self._free()
+        """Time the next steps from ``context_len`` cached tokens. Another context's timing engine is released
+        first (``_release``), so that ``batch_cap`` sizes this context's from the memory free without it; the
+        next step builds it."""
+        if context_len != self.context_len:
+            self._release()
         self.context_len, self._rows_ready = context_len, 0
 
     # ---- Engine protocol ----------------------------------------------------
@@ -242,7 +245,8 @@ class BuiltinEngine:
         engine.last_token[:num_rows] = engine.history[:num_rows, self.context_len]
 
     def measure_acceptance(self, prompts: Sequence[str], k: int, max_tokens: int) -> AcceptanceCounts:
-        self._rows_ready = 0  # the decode below overwrites the timing rows' state
+        self._release()  # its own engine below, alone in memory; the timing rows' state is gone with it
+        self._rows_ready = 0
         limit = max(self.context_len, 8)
         ids = [i[-limit:] or [0] for i in prompt_token_ids(self.spec, prompts)]
         max_tokens = min(max_tokens, ACCEPTANCE_TOKENS - 8)
@@ -265,8 +269,8 @@ class BuiltinEngine:
             reqs = [Request(p, max_tokens, i) for i, p in enumerate(ids)]
             engine = self._build(self._drafter(), max_num_seqs=len(ids), max_len=prompt_len)
             counts = Scheduler(engine, self._policy(engine, k)).run(reqs).counts
-        del engine
-        self._free()
+        del engine  # the last reference: _release collects it
+        self._release()
         return AcceptanceCounts(k_max=k, drafter=self.method, num_drafts=counts.num_drafts,
                                 reached=counts.reached[:k], accepted=counts.accepted[:k], drafted=counts.drafted[:k])
 
@@ -278,10 +282,12 @@ class BuiltinEngine:
         return make_policy(self.spec.policy, ctx)
 
     def close(self) -> None:
-        self._engine = None
-        self._free()
+        self._release()
 
-    def _free(self) -> None:
-        gc.collect()
-        if self.device == "cuda":
-            torch.cuda.empty_cache()
+    def _release(self) -> None:
+        """Drop the timing engine (its KV caches, CUDA graphs and their pool) and give back the memory of every
+        engine no longer referenced (``DeviceMemory.release``; no caller may still hold one), then measure what
+        is free for the next (``batch_cap`` sizes it from that)."""
+        self._engine = None
+        self.memory.release()
+        self.free_bytes = self.memory.free_bytes()

@@ -13,7 +13,9 @@ says what ``weights + engines * (kv + workspace)`` needs against the free memory
 A long context may not hold ``max_num_seqs`` sequences. ``largest_batch`` is the largest
 batch size that fits, per context (``BatchCap``); the tune measures that context up to it,
 extends its row's last k to ``max_num_seqs`` (``capped_batch_sizes``, ``tabletune.tuner.run``),
-and refuses (``check_caps``) only when not even one sequence fits.
+and refuses (``check_caps``) only when not even one sequence fits: before measuring anything,
+in the memory free at the start, and again for each context when its engine is about to be
+built (the previous context's released).
 """
 
 from __future__ import annotations
@@ -65,12 +67,14 @@ def largest_batch(free: int, fixed: int, per_sequence: int, max_num_seqs: int, e
 @dataclass(frozen=True)
 class BatchCap:
     """How many sequences one context length holds: ``batch_size`` (<= ``max_num_seqs``; 0: none), with
-    ``numbers`` saying why (what ``max_num_seqs`` would need, and what there is)."""
+    ``numbers`` saying why (what ``max_num_seqs`` would need, and what there is) and ``free_bytes`` the
+    device memory it was sized from (None: not a memory budget, e.g. vLLM's KV cache)."""
 
     context_len: int
     batch_size: int
     max_num_seqs: int
     numbers: str = ""
+    free_bytes: int | None = None
 
     @property
     def capped(self) -> bool:

@@ -7,7 +7,8 @@ caller passes a drawing function, ``tune.png``; for a drafter that proposes
 only on a match, ``yields.json`` (the per-k yields the table was built from); with a static check,
 ``static_check.json`` (``static_json``, written after the rest). With several context
 lengths each profile gets a ``context-<N>/`` folder and the top holds
-``table_by_context.json`` (``tabletune.table.ContextTable``). A context measured only up to
+``table_by_context.json`` (``tabletune.table.ContextTable``) and ``batch_caps.json`` (``caps_json``:
+how many sequences each context held). A context measured only up to
 the largest batch it holds (``TuneOutcome.batch_cap``) has its table's last k extended to
 ``max_num_seqs``. The table comes from ``tabletune.simple_table.smooth_within_noise`` (k changes
 only for a gain the points resolve), never from a plot, so the JSON files need no matplotlib; the
@@ -50,6 +51,7 @@ YIELDS_FILE = "yields.json"
 PNG_FILE = "tune.png"
 STATIC_FILE = "static_check.json"
 BY_CONTEXT_FILE = "table_by_context.json"
+CAPS_FILE = "batch_caps.json"
 FILES = (*JSON_FILES, PNG_FILE)
 
 DrawPng = Callable[[StepProfile, TableResult, Path], None]  # (profile, optimizer's result, path to write)
@@ -145,20 +147,27 @@ def static_json(decision: StaticDecision, speculative_config: Callable[[list[lis
             "static_speculative_config": config if decision.k > 0 else None}
 
 
+def caps_json(outcomes: Sequence[TuneOutcome]) -> dict:
+    """Each context's ``BatchCap``: the batch it was measured up to, and the free memory that came from."""
+    return {"by_context": [{**dataclasses.asdict(o.batch_cap), "capped": o.batch_cap.capped}
+                           for o in outcomes if o.batch_cap is not None]}
+
+
 def write_runs(out_dir: str | Path, outcomes: Sequence[TuneOutcome],
                speculative_config: Callable[[list[list[int]]], dict], command: str = "",
                draw_png: DrawPng | None = None,
                noise_floor: float = 0.0) -> tuple[list[TableResult], dict[str, Path]]:
     """One context: ``write_run``. Several: ``context-<N>/`` per profile (as ``write_run`` writes), and at the top
-    ``table_by_context.json`` (``tabletune.table.ContextTable``) and ``speculative_config.json`` with the smallest
-    context's row as vLLM's own table (and SGLang's, which has no context axis); all or nothing."""
+    ``table_by_context.json`` (``tabletune.table.ContextTable``), ``batch_caps.json`` (``caps_json``) and
+    ``speculative_config.json`` with the smallest context's row as vLLM's own table (and SGLang's, which has no
+    context axis); all or nothing."""
     if len(outcomes) == 1:
         result, files = write_run(out_dir, outcomes[0], speculative_config, command, draw_png, noise_floor)
         return [result], files
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    names = [BY_CONTEXT_FILE, "speculative_config.json", SGLANG_FILE]
+    names = [BY_CONTEXT_FILE, CAPS_FILE, "speculative_config.json", SGLANG_FILE]
     try:
         results = []
         for outcome in outcomes:
@@ -167,6 +176,7 @@ def write_runs(out_dir: str | Path, outcomes: Sequence[TuneOutcome],
             names.append(sub)
         table = ContextTable(tuple(ContextRow(o.profile.context_len, r.table) for o, r in zip(outcomes, results)))
         _write_json(tmp / BY_CONTEXT_FILE, table.to_json())
+        _write_json(tmp / CAPS_FILE, caps_json(outcomes))
         _write_json(tmp / "speculative_config.json", speculative_config(table.rows[0].table.as_lists()))
         _write_json(tmp / SGLANG_FILE, to_sglang(table.rows[0].table))
         _publish_entries(tmp, out, names)

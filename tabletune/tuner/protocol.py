@@ -58,8 +58,9 @@ class Engine(Protocol):
     * optional ``set_context_len(n)``: time the next steps at a mean context of n tokens (needed for
       ``tune --context-lens`` with more than one length; the engine starts at the largest).
     * optional ``batch_cap(n) -> tabletune.tuner.budget.BatchCap``: the largest batch the engine holds at
-      context n (its memory or KV cache); the tune measures each context up to it, and refuses before
-      measuring anything when a context holds none. Without it every context holds ``max_batch_size``.
+      context n now (its memory or KV cache); the tune refuses before measuring anything when a context
+      holds none, and asks again for each context after its ``set_context_len(n)`` (which releases what the
+      previous context held), measuring it up to that. Without it every context holds ``max_batch_size``.
     * optional ``take_mixed_steps()``: the decode steps of the last ``measure_acceptance`` as
       ``tabletune.cost.MixedStep`` (batch size, longest and mean draft of its rows, wall ms), from
       which the tuner fits the draft share of a drafter that proposes only on a match.

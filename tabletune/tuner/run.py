@@ -185,28 +185,34 @@ def settle_close_calls(engine: Engine, profile: StepProfile, rates: Sequence[flo
     return calls, settle(list(profile.points), calls, plan.close_call_windows, measure, keep)
 
 
-def batch_caps(engine: Engine, context_lens: Sequence[int]) -> list[BatchCap]:
-    """Per context length, the largest batch the engine holds (its optional ``batch_cap(n)``, else all of
-    ``max_batch_size``); refuses (InputError) when a context holds not even one sequence. Measures nothing."""
+def batch_cap(engine: Engine, context_len: int) -> BatchCap:
+    """The largest batch the engine holds at ``context_len`` now: its optional ``batch_cap(n)``, else all of
+    ``max_batch_size``. Measures nothing."""
     cap = getattr(engine, "batch_cap", None)
     n = engine.max_batch_size
-    caps = [cap(c) if cap is not None else BatchCap(c, n, n) for c in sorted(set(context_lens))]
+    return cap(context_len) if cap is not None else BatchCap(context_len, n, n)
+
+
+def batch_caps(engine: Engine, context_lens: Sequence[int]) -> list[BatchCap]:
+    """``batch_cap`` of each context length; refuses (InputError) when a context holds not even one sequence."""
+    caps = [batch_cap(engine, c) for c in sorted(set(context_lens))]
     check_caps(caps)
     return caps
 
 
 def run_contexts(engine: Engine, plan: TunePlan, prompts: Sequence[str], context_lens: Sequence[int], *,
                  workload: str = "default", command: str = "", progress: ProgressFn | None = None,
-                 checkpoint: Checkpoint | None = None, caps: Sequence[BatchCap] | None = None) -> list[TuneOutcome]:
+                 checkpoint: Checkpoint | None = None) -> list[TuneOutcome]:
     """One outcome per context length (ascending): acceptance once, then ``run_plan`` at each context, on the
-    plan's batch sizes up to what that context holds (``batch_caps``, checked before anything is measured;
-    ``capped_batch_sizes``).
+    plan's batch sizes up to what that context holds (``capped_batch_sizes``). Every context is checked before
+    anything is measured (``batch_caps``); each context's cap is then asked again once ``set_context_len`` has
+    released the previous context's engine, just before its own is built (an engine sized from memory sees
+    what is free then).
 
     The engine must offer ``set_context_len(n)`` when there is more than one context length.
     """
     lens = sorted(set(context_lens))
-    caps = list(caps) if caps is not None else batch_caps(engine, lens)
-    by_len = {c.context_len: c for c in caps}
+    batch_caps(engine, lens)
     inputs = measure_inputs(engine, plan, prompts, workload, checkpoint, progress)
     out = []
     for i, n in enumerate(lens):
@@ -215,7 +221,8 @@ def run_contexts(engine: Engine, plan: TunePlan, prompts: Sequence[str], context
         phase = _phase(progress, i / len(lens), (i + 1) / len(lens))
         if phase and len(lens) > 1:
             phase = _labelled(phase, f"ctx {n} ")
-        cap = by_len[n]
+        cap = batch_cap(engine, n)
+        check_caps([cap])
         grid = dataclasses.replace(plan, batch_sizes=capped_batch_sizes(plan.batch_sizes, cap.batch_size))
         outcome = run_plan(engine, grid, prompts, workload=workload, command=command, progress=phase,
                            checkpoint=checkpoint, inputs=inputs)

@@ -4,6 +4,8 @@ several profiles; ``--resume`` continues an interrupted CLI tune (fake adapter: 
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -14,6 +16,7 @@ from tabletune.table import ContextTable, DraftTable
 
 FAST = ["--point-budget-s", "0.01", "--num-prompts", "1", "--no-refine", "--close-call-margin", "0",
         "--no-static-check"]
+FORMATS = Path(__file__).resolve().parents[2] / "docs" / "formats.md"
 ARGS = ["tune", "--engine", "builtin", "--model", "fake", "--k-max", "3", "--batch-sizes", "1,16,64", *FAST]
 
 
@@ -26,8 +29,9 @@ def test_context_lens_write_a_by_context_table(tmp_path, fake_engine):
     out = tmp_path / "run"
     res = CliRunner().invoke(main, [*ARGS, "--context-lens", "1000,100", "--out", str(out)])
     assert res.exit_code == 0, res.output
-    assert sorted(p.name for p in out.iterdir()) == ["context-100", "context-1000", "sglang_adaptive_config.json",
-                                                     "speculative_config.json", "table_by_context.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["batch_caps.json", "context-100", "context-1000",
+                                                     "sglang_adaptive_config.json", "speculative_config.json",
+                                                     "table_by_context.json"]
     table = ContextTable.load(out / "table_by_context.json")
     assert [r.max_context_len for r in table.rows] == [100, 1000]
     for row in table.rows:  # each row is that profile's own 1-D table
@@ -103,6 +107,13 @@ def test_a_context_that_holds_part_of_the_grid_is_measured_up_to_what_fits(tmp_p
     table = ContextTable.load(out / "table_by_context.json")
     assert table.rows[1].table.ranges[-1][1] == 64 and table.rows[0].table.ranges[-1][1] == 64
     assert DraftTable.load(out / "context-1000" / "table.json").ranges[-1][1] == 64
+    caps = json.loads((out / "batch_caps.json").read_text())["by_context"]
+    assert [(c["context_len"], c["batch_size"], c["max_num_seqs"], c["capped"]) for c in caps] == [
+        (100, 64, 64, False), (1000, 20, 64, True)]
+    assert caps[1]["numbers"] == "64000 KV tokens, 20000 held" and caps[1]["free_bytes"] is None
+    section = FORMATS.read_text().split("## `batch_caps.json`")[1].split("\n## ")[0]
+    documented = re.findall(r"^\| `by_context\[\]\.(\w+)`", section, re.MULTILINE)
+    assert documented == list(caps[0])  # every field, in the docs' table (docs/formats.md)
 
 
 def test_a_context_that_holds_no_sequence_is_refused_before_anything_is_measured(tmp_path, fake_engine,

@@ -115,7 +115,7 @@ def test_a_tune_over_two_contexts_measures_the_long_one_up_to_what_fits(tmp_path
     3 at context 2048; the tune measures each up to its cap and its table reaches max_num_seqs."""
     from tabletune.tuner import TunePlan
     from tabletune.tuner.files import write_runs
-    from tabletune.tuner.run import batch_caps, run_contexts
+    from tabletune.tuner.run import run_contexts
 
     spec = EngineSpec(model="tiny", method="eagle", k_max=2, max_batch_size=8, context_len=2048,
                       synthetic_acceptance=(0.9, 0.5))
@@ -125,8 +125,7 @@ def test_a_tune_over_two_contexts_measures_the_long_one_up_to_what_fits(tmp_path
     plan = TunePlan(batch_sizes=(1, 2, 4, 8), ks=(0, 1, 2), point_budget_s=0.05, min_samples=2, refine=False,
                     close_call_windows=0, recheck_passes=0)
     try:
-        caps = batch_caps(engine, [64, 2048])
-        outcomes = run_contexts(engine, plan, ["def f(x):\n    return x"], [64, 2048], caps=caps)
+        outcomes = run_contexts(engine, plan, ["def f(x):\n    return x"], [64, 2048])
     finally:
         engine.close()
     assert [o.profile.batch_sizes for o in outcomes] == [[1, 2, 4, 8], [1, 2, 3]]
