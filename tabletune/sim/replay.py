@@ -11,11 +11,8 @@ depends only on the prefix (early exit, and EAGLE/draft models when the prefix i
 correct); the only liberty is that the signals shown for rows after a rejected one
 within a draft come from the correct prefix (those tokens are rejected either way).
 
-Held-out calibration: every prompt belongs to one half, ``prompt_half(request)``:
-"calibration" when the first byte of sha256(request name) is even, else "scoring". The rule
-reads the prompt's name only, so a prompt lands in the same half in every trace file
-(model and n-gram chains, every temperature); rules are fit on the calibration half and
-scored on the other (``load_traces(..., half=)``, ``load_ngram_trace(..., half=)``).
+Held-out calibration (``tabletune.token_trace.prompt_half``): ``load_traces(..., half=)`` and
+``load_ngram_trace(..., half=)`` keep the prompts of one half only.
 
 Requests are the trace's streams, laid end to end in one cyclic array; a new request
 starts at a random row (so long runs cross request boundaries, a stated simplification).
@@ -26,7 +23,6 @@ from __future__ import annotations
 
 import csv
 import gzip
-import hashlib
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,18 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-
-HALVES = ("calibration", "scoring")
-
-
-def prompt_half(request: str) -> str:
-    """The half of a prompt, by its name alone: "calibration" if sha256(name)[0] is even, else "scoring"."""
-    return HALVES[hashlib.sha256(request.encode()).digest()[0] % 2]
-
-
-def _check_half(half: str | None) -> None:
-    if half is not None and half not in HALVES:
-        raise ValueError(f"half must be one of {HALVES} or None, got {half!r}")
+from tabletune.token_trace import check_half, prompt_half
 
 
 @dataclass(frozen=True)
@@ -93,7 +78,7 @@ class TraceStreams:
 def load_traces(paths: Sequence[str | Path], half: str | None = None) -> TraceStreams:
     """Model-drafter rows (non-empty top1_prob) of the trace files, each request's rows in gen_pos order;
     with ``half``, only the prompts of that half (``prompt_half``)."""
-    _check_half(half)
+    check_half(half)
     cols: dict[str, list] = {"top1_prob": [], "entropy": [], "margin": [], "accepted": [], "request": []}
     names: dict[tuple[str, str], int] = {}
     for path in map(Path, paths):
@@ -158,7 +143,7 @@ def bridge_bonus(present: np.ndarray, accepted: np.ndarray, match_len: np.ndarra
 def load_ngram_trace(path: str | Path, half: str | None = None) -> NgramStreams:
     """An n-gram trace file as NgramStreams: one stream per request, positions 1..its last row; with
     ``half``, only the prompts of that half (``prompt_half``)."""
-    _check_half(half)
+    check_half(half)
     path = Path(path)
     raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     by_request: dict[str, list[dict]] = {}
