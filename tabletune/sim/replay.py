@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tabletune.token_trace import check_half, prompt_half
+from tabletune.token_trace import check_half, load_token_traces, prompt_half
 
 
 @dataclass(frozen=True)
@@ -108,8 +108,8 @@ class NgramStreams:
     measurement. The same reading of a trace as the engine's ``TracedReplayDrafter``: a draft that starts
     inside a recorded one continues the recorded proposal (a stated simplification), and the bonus token
     after a fully accepted recorded draft, which has no row, counts as an accepted proposal
-    (``bridge_bonus``), so that a replay with another k than the recording does not see a miss the
-    recording never had.
+    (``tabletune.token_trace.bridge_bonus``), so that a replay with another k than the recording does not see
+    a miss the recording never had.
     """
 
     accepted: np.ndarray  # [num_rows] bool
@@ -127,44 +127,9 @@ class NgramStreams:
         return self.accepted[rows], np.minimum(self.run[pos], k_max), self.match_len[pos]
 
 
-def bridge_bonus(present: np.ndarray, accepted: np.ndarray, match_len: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One request's n-gram chain by output position, with the bonus position after a fully accepted recorded draft
-    read as an accepted proposal: a position without a row, after an accepted row and before the next recorded
-    draft (the target emitted it, so the recording never tested it; a replay with another k would have). Its
-    match length is the row before's. The one reading of an n-gram trace, for the simulator (``NgramStreams``)
-    and the engine (``tabletune.engine.trace_replay``); new arrays, the inputs untouched."""
-    bonus = np.zeros(len(present), bool)
-    bonus[1:-1] = ~present[1:-1] & accepted[:-2] & present[2:]
-    return (present | bonus, accepted | bonus,
-            np.where(bonus, np.roll(match_len, 1), match_len).astype(np.int64))
-
-
 def load_ngram_trace(path: str | Path, half: str | None = None) -> NgramStreams:
-    """An n-gram trace file as NgramStreams: one stream per request, positions 1..its last row; with
-    ``half``, only the prompts of that half (``prompt_half``)."""
-    check_half(half)
-    path = Path(path)
-    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    by_request: dict[str, list[dict]] = {}
-    for r in csv.DictReader(io.StringIO(raw.decode())):
-        if half is None or prompt_half(r["request"]) == half:
-            by_request.setdefault(r["request"], []).append(r)
-    if not by_request:
-        raise ValueError(f"n-gram trace {path} has no rows")
-    acc, runs, lens = [], [], []
-    for rows in by_request.values():
-        n = max(int(r["gen_pos"]) for r in rows)
-        ok, present, match = np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, np.int64)
-        for r in rows:
-            g = int(r["gen_pos"]) - 1
-            present[g], ok[g] = True, r["accepted"] == "1"
-            match[g] = int(float(r["ngram_len"] or 0))
-        present, ok, match = bridge_bonus(present, ok, match)
-        run = np.zeros(n, np.int64)
-        for g in range(n - 1, -1, -1):
-            run[g] = (run[g + 1] + 1 if g + 1 < n else 1) if present[g] else 0
-        acc.append(ok)
-        runs.append(run)
-        lens.append(match)
-    return NgramStreams(np.concatenate(acc), np.concatenate(runs), np.concatenate(lens))
+    """An n-gram trace file as NgramStreams: one stream per request (``TokenTrace.bridged``), positions 1..its
+    last row; with ``half``, only the prompts of that half (``prompt_half``)."""
+    traces = [t.bridged() for t in load_token_traces(path, half)]
+    return NgramStreams(np.concatenate([t.accepted for t in traces]), np.concatenate([t.run for t in traces]),
+                        np.concatenate([t.match_len for t in traces]))
