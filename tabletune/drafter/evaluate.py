@@ -104,7 +104,7 @@ class EvalConfig:
 
 def evaluate(cfg: EvalConfig, progress=None, command: str = "") -> list[HeldOutRow]:
     """One ``HeldOutRow`` per (workload, temperature); bad input is refused before any model loads."""
-    from tabletune.drafter.head import load_head_state
+    from tabletune.integrations.hf.eagle_head import load_head_state
     from tabletune.integrations.hf.measure import AcceptanceRun, measure
 
     load_head_state(Path(cfg.head))

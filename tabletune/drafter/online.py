@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from tabletune.drafter.head import load_head
+from tabletune.integrations.hf.eagle_head import load_head
 from tabletune.drafter.train import LossConfig, batch_loss
 
 

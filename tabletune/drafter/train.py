@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from tabletune import fileio
-from tabletune.drafter.head import EagleHead, HeadConfig, save_head
+from tabletune.integrations.hf.eagle_head import EagleHead, HeadConfig, save_head
 from tabletune.errors import InputError
 
 SAVE_RESERVE_S = 10.0  # of ``wall_budget_s``, kept for the final save

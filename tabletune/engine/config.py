@@ -25,7 +25,7 @@ class EngineConfig:
     ks: tuple[int, ...] = ()  # k values with a graph; default 0..k_max
     use_graphs: bool | None = None  # default: on CUDA
     # The target's prompt forward as a CUDA graph per prompt length up to this many tokens, captured after the second
-    # prompt of that length (at most runner.PREFILL_GRAPHS lengths; others run eager). Eager, a 32-token prefill of
+    # prompt of that length (at most prefill.PREFILL_GRAPHS lengths; others run eager). Eager, a 32-token prefill of
     # the 8B shape is host-bound by its ~500 launches (36-45 ms on an H200). 0: always eager.
     prefill_graph_max_len: int = 512
     # Also capture the draft-position graphs and a verify graph per step graph, so that a policy can read the drafted

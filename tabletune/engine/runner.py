@@ -6,14 +6,12 @@ distributions into per-slot arrays) and on CUDA every graph, captured largest fi
 writes the rows' inputs and token layout into a pinned host buffer, replays (the graph's first node uploads it) and
 reads back one small tensor. Verification is packed: row i feeds k_i + 1 tokens (``layout``), attention pads the
 rows to k = max k_i. With ``EngineConfig.split_steps`` a step can also draft position by position
-(``draft_position``) and verify after (``verify_drafted``), so that a policy ends rows' drafts in between.
+(``draft_position``) and verify after (``verify_drafted``), so that a policy ends rows' drafts in between. A new
+request's prompt runs in ``prefill`` (``engine.prefill``: eager, or a graph per recurring prompt length).
 """
 
 from __future__ import annotations
 
-import contextlib
-import gc
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,41 +22,13 @@ from tabletune.engine.config import EngineConfig
 from tabletune.engine.drafters import Drafter
 from tabletune.engine.model import Decoder
 from tabletune.engine.ops import Packed
+from tabletune.engine.prefill import Prefill, collector_paused
 from tabletune.engine.verify import verify
 from tabletune.padding import bucket_for, default_buckets
 from tabletune.policies.base import MODEL, NGRAM
 
 __all__ = ["EngineConfig", "SpecEngine"]
-log = logging.getLogger(__name__)
-
-
-PREFILL_GRAPHS = 16  # prompt lengths that get a prefill graph (each holds its own memory pool)
 ROWS = 6  # host input rows a bucket: slots, verified k, forced-rejection caps, drafter kind, token offset, tokens
-
-
-@contextlib.contextmanager
-def _collector_paused():
-    """Python's garbage collector run first, then off for the block (a CUDA graph capture): an earlier engine's
-    graphs, freed by a collection that fell inside the capture, would invalidate it."""
-    gc.collect()
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-@dataclass
-class PrefillGraph:
-    """The target's prefill of one prompt length, captured: write ``tokens`` and ``slot``, replay, read ``hidden``
-    [n, hidden] and ``logits`` [1, vocab] (the last position's, fp32); both are overwritten by the next replay."""
-    graph: torch.cuda.CUDAGraph
-    tokens: torch.Tensor  # [n] int64
-    slot: torch.Tensor  # [1] int64
-    hidden: torch.Tensor
-    logits: torch.Tensor
 
 
 @dataclass
@@ -145,10 +115,8 @@ class SpecEngine:
         self.draft_inputs = {b: self._host_and_device(torch.full((b,), self.cache.scratch_slot)) for b in self.buckets}
         # ("step" | "verify", bucket, k, token bucket j) and ("first", bucket, k) | ("next", bucket, j) -> graph
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
-        self.prefill_graphs: dict[int, PrefillGraph] = {}  # prompt length -> its captured prefill
-        self._prefill_seen: dict[int, int] = {}  # prompt length -> prompts of that length prefilled so far
         use_graphs = self.device.type == "cuda" if cfg.use_graphs is None else cfg.use_graphs
-        self.prefill_graph_max_len = cfg.prefill_graph_max_len if use_graphs else 0
+        self.prefills = Prefill(target, self.cache, cfg.prefill_graph_max_len if use_graphs else 0)
         if use_graphs:
             self.capture()
 
@@ -241,7 +209,7 @@ class SpecEngine:
         ``host`` into ``dev``. Each body first runs once on a side stream, so that kernel compiles and GEMM choices
         happen outside the capture."""
         pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
-        with _collector_paused():
+        with collector_paused():
             for key, host, dev, body in self._bodies():
                 dev.copy_(host)
                 stream.wait_stream(torch.cuda.current_stream())
@@ -355,12 +323,12 @@ class SpecEngine:
 
     @torch.inference_mode()
     def prefill(self, slot: int, prompt: list[int]) -> int:
-        """Run the prompt through the target (and the drafter); return the first generated token."""
+        """Run the prompt through the target (``prefills``) and the drafter; return the first generated token."""
         n = len(prompt)
         if not 0 < n <= self.cfg.max_len - self.k_max - 3:
             raise ValueError(f"prompt of {n} tokens does not fit max_len {self.cfg.max_len}")
         p = torch.tensor(prompt, dtype=torch.long, device=self.device)
-        hidden, logits = self._prefill_target(p, torch.tensor([slot], device=self.device))
+        hidden, logits = self.prefills(p, torch.tensor([slot], device=self.device))
         if self.temperature == 0:
             first = int(logits.argmax(-1))
         else:
@@ -369,42 +337,6 @@ class SpecEngine:
         self.history[slot, :n], self.history[slot, n] = p, first
         self.drafter.prefill(slot, p, first, hidden)
         return first
-
-    def _prefill_forward(self, tokens: torch.Tensor, slot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The target over one prompt ``tokens`` [n] into cache slot ``slot`` [1]: (hidden [n, hidden], the last
-        position's logits [1, vocab] fp32)."""
-        zero = torch.zeros(1, dtype=torch.long, device=self.device)
-        hidden = self.target(tokens[None], zero, slot, self.cache, prefill_at=(0, slot))[0]
-        return hidden, self.target.logits(hidden[-1:]).float()
-
-    def _prefill_target(self, tokens: torch.Tensor, slot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``_prefill_forward``, replayed from the prompt length's graph when it has one. Prompts of a length up to
-        ``prefill_graph_max_len`` run eager the first two times (the first makes the GEMM choices of its shapes);
-        after the second the graph is captured for the next ones, so one-off lengths cost no capture."""
-        n = tokens.shape[0]
-        pg = self.prefill_graphs.get(n)
-        if pg is not None:
-            pg.tokens.copy_(tokens)
-            pg.slot.copy_(slot)
-            pg.graph.replay()
-            return pg.hidden, pg.logits
-        out = self._prefill_forward(tokens, slot)
-        self._prefill_seen[n] = seen = self._prefill_seen.get(n, 0) + 1
-        if seen >= 2 and n <= self.prefill_graph_max_len and len(self.prefill_graphs) < PREFILL_GRAPHS:
-            try:
-                self.prefill_graphs[n] = self._capture_prefill(tokens.clone(), slot.clone())
-            except RuntimeError as exc:  # a forward that cannot be captured: eager from now on, serving goes on
-                log.warning("prefill of %d tokens not captured (%s); prompts run eager", n, exc)
-                self.prefill_graph_max_len = 0
-        return out
-
-    def _capture_prefill(self, tokens: torch.Tensor, slot: torch.Tensor) -> PrefillGraph:
-        """``_prefill_forward`` of these static inputs captured as a CUDA graph, in its own memory pool (it replays
-        between the steps' graphs, never inside them)."""
-        g = torch.cuda.CUDAGraph()
-        with _collector_paused(), torch.cuda.graph(g):
-            hidden, logits = self._prefill_forward(tokens, slot)
-        return PrefillGraph(g, tokens, slot, hidden, logits)
 
     def set_context(self, num_rows: int, context_len: int, seed: int = 0) -> None:
         """Pretend slots 0..num_rows-1 hold context_len tokens (random history) — for timing."""

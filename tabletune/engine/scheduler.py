@@ -28,12 +28,12 @@ import numpy as np
 from tabletune.acceptance import AcceptanceCounts
 from tabletune.cost import StepCost
 from tabletune.engine.runner import SpecEngine, StepResult
-from tabletune.engine.trace_replay import TokenTrace
 from tabletune.policies.base import (NGRAM, AlwaysDraft, BatchState, DraftFeatures, Policy, PolicyContext, StepOutcome,
                                      draft_stop_of)
 from tabletune.policies.static_table import StaticTable
 from tabletune.profile import StepPoint, StepProfile
 from tabletune.table import DraftTable
+from tabletune.token_trace import TokenTrace
 
 STOP_ENTROPY = 10.0  # nats: the entropy of a position not drafted (DraftFeatures past a draft cap)
 

@@ -62,8 +62,8 @@ def load_hf_weights(model, folder: Path) -> None:
 
 
 def load_eagle_head(drafter, folder: str | Path) -> None:
-    """A trained EAGLE-1 head (``tabletune.drafter.head``: vLLM's names) into an ``EagleDrafter(norms=False)``."""
-    from tabletune.drafter.head import load_head_state
+    """A trained EAGLE-1 head (``integrations.hf.eagle_head``: vLLM's names) into an ``EagleDrafter(norms=False)``."""
+    from tabletune.integrations.hf.eagle_head import load_head_state
 
     hc, t = load_head_state(Path(folder))
     cfg = drafter.target[0].cfg

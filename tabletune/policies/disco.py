@@ -96,9 +96,8 @@ class DiscoPolicy:
     * ``classifier`` (default): a classifier trained offline. ``model=FILE`` loads saved
       coefficients; without it, ``profiles/policies/disco-sim.json`` (trained on the
       simulator's stated confidence model, pooled over the workload presets, by
-      ``python -m tabletune.policies.trace_fit disco --source sim``), or the same
-      training run in-process if that file is absent. Its log has no n-gram match
-      length, so it uses the first four features; a model scores the features it names.
+      ``python -m tabletune.sim.traces``). Its log has no n-gram match length, so it
+      uses the first four features; a model scores the features it names.
     * ``online``: starts with the threshold rule, logs every tested token's
       (features, accepted), trains the classifier once ``warmup_tokens`` are logged and
       refits every ``refit_steps`` steps on the latest ``max_log`` tokens (it follows a

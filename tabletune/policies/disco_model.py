@@ -9,8 +9,7 @@ ROC curve of the fitted probabilities with transformers' cost (``roc_threshold``
 
 The model is saved as JSON coefficients, never a pickle; scoring needs only numpy.
 ``default_disco_model`` is the committed sim-trained model (``profiles/policies/disco-sim.json``,
-written by ``python -m tabletune.policies.trace_fit disco --source sim``), or the same
-training run in-process when that file is absent (cached per k_max).
+written by ``python -m tabletune.sim.traces``: the simulator trains it, this module only scores).
 """
 
 from __future__ import annotations
@@ -25,15 +24,12 @@ import numpy as np
 
 from tabletune import fileio
 from tabletune.errors import InputError
-from tabletune.sim.traces import draft_log
-from tabletune.sim.workload import preset
 
 FEATURES = ("top1_prob", "entropy", "margin", "position", "ngram_match_len")
 DISCO_SCHEMA = "tabletune.disco_model"
 DISCO_VERSION = 1
 HF_FN_COST = 3.0  # transformers weighs a false negative 3x a false positive
 DEFAULT_DISCO_MODEL = Path(__file__).resolve().parents[2] / "profiles" / "policies" / "disco-sim.json"
-SIM_WORKLOADS = ("code", "math", "chat", "code-edit")
 
 
 def roc_curve(labels: Sequence[int], scores: Sequence[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -137,20 +133,10 @@ def train_disco(x: np.ndarray, accepted: np.ndarray, trained_on: str = "", fn_co
     return dataclasses.replace(model, threshold=float(min(tau, 1.0)))
 
 
-def sim_rows(k_max: int = 7, drafts_per_workload: int = 5000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(x [n, 4] = top1, entropy, margin, position; y [n]) from the simulator, pooled over the presets."""
-    xs, ys = [], []
-    for i, name in enumerate(SIM_WORKLOADS):
-        x, y = draft_log(preset(name), drafts_per_workload, k_max, seed=seed + i).training_rows()
-        xs.append(x)
-        ys.append(y)
-    return np.concatenate(xs), np.concatenate(ys)
-
-
-@functools.lru_cache(maxsize=4)
-def default_disco_model(k_max: int = 7) -> DiscoModel:
-    """The committed sim-trained model if present, else one trained now on sim drafts (cached)."""
-    if DEFAULT_DISCO_MODEL.exists():
-        return DiscoModel.load(DEFAULT_DISCO_MODEL)
-    x, y = sim_rows(k_max)
-    return train_disco(x, y, trained_on="sim presets " + ",".join(SIM_WORKLOADS))
+@functools.lru_cache(maxsize=1)
+def default_disco_model() -> DiscoModel:
+    """The committed sim-trained model (loaded once)."""
+    if not DEFAULT_DISCO_MODEL.exists():
+        raise InputError(str(DEFAULT_DISCO_MODEL), "<file>", None,
+                         f"missing: write it with `python -m tabletune.sim.traces --out {DEFAULT_DISCO_MODEL}`")
+    return DiscoModel.load(DEFAULT_DISCO_MODEL)

@@ -1,20 +1,15 @@
 """Fit the per-request policies' offline models from logged drafts; save them as JSON.
 
-Two sources of logged (features, accepted) pairs, tested tokens only (nothing after a
-draft's first rejection):
-
-* ``sim``: drafts from the simulator's stated confidence model
-  (``tabletune.sim.traces.draft_log``), pooled over the workload presets
-  (code, math, chat, code-edit) as "general text";
-* ``traces``: issue 7's measured per-token traces, CSV or CSV.gz files with a header
-  that names at least ``draft_pos, top1_prob, entropy, margin, ngram_len, accepted``
-  (``tabletune.integrations.hf.replay.TRACE_COLUMNS``); rows of model drafters train
-  DISCO, rows with NaN probabilities (n-gram drafters) fit Hybrid Spark's table.
+The logged (features, accepted) pairs are tested tokens only (nothing after a draft's first
+rejection) of issue 7's measured per-token traces, CSV or CSV.gz files with a header that names
+at least ``draft_pos, top1_prob, entropy, margin, ngram_len, accepted``
+(``tabletune.integrations.hf.replay.TRACE_COLUMNS``): rows of model drafters train DISCO, rows
+with NaN probabilities (n-gram drafters) fit Hybrid Spark's table. (DISCO trained on the
+simulator's drafts instead: ``python -m tabletune.sim.traces``.)
 
 Usage (writes atomically)::
 
-    python -m tabletune.policies.trace_fit disco --source sim --out profiles/policies/disco-sim.json
-    python -m tabletune.policies.trace_fit disco --source traces --traces FILE_OR_DIR... --out FILE
+    python -m tabletune.policies.trace_fit disco --traces FILE_OR_DIR... --out FILE
     python -m tabletune.policies.trace_fit ngram --traces FILE_OR_DIR... --out FILE
 """
 
@@ -30,16 +25,16 @@ import numpy as np
 
 from tabletune import fileio
 from tabletune.errors import InputError
-from tabletune.policies.disco_model import SIM_WORKLOADS, sim_rows, train_disco
+from tabletune.policies.disco_model import train_disco
 from tabletune.policies.ngram_table import NgramTable
-from tabletune.sim.replay import prompt_half
+from tabletune.token_trace import prompt_half
 
 TRACE_FIELDS = ("draft_pos", "top1_prob", "entropy", "margin", "ngram_len", "accepted")
 
 
 def read_traces(*paths: str | Path, half: str | None = None) -> dict[str, np.ndarray]:
     """Columns of ``TRACE_FIELDS`` from trace files, or every *.csv / *.csv.gz under folders; with ``half``,
-    only the rows of that half's prompts (``tabletune.sim.replay.prompt_half``: fit on "calibration")."""
+    only the rows of that half's prompts (``tabletune.token_trace.prompt_half``: fit on "calibration")."""
     files: list[Path] = []
     for path in map(Path, paths):
         found = sorted(path.glob("**/*.csv")) + sorted(path.glob("**/*.csv.gz")) if path.is_dir() else [path]
@@ -87,18 +82,12 @@ def fit_ngram_table(cols: dict[str, np.ndarray], k_max: int, l_max: int = 64) ->
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tabletune.policies.trace_fit", description=__doc__.split("\n")[0])
     ap.add_argument("what", choices=("disco", "ngram"))
-    ap.add_argument("--source", choices=("sim", "traces"), default="sim")
-    ap.add_argument("--traces", nargs="+", help="trace files or folders (issue 7)")
+    ap.add_argument("--traces", nargs="+", required=True, help="trace files or folders (issue 7)")
     ap.add_argument("--k-max", type=int, default=7)
     ap.add_argument("--half", choices=("calibration", "scoring"), help="fit on one half of the prompts only")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    if args.what == "disco" and args.source == "sim":
-        x, y = sim_rows(args.k_max)
-        model = train_disco(x, y, trained_on="sim presets " + ",".join(SIM_WORKLOADS))
-    elif args.traces is None:
-        ap.error("--traces is required for trace sources")
-    elif args.what == "disco":
+    if args.what == "disco":
         x, y = trace_rows(read_traces(*args.traces, half=args.half))
         model = train_disco(x, y, trained_on="traces " + ",".join(Path(t).name for t in args.traces))
     else:

@@ -1,4 +1,8 @@
-"""The event loop of ``Simulator.run``: one iteration per decode step (see ``simulator`` for the model)."""
+"""The event loop of ``Simulator.run``: one iteration per decode step (see ``simulator`` for the model).
+
+A step reads top-down in ``_Run.step``: decide, draft, verify, account. Its random draws (margins, signals, n-gram
+lookups and spans) belong to one ``sim.step.StepDraws``, which keeps their order.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +10,11 @@ from collections import deque
 
 import numpy as np
 
-from tabletune.policies.base import (ALWAYS_DRAFT, NGRAM, BatchState, DraftFeatures, DraftStop, Policy, StepOutcome,
-                                     draft_stop_of)
+from tabletune.policies.base import ALWAYS_DRAFT, NGRAM, BatchState, DraftStop, Policy, StepOutcome, draft_stop_of
 from tabletune.policies.per_request import features_upto
-from tabletune.sim import acceptance as acc
-from tabletune.sim import ngram
 from tabletune.sim.metrics import RequestLog, SimResult, StepLog
 from tabletune.sim.requests import RunningRequests
+from tabletune.sim.step import StepDraws
 
 
 class _Run:
@@ -74,18 +76,6 @@ class _Run:
 
     # ---- one step --------------------------------------------------------------
 
-    def state(self, margin: np.ndarray | None, ng_prop: np.ndarray, ng_len: np.ndarray,
-              replayed: tuple[np.ndarray, ...] | None = None) -> BatchState:
-        features = None
-        if replayed is not None and self.uses_features:
-            features = DraftFeatures(*replayed, ng_len, ng_prop)
-        elif self.uses_features:
-            noise = self.sim._w["signal_noise"][self.reqs.widx][:, None]
-            top1, entropy, margin12, _ = acc.confidence_features(margin, noise, self.rng)
-            features = DraftFeatures(top1, entropy, margin12, ng_len, ng_prop)
-        lookup = (ng_len, ng_prop) if self.track_ngram else (None, None)
-        return BatchState(len(self.steps), self.time_s, self.reqs.ids, self.reqs.generated, features, *lookup)
-
     def _const(self, b: int, value: int) -> np.ndarray:
         """A cached read-only [b] int array filled with value (uniform k, default drafter)."""
         key = (b, value)
@@ -96,33 +86,33 @@ class _Run:
         return arr
 
     def step(self) -> None:
-        reqs, sim, rng = self.reqs, self.sim, self.rng
-        b, k_max = len(reqs), sim.k_max
-        ng_ok = None
-        if self.track_ngram and sim.ngram_replay is not None:  # proposals and outcomes from the n-gram trace
-            ng_ok, ng_prop, ng_len = sim.ngram_replay.window(reqs.trace_pos, k_max)
-        elif self.track_ngram:
-            ng_prop, ng_len = ngram.propose(reqs.span_left, reqs.match_len,
-                                            sim._w["spurious_match_prob"][reqs.widx], k_max, rng)
-        else:
-            ng_prop = ng_len = self._const(b, 0)
-        replayed = None
-        if sim.replay is not None:  # outcomes and signals from traces; a margin of +-1 encodes accept/reject
-            ok, *replayed = sim.replay.window(reqs.trace_pos, k_max)
-            margin = np.where(ok, 1.0, -1.0)
-        else:
-            margin = acc.draw_margins(reqs.logits, rng) if self.uses_features else None
-        state = self.state(margin, ng_prop, ng_len, replayed)
+        """One decode step of the running batch: decide, draft, verify, account."""
+        sim, b = self.sim, len(self.reqs)
+        draws = StepDraws(sim, self.reqs, self.rng, self.track_ngram, self.uses_features, self._const(b, 0))
+        state = draws.state(len(self.steps), self.time_s)
         if self.sees_fate:  # the headroom oracle (``tabletune.sim.oracle``) is told each draft's fate
-            self.policy.fate = (margin > 0).cumprod(axis=1).sum(axis=1)  # type: ignore[attr-defined]
-            self.policy.fate_ngram = (None if ng_ok is None else  # type: ignore[attr-defined]
-                                      np.minimum(ng_ok.cumprod(axis=1).sum(axis=1), ng_prop))
+            self.policy.fate, self.policy.fate_ngram = draws.fates()  # type: ignore[attr-defined]
+        # decide (a stop rule before drafting: no model signal yet, ``BatchState.before_drafting``)
         stops = self.draft_stop is not ALWAYS_DRAFT
-        # a stop rule decides before drafting (no model signal yet; ``BatchState.before_drafting``)
         decision = self.policy.decide(state.before_drafting() if stops else state)
-        if decision.ks is None and decision.drafter is None and sim.default_drafter != NGRAM and margin is None:
-            self.uniform_step(state, min(max(int(decision.k), 0), k_max))  # type: ignore[arg-type]
-            return
+        # draft
+        if decision.ks is None and decision.drafter is None and sim.default_drafter != NGRAM and draws.margin is None:
+            k = min(max(int(decision.k), 0), sim.k_max)  # type: ignore[arg-type]
+            ks, drafter = self._const(b, k), self._const(b, sim.default_drafter)  # one k, model drafter
+            step_ms = sim.cost.step_ms(b, k)
+        else:
+            ks, drafter, step_ms = self.draft(decision, state, draws.ng_prop, stops)
+        # verify
+        accepted = draws.accepted(ks, drafter == NGRAM)
+        kl = draws.kl(ks)
+        # account
+        self.finish_step(state, ks, drafter, accepted, kl, step_ms, int(ks.sum()), draws)
+
+    def draft(self, decision, state: BatchState, ng_prop: np.ndarray, stops: bool
+              ) -> tuple[np.ndarray, np.ndarray, float]:
+        """(k_i verified, drafter per row, step ms) of a per-row decision: a stop rule ends rows' drafts on the
+        signals drafted so far; n-gram rows verify at most the lookup's proposals."""
+        sim, b, k_max = self.sim, len(self.reqs), self.sim.k_max
         ks = np.minimum(np.maximum(decision.ks_for(b), 0), k_max)
         drafter = decision.drafter if decision.drafter is not None else self._const(b, sim.default_drafter)
         free = None
@@ -138,39 +128,12 @@ class _Run:
         is_ng = drafter == NGRAM
         if is_ng.any():
             ks = np.where(is_ng, np.minimum(ks, ng_prop), ks)
-        width = int(ks.max()) if b else 0
-        accepted = self._const(b, 0)
-        if width > 0:
-            if margin is None:
-                margin = acc.draw_margins(reqs.logits[:, :width], rng)
-            m = margin[:, :width]
-            if is_ng.any():
-                ng_m = (np.where(ng_ok[:, :width], 1.0, -1.0) if ng_ok is not None
-                        else ngram.margins(reqs.span_left, ng_len, width, rng))
-                m = np.where(is_ng[:, None], ng_m, m)
-            accepted = acc.accepted_count(m, ks)
-        kl = None
-        if self.uses_features and margin is not None and sim.replay is None:
-            kl = acc.kl_divergence(margin, rng)
-            kl[np.arange(k_max)[None, :] >= ks[:, None]] = np.nan
         step_ms = (sim.cost.mixed_ms(ks, drafted, free) if free is not None
                    else sim.cost.mixed_ms(ks, np.maximum(drafted, ks)))
-        self.finish_step(state, ks, drafter, accepted, kl, step_ms, int(ks.sum()))
-
-    def uniform_step(self, state: BatchState, k: int) -> None:
-        """Fast path: one k for every request, model drafter, no features."""
-        b = len(self.reqs)
-        if k > 0:
-            ok = acc.draw_margins(self.reqs.logits[:, :k], self.rng) > 0
-            accepted = ok.cumprod(axis=1).sum(axis=1)  # leading run of accepted positions
-        else:
-            accepted = self._const(b, 0)
-        ks = self._const(b, k)
-        self.finish_step(state, ks, self._const(b, self.sim.default_drafter), accepted, None,
-                         self.sim.cost.step_ms(b, k), k * b)
+        return ks, drafter, step_ms
 
     def finish_step(self, state: BatchState, ks: np.ndarray, drafter: np.ndarray, accepted: np.ndarray,
-                    kl: np.ndarray | None, step_ms: float, num_drafted: int) -> None:
+                    kl: np.ndarray | None, step_ms: float, num_drafted: int, draws: StepDraws) -> None:
         reqs, cfg, sim = self.reqs, self.cfg, self.sim
         if cfg.noise_cv > 0:
             sigma2 = np.log1p(cfg.noise_cv ** 2)
@@ -185,11 +148,7 @@ class _Run:
         if self.new_first:  # requests that emitted their first tokens in this step
             reqs.first_s = np.where(np.isnan(reqs.first_s), end_s, reqs.first_s)
             self.new_first = False
-        if self.track_ngram:
-            w = sim._w
-            reqs.span_left, reqs.match_len = ngram.advance(
-                reqs.span_left, reqs.match_len, tokens, w["span_start_prob"][reqs.widx],
-                w["span_mean_len"][reqs.widx], self.rng)
+        draws.advance_spans(tokens)
         fin = reqs.generated >= reqs.out_len
         b = len(ks)
         num_tokens = int(tokens.sum())

@@ -11,11 +11,8 @@ depends only on the prefix (early exit, and EAGLE/draft models when the prefix i
 correct); the only liberty is that the signals shown for rows after a rejected one
 within a draft come from the correct prefix (those tokens are rejected either way).
 
-Held-out calibration: every prompt belongs to one half, ``prompt_half(request)``:
-"calibration" when the first byte of sha256(request name) is even, else "scoring". The rule
-reads the prompt's name only, so a prompt lands in the same half in every trace file
-(model and n-gram chains, every temperature); rules are fit on the calibration half and
-scored on the other (``load_traces(..., half=)``, ``load_ngram_trace(..., half=)``).
+Held-out calibration (``tabletune.token_trace.prompt_half``): ``load_traces(..., half=)`` and
+``load_ngram_trace(..., half=)`` keep the prompts of one half only.
 
 Requests are the trace's streams, laid end to end in one cyclic array; a new request
 starts at a random row (so long runs cross request boundaries, a stated simplification).
@@ -26,7 +23,6 @@ from __future__ import annotations
 
 import csv
 import gzip
-import hashlib
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,18 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-
-HALVES = ("calibration", "scoring")
-
-
-def prompt_half(request: str) -> str:
-    """The half of a prompt, by its name alone: "calibration" if sha256(name)[0] is even, else "scoring"."""
-    return HALVES[hashlib.sha256(request.encode()).digest()[0] % 2]
-
-
-def _check_half(half: str | None) -> None:
-    if half is not None and half not in HALVES:
-        raise ValueError(f"half must be one of {HALVES} or None, got {half!r}")
+from tabletune.token_trace import check_half, load_token_traces, prompt_half
 
 
 @dataclass(frozen=True)
@@ -93,7 +78,7 @@ class TraceStreams:
 def load_traces(paths: Sequence[str | Path], half: str | None = None) -> TraceStreams:
     """Model-drafter rows (non-empty top1_prob) of the trace files, each request's rows in gen_pos order;
     with ``half``, only the prompts of that half (``prompt_half``)."""
-    _check_half(half)
+    check_half(half)
     cols: dict[str, list] = {"top1_prob": [], "entropy": [], "margin": [], "accepted": [], "request": []}
     names: dict[tuple[str, str], int] = {}
     for path in map(Path, paths):
@@ -123,8 +108,8 @@ class NgramStreams:
     measurement. The same reading of a trace as the engine's ``TracedReplayDrafter``: a draft that starts
     inside a recorded one continues the recorded proposal (a stated simplification), and the bonus token
     after a fully accepted recorded draft, which has no row, counts as an accepted proposal
-    (``bridge_bonus``), so that a replay with another k than the recording does not see a miss the
-    recording never had.
+    (``tabletune.token_trace.bridge_bonus``), so that a replay with another k than the recording does not see
+    a miss the recording never had.
     """
 
     accepted: np.ndarray  # [num_rows] bool
@@ -142,44 +127,9 @@ class NgramStreams:
         return self.accepted[rows], np.minimum(self.run[pos], k_max), self.match_len[pos]
 
 
-def bridge_bonus(present: np.ndarray, accepted: np.ndarray, match_len: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One request's n-gram chain by output position, with the bonus position after a fully accepted recorded draft
-    read as an accepted proposal: a position without a row, after an accepted row and before the next recorded
-    draft (the target emitted it, so the recording never tested it; a replay with another k would have). Its
-    match length is the row before's. The one reading of an n-gram trace, for the simulator (``NgramStreams``)
-    and the engine (``tabletune.engine.trace_replay``); new arrays, the inputs untouched."""
-    bonus = np.zeros(len(present), bool)
-    bonus[1:-1] = ~present[1:-1] & accepted[:-2] & present[2:]
-    return (present | bonus, accepted | bonus,
-            np.where(bonus, np.roll(match_len, 1), match_len).astype(np.int64))
-
-
 def load_ngram_trace(path: str | Path, half: str | None = None) -> NgramStreams:
-    """An n-gram trace file as NgramStreams: one stream per request, positions 1..its last row; with
-    ``half``, only the prompts of that half (``prompt_half``)."""
-    _check_half(half)
-    path = Path(path)
-    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    by_request: dict[str, list[dict]] = {}
-    for r in csv.DictReader(io.StringIO(raw.decode())):
-        if half is None or prompt_half(r["request"]) == half:
-            by_request.setdefault(r["request"], []).append(r)
-    if not by_request:
-        raise ValueError(f"n-gram trace {path} has no rows")
-    acc, runs, lens = [], [], []
-    for rows in by_request.values():
-        n = max(int(r["gen_pos"]) for r in rows)
-        ok, present, match = np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, np.int64)
-        for r in rows:
-            g = int(r["gen_pos"]) - 1
-            present[g], ok[g] = True, r["accepted"] == "1"
-            match[g] = int(float(r["ngram_len"] or 0))
-        present, ok, match = bridge_bonus(present, ok, match)
-        run = np.zeros(n, np.int64)
-        for g in range(n - 1, -1, -1):
-            run[g] = (run[g + 1] + 1 if g + 1 < n else 1) if present[g] else 0
-        acc.append(ok)
-        runs.append(run)
-        lens.append(match)
-    return NgramStreams(np.concatenate(acc), np.concatenate(runs), np.concatenate(lens))
+    """An n-gram trace file as NgramStreams: one stream per request (``TokenTrace.bridged``), positions 1..its
+    last row; with ``half``, only the prompts of that half (``prompt_half``)."""
+    traces = [t.bridged() for t in load_token_traces(path, half)]
+    return NgramStreams(np.concatenate([t.accepted for t in traces]), np.concatenate([t.run for t in traces]),
+                        np.concatenate([t.match_len for t in traces]))

@@ -7,7 +7,7 @@ its draft and emits accepted + 1 tokens, vLLM's continuous batching):
    ``prefill_ms_per_token`` (a stated simple model: chunked prefill piggy-backed on the
    next decode step), is added to that step's time;
 2. the policy decides the draft lengths (``tabletune.policies.base``);
-3. acceptance is drawn (``tabletune.sim.acceptance``, ``tabletune.sim.ngram``), or
+3. acceptance is drawn (``tabletune.sim.step``: ``acceptance``, ``ngram``), or
    replayed with its signals from measured traces (``tabletune.sim.replay``; n-gram
    proposals and outcomes too, with ``ngram_replay``);
 4. the step takes ``StepCost.mixed_ms(ks)`` (= T(b, k) for a uniform k) times a

@@ -5,16 +5,25 @@
 of every position together with whether the target accepted it *given that it was
 reached*. Position j is reached when positions < j were accepted (censoring); a
 classifier of P(accept | reached, features) trains on the reached rows only.
+
+``sim_rows`` pools such logs over the workload presets; DISCO's default classifier is trained on them
+(writes atomically)::
+
+    python -m tabletune.sim.traces --out profiles/policies/disco-sim.json
 """
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 import numpy as np
 
+from tabletune.policies.disco_model import train_disco
 from tabletune.sim import acceptance as acc
-from tabletune.sim.workload import Workload
+from tabletune.sim.workload import Workload, preset
+
+SIM_WORKLOADS = ("code", "math", "chat", "code-edit")  # "general text" for a classifier trained on the simulator
 
 
 @dataclass(frozen=True)
@@ -44,6 +53,16 @@ def draft_log(workload: Workload, num_drafts: int, k_max: int, seed: int = 0) ->
     reached = np.concatenate([np.ones((num_drafts, 1), bool), np.cumprod(ok, axis=1)[:, :-1].astype(bool)], axis=1)
     position = np.broadcast_to(np.arange(1, len(rates) + 1), ok.shape).copy()
     return DraftLog(top1, entropy, margin12, position, ok, reached)
+
+
+def sim_rows(k_max: int = 7, drafts_per_workload: int = 5000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(x [n, 4] = top1, entropy, margin, position; y [n]) from the simulator, pooled over SIM_WORKLOADS."""
+    xs, ys = [], []
+    for i, name in enumerate(SIM_WORKLOADS):
+        x, y = draft_log(preset(name), drafts_per_workload, k_max, seed=seed + i).training_rows()
+        xs.append(x)
+        ys.append(y)
+    return np.concatenate(xs), np.concatenate(ys)
 
 
 # ---- calibration of the confidence signal against measured per-token traces ---------------
@@ -95,3 +114,20 @@ def signal_noise_for_auc(target_auc: float, workload: Workload, k_max: int = 7, 
         else:
             hi = mid
     return 0.5 * (lo + hi)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tabletune.sim.traces",
+                                 description="DISCO's classifier trained on the simulator's drafts (sim_rows)")
+    ap.add_argument("--k-max", type=int, default=7)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    x, y = sim_rows(args.k_max)
+    model = train_disco(x, y, trained_on="sim presets " + ",".join(SIM_WORKLOADS))
+    model.save(args.out)
+    print(f"wrote {args.out}: coef {np.round(model.coef, 3).tolist()} threshold {model.threshold:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

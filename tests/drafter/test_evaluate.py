@@ -40,7 +40,7 @@ tokenizers = pytest.importorskip("tokenizers")
 from click.testing import CliRunner  # noqa: E402
 
 from tabletune.cli import main  # noqa: E402
-from tabletune.drafter.head import EagleHead, HeadConfig, save_head  # noqa: E402
+from tabletune.integrations.hf.eagle_head import EagleHead, HeadConfig, save_head  # noqa: E402
 
 
 @pytest.fixture

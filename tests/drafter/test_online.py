@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tabletune.drafter.head import save_random_head  # noqa: E402
+from tabletune.integrations.hf.eagle_head import save_random_head  # noqa: E402
 from tabletune.drafter.online import OnlineAdapter, OnlineConfig  # noqa: E402
 from tabletune.engine.drafters import make_drafter  # noqa: E402
 from tabletune.engine.model import Decoder  # noqa: E402

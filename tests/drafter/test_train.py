@@ -11,7 +11,7 @@ from click.testing import CliRunner  # noqa: E402
 
 from tabletune.cli import main  # noqa: E402
 from tabletune.cli.drafter import RECIPE_NAMES  # noqa: E402
-from tabletune.drafter.head import load_head  # noqa: E402
+from tabletune.integrations.hf.eagle_head import load_head  # noqa: E402
 from tabletune.drafter.train import RECIPES, TrainConfig, pass_weights  # noqa: E402
 from tabletune.errors import InputError  # noqa: E402
 

@@ -193,7 +193,7 @@ def test_rows_put_on_the_ngram_chain_before_drafting_take_no_model_draft(tiny):
     draft. Row 0 verifies 3 n-gram proposals a step (all accepted: 4 tokens) and drafts no model position; row 1
     drafts 2 model positions and accepts none. The lookup before drafting reports row 0's proposals (capped at
     k_max 4) and 0 for row 1; outputs are the target's own."""
-    from tabletune.engine.trace_replay import TokenTrace
+    from tabletune.token_trace import TokenTrace
     target, prompts, base = tiny
     engine = _engine(target, TracedReplayDrafter())
     seen = _record_positions(engine)

@@ -57,10 +57,10 @@ def test_cpu_prefills_run_eager_and_capture_no_prefill_graph(tiny):
     """The prefill graphs are CUDA-only: on the CPU prompts of a repeated length stay eager (and lossless)."""
     target, prompts, base = tiny
     engine = _engine(target, "ngram")
-    assert engine.prefill_graph_max_len == 0
+    assert engine.prefills.max_len == 0
     out, _ = _serve(engine, prompts + [prompts[0]] * 3, DraftTable.fixed(2))
     assert out[: len(prompts)] == base and out[len(prompts):] == [base[0]] * 3
-    assert engine.prefill_graphs == {}
+    assert engine.prefills.graphs == {}
     with pytest.raises(ValueError, match="bad engine config"):
         EngineConfig(prefill_graph_max_len=-1)
 
@@ -71,32 +71,32 @@ class _ReplayedForward:
 
     def __init__(self, engine, tokens, slot):
         self.engine, self.tokens, self.slot = engine, tokens, slot
-        self.hidden, self.logits = engine._prefill_forward(tokens, slot)
+        self.hidden, self.logits = engine.prefills.forward(tokens, slot)
         self.replays = 0
 
     def replay(self):
-        hidden, logits = self.engine._prefill_forward(self.tokens, self.slot)
+        hidden, logits = self.engine.prefills.forward(self.tokens, self.slot)
         self.hidden.copy_(hidden)
         self.logits.copy_(logits)
         self.replays += 1
 
 
 def test_prefill_graph_bookkeeping_with_a_stand_in_graph(tiny, monkeypatch):
-    """The prefill graphs' bookkeeping (``SpecEngine._prefill_target``) with the capture replaced by a stand-in:
+    """The prefill graphs' bookkeeping (``engine.prefill.Prefill``) with the capture replaced by a stand-in:
     a length is captured after its second prompt, later prompts of that length replay with their own tokens and
     slot (lossless), other lengths stay eager, and a capture that fails leaves every prefill eager."""
-    from tabletune.engine import runner
+    from tabletune.engine.prefill import PrefillGraph
 
     target, prompts, base = tiny
     engine = _engine(target, "eagle")
-    engine.prefill_graph_max_len = 64
+    engine.prefills.max_len = 64
     graphs = []
 
     def capture(tokens, slot):
         g = _ReplayedForward(engine, tokens, slot)
         graphs.append(g)
-        return runner.PrefillGraph(g, tokens, slot, g.hidden, g.logits)
-    monkeypatch.setattr(engine, "_capture_prefill", capture)
+        return PrefillGraph(g, tokens, slot, g.hidden, g.logits)
+    monkeypatch.setattr(engine.prefills, "capture", capture)
     n = len(prompts[0])
     others = [p for p in prompts if len(p) != n]
     same = [list(prompts[0])] * 3 + [[(t + 1) % 97 for t in prompts[0]]]  # a fourth prompt of that length
@@ -107,16 +107,16 @@ def test_prefill_graph_bookkeeping_with_a_stand_in_graph(tiny, monkeypatch):
     for p in same + others:
         seen[len(p)] = seen.get(len(p), 0) + 1
         second += [len(p)] if seen[len(p)] == 2 else []
-    assert list(engine.prefill_graphs) == second and second[0] == n
+    assert list(engine.prefills.graphs) == second and second[0] == n
     assert graphs[0].replays == 2  # the third and fourth prompt of length n
     fails = _engine(target, "eagle")
-    fails.prefill_graph_max_len = 64
+    fails.prefills.max_len = 64
 
     def broken(tokens, slot):
         raise RuntimeError("operation not permitted when stream is capturing")
-    monkeypatch.setattr(fails, "_capture_prefill", broken)
+    monkeypatch.setattr(fails.prefills, "capture", broken)
     out2, _ = _serve(fails, same + others, DraftTable.fixed(2))
-    assert out2 == eager and fails.prefill_graphs == {} and fails.prefill_graph_max_len == 0
+    assert out2 == eager and fails.prefills.graphs == {} and fails.prefills.max_len == 0
 
 
 def test_prefill_attention_takes_a_slot_tensor_and_sdpa_causal_from_position_0():

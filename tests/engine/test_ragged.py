@@ -13,11 +13,11 @@ from tabletune.engine.model import Decoder  # noqa: E402
 from tabletune.engine.presets import PRESETS  # noqa: E402
 from tabletune.engine.runner import EngineConfig, SpecEngine  # noqa: E402
 from tabletune.engine.scheduler import Request, Scheduler, policy_context  # noqa: E402
-from tabletune.engine.trace_replay import (TokenTrace, TracedReplayDrafter, load_token_traces,  # noqa: E402
-                                           pair_traces)
+from tabletune.engine.trace_replay import TracedReplayDrafter  # noqa: E402
 from tabletune.policies import make_policy  # noqa: E402
 from tabletune.policies.base import MODEL, NGRAM, Decision  # noqa: E402
 from tabletune.table import DraftTable  # noqa: E402
+from tabletune.token_trace import TokenTrace, load_token_traces, pair_traces  # noqa: E402
 
 
 class RandomKs:
@@ -170,16 +170,6 @@ def test_trace_replay_accepts_the_recorded_run_and_stays_lossless(tiny):
     assert [int(o.accepted[0]) for o in policy.outcomes][:3] == [2, 3, 3]
 
 
-def test_committed_traces_load_and_pair():
-    model = load_token_traces("profiles/traces/early-exit_code_T0.csv.gz")
-    ngram = load_token_traces("profiles/traces/ngram_code_T0.csv.gz")
-    pairs = pair_traces(model, ngram)
-    assert len(pairs) == 8 and all(ng is not None for _, ng in pairs)
-    first = ngram[0]  # HumanEval/0: rows at 1..11 then 13..20: run at 1 is 11, match length 2
-    assert first.run[0] == 11 and first.match_len[0] == 2 and not first.present[11]
-    assert model[0].signals.shape[1] == 3 and 0 < model[0].accepted.mean() < 1
-
-
 @pytest.mark.parametrize("name", ["fixed:2", "tabletune", "gammatune", "dsde", "hybrid-spark", "disco"])
 def test_policies_run_on_the_traced_replay_engine_losslessly(tiny, name):
     target, prompts, base = tiny
@@ -198,16 +188,6 @@ def test_policies_run_on_the_traced_replay_engine_losslessly(tiny, name):
     assert sum(int(o.accepted.sum()) for o in seen) > 0
     if name == "hybrid-spark":
         assert {int(x) for o in seen for x in o.drafter} <= {MODEL, NGRAM}
-
-
-def test_replay_rates_hand_worked():
-    """Flags 1 1 0 1 (wrapping), k_max 3: runs from each start are 2, 1, 0, 3 (1, 1, 1 via the wrap):
-    a_1 = 3/4, a_2 = #(>=2)/#(>=1) = 2/3, a_3 = 1/2."""
-    t = _trace([1, 1, 0, 1])
-    from tabletune.engine.trace_replay import leading_runs, replay_rates
-
-    assert leading_runs(t.accepted, 3).tolist() == [2, 1, 0, 3]
-    assert np.allclose(replay_rates([t], 3), (3 / 4, 2 / 3, 1 / 2))
 
 
 def test_a_draft_cap_known_up_front_shortens_the_draft_phase(tiny):

@@ -19,13 +19,14 @@ from tabletune.engine.model import Decoder  # noqa: E402
 from tabletune.engine.presets import PRESETS  # noqa: E402
 from tabletune.engine.runner import EngineConfig, SpecEngine  # noqa: E402
 from tabletune.engine.scheduler import Request, Scheduler  # noqa: E402
-from tabletune.engine.trace_replay import TokenTrace, TracedReplayDrafter, load_token_traces  # noqa: E402
+from tabletune.engine.trace_replay import TracedReplayDrafter  # noqa: E402
 from tabletune.policies import make_policy  # noqa: E402
 from tabletune.policies.base import Decision  # noqa: E402
 from tabletune.profile import StepPoint, StepProfile  # noqa: E402
 from tabletune.sim import Schedule, SimConfig, Simulator, Workload  # noqa: E402
 from tabletune.sim.replay import load_traces  # noqa: E402
 from tabletune.table import DraftTable  # noqa: E402
+from tabletune.token_trace import TokenTrace, load_token_traces  # noqa: E402
 
 TRACE = Path(__file__).resolve().parents[2] / "profiles" / "traces" / "early-exit_code_T0.csv.gz"
 K, STEPS = 3, 12

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tabletune.drafter.head import load_head
+from tabletune.integrations.hf.eagle_head import load_head
 from tabletune.errors import InputError
 from tabletune.integrations.hf import ngram
 from tabletune.integrations.hf.replay import Draft

@@ -57,7 +57,7 @@ class AcceptanceRun:
     seed: int = 0
     batch_size: int = 8
     bucket_tokens: int = 32
-    draft_model: str | None = None  # eagle: the head's folder (``tabletune.drafter.head``)
+    draft_model: str | None = None  # eagle: the head's folder (``tabletune.integrations.hf.eagle_head``)
 
     def __post_init__(self) -> None:
         checks = [

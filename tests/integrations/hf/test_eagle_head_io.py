@@ -4,7 +4,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tabletune.drafter.head import EagleHead, HeadConfig, load_head, load_head_state, save_head  # noqa: E402
+from tabletune.integrations.hf.eagle_head import (EagleHead, HeadConfig, load_head, load_head_state,  # noqa: E402
+                                                  save_head)
 from tabletune.errors import InputError  # noqa: E402
 
 TINY = HeadConfig(hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=48, rope_theta=10000.0,
