@@ -19,7 +19,9 @@ Implements ``tabletune.tuner.Engine`` on vLLM's own serving path:
 
 from __future__ import annotations
 
+import math
 import os
+import sys
 from collections.abc import Sequence
 
 from tabletune.acceptance import AcceptanceCounts
@@ -67,12 +69,57 @@ def static_same_as_dynamic(spec: EngineSpec) -> str | None:
     return None
 
 
-def start_static(spec: EngineSpec, k: int):
+def start_static(spec: EngineSpec, k: int, memory=None):
     """An engine with fixed ``num_speculative_tokens = k`` and no table (k = 0: no speculation), in a child
-    process (``static_engine``); call after the tuning engine closed."""
+    process (``static_engine``); call after the tuning engine closed. On a GPU it asks for at most the memory
+    free now (``fit_memory_flags``; ``memory()`` -> (free, total) bytes, default the CUDA device's)."""
+    import dataclasses
+
     from tabletune.integrations.vllm.static_engine import StaticEngine
 
+    got = (memory or cuda_memory)()
+    if got is not None:
+        flags = fit_memory_flags(spec.engine_args, *got)
+        if flags != spec.engine_args:
+            print(f"static check: {got[0] / 2**30:.1f} of {got[1] / 2**30:.1f} GiB free, so the static engine "
+                  f"runs with {' '.join(flags[-2:])}", file=sys.stderr)
+            spec = dataclasses.replace(spec, engine_args=flags)
     return StaticEngine(spec, k)
+
+
+VLLM_DEFAULT_UTILIZATION = 0.9  # --gpu-memory-utilization when not given (vLLM 0.26 and 0.32)
+MEMORY_MARGIN_BYTES = 1 << 30
+
+
+def fit_memory_flags(flags: tuple[str, ...], free_bytes: int, total_bytes: int) -> tuple[str, ...]:
+    """The engine flags with ``--gpu-memory-utilization`` lowered to what is free, less a margin.
+
+    vLLM refuses to start when utilization x total exceeds the free memory, and the tuning engine does
+    not give all of its memory back in-process (on an H100, 16 GiB of 79 stayed held), so the static
+    engine, started after it, asks for at most (free - 1 GiB) / total, rounded down to a hundredth.
+    """
+    flags = tuple(flags)
+    want, at = VLLM_DEFAULT_UTILIZATION, None
+    for i, flag in enumerate(flags):
+        if flag == "--gpu-memory-utilization" and i + 1 < len(flags):
+            want, at = float(flags[i + 1]), (i, i + 2)
+        elif flag.startswith("--gpu-memory-utilization="):
+            want, at = float(flag.split("=", 1)[1]), (i, i + 1)
+    fits = math.floor((free_bytes - MEMORY_MARGIN_BYTES) / total_bytes * 100) / 100
+    if want <= fits:
+        return flags
+    rest = flags if at is None else flags[:at[0]] + flags[at[1]:]
+    return (*rest, "--gpu-memory-utilization", f"{fits:.2f}")
+
+
+def cuda_memory() -> tuple[int, int] | None:
+    """(free, total) bytes of the current CUDA device; None without one."""
+    if engine_args.on_cpu():
+        return None
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    return free, total
 
 
 class VllmEngine:
