@@ -47,7 +47,7 @@ import argparse
 import csv
 import io
 import statistics
-import time
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,7 +68,7 @@ def configs(table, k_max: int, max_num_seqs: int, documented: bool = False) -> d
     return out
 
 
-def start_engine(tuned_dir: Path, max_num_seqs: int, rates: tuple[float, ...] | None = None):
+def start_engine(tuned_dir: Path, max_num_seqs: int, rates: tuple[float, ...] | None = None, started: bool = True):
     """The tuner's own engine (same model preset, method, forced acceptance, vLLM flags) with every k available.
     A dummy-weight model gets forced acceptance: ``rates``, else the tune's measured ones."""
     import shlex
@@ -90,7 +90,7 @@ def start_engine(tuned_dir: Path, max_num_seqs: int, rates: tuple[float, ...] | 
                       max_batch_size=max_num_seqs, synthetic_acceptance=rates,
                       draft_model=drafter if drafter in DUMMY_CONFIGS else config.get("model"),
                       engine_args=tuple(shlex.split(profile.fingerprint.flags or "")))
-    return start(spec), rates
+    return (start(spec) if started else spec), rates
 
 
 def prompts_for(scenario: str, prompt_set: str, limit: int, prompt_tokens: int = 128) -> list:
@@ -145,6 +145,50 @@ def run(args, on_load=None) -> list[dict]:
     finally:
         engine.close()
     return rows
+
+
+def run_static(args, k: int) -> list[dict]:
+    """Serve with a static-mode engine (``num_speculative_tokens = k``, no table, so vLLM keeps FULL CUDA
+    graphs; k = 0: no speculation) at every load, as ``run`` serves its configurations (not paired)."""
+    import dataclasses
+
+    from tabletune.integrations.vllm.closed_loop import ClosedLoop
+    from tabletune.integrations.vllm.tuner_engine import VllmEngine
+
+    probe, rates = start_engine(Path(args.tuned), max(args.loads), args.synthetic_acceptance, started=False)
+    engine = VllmEngine(dataclasses.replace(probe, synthetic_acceptance=rates), static_k=k)
+    prompts = prompts_for(args.scenario, args.prompts, 64, args.prompt_tokens)
+    rows = []
+    try:
+        for load in args.loads:
+            loop = ClosedLoop(engine.llm, prompts, load, mean_tokens=args.mean_tokens, seed=load)
+            loop.run(args.warmup_steps)
+            for rnd in range(args.rounds):
+                loop.run(2)
+                res = loop.run(args.steps if load > 1 else args.steps * 2)
+                rows.append(dict(scenario=args.scenario, load=load, config=f"static k={k}", round=rnd,
+                                 steps=res.steps, wall_s=round(res.wall_s, 4), output_tokens=res.output_tokens,
+                                 throughput_tok_s=round(res.throughput_tok_s, 2)))
+                print(f"load={load:3d} round={rnd} static k={k} {res.throughput_tok_s:9.1f} tok/s", flush=True)
+            loop.close()
+    finally:
+        engine.close()
+    return rows
+
+
+def static_rows(args, k: int) -> list[dict]:
+    """``run_static`` in a child process: a second engine in one process trips vLLM's kernel-override scan,
+    and the first engine's memory is not all given back in-process."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "rows.json"
+        subprocess.run([sys.executable, __file__, *sys.argv[1:], "--serve-static-k", str(k), "--rows-out", str(out)],
+                       check=True)
+        return json.loads(out.read_text())
 
 
 def throughput(rows: list[dict], load: int, name: str, pooled: bool) -> float:
@@ -226,14 +270,18 @@ def summarise(rows: list[dict], scenario: str, table: str, pooled: bool = False)
     lines = [f"# vLLM re-measurement: {scenario}", "", f"tuned table: `{table}`", "",
              f"{what} (closed loop, load = open requests)", "",
              "| load | " + " | ".join(names) + " | tuned / best fixed | tuned / worst fixed |"
-             + (" tuned / documented |" if "documented" in names else ""),
-             "|---:|" + "---:|" * (len(names) + 2 + ("documented" in names))]
+             + (" tuned / documented |" if "documented" in names else "")
+             + (" tuned / best static |" if any(n.startswith("static") for n in names) else ""),
+             "|---:|" + "---:|" * (len(names) + 2 + ("documented" in names)
+                                   + any(n.startswith("static") for n in names))]
     for load in sorted({r["load"] for r in rows}):
         med = {n: throughput(rows, load, n, pooled) for n in names}
         fixed = [v for n, v in med.items() if n.startswith("k=")]
+        static = [v for n, v in med.items() if n.startswith("static")]
         lines.append(f"| {load} | " + " | ".join(f"{med[n]:.1f}" for n in names) +
                      f" | {med['tuned'] / max(fixed):.1%} | {med['tuned'] / min(fixed):.1%} |"
-                     + (f" {med['tuned'] / med['documented']:.1%} |" if "documented" in names else ""))
+                     + (f" {med['tuned'] / med['documented']:.1%} |" if "documented" in names else "")
+                     + (f" {med['tuned'] / max(static):.1%} |" if static else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -290,6 +338,14 @@ def ratio_check(rows: list[dict], tuned_dir: Path, pooled: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+def read_csv(path: Path) -> list[dict]:
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        r.update(load=int(r["load"]), round=int(r["round"]), throughput_tok_s=float(r["throughput_tok_s"]))
+    return rows
+
+
 def write_csv(path: Path, rows: list[dict]) -> None:
     from tabletune import fileio
 
@@ -317,6 +373,12 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=128, help="controlled scenario: prompt length")
     parser.add_argument("--synthetic-acceptance", type=lambda s: tuple(float(x) for x in s.split(",")),
                         default=None, help="controlled scenario: forced conditional rates (default: the tune's)")
+    parser.add_argument("--static", type=lambda s: [int(x) for x in s.split(",")], default=[],
+                        help="also serve static-mode engines with these k (no table: FULL CUDA graphs; 0: no "
+                             "speculation), each in a process of its own")
+    parser.add_argument("--render", action="store_true", help="write the tables again from the CSV (no engine)")
+    parser.add_argument("--serve-static-k", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--rows-out", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--results", type=Path, default=RESULTS, help="folder of the result files")
     parser.add_argument("--name", default=None, help="result file name (default: remeasure_vllm_<scenario>)")
     parser.add_argument("--replace-loads", action="store_true",
@@ -325,24 +387,29 @@ def main() -> None:
     from tabletune import fileio
     from tabletune.table import DraftTable
 
-    t0 = time.time()
     name = args.name or f"remeasure_vllm_{args.scenario}" + (f"_{args.prompts}" if args.scenario == "real" else "")
     csv_path = args.results / f"{name}.csv"
-    rows = run(args, on_load=lambda done: write_csv(csv_path, done))
-    if args.replace_loads and csv_path.exists():
-        with csv_path.open() as f:
-            kept = [r for r in csv.DictReader(f) if int(r["load"]) not in args.loads]
-        for r in kept:
-            r.update(load=int(r["load"]), throughput_tok_s=float(r["throughput_tok_s"]))
+    if args.serve_static_k is not None:  # the child of ``static_rows``
+        fileio.write_json(args.rows_out, run_static(args, args.serve_static_k))
+        return
+    kept = read_csv(csv_path) if (args.replace_loads or args.render) and csv_path.exists() else []
+    if args.render:  # the tables again from the CSV, no engine
+        rows = kept
+    else:
+        kept = [r for r in kept if int(r["load"]) not in args.loads]
+        rows = run(args, on_load=lambda done: write_csv(csv_path, kept + done))
+        for k in args.static:
+            write_csv(csv_path, kept + rows)
+            rows += static_rows(args, k)
         rows = sorted(kept + rows, key=lambda r: int(r["load"]))
-    write_csv(csv_path, rows)
+        write_csv(csv_path, rows)
     md = summarise(rows, args.scenario, str(DraftTable.load(Path(args.tuned) / "table.json")), pooled=args.paired)
     md += "\n" + comparison(rows, pooled=args.paired)
     md += "\n" + predicted(Path(args.tuned), sorted({int(r["load"]) for r in rows}))
     md += "\n" + ratio_check(rows, Path(args.tuned), pooled=args.paired)
-    md += (f"\n{len(rows)} segments; this run: loads {args.loads}, {time.time() - t0:.0f} s wall, "
+    md += (f"\n{len(rows)} segments; loads {sorted({int(r['load']) for r in rows})}, "
            f"{args.rounds} rounds of {args.steps} steps{', paired' if args.paired else ''}; "
-           "command: see the module docstring.\n")
+           f"command: `python benchmarks/remeasure_vllm.py {' '.join(a for a in sys.argv[1:] if a != '--render')}`\n")
     fileio.write_text(csv_path.with_suffix(".md"), md)
     print(md)
 
