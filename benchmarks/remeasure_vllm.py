@@ -122,19 +122,25 @@ def run(args, on_load=None) -> list[dict]:
                 on_load(rows)
             loop = ClosedLoop(engine.llm, prompts, load, mean_tokens=args.mean_tokens, seed=load)
             loop.run(args.warmup_steps)  # fill the batch, compile
+            if args.steady:
+                past_first_wave(loop, load)
             for rnd in range(args.rounds):
                 if args.paired:  # every configuration serves the same requests this round
                     loop.close()
                     shift = (rnd * 7) % len(prompts)
                     rotated = prompts[shift:] + prompts[:shift]
-                for name, lookup in lookups.items():
+                names = list(lookups)
+                if args.steady:  # each configuration in turn comes first after the others
+                    names = names[rnd % len(names):] + names[:rnd % len(names)]
+                for name in names:
+                    lookup = lookups[name]
                     engine.scheduler.dynamic_sd_lookup = list(lookup)
                     if args.paired:
                         loop = ClosedLoop(engine.llm, rotated, load, mean_tokens=args.mean_tokens, seed=1000 * load + rnd)
                         loop.run(args.warmup_steps)  # the first wave's prefills
                     else:
                         loop.run(2)  # drafts sized by the previous configuration
-                    res = loop.run(args.steps if load > 1 else args.steps * 2)
+                    res = loop.run(segment_steps(args, load))
                     if args.paired:
                         loop.close()
                     rows.append(dict(scenario=args.scenario, load=load, config=name, round=rnd, steps=res.steps,
@@ -145,6 +151,25 @@ def run(args, on_load=None) -> list[dict]:
     finally:
         engine.close()
     return rows
+
+
+def past_first_wave(loop, load: int, max_steps: int = 4000) -> int:
+    """Step until every request of the first wave has finished: from then on requests start one by one as
+    others finish, so a window sees every output position as serving does (the tune's yields average whole
+    outputs). Returns the steps taken."""
+    done = steps = 0
+    while done < load and steps < max_steps:
+        res = loop.run(8)
+        done, steps = done + res.finished, steps + 8
+    return steps
+
+
+def segment_steps(args, load: int) -> int:
+    """Steps a configuration is timed per round: more at load 1, where one request is all a window sees
+    (steady: 8x, so a round's segment spans several requests)."""
+    if load > 1:
+        return args.steps
+    return args.steps * (8 if args.steady else 2)
 
 
 def run_static(args, k: int) -> list[dict]:
@@ -163,9 +188,11 @@ def run_static(args, k: int) -> list[dict]:
         for load in args.loads:
             loop = ClosedLoop(engine.llm, prompts, load, mean_tokens=args.mean_tokens, seed=load)
             loop.run(args.warmup_steps)
+            if args.steady:
+                past_first_wave(loop, load)
             for rnd in range(args.rounds):
                 loop.run(2)
-                res = loop.run(args.steps if load > 1 else args.steps * 2)
+                res = loop.run(segment_steps(args, load))
                 rows.append(dict(scenario=args.scenario, load=load, config=f"static k={k}", round=rnd,
                                  steps=res.steps, wall_s=round(res.wall_s, 4), output_tokens=res.output_tokens,
                                  throughput_tok_s=round(res.throughput_tok_s, 2)))
@@ -381,9 +408,15 @@ def main() -> None:
     parser.add_argument("--rows-out", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--results", type=Path, default=RESULTS, help="folder of the result files")
     parser.add_argument("--name", default=None, help="result file name (default: remeasure_vllm_<scenario>)")
+    parser.add_argument("--steady", action="store_true",
+                        help="time steady state: one closed loop per load, timed only after its first wave of "
+                             "requests finished, configurations in rotated order each round, 8x the steps at "
+                             "load 1 (not with --paired)")
     parser.add_argument("--replace-loads", action="store_true",
                         help="keep the existing CSV's rows for other loads (re-run some loads of the same table)")
     args = parser.parse_args()
+    if args.steady and args.paired:
+        parser.error("--steady and --paired exclude each other: a paired round restarts the batch")
     from tabletune import fileio
     from tabletune.table import DraftTable
 
@@ -413,7 +446,7 @@ def main() -> None:
     md += "\n" + predicted(Path(args.tuned), sorted({int(r["load"]) for r in rows}))
     md += "\n" + ratio_check(rows, Path(args.tuned), pooled=args.paired)
     md += (f"\n{len(rows)} segments; loads {sorted({int(r['load']) for r in rows})}, "
-           f"{args.rounds} rounds of {args.steps} steps{', paired' if args.paired else ''}; "
+           f"{args.rounds} rounds of {args.steps} steps{', paired' if args.paired else ''}{', steady' if args.steady else ''}; "
            f"command: `python benchmarks/remeasure_vllm.py {' '.join(a for a in sys.argv[1:] if a != '--render')}`\n")
     fileio.write_text(csv_path.with_suffix(".md"), md)
     print(md)

@@ -57,3 +57,21 @@ def test_documented_table_is_cut_to_the_engines_k_max_and_static_configs_are_not
             for c, t in (("k=0", 100.0), ("k=1", 150.0), ("tuned", 140.0), ("static k=1", 200.0))]
     md = rm.summarise(rows, "controlled", "[[1, 256, 1]]")
     assert "| 8 | 100.0 | 150.0 | 140.0 | 200.0 | 93.3% | 140.0% | 70.0% |" in md  # best fixed is k=1, not static
+
+
+def test_steady_state_starts_after_the_first_wave_and_load_one_spans_several_requests():
+    from types import SimpleNamespace
+
+    class Loop:  # the engine at the edge: one request of the first wave finishes every 10 steps
+        def __init__(self):
+            self.steps = 0
+
+        def run(self, n):
+            before, self.steps = self.steps, self.steps + n
+            return SimpleNamespace(finished=self.steps // 10 - before // 10)
+
+    loop = Loop()
+    assert rm.past_first_wave(loop, load=4) == 40  # the 4th request ends at step 40
+    args = SimpleNamespace(steps=32, steady=True)
+    assert (rm.segment_steps(args, 1), rm.segment_steps(args, 16)) == (256, 32)
+    assert rm.segment_steps(SimpleNamespace(steps=32, steady=False), 1) == 64
