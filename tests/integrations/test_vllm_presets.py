@@ -48,3 +48,11 @@ def test_a_dummy_draft_model_preset_resolves_to_its_folder():
     presets.check_method("draft_model", 7, "qwen3-0.6b")
     config = presets.speculative_config("draft_model", 7, "qwen3-0.6b", [[1, 256, 3]])
     assert config["model"] == str(presets.dummy_model_dir("qwen3-0.6b"))
+
+
+def test_the_written_config_names_a_dummy_draft_preset_not_its_cache_folder():
+    from tabletune.integrations.vllm import tuner_engine
+    from tabletune.tuner import EngineSpec
+
+    spec = EngineSpec(model="qwen3-8b", method="draft_model", k_max=7, max_batch_size=256, draft_model="qwen3-0.6b")
+    assert tuner_engine.speculative_config(spec, [[1, 256, 2]])["model"] == "qwen3-0.6b"

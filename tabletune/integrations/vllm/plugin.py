@@ -17,6 +17,8 @@ from __future__ import annotations
 import importlib
 import logging
 
+from tabletune.errors import InputError
+
 logger = logging.getLogger("tabletune.plugin")
 
 FEATURES = (
@@ -32,6 +34,8 @@ def register() -> None:
     if _registered:
         return
     _registered = True
+    if not _version_ok():
+        return
     for name in FEATURES:
         try:
             module = importlib.import_module(name)
@@ -44,3 +48,23 @@ def register() -> None:
             module.install()
         except Exception as exc:  # fail open: never break vLLM start-up
             logger.warning("tabletune: %s.install() failed, feature disabled: %r", name, exc)
+
+
+def _version_ok() -> bool:
+    """False (every feature off, logged once) on a vLLM without per-batch tables; a warning outside the
+    tested range (``versions``)."""
+    try:
+        import vllm
+
+        from tabletune.integrations.vllm import versions
+
+        warning = versions.check(vllm.__version__)
+    except InputError as exc:
+        logger.warning("tabletune: plugin off: %s", exc)
+        return False
+    except Exception as exc:  # noqa: BLE001 -- fail open: a probe that fails leaves the features to decide
+        logger.warning("tabletune: cannot check vLLM's version: %r", exc)
+        return True
+    if warning:
+        logger.warning("tabletune: %s", warning)
+    return True

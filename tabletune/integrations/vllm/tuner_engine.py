@@ -147,6 +147,9 @@ class VllmEngine:
             from tabletune.integrations.vllm import acceptance_cap
 
             acceptance_cap.set_rates(spec.synthetic_acceptance)
+        if spec.synthetic_acceptance and static_k is None:
+            how = "the acceptance cap" if use_cap else "vLLM's synthetic sampler"
+            print(f"acceptance forced by {how}: conditional rates {list(spec.synthetic_acceptance)}", file=sys.stderr)
 
         self._sampling_params = SamplingParams
         self.static_k = static_k
@@ -395,8 +398,12 @@ def kv_batch_cap(have_tokens: int | None, max_batch_size: int, k_max: int, conte
 
 
 def speculative_config(spec: EngineSpec, ranges: list[list[int]]) -> dict:
-    """The whole ``--speculative-config`` for the tuned table."""
-    return presets.speculative_config(spec.method, spec.k_max, spec.draft_model, ranges)
+    """The whole ``--speculative-config`` for the tuned table; a dummy draft preset keeps its name (its folder
+    is a cache path of the machine that tuned)."""
+    config = presets.speculative_config(spec.method, spec.k_max, spec.draft_model, ranges)
+    if spec.draft_model in presets.DUMMY_CONFIGS:
+        config["model"] = spec.draft_model
+    return config
 
 
 def serve_static(arg: str) -> None:
