@@ -42,7 +42,7 @@ def test_no_proposal_is_a_plain_decode_step():
 
 def test_fractional_acceptance_is_sampled():
     half = Draft(np.full(1, 0.5), np.ones(1), np.ones(1), np.ones(1), 0)
-    r = replay("req", 4000, 1, lambda i, k: half, np.random.default_rng(1))
+    r = replay("req", 20000, 1, lambda i, k: half, np.random.default_rng(1))
     counts = count([r], 1)
     assert abs(counts.rates()[0] - 0.5) <= binomial_margin(0.5, counts.reached[0])
 
