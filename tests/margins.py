@@ -65,6 +65,14 @@ def estimate_margin(p: float, s: float, half_life: float, prior_weight: float, p
     return binomial_margin(p, n_eff) + prior_weight * abs(prior_mean - p) / (s + prior_weight)
 
 
+def acceptance_margins(true_rates, estimate, decayed, prior, half_life: float, prior_weight: float) -> list[float]:
+    """``estimate_margin`` at each position of an ``estimator.DecayedAcceptance`` estimate, from the decayed
+    counts of the drafts that reached each position; its prior mean is chained: m_1 = prior_1 and
+    m_j = prior_j a_{j-1} / prior_{j-1}, a the estimate."""
+    means = [prior[0]] + [prior[j] * estimate[j - 1] / prior[j - 1] for j in range(1, len(estimate))]
+    return [estimate_margin(p, s, half_life, prior_weight, m) for p, s, m in zip(true_rates, decayed, means)]
+
+
 def decayed_share_range(hits: int, misses: int, half_life: float, window: int, prior_weight: float,
                         prior_mean: float) -> tuple[float, float]:
     """Where a decayed share (D + w q0) / (D + U + w) (``estimator.DecayedDraftRate``) can lie after these

@@ -24,7 +24,7 @@ from tabletune.table import DraftTable
 
 sys.path.insert(0, str(Path(__file__).parent))
 import vllm_controller_scenarios as sc  # noqa: E402
-from margins import decayed_share_range, estimate_margin  # noqa: E402
+from margins import acceptance_margins, decayed_share_range  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -108,11 +108,10 @@ def test_a_mistuned_start_converges(runs):
     assert state["installs"] >= 1 and state["steps"] >= sc.STEPS_A
     # acceptance at position j: the cap's TRUE_RATES[j] (n-gram drafts of the repeating output are right), from
     # the decayed drafts that reached j (``evidence``), pulled towards the chained prior mean (tests/margins.py)
-    h, w, prior = CONTROLLER["half_life_tokens"], ControllerConfig.prior_weight, PRIOR.rates()
-    for j, (a, p) in enumerate(zip(state["acceptance"], sc.TRUE_RATES)):
-        m = prior[0] if j == 0 else prior[j] * state["acceptance"][j - 1] / prior[j - 1]
-        assert abs(a - p) <= estimate_margin(p, state["evidence"][j], h, w, m), (j, state["acceptance"],
-                                                                                 state["evidence"])
+    h, w = CONTROLLER["half_life_tokens"], ControllerConfig.prior_weight
+    margins = acceptance_margins(sc.TRUE_RATES, state["acceptance"], state["evidence"], PRIOR.rates(), h, w)
+    for j, (a, p, margin) in enumerate(zip(state["acceptance"], sc.TRUE_RATES, margins)):
+        assert abs(a - p) <= margin, (j, state["acceptance"], state["evidence"])
     # repetitive prompts: the n-gram drafter misses only on a request's first decode steps (until the greedy output
     # repeats), so most request-steps draft; the draft rate is the controller's decayed share of the request-steps
     # the hook counted: between its values with the undrafted ones newest and oldest (prior q0 = 1; a window of

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import soak_vllm_serve as soak  # noqa: E402
 import vllm_controller_scenarios as sc  # noqa: E402
 import vllm_serve_common as vs  # noqa: E402
-from margins import decayed_count, decayed_share_range, estimate_margin  # noqa: E402
+from margins import acceptance_margins, decayed_count, decayed_share_range  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -187,8 +187,7 @@ def check_estimates(s: dict) -> None:
 
     Acceptance at position j: the cap's TRUE_RATES[j] (the n-gram drafts of the dummy model's repeating output
     are right; the cap decides), estimated from the drafts that reached j (the counter, decayed with the
-    half-life) and pulled towards the chained prior mean m_j = prior_j a_{j-1} / prior_{j-1}
-    (``estimator.DecayedAcceptance``): within ``estimate_margin``.
+    half-life) and pulled towards the chained prior mean: within ``acceptance_margins``.
 
     Draft rate: the share of decode request-steps that drafted. The n-gram drafter misses only on each
     request's first decode steps (2 to 5 with these prompts, until the greedy output repeats), a share the
@@ -197,11 +196,10 @@ def check_estimates(s: dict) -> None:
     q0 = 1: the prior entry never missed; a window of 8 steps of at most CLIENTS requests joins at once).
     """
     h, w = CONTROLLER["half_life_tokens"], ControllerConfig.prior_weight
-    prior = PRIOR.rates()
-    for j, (a, p) in enumerate(zip(s["acceptance"], sc.TRUE_RATES)):
-        m = prior[0] if j == 0 else prior[j] * s["acceptance"][j - 1] / prior[j - 1]
-        decayed, _ = decayed_count(s["reached"][str(j + 1)], h)
-        assert abs(a - p) <= estimate_margin(p, decayed, h, w, m), (j, s["acceptance"], s["reached"])
+    decayed = [decayed_count(s["reached"][str(j + 1)], h)[0] for j in range(sc.K_MAX)]
+    margins = acceptance_margins(sc.TRUE_RATES, s["acceptance"], decayed, PRIOR.rates(), h, w)
+    for j, (a, p, margin) in enumerate(zip(s["acceptance"], sc.TRUE_RATES, margins)):
+        assert abs(a - p) <= margin, (j, s["acceptance"], s["reached"])
     drafts, undrafted = round(s["drafts"]), round(s["undrafted"])
     assert 0 < undrafted < drafts  # most request-steps draft; each request's first ones cannot
     window = ControllerConfig.observe_every_steps * CLIENTS
