@@ -37,16 +37,10 @@ demo: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
 
-# One pytest process per slow test file: vLLM scans every loaded module when an engine
-# starts and trips over objects other tests' imports leave behind (numba's llvmlite
-# wrappers), so engines start in processes that ran nothing else first.
-# Exit code 5 means "no slow test collected".
-SLOW_FILES = $(shell grep -rlE "pytest.mark.slow" tests --include='test_*.py' | sort)
-
+# One pytest process per slow test file, every file even after a failure, then a summary of the failing
+# ones (tools/run_slow_tests.sh says why one process per file).
 test-slow: $(STAMP)
-	@set -e; for f in $(SLOW_FILES); do \
-		echo "== $$f"; $(BIN)/python -m pytest -q -m slow $$f || [ $$? -eq 5 ]; \
-	done
+	@tools/run_slow_tests.sh $(BIN)/python tests
 
 test: test-fast test-slow
 

@@ -86,8 +86,10 @@ def test_wall_budget_stops_training_and_still_saves_the_head(tmp_path, tiny_targ
     log = _log(out)
     cut = next(r for r in log if r["event"] == "train_budget_cut")
     done = next(r for r in log if r["event"] == "done")
+    # the budget is checked before each step, so training overruns it by one step: ~60 ms here (91 steps in 5.4 s
+    # on a loaded two-core box); 1 s of slack holds a step 15 times slower than that, and the 0.1 s rounding
     assert cut["train_budget_s"] < 5.99 and done["train_s"] <= max(cut["train_budget_s"], 0) + 1.0
-    assert done["t_s"] <= 6.0 + 1.0  # one step of slack
+    assert done["t_s"] <= 6.0 + 1.0
     assert (out / "head" / "model.safetensors").exists()
 
 

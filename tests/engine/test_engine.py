@@ -4,6 +4,7 @@ import random
 import zlib
 
 import pytest
+from margins import binomial_margin
 
 torch = pytest.importorskip("torch")
 
@@ -243,8 +244,8 @@ def test_draw_caps_replays_conditional_rates():
     rng = random.Random(0)
     caps = draw_caps([0.8, 0.5], 2, 20000, rng)
     reached_2 = sum(c >= 1 for c in caps)
-    assert abs(reached_2 / len(caps) - 0.8) < 0.02
-    assert abs(sum(c == 2 for c in caps) / reached_2 - 0.5) < 0.02
+    assert abs(reached_2 / len(caps) - 0.8) <= binomial_margin(0.8, len(caps))
+    assert abs(sum(c == 2 for c in caps) / reached_2 - 0.5) <= binomial_margin(0.5, reached_2)
 
 
 @pytest.mark.slow

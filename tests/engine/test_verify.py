@@ -4,6 +4,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from margins import binomial_margin  # noqa: E402
 from scipy.stats import chi2  # noqa: E402
 
 from tabletune.engine.verify import num_accepted_greedy, verify  # noqa: E402
@@ -69,8 +70,8 @@ def test_rejection_sampling_matches_target_distribution(use_cap):
     counts = torch.bincount(first, minlength=vocab).float()
     assert _chi_square_p(counts, p) > 1e-3
     if not use_cap:
-        # acceptance rate = sum_x min(p(x), q(x)) = 0.1 + 0.1 + 0.15 + 0.1 + 0.05
-        assert abs(m.float().mean().item() - 0.5) < 0.02
+        # acceptance rate = sum_x min(p(x), q(x)) = 0.1 + 0.1 + 0.15 + 0.1 + 0.05, a share of n draws
+        assert abs(m.float().mean().item() - 0.5) <= binomial_margin(0.5, n)
         # after an accepted draft the bonus token is also ~ p
         bonus = tokens[m == 1, 1]
         assert _chi_square_p(torch.bincount(bonus, minlength=vocab).float(), p) > 1e-3
@@ -85,7 +86,7 @@ def test_ngram_style_drafts_without_probabilities():
     p = torch.tensor([0.7, 0.2, 0.1])
     logits = torch.log(p).expand(n, 2, 3).clone()
     m, tokens = verify(logits, torch.zeros(n, 1, dtype=torch.long), None, 1.0, generator=g)
-    assert abs(m.float().mean().item() - 0.7) < 0.015
+    assert abs(m.float().mean().item() - 0.7) <= binomial_margin(0.7, n)
     rejected = tokens[m == 0, 0]
     # the correction comes from norm(max(0, p - onehot(0))) = [0, 2/3, 1/3]
     assert (rejected == 0).sum().item() == 0
@@ -110,7 +111,7 @@ def test_ragged_caps_keep_rejection_sampling_lossless():
         counts = torch.bincount(tokens[reached, j], minlength=vocab).float()
         assert _chi_square_p(counts, p) > 1e-3, j
     # a row of k_i = 1 accepts its draft with probability sum_x min(p, q) = 0.5
-    assert abs(m[ks == 1].float().mean().item() - 0.5) < 0.02
+    assert abs(m[ks == 1].float().mean().item() - 0.5) <= binomial_margin(0.5, int((ks == 1).sum()))
 
 
 def test_packed_logits_verify_as_their_padded_rows():

@@ -69,15 +69,24 @@ def test_experiment_and_report_cli_bad_input_exits_2(tmp_path):
     assert not (tmp_path / "o" / "report.md").exists()
 
 
+def cpu_s() -> float:
+    """CPU seconds of this process and of its children that ended (the report's worker processes)."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 @pytest.mark.slow
 def test_report_quick_renders_every_section_within_a_minute_and_a_half(tmp_path):
-    import time
-
-    t0 = time.perf_counter()
+    c0 = cpu_s()
     out = CliRunner().invoke(main, ["report", "--quick", "--out", str(tmp_path), "--profiles", str(PROFILES),
                                     "--results", str(PROFILES.parent / "benchmarks" / "results")])
     assert out.exit_code == 0, out.output
-    assert time.perf_counter() - t0 < 90
+    # its work, in CPU seconds of this process and its workers: a minute and a half even on one free core. Wall
+    # time on a shared machine is the other processes' to set: 16-21 CPU-s here, 13.5 s alone on two cores, 48 s
+    # beside another test.
+    assert cpu_s() - c0 < 90
     report = (tmp_path / "report.md").read_text()
     for title in ("Fig 1", "Table 1", "Fig 3", "Table 2", "Fig 4b", "MoE", "Per-request policies", "Controller timeline"):
         assert f"## {title}" in report

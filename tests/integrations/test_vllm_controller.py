@@ -17,12 +17,14 @@ from pathlib import Path
 import pytest
 
 from tabletune.acceptance import AcceptanceCounts, AcceptanceProfile
+from tabletune.controller import ControllerConfig
 from tabletune.optimizer import OptimizeOptions, evaluate_table, optimize_table
 from tabletune.profile import StepPoint, StepProfile
 from tabletune.table import DraftTable
 
 sys.path.insert(0, str(Path(__file__).parent))
 import vllm_controller_scenarios as sc  # noqa: E402
+from margins import acceptance_margins, decayed_share_range  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -30,6 +32,11 @@ PROFILE = StepProfile(tuple(StepPoint(b, k, (10 + 0.5 * b * (1 + 0.6 * k),))
                             for b in (1, 2, 4, 8, 16, 32, 64) for k in range(5)), context_len=0)
 OPTIONS = OptimizeOptions(max_batch=sc.MAX_NUM_SEQS, k_max=sc.K_MAX)
 CONVERGE_STEPS = 100  # bound on steps (at load 16) until the table stays within 2% everywhere
+# the controller: half-life 800 drafts per position (800 request-steps for the draft rate), a prior from another
+# workload (acceptance ~0.3 everywhere, every request-step drafting)
+CONTROLLER = {"explore_fraction": 0.05, "rebuild_interval_s": 0, "min_install_interval_s": 0, "half_life_tokens": 800,
+              "rebuild_every_steps": 2}
+PRIOR = AcceptanceCounts(k_max=4, workload="chat", reached=[1000, 300, 90, 27], accepted=[300, 90, 27, 8])
 
 
 def worst_share(ranges, rates) -> float:
@@ -76,16 +83,12 @@ def runs(tmp_path_factory):
     model.mkdir()
     (model / "config.json").write_text(json.dumps(sc.TEST_MODEL))
     PROFILE.save(prof / "step_profile.json")
-    # prior from a different workload: acceptance ~0.3 everywhere
-    other = AcceptanceCounts(k_max=4, workload="chat", reached=[1000, 300, 90, 27], accepted=[300, 90, 27, 8])
-    AcceptanceProfile([other]).save(prof / "acceptance.json")
+    AcceptanceProfile([PRIOR]).save(prof / "acceptance.json")
     base = {k: v for k, v in os.environ.items() if not k.startswith("TABLETUNE_")}
     base.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", TT_TEST_MODEL_DIR=str(model))
     controller_env = {**base, "TABLETUNE_PROFILE": str(prof),
                       "TABLETUNE_ACCEPTANCE_CAP": ",".join(map(str, sc.TRUE_RATES)),
-                      "TABLETUNE_CONTROLLER": json.dumps({"explore_fraction": 0.05, "rebuild_interval_s": 0,
-                                                          "min_install_interval_s": 0, "half_life_tokens": 800,
-                                                          "rebuild_every_steps": 2})}
+                      "TABLETUNE_CONTROLLER": json.dumps(CONTROLLER)}
     return run_all(tmp, {
         "controller": controller_env,
         "plain": {**base, "VLLM_PLUGINS": "no-such-plugin"},  # the tabletune plugin is not loaded at all
@@ -103,10 +106,20 @@ def test_a_mistuned_start_converges(runs):
     assert at is not None and at <= CONVERGE_STEPS, r["tables_a"]
     state = r["state_a"]
     assert state["installs"] >= 1 and state["steps"] >= sc.STEPS_A
-    assert max(abs(a - t) for a, t in zip(state["acceptance"], sc.TRUE_RATES)) < 0.06
-    # repetitive prompts: the n-gram drafter always matches, so nearly every request-step drafts
-    # (the rest: requests near max_tokens, first decode steps); k = 0 steps must not count
-    assert state["draft_rate"] > 0.8
+    # acceptance at position j: the cap's TRUE_RATES[j] (n-gram drafts of the repeating output are right), from
+    # the decayed drafts that reached j (``evidence``), pulled towards the chained prior mean (tests/margins.py)
+    h, w = CONTROLLER["half_life_tokens"], ControllerConfig.prior_weight
+    margins = acceptance_margins(sc.TRUE_RATES, state["acceptance"], state["evidence"], PRIOR.rates(), h, w)
+    for j, (a, p, margin) in enumerate(zip(state["acceptance"], sc.TRUE_RATES, margins)):
+        assert abs(a - p) <= margin, (j, state["acceptance"], state["evidence"])
+    # repetitive prompts: the n-gram drafter misses only on a request's first decode steps (until the greedy output
+    # repeats), so most request-steps draft; the draft rate is the controller's decayed share of the request-steps
+    # the hook counted: between its values with the undrafted ones newest and oldest (prior q0 = 1; a window of
+    # 8 steps at load 16 joins at once)
+    drafts, undrafted = state["drafts"], r["totals_a"]["undrafted_total"]
+    assert 0 < undrafted < drafts
+    lo, hi = decayed_share_range(drafts, undrafted, h, ControllerConfig.observe_every_steps * sc.LOAD, w, 1.0)
+    assert lo - 1e-6 <= state["draft_rate"] <= hi + 1e-6, (state["draft_rate"], lo, hi, drafts, undrafted)
 
 
 def test_vllm_drafts_the_k_it_scheduled(runs):
@@ -114,7 +127,11 @@ def test_vllm_drafts_the_k_it_scheduled(runs):
     steps = runs["controller"]["vllm_steps"]
     pairs = [(k, steps[i + 1][2]) for i, (_, k, _, _) in enumerate(steps[:-1]) if k >= 1]
     assert len(pairs) > 300
-    assert sum(longest == k for k, longest in pairs) / len(pairs) > 0.9
+    # A step verifies a shorter draft than the k scheduled before it only when every request in it is in its first
+    # decode steps: no n-gram match until the dummy model's greedy output repeats (at most 3 steps for these
+    # prompts), then 2-token matches (2 steps). All requests start together 4 times: the 16 of (a), the three
+    # greedy batches of 8 of (c) and (d); elsewhere one request joins a running batch.
+    assert sum(longest != k for k, longest in pairs) <= 4 * (3 + 2)
     # at the end of (a): each step's k is its lookup's k at its batch size (k_max on exploration steps),
     # and those lookups are the controller's converged tables, not the start table
     end_a = steps[runs["controller"]["switch_step"] - 30:runs["controller"]["switch_step"]]

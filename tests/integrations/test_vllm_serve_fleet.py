@@ -29,6 +29,7 @@ import pytest
 from click.testing import CliRunner
 
 from tabletune.acceptance import AcceptanceCounts, AcceptanceProfile
+from tabletune.controller import ControllerConfig
 from tabletune.optimizer import OptimizeOptions, evaluate_table, optimize_table
 from tabletune.profile import StepPoint, StepProfile
 from tabletune.table import DraftTable
@@ -39,6 +40,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import soak_vllm_serve as soak  # noqa: E402
 import vllm_controller_scenarios as sc  # noqa: E402
 import vllm_serve_common as vs  # noqa: E402
+from margins import acceptance_margins, decayed_count, decayed_share_range  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -46,6 +48,12 @@ PROFILE = StepProfile(tuple(StepPoint(b, k, (10 + 0.5 * b * (1 + 0.6 * k),))
                             for b in (1, 2, 4, 8, 16, 32, 64) for k in range(5)), context_len=0)
 OPTIONS = OptimizeOptions(max_batch=sc.MAX_NUM_SEQS, k_max=sc.K_MAX)
 PORTS = {"a": 8791, "b": 8792}
+# the replicas' controller: a mistuned start, a prior from another workload (acceptance ~0.3 everywhere, every
+# request-step drafting), half-life 800 drafts per position (and 800 request-steps for the draft rate)
+CONTROLLER = {"explore_fraction": 0.05, "rebuild_interval_s": 0, "min_install_interval_s": 0, "half_life_tokens": 800,
+              "rebuild_every_steps": 2}
+PRIOR = AcceptanceCounts(k_max=4, workload="chat", reached=[1000, 300, 90, 27], accepted=[300, 90, 27, 8])
+CLIENTS = 16
 SIDECAR_OPTIONS = {"rebuild_every_steps": 1, "rebuild_interval_s": 0, "min_install_interval_s": 0,
                    "prior_weight": 300}  # a strong prior: convergence takes several scrape windows
 
@@ -92,15 +100,12 @@ def fleet(tmp_path_factory):
     model.mkdir()
     (model / "config.json").write_text(json.dumps(sc.TEST_MODEL))
     PROFILE.save(prof / "step_profile.json")
-    other = AcceptanceCounts(k_max=4, workload="chat", reached=[1000, 300, 90, 27], accepted=[300, 90, 27, 8])
-    AcceptanceProfile([other]).save(prof / "acceptance.json")
+    AcceptanceProfile([PRIOR]).save(prof / "acceptance.json")
     spec = {"method": "ngram", "num_speculative_tokens": sc.K_MAX, "prompt_lookup_min": 2, "prompt_lookup_max": 4,
             "num_speculative_tokens_per_batch_size": sc.START_TABLE}
     common = {"TABLETUNE_PROFILE": str(prof), "TABLETUNE_ACCEPTANCE_CAP": ",".join(map(str, sc.TRUE_RATES)),
               "TABLETUNE_TABLE_FILE": str(tmp / "table.json"), "VLLM_CPU_KVCACHE_SPACE": None,
-              "TABLETUNE_CONTROLLER": json.dumps({"explore_fraction": 0.05, "rebuild_interval_s": 0,
-                                                  "min_install_interval_s": 0, "half_life_tokens": 800,
-                                                  "rebuild_every_steps": 2})}
+              "TABLETUNE_CONTROLLER": json.dumps(CONTROLLER)}
     for key in [k for k in os.environ if k.startswith("TABLETUNE_")]:
         os.environ.pop(key)
     procs = {}
@@ -137,7 +142,7 @@ def converged(fleet):
     at: dict[str, tuple[float, int] | None] = dict.fromkeys(sidecars)
     drafts = dict.fromkeys(sidecars, 0)
     out: dict = {}
-    with RoundRobin(fleet["model"], 16) as load:
+    with RoundRobin(fleet["model"], CLIENTS) as load:
         t0 = time.time()
         while time.time() - t0 < 90:
             texts = {name: vs.scrape(port) for name, port in PORTS.items()}
@@ -177,13 +182,40 @@ def converged(fleet):
     return out
 
 
+def check_estimates(s: dict) -> None:
+    """The exported estimates against what the test set and the exported counters (``tests/margins.py``).
+
+    Acceptance at position j: the cap's TRUE_RATES[j] (the n-gram drafts of the dummy model's repeating output
+    are right; the cap decides), estimated from the drafts that reached j (the counter, decayed with the
+    half-life) and pulled towards the chained prior mean: within ``acceptance_margins``.
+
+    Draft rate: the share of decode request-steps that drafted. The n-gram drafter misses only on each
+    request's first decode steps (2 to 5 with these prompts, until the greedy output repeats), a share the
+    dummy model sets, not the test; the gauge must be the controller's decayed share of the request-steps
+    that the counters count: between its values with the undrafted ones newest and oldest (prior weight 20,
+    q0 = 1: the prior entry never missed; a window of 8 steps of at most CLIENTS requests joins at once).
+    """
+    h, w = CONTROLLER["half_life_tokens"], ControllerConfig.prior_weight
+    decayed = [decayed_count(s["reached"][str(j + 1)], h)[0] for j in range(sc.K_MAX)]
+    margins = acceptance_margins(sc.TRUE_RATES, s["acceptance"], decayed, PRIOR.rates(), h, w)
+    for j, (a, p, margin) in enumerate(zip(s["acceptance"], sc.TRUE_RATES, margins)):
+        assert abs(a - p) <= margin, (j, s["acceptance"], s["reached"])
+    drafts, undrafted = round(s["drafts"]), round(s["undrafted"])
+    assert 0 < undrafted < drafts  # most request-steps draft; each request's first ones cannot
+    window = ControllerConfig.observe_every_steps * CLIENTS
+    lo, hi = decayed_share_range(drafts, undrafted, h, window, w, 1.0)
+    assert lo - 1e-6 <= s["draft_rate"] <= hi + 1e-6, (s["draft_rate"], lo, hi, drafts, undrafted)
+
+
 def test_metrics_reach_vllms_endpoint_in_both_registry_modes(converged):
     for name, s in converged["own"].items():
         assert s["table"] and s["k_max"] == sc.K_MAX, name
-        assert max(abs(a - t) for a, t in zip(s["acceptance"], sc.TRUE_RATES)) < 0.08, (name, s["acceptance"])
-        assert s["draft_rate"] > 0.8 and s["table_installs"] >= 1 and s["exploration_steps"] > 0
+        check_estimates(s)
+        assert s["table_installs"] >= 1 and s["exploration_steps"] > 0
         assert s["steps"] > 0 and s["reached"]["1"] >= s["accepted"]["1"] > 0
         assert not s.get("errors") and s["pinned"] == 0
+        # published every second while the engine steps (metrics.PUBLISH_S), and the load keeps it stepping: 30 s
+        # of age is an engine that stopped publishing, not a slow step on a busy machine
         assert s["snapshot_age_seconds"] < 30
 
 

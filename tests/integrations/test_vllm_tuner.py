@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from margins import binomial_margin
 
 pytest.importorskip("vllm")
 
@@ -140,9 +141,11 @@ def test_acceptance_counts_match_vllm_counters(tuned):
     assert delta("vllm:spec_decode_num_draft_tokens") == sum(counts.drafted)
     assert delta("vllm:spec_decode_num_accepted_tokens") == sum(counts.accepted)
     assert delta("vllm:spec_decode_num_accepted_tokens_per_pos") == counts.accepted
-    # the cap sets acceptance: measured conditional rates near RATES (natural acceptance ~1)
-    assert tuple(counts.known_rates()) == pytest.approx(RATES, abs=0.1)
-    assert outcome.rates == pytest.approx(RATES, abs=0.1)
+    # the cap sets acceptance (natural acceptance ~1): position j's rate, from the drafts that reached j, is
+    # RATES[j] within the binomial margin of that many draws (tests/margins.py)
+    for measured in (counts, outcome.acceptance):
+        for j, (rate, p) in enumerate(zip(measured.known_rates(), RATES)):
+            assert abs(rate - p) <= binomial_margin(p, measured.reached[j]), (j, measured.reached, measured.accepted)
 
 
 def test_acceptance_cap_is_lossless_under_greedy(tuned):

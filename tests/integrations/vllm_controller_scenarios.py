@@ -115,7 +115,7 @@ def controller_scenario() -> dict:
     result: dict = {"state_start": core.call_utility("tabletune_state")}
     loop = ClosedLoop(llm, prompts(LOAD), LOAD, mean_tokens=400)
     tables_a = record_tables(steps_log, STEPS_A, loop)
-    result.update(tables_a=tables_a, state_a=core.call_utility("tabletune_state"))
+    result.update(tables_a=tables_a, state_a=core.call_utility("tabletune_state"), totals_a=hook.totals.as_dict())
     acceptance_cap.set_rates(SWITCH_RATES)
     result["switch_step"] = len(steps_log.entries)
     tables_b = [[len(steps_log.entries), tables_a[-1][1]]] + record_tables(steps_log, STEPS_B, loop)
