@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from tabletune.cli import main
 from tabletune.cli import tune as tune_module
-from tabletune.integrations.vllm.tuner_engine import kv_batch_cap
+from tabletune.integrations.vllm.timing_requests import kv_batch_cap
 from tabletune.table import DraftTable
 from tabletune.tuner.budget import GIB, BatchCap, MemoryPlan, kv_cache_bytes, largest_batch
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tabletune.integrations.vllm import tuner_engine
+from tabletune.integrations.vllm import static_engine, tuner_engine
 from tabletune.tuner import EngineSpec
 
 GIB = 1 << 30
@@ -17,7 +17,7 @@ GIB = 1 << 30
     (("--gpu-memory-utilization", "0.5"), ("--gpu-memory-utilization", "0.5")),  # fits: unchanged
 ])
 def test_utilization_is_lowered_to_what_is_free(flags, want):
-    assert tuner_engine.fit_memory_flags(flags, int(63.28 * GIB), int(79.18 * GIB)) == want
+    assert static_engine.fit_memory_flags(flags, int(63.28 * GIB), int(79.18 * GIB)) == want
 
 
 def test_start_static_passes_the_fitted_flags_to_the_child(monkeypatch):

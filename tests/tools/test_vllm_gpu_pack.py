@@ -1,6 +1,5 @@
 """The carry of vLLM to a GPU machine: what lands in the site folder, parts that join back, missing parts named."""
 
-import io
 import json
 import sys
 import zipfile

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import subprocess
 import sys
 
@@ -70,3 +71,28 @@ class StaticEngine:
                 self._ask(op="close")
             finally:
                 self.proc.wait(timeout=120)
+
+
+VLLM_DEFAULT_UTILIZATION = 0.9  # --gpu-memory-utilization when not given (vLLM 0.26 and 0.32)
+MEMORY_MARGIN_BYTES = 1 << 30
+
+
+def fit_memory_flags(flags: tuple[str, ...], free_bytes: int, total_bytes: int) -> tuple[str, ...]:
+    """The engine flags with ``--gpu-memory-utilization`` lowered to what is free, less a margin.
+
+    vLLM refuses to start when utilization x total exceeds the free memory, and the tuning engine does
+    not give all of its memory back in-process (on an H100, 16 GiB of 79 stayed held), so the static
+    engine, started after it, asks for at most (free - 1 GiB) / total, rounded down to a hundredth.
+    """
+    flags = tuple(flags)
+    want, at = VLLM_DEFAULT_UTILIZATION, None
+    for i, flag in enumerate(flags):
+        if flag == "--gpu-memory-utilization" and i + 1 < len(flags):
+            want, at = float(flags[i + 1]), (i, i + 2)
+        elif flag.startswith("--gpu-memory-utilization="):
+            want, at = float(flag.split("=", 1)[1]), (i, i + 1)
+    fits = math.floor((free_bytes - MEMORY_MARGIN_BYTES) / total_bytes * 100) / 100
+    if want <= fits:
+        return flags
+    rest = flags if at is None else flags[:at[0]] + flags[at[1]:]
+    return (*rest, "--gpu-memory-utilization", f"{fits:.2f}")

@@ -21,6 +21,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from tabletune.tuner.budget import BatchCap, largest_batch
 from tabletune.tuner.workload import byte_token_ids
 
 REFRESH_TOKENS = 384  # the most tokens a timing batch generates before it restarts (bounds context drift)
@@ -88,3 +89,26 @@ def model_token_ids(model_path: str, skip_tokenizer_init: bool, texts: Sequence[
 
     tok = AutoTokenizer.from_pretrained(model_path)
     return [list(tok(t).input_ids) for t in texts]
+
+
+def kv_batch_cap(have_tokens: int | None, max_batch_size: int, k_max: int, context_len: int, prompt_tokens: int,
+                 refresh_tokens: int, block_size: int, shared_prompt: bool) -> BatchCap:
+    """The largest batch b <= max_batch_size whose timing requests fit vLLM's KV cache of ``have_tokens``:
+
+        need(b) = [shared] p + b * (refresh + 8 (k_max + 1) + block_size + [not shared] p) <= have
+
+    b requests of p = ``prompt_tokens`` prompt tokens each decode up to refresh + 8 (k_max + 1) tokens
+    (plus a partly filled block) before the batch restarts (``timing_requests.timing_window``); a prompt
+    they share is cached once under prefix caching, else each request holds its own. ``have_tokens``
+    None or 0: vLLM did not say, every batch size fits.
+    """
+    n = max_batch_size
+    if not have_tokens:
+        return BatchCap(context_len, n, n)
+    shared = prompt_tokens if shared_prompt else 0
+    per_request = refresh_tokens + 8 * (k_max + 1) + block_size + prompt_tokens - shared
+    b = largest_batch(have_tokens, shared, per_request, n)
+    numbers = (f"{n} requests need ~{shared + n * per_request} KV tokens but vLLM's cache holds {have_tokens}; "
+               "give vLLM more KV memory with -- --gpu-memory-utilization ... (on CPU VLLM_CPU_KVCACHE_SPACE)"
+               if b < n else "")
+    return BatchCap(context_len, b, n, numbers)

@@ -19,7 +19,6 @@ Implements ``tabletune.tuner.Engine`` on vLLM's own serving path:
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from collections.abc import Sequence
@@ -28,11 +27,11 @@ from tabletune.acceptance import AcceptanceCounts
 from tabletune.cost import MixedStep
 from tabletune.integrations.vllm import engine_args, presets, versions
 from tabletune.integrations.vllm.step_hooks import StepRecorder
-from tabletune.integrations.vllm.timing_requests import full_drafts, model_token_ids, timing_window
+from tabletune.integrations.vllm.timing_requests import full_drafts, kv_batch_cap, model_token_ids, timing_window
 from tabletune.errors import InputError
 from tabletune.profile import Fingerprint
 from tabletune.tuner import EngineSpec, StepSamples
-from tabletune.tuner.budget import BatchCap, largest_batch
+from tabletune.tuner.budget import BatchCap
 from tabletune.tuner.workload import timing_rows
 
 WARMUP_STEPS = 1  # the first step after a change verifies drafts sized by the old k
@@ -77,6 +76,8 @@ def start_static(spec: EngineSpec, k: int, memory=None):
 
     from tabletune.integrations.vllm.static_engine import StaticEngine
 
+    from tabletune.integrations.vllm.static_engine import fit_memory_flags
+
     got = (memory or cuda_memory)()
     if got is not None:
         flags = fit_memory_flags(spec.engine_args, *got)
@@ -85,31 +86,6 @@ def start_static(spec: EngineSpec, k: int, memory=None):
                   f"runs with {' '.join(flags[-2:])}", file=sys.stderr)
             spec = dataclasses.replace(spec, engine_args=flags)
     return StaticEngine(spec, k)
-
-
-VLLM_DEFAULT_UTILIZATION = 0.9  # --gpu-memory-utilization when not given (vLLM 0.26 and 0.32)
-MEMORY_MARGIN_BYTES = 1 << 30
-
-
-def fit_memory_flags(flags: tuple[str, ...], free_bytes: int, total_bytes: int) -> tuple[str, ...]:
-    """The engine flags with ``--gpu-memory-utilization`` lowered to what is free, less a margin.
-
-    vLLM refuses to start when utilization x total exceeds the free memory, and the tuning engine does
-    not give all of its memory back in-process (on an H100, 16 GiB of 79 stayed held), so the static
-    engine, started after it, asks for at most (free - 1 GiB) / total, rounded down to a hundredth.
-    """
-    flags = tuple(flags)
-    want, at = VLLM_DEFAULT_UTILIZATION, None
-    for i, flag in enumerate(flags):
-        if flag == "--gpu-memory-utilization" and i + 1 < len(flags):
-            want, at = float(flags[i + 1]), (i, i + 2)
-        elif flag.startswith("--gpu-memory-utilization="):
-            want, at = float(flag.split("=", 1)[1]), (i, i + 1)
-    fits = math.floor((free_bytes - MEMORY_MARGIN_BYTES) / total_bytes * 100) / 100
-    if want <= fits:
-        return flags
-    rest = flags if at is None else flags[:at[0]] + flags[at[1]:]
-    return (*rest, "--gpu-memory-utilization", f"{fits:.2f}")
 
 
 def cuda_memory() -> tuple[int, int] | None:
@@ -374,29 +350,6 @@ class VllmEngine:
         return list(rec.records) if record else []
 
 
-def kv_batch_cap(have_tokens: int | None, max_batch_size: int, k_max: int, context_len: int, prompt_tokens: int,
-                 refresh_tokens: int, block_size: int, shared_prompt: bool) -> BatchCap:
-    """The largest batch b <= max_batch_size whose timing requests fit vLLM's KV cache of ``have_tokens``:
-
-        need(b) = [shared] p + b * (refresh + 8 (k_max + 1) + block_size + [not shared] p) <= have
-
-    b requests of p = ``prompt_tokens`` prompt tokens each decode up to refresh + 8 (k_max + 1) tokens
-    (plus a partly filled block) before the batch restarts (``timing_requests.timing_window``); a prompt
-    they share is cached once under prefix caching, else each request holds its own. ``have_tokens``
-    None or 0: vLLM did not say, every batch size fits.
-    """
-    n = max_batch_size
-    if not have_tokens:
-        return BatchCap(context_len, n, n)
-    shared = prompt_tokens if shared_prompt else 0
-    per_request = refresh_tokens + 8 * (k_max + 1) + block_size + prompt_tokens - shared
-    b = largest_batch(have_tokens, shared, per_request, n)
-    numbers = (f"{n} requests need ~{shared + n * per_request} KV tokens but vLLM's cache holds {have_tokens}; "
-               "give vLLM more KV memory with -- --gpu-memory-utilization ... (on CPU VLLM_CPU_KVCACHE_SPACE)"
-               if b < n else "")
-    return BatchCap(context_len, b, n, numbers)
-
-
 def speculative_config(spec: EngineSpec, ranges: list[list[int]]) -> dict:
     """The whole ``--speculative-config`` for the tuned table; a dummy draft preset keeps its name (its folder
     is a cache path of the machine that tuned)."""
@@ -410,7 +363,6 @@ def serve_static(arg: str) -> None:
     """The child process of ``static_engine.StaticEngine``: a static-mode engine answering JSON lines."""
     import dataclasses
     import json
-    import sys
 
     from tabletune.integrations.vllm.static_engine import REPLY_PREFIX
 
@@ -439,6 +391,4 @@ def serve_static(arg: str) -> None:
 
 
 if __name__ == "__main__":
-    import sys
-
     serve_static(sys.argv[1])
