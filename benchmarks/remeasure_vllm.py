@@ -68,14 +68,13 @@ def configs(table, k_max: int, max_num_seqs: int, documented: bool = False) -> d
     return out
 
 
-def start_engine(tuned_dir: Path, max_num_seqs: int, rates: tuple[float, ...] | None = None, started: bool = True):
-    """The tuner's own engine (same model preset, method, forced acceptance, vLLM flags) with every k available.
+def engine_spec(tuned_dir: Path, max_num_seqs: int, rates: tuple[float, ...] | None = None):
+    """(spec, rates) of the tuner's own engine: same model preset, method, forced acceptance and vLLM flags.
     A dummy-weight model gets forced acceptance: ``rates``, else the tune's measured ones."""
     import shlex
 
     from tabletune.acceptance import AcceptanceProfile
     from tabletune.integrations.vllm.presets import DUMMY_CONFIGS
-    from tabletune.integrations.vllm.tuner_engine import start
     from tabletune.profile import StepProfile
     from tabletune.tuner import EngineSpec
 
@@ -90,7 +89,15 @@ def start_engine(tuned_dir: Path, max_num_seqs: int, rates: tuple[float, ...] | 
                       max_batch_size=max_num_seqs, synthetic_acceptance=rates,
                       draft_model=drafter if drafter in DUMMY_CONFIGS else config.get("model"),
                       engine_args=tuple(shlex.split(profile.fingerprint.flags or "")))
-    return (start(spec) if started else spec), rates
+    return spec, rates
+
+
+def start_engine(tuned_dir: Path, max_num_seqs: int, rates: tuple[float, ...] | None = None):
+    """The tuner's own engine (``engine_spec``) with every k available, and the rates it forces."""
+    from tabletune.integrations.vllm.tuner_engine import start
+
+    spec, rates = engine_spec(tuned_dir, max_num_seqs, rates)
+    return start(spec), rates
 
 
 def prompts_for(scenario: str, prompt_set: str, limit: int, prompt_tokens: int = 128) -> list:
@@ -143,10 +150,7 @@ def run(args, on_load=None) -> list[dict]:
                     res = loop.run(segment_steps(args, load))
                     if args.paired:
                         loop.close()
-                    rows.append(dict(scenario=args.scenario, load=load, config=name, round=rnd, steps=res.steps,
-                                     wall_s=round(res.wall_s, 4), output_tokens=res.output_tokens,
-                                     throughput_tok_s=round(res.throughput_tok_s, 2)))
-                    print(f"load={load:3d} round={rnd} {name:6s} {res.throughput_tok_s:9.1f} tok/s", flush=True)
+                    rows.append(segment_row(args, load, name, rnd, res))
             loop.close()
     finally:
         engine.close()
@@ -164,6 +168,14 @@ def past_first_wave(loop, load: int, max_steps: int = 4000) -> int:
     return steps
 
 
+def segment_row(args, load: int, config: str, rnd: int, res) -> dict:
+    """One timed segment's CSV row (printed as it is measured)."""
+    print(f"load={load:3d} round={rnd} {config:6s} {res.throughput_tok_s:9.1f} tok/s", flush=True)
+    return dict(scenario=args.scenario, load=load, config=config, round=rnd, steps=res.steps,
+                wall_s=round(res.wall_s, 4), output_tokens=res.output_tokens,
+                throughput_tok_s=round(res.throughput_tok_s, 2))
+
+
 def segment_steps(args, load: int) -> int:
     """Steps a configuration is timed per round: more at load 1, where one request is all a window sees
     (steady: 8x, so a round's segment spans several requests)."""
@@ -175,13 +187,11 @@ def segment_steps(args, load: int) -> int:
 def run_static(args, k: int) -> list[dict]:
     """Serve with a static-mode engine (``num_speculative_tokens = k``, no table, so vLLM keeps FULL CUDA
     graphs; k = 0: no speculation) at every load, as ``run`` serves its configurations (not paired)."""
-    import dataclasses
-
     from tabletune.integrations.vllm.closed_loop import ClosedLoop
     from tabletune.integrations.vllm.tuner_engine import VllmEngine
 
-    probe, rates = start_engine(Path(args.tuned), max(args.loads), args.synthetic_acceptance, started=False)
-    engine = VllmEngine(dataclasses.replace(probe, synthetic_acceptance=rates), static_k=k)
+    spec, _ = engine_spec(Path(args.tuned), max(args.loads), args.synthetic_acceptance)
+    engine = VllmEngine(spec, static_k=k)
     prompts = prompts_for(args.scenario, args.prompts, 64, args.prompt_tokens)
     rows = []
     try:
@@ -193,10 +203,7 @@ def run_static(args, k: int) -> list[dict]:
             for rnd in range(args.rounds):
                 loop.run(2)
                 res = loop.run(segment_steps(args, load))
-                rows.append(dict(scenario=args.scenario, load=load, config=f"static k={k}", round=rnd,
-                                 steps=res.steps, wall_s=round(res.wall_s, 4), output_tokens=res.output_tokens,
-                                 throughput_tok_s=round(res.throughput_tok_s, 2)))
-                print(f"load={load:3d} round={rnd} static k={k} {res.throughput_tok_s:9.1f} tok/s", flush=True)
+                rows.append(segment_row(args, load, f"static k={k}", rnd, res))
             loop.close()
     finally:
         engine.close()

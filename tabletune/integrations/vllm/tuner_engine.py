@@ -74,9 +74,7 @@ def start_static(spec: EngineSpec, k: int, memory=None):
     free now (``fit_memory_flags``; ``memory()`` -> (free, total) bytes, default the CUDA device's)."""
     import dataclasses
 
-    from tabletune.integrations.vllm.static_engine import StaticEngine
-
-    from tabletune.integrations.vllm.static_engine import fit_memory_flags
+    from tabletune.integrations.vllm.static_engine import StaticEngine, fit_memory_flags
 
     got = (memory or cuda_memory)()
     if got is not None:
@@ -116,17 +114,6 @@ class VllmEngine:
         warning = versions.check(vllm.__version__)
         if warning:
             versions.logger.warning("tabletune: %s", warning)
-        forced, use_cap = ({}, False)
-        if spec.synthetic_acceptance:
-            forced, use_cap = versions.forced_acceptance(spec.synthetic_acceptance, spec.k_max, engine_args.on_cpu())
-        if use_cap:
-            from tabletune.integrations.vllm import acceptance_cap
-
-            acceptance_cap.set_rates(spec.synthetic_acceptance)
-        if spec.synthetic_acceptance and static_k is None:
-            how = "the acceptance cap" if use_cap else "vLLM's synthetic sampler"
-            print(f"acceptance forced by {how}: conditional rates {list(spec.synthetic_acceptance)}", file=sys.stderr)
-
         self._sampling_params = SamplingParams
         self.static_k = static_k
         if static_k is None:
@@ -135,9 +122,18 @@ class VllmEngine:
         else:  # the table mechanism off: vLLM's static mode
             config = presets.speculative_config(spec.method, max(static_k, 1), spec.draft_model, [])
             del config["num_speculative_tokens_per_batch_size"]
-            if forced:
-                forced = versions.forced_acceptance(spec.synthetic_acceptance, max(static_k, 1), False)[0]
-        config.update(forced)
+        if spec.synthetic_acceptance:
+            forced, use_cap = versions.forced_acceptance(spec.synthetic_acceptance, config["num_speculative_tokens"],
+                                                         engine_args.on_cpu())
+            config.update(forced)
+            if use_cap:
+                from tabletune.integrations.vllm import acceptance_cap
+
+                acceptance_cap.set_rates(spec.synthetic_acceptance)
+            if static_k is None:
+                how = "the acceptance cap" if use_cap else "vLLM's synthetic sampler"
+                print(f"acceptance forced by {how}: conditional rates {list(spec.synthetic_acceptance)}",
+                      file=sys.stderr)
         args = engine_args.build(self.preset.path, spec.engine_args, max_num_seqs=spec.max_batch_size,
                                  seed=spec.seed, speculative_config=config,
                                  dummy_weights=self.preset.load_format == "dummy")
