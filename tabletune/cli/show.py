@@ -24,7 +24,9 @@ from tabletune.simple_table import smooth_within_noise
 @click.option("--png", "png", type=click.Path(dir_okay=False), default="tabletune.png", show_default=True)
 @click.option("--model-draft-rate", is_flag=True,
               help="with an acceptance.json: optimise with its draft rate q (linear cost model; opt-in)")
-def show_cmd(step_times, acceptance, workload, temperature, max_batch, k_max, ks, png, model_draft_rate):
+@click.option("--against", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="another step_profile.json: print T(b, k) of this one over it, per cell measured in both")
+def show_cmd(step_times, acceptance, workload, temperature, max_batch, k_max, ks, png, model_draft_rate, against):
     """Plot T(b,k), goodput per k and the chosen table to a PNG; print a summary."""
     from tabletune.plot import draw_tune_png
 
@@ -38,7 +40,19 @@ def show_cmd(step_times, acceptance, workload, temperature, max_batch, k_max, ks
     draw_tune_png(profile, result, png, title=Path(step_times).name)
     for line in summary_lines(profile, result):
         click.echo(line)
+    if against:
+        from tabletune.profile_ratio import cell_ratios, ratio_markdown
+
+        other = StepProfile.load(against)
+        for line in ratio_markdown(cell_ratios(profile, other), describe(profile), describe(other)):
+            click.echo(line)
     click.echo(f"wrote {png}")
+
+
+def describe(profile: StepProfile) -> str:
+    """The engine, its version and the context of a profile, for a comparison's header."""
+    fp = profile.fingerprint
+    return " ".join(filter(None, (fp.engine or "?", fp.engine_version))) + f" (context {profile.context_len})"
 
 
 def summary_lines(profile: StepProfile, result: TableResult | None) -> list[str]:

@@ -258,10 +258,26 @@ def _static_check(adapter, spec, plan, outcome, context_len, noise_floor, consol
     try:
         if hasattr(engine, "set_context_len"):
             engine.set_context_len(context_len)
-        points = measure_static(engine, plan, k, sizes)
+        if hasattr(engine, "batch_cap"):
+            sizes = static_sizes(sizes, outcome.profile.batch_sizes, engine.batch_cap(context_len), console)
+        points = measure_static(engine, plan, k, sizes) if sizes else []
     finally:
         engine.close()
+    if not points:
+        return None
     return decide_static(result, points, {b: outcome.profile.step_ms(b, k) for b in sizes})
+
+
+def static_sizes(sizes: tuple[int, ...], measured: tuple[int, ...], cap, console: Console) -> tuple[int, ...]:
+    """The static check's batch sizes that the static engine's KV cache holds (it starts with the memory the
+    tuning engine left): the measured sizes up to its cap stand in for those beyond it."""
+    if all(b <= cap.batch_size for b in sizes):
+        return sizes
+    fits = tuple(b for b in measured if b <= cap.batch_size)
+    kept = tuple(sorted({b for b in sizes if b <= cap.batch_size} | ({max(fits)} if fits else set())))
+    console.print(f"static check: the static engine holds b <= {cap.batch_size} at context {cap.context_len}; "
+                  + (f"checked at b = {', '.join(map(str, kept))}" if kept else "skipped"))
+    return kept
 
 
 def _png_drawer(title: str) -> DrawPng:

@@ -5,7 +5,7 @@ tests/integrations/test_vllm_tuner.py), and the tuning engine's memory must be
 gone before the static one allocates; a child process does both. The parent
 speaks JSON lines with it: ``{"op": "context", "n": N}``, ``{"op": "step", "b":
 b, "k": k, "n": steps}`` (answer: ``{"samples_ms": [...], "scheduled_tokens":
-[...]}``), ``{"op": "close"}``. Answers are the stdout lines starting with
+[...]}``), ``{"op": "cap", "n": N}`` (answer: a ``BatchCap``), ``{"op": "close"}``. Answers are the stdout lines starting with
 ``REPLY_PREFIX``; anything else the engine prints is passed through to stderr. The
 child runs ``python -m tabletune.integrations.vllm.tuner_engine`` (``serve_static`` there).
 """
@@ -20,6 +20,7 @@ import sys
 
 from tabletune.profile import Fingerprint
 from tabletune.tuner import EngineSpec, StepSamples
+from tabletune.tuner.budget import BatchCap
 
 REPLY_PREFIX = "TABLETUNE-REPLY "
 SERVER_MODULE = "tabletune.integrations.vllm.tuner_engine"  # its ``__main__`` runs ``serve_static``
@@ -62,6 +63,11 @@ class StaticEngine:
     def fingerprint(self) -> Fingerprint:
         return Fingerprint(**self._ask(op="fingerprint"))
 
+    def batch_cap(self, context_len: int) -> BatchCap:
+        """The largest batch this engine's KV cache holds at ``context_len`` (it has less memory than the
+        tuning engine had)."""
+        return BatchCap(**self._ask(op="cap", n=context_len))
+
     def measure_acceptance(self, prompts, k, max_tokens):
         raise NotImplementedError("the static-mode engine only times steps")
 
@@ -74,15 +80,17 @@ class StaticEngine:
 
 
 VLLM_DEFAULT_UTILIZATION = 0.9  # --gpu-memory-utilization when not given (vLLM 0.26 and 0.32)
-MEMORY_MARGIN_BYTES = 1 << 30
 
 
 def fit_memory_flags(flags: tuple[str, ...], free_bytes: int, total_bytes: int) -> tuple[str, ...]:
-    """The engine flags with ``--gpu-memory-utilization`` lowered to what is free, less a margin.
+    """The engine flags with ``--gpu-memory-utilization`` lowered to what is free, less the headroom asked for.
 
     vLLM refuses to start when utilization x total exceeds the free memory, and the tuning engine does
-    not give all of its memory back in-process (on an H100, 16 GiB of 79 stayed held), so the static
-    engine, started after it, asks for at most (free - 1 GiB) / total, rounded down to a hundredth.
+    not give all of its memory back in-process (on an H100, 15.4 GiB of 79 stayed held), so the static
+    engine, started after it, asks for at most (free - headroom) / total, rounded down to a hundredth. The
+    headroom is what vLLM's default utilization leaves, (1 - 0.9) x total: vLLM's profile undercounts what
+    its steps allocate (on an H100 a static engine at 0.79 held 63.5 GiB, 0.9 GiB over its 62.6, and a
+    1 GiB margin ended in an out-of-memory error), and the tuning engine ran with that headroom.
     """
     flags = tuple(flags)
     want, at = VLLM_DEFAULT_UTILIZATION, None
@@ -91,7 +99,8 @@ def fit_memory_flags(flags: tuple[str, ...], free_bytes: int, total_bytes: int) 
             want, at = float(flags[i + 1]), (i, i + 2)
         elif flag.startswith("--gpu-memory-utilization="):
             want, at = float(flag.split("=", 1)[1]), (i, i + 1)
-    fits = math.floor((free_bytes - MEMORY_MARGIN_BYTES) / total_bytes * 100) / 100
+    headroom = (1.0 - VLLM_DEFAULT_UTILIZATION) * total_bytes
+    fits = math.floor((free_bytes - headroom) / total_bytes * 100) / 100
     if want <= fits:
         return flags
     rest = flags if at is None else flags[:at[0]] + flags[at[1]:]

@@ -381,6 +381,8 @@ def serve_static(arg: str) -> None:
             reply({})
         elif req["op"] == "fingerprint":
             reply(dataclasses.asdict(engine.fingerprint()))
+        elif req["op"] == "cap":
+            reply(dataclasses.asdict(engine.batch_cap(req["n"])))
         else:
             got = engine.measure_step(req["b"], req["k"], req["n"])
             reply({"samples_ms": list(got.samples_ms), "scheduled_tokens": list(got.scheduled_tokens)})
