@@ -13,7 +13,8 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TABLETUNE_CACHE", str(tmp_path))
 
 
-@pytest.mark.parametrize("name, layers, hidden, params_b", [("qwen3-8b", 36, 4096, 8.19), ("qwen3-0.6b", 28, 1024, 0.60)])
+@pytest.mark.parametrize("name, layers, hidden, params_b", [("qwen3-8b", 36, 4096, 8.19), ("qwen3-0.6b", 28, 1024, 0.60),
+                                                              ("qwen3-32b", 64, 5120, 32.76)])
 def test_qwen3_shapes_match_the_public_configs(name, layers, hidden, params_b):
     preset = presets.resolve_model(name)
     assert preset.load_format == "dummy" and preset.skip_tokenizer_init

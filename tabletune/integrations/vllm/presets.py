@@ -62,6 +62,7 @@ DUMMY_CONFIGS = {
     "tiny-llama": TINY_LLAMA_CONFIG,
     "qwen3-8b": _qwen3(4096, 12288, 36, 32, tie=False),
     "qwen3-0.6b": _qwen3(1024, 3072, 28, 16, tie=True),
+    "qwen3-32b": _qwen3(5120, 25600, 64, 64, tie=False),  # 61 GiB of bf16 weights: one per 80 GB card
 }
 
 #: vLLM speculative methods the tuner drives, with the largest k it accepts for each.
