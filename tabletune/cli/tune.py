@@ -245,7 +245,8 @@ def prompt_token_counts(adapter: ModuleType, spec: EngineSpec, prompts: list[str
 
 def _static_check(adapter, spec, plan, outcome, context_len, noise_floor, console: Console):
     """Time the best fixed k with the table mechanism off at the smallest context (an engine of its own,
-    started after the tuning engine closed); None when the adapter's engine has one mode."""
+    started after the tuning engine closed), then plain decoding (k = 0, another engine); None when the
+    adapter's engine has one mode."""
     start_static = getattr(adapter, "start_static", None)
     result = smooth_within_noise(outcome.profile, outcome.rates, outcome.options(), noise_floor)
     k = result.best_single_k
@@ -253,19 +254,27 @@ def _static_check(adapter, spec, plan, outcome, context_len, noise_floor, consol
     if start_static is None or reason:
         console.print(f"static check: skipped ({reason or 'this engine has no separate static mode'})")
         return None
-    sizes = check_batch_sizes(outcome.profile.batch_sizes)
+    checked = check_batch_sizes(outcome.profile.batch_sizes)
+    sizes, points = _time_static(start_static, spec, plan, k, checked, outcome.profile.batch_sizes, context_len,
+                                 console)
+    if not points:
+        return None
+    plain = _time_static(start_static, spec, plan, 0, checked, outcome.profile.batch_sizes, context_len,
+                         console)[1] if k > 0 else []
+    return decide_static(result, points, {b: outcome.profile.step_ms(b, k) for b in sizes}, no_spec_points=plain)
+
+
+def _time_static(start_static, spec, plan, k: int, sizes, measured, context_len: int, console: Console):
+    """T_static(b, k) on an engine of its own without the table, at the sizes its KV cache holds."""
     engine = start_static(spec, k)
     try:
         if hasattr(engine, "set_context_len"):
             engine.set_context_len(context_len)
         if hasattr(engine, "batch_cap"):
-            sizes = static_sizes(sizes, outcome.profile.batch_sizes, engine.batch_cap(context_len), console)
-        points = measure_static(engine, plan, k, sizes) if sizes else []
+            sizes = static_sizes(sizes, measured, engine.batch_cap(context_len), console)
+        return sizes, (measure_static(engine, plan, k, sizes) if sizes else [])
     finally:
         engine.close()
-    if not points:
-        return None
-    return decide_static(result, points, {b: outcome.profile.step_ms(b, k) for b in sizes})
 
 
 def static_sizes(sizes: tuple[int, ...], measured: tuple[int, ...], cap, console: Console) -> tuple[int, ...]:

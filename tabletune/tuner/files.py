@@ -144,6 +144,7 @@ def static_json(decision: StaticDecision, speculative_config: Callable[[list[lis
             "mean_vs_static": decision.mean_vs_static, "mean_dynamic_cost": decision.mean_dynamic_cost,
             "mean_table_gain": decision.mean_table_gain, "min_gain": decision.min_gain,
             "points": [dataclasses.asdict(p) for p in decision.points],
+            "no_spec": [dataclasses.asdict(p) for p in decision.no_spec], "no_spec_from": decision.no_spec_from,
             "static_speculative_config": config if decision.k > 0 else None}
 
 

@@ -15,6 +15,15 @@ mode) is (1 + table vs static) * (1 + dynamic cost) - 1. The recommendation is
 the static config (``num_speculative_tokens = k*``, no table) when the mean over
 the checked b of "table vs static" is below ``min_gain``: the table's predicted
 gain is smaller than what the dynamic mode costs.
+
+Plain decoding without a table keeps FULL graphs too, and a table's k = 0 rows pay
+the PIECEWISE price (on an H100, +36-76% a step at k = 0). So the check also times
+T_static(b, 0) where it can and reports, per checked b,
+
+    no speculation vs table(b) = (b / T_static(b, 0)) / goodput_table(b) - 1
+
+and the smallest checked b from which plain decoding serves more at every larger
+checked b: a deployment whose load stays there should not speculate at all.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tabletune.goodput import goodput
 from tabletune.optimizer import TableResult
 from tabletune.profile import StepPoint
 
@@ -40,10 +50,31 @@ class StaticPoint:
 
 
 @dataclass(frozen=True)
+class NoSpecPoint:
+    """Plain decoding (k = 0, no table, FULL graphs) at one checked batch size."""
+
+    batch_size: int
+    static_ms: float  # T_static(b, 0)
+    vs_table: float  # its goodput (one token a request-step) / the table's modelled goodput - 1
+
+
+@dataclass(frozen=True)
 class StaticDecision:
     k: int  # the best fixed k (k*)
     points: tuple[StaticPoint, ...]
     min_gain: float
+    no_spec: tuple[NoSpecPoint, ...] = ()  # empty: not checked
+
+    @property
+    def no_spec_from(self) -> int | None:
+        """The smallest checked b from which plain decoding serves more at every larger checked b; None if none."""
+        start = None
+        for p in self.no_spec:  # ascending b
+            if p.vs_table > 0:
+                start = p.batch_size if start is None else start
+            else:
+                start = None
+        return start
 
     @property
     def mean_vs_static(self) -> float:
@@ -63,9 +94,16 @@ class StaticDecision:
 
     def summary(self) -> str:
         choice = f"static k={self.k} (no table)" if self.recommend_static else "the table (dynamic mode)"
-        return (f"static check: table {self.mean_table_gain:+.1%} over k={self.k} with the table mechanism on; "
+        line = (f"static check: table {self.mean_table_gain:+.1%} over k={self.k} with the table mechanism on; "
                 f"the mechanism itself costs {self.mean_dynamic_cost:+.1%}; table vs static k={self.k}: "
                 f"{self.mean_vs_static:+.1%} -> recommend {choice}")
+        if not self.no_spec:
+            return line
+        each = ", ".join(f"{p.vs_table:+.1%} at b={p.batch_size}" for p in self.no_spec)
+        start = self.no_spec_from
+        verdict = (f"serve without speculation where the load stays at b >= {start}" if start is not None
+                   else "speculation pays at every checked b")
+        return f"{line}\nno speculation (no table) vs the table: {each} -> {verdict}"
 
 
 def check_batch_sizes(measured: Sequence[int], count: int = 3) -> tuple[int, ...]:
@@ -78,7 +116,8 @@ def check_batch_sizes(measured: Sequence[int], count: int = 3) -> tuple[int, ...
 
 
 def decide_static(result: TableResult, static_points: Sequence[StepPoint],
-                  dynamic_ms: dict[int, float], min_gain: float = 0.0) -> StaticDecision:
+                  dynamic_ms: dict[int, float], min_gain: float = 0.0,
+                  no_spec_points: Sequence[StepPoint] = ()) -> StaticDecision:
     """The decision from the table's predictions, T_dyn(b, k*) and the static points (all of one k*).
 
     Static goodput is the table mode's fixed-k* goodput with its step time T_dyn(b, k*) replaced by
@@ -98,4 +137,9 @@ def decide_static(result: TableResult, static_points: Sequence[StepPoint],
                                pred.goodput / pred.fixed_goodput[k] - 1.0,
                                dynamic_ms[p.batch_size] / p.median_ms - 1.0,
                                pred.goodput / static_goodput - 1.0))
-    return StaticDecision(k, tuple(out), min_gain)
+    if any(p.k != 0 for p in no_spec_points):
+        raise ValueError("no-speculation points must be k = 0")
+    plain = tuple(NoSpecPoint(p.batch_size, p.median_ms,
+                              goodput(p.batch_size, p.median_ms, 1.0) / by_b[p.batch_size].goodput - 1.0)
+                  for p in sorted(no_spec_points, key=lambda p: p.batch_size))
+    return StaticDecision(k, tuple(out), min_gain, plain)

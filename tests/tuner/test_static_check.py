@@ -9,7 +9,7 @@ import pytest
 from tabletune.goodput import expected_tokens
 from tabletune.optimizer import optimize_table
 from tabletune.profile import StepPoint
-from tabletune.tuner.static_check import check_batch_sizes, decide_static
+from tabletune.tuner.static_check import NoSpecPoint, StaticDecision, StaticPoint, check_batch_sizes, decide_static
 
 from tuner_fakes import RATES, profile_from, step_ms
 
@@ -47,6 +47,38 @@ def test_recommends_static_only_when_the_mechanism_costs_more_than_the_table_gai
     assert decision(gain * 1.2)[1].recommend_static
 
 
+def test_plain_decoding_is_priced_against_the_table():
+    profile = profile_from(step_ms)
+    result = optimize_table(profile, RATES)
+    k, sizes = result.best_single_k, (1, 8, 64)
+    static = [StepPoint(b, k, (step_ms(b, k),) * 3) for b in sizes]
+    plain = [StepPoint(b, 0, (step_ms(b, 0) / 2,) * 3) for b in sizes]  # FULL graphs halve k = 0's step
+    d = decide_static(result, static, {b: step_ms(b, k) for b in sizes}, no_spec_points=plain)
+    b = 64
+    table_k = result.table.k_for(b)
+    table_goodput = b * expected_tokens(RATES, table_k) / step_ms(b, table_k) * 1000
+    assert d.no_spec[-1].vs_table == pytest.approx(b / (step_ms(b, 0) / 2) * 1000 / table_goodput - 1)
+    assert [p.batch_size for p in d.no_spec] == [1, 8, 64] and d.no_spec[-1].static_ms == step_ms(b, 0) / 2
+    assert "no speculation (no table) vs the table:" in d.summary()
+    with pytest.raises(ValueError, match="k = 0"):
+        decide_static(result, static, {b: step_ms(b, k) for b in sizes}, no_spec_points=static)
+
+
+@pytest.mark.parametrize("gains, start", [
+    ((-0.5, 0.1, 0.2), 8),  # pays from b = 8 on
+    ((0.1, -0.1, 0.2), 64),  # a loss between: only the last range counts
+    ((-0.5, -0.1, -0.2), None),
+    ((), None),  # not checked
+])
+def test_no_speculation_from_the_smallest_b_of_the_last_winning_range(gains, start):
+    checked = (StaticPoint(1, 1.0, 1.0, 0.0, 0.0, 0.0),)
+    d = StaticDecision(3, checked, 0.0, tuple(NoSpecPoint(b, 1.0, g) for b, g in zip((1, 8, 64), gains)))
+    assert d.no_spec_from == start
+    if gains:
+        want = f"where the load stays at b >= {start}" if start else "speculation pays at every checked b"
+        assert want in d.summary()
+
+
 def test_check_batch_sizes_spread_over_the_range():
     assert check_batch_sizes([1, 2, 4, 8, 16, 32, 64]) == (1, 8, 64)
     assert check_batch_sizes([4, 1]) == (1, 4)
@@ -78,6 +110,7 @@ def test_tune_cli_times_the_static_engine_and_writes_its_decision(tmp_path, monk
     check = json.loads((out / "static_check.json").read_text())
     assert check["recommend"] == recommend
     assert [p["batch_size"] for p in check["points"]] == [1, 16, 64]
+    assert [p["batch_size"] for p in check["no_spec"]] == [1, 16, 64]  # a k = 0 engine of its own
     assert check["mean_dynamic_cost"] == pytest.approx(speedup)
     assert check["static_speculative_config"]["num_speculative_tokens"] == check["k"]
     assert "num_speculative_tokens_per_batch_size" not in check["static_speculative_config"]
