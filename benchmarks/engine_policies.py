@@ -75,7 +75,7 @@ from tabletune.table import DraftTable  # noqa: E402
 
 TRACES = Path("profiles/traces")
 ZOO = ("tabletune", "controller", "controller:per-request", "vllm-av", "turbospec", "nightjar", "sglang", "disco", "tapout", "dsde", "gammatune",
-       "adaptive-verification", "hybrid-spark")
+       "adaptive-verification", "hybrid-spark", "hybrid-static")
 QUICK = {"model": "tiny", "device": "cpu", "loads": "1,2", "workloads": "code", "k_max": 3, "prompt_len": 8,
          "output_len": 16, "rounds": 2, "max_load": None, "profile_steps": 2, "warmup_steps": 2, "measured_steps": 4,
          "fixed_repeats": 2, "policies": "tabletune,gammatune,disco,hybrid-spark"}
@@ -419,7 +419,8 @@ def serve_workload(engine, args, wname, loads, policies, cost, result, done, pro
     calib = calibrate(wname, args.k_max, cost, folder, protocol_of(args))  # the calibration half
     data["signal_noise"] = signal_noise_for_auc(data["top1_auc"], preset(wname), args.k_max, 2000)
     result["workloads"][wname] = {"rates": calib.rates, "ngram_rates": calib.ngram_rates[:9],
-                                  "disco_tau": calib.disco_tau, "top1_auc": round(data["top1_auc"], 4),
+                                  "disco_tau": calib.disco_tau, "hybrid_static_m": calib.hybrid_static_m,
+                                  "top1_auc": round(data["top1_auc"], 4),
                                   "span_start_prob": round(data["span_start_prob"], 5),
                                   "span_mean_len": round(data["span_mean_len"], 3),
                                   "signal_noise": round(data["signal_noise"], 4)}

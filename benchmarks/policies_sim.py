@@ -11,7 +11,9 @@ Protocol (``Protocol``), shared with ``engine_policies.py``:
   table, controller priors, adaptive verification's prior), the n-gram per-length rates and Hybrid
   Spark's n-gram table, DISCO's classifier, and DISCO's threshold, tuned for speed at batch 1 with
   k_max = 10 on the calibration traces (the profile is extended from k = 7 to 10 linearly in k, the
-  mean slope of k = 4..7, for that tuning only). TapOut's arms are parameter-free; GammaTune's and
+  mean slope of k = 4..7, for that tuning only), and hybrid-static's match length m, the m in 1..k_max with
+  the largest mean share of the best m at loads ``HYBRID_M_LOADS`` on the calibration traces
+  (``hybrid_static.choose_m``). TapOut's arms are parameter-free; GammaTune's and
   DSDE's knobs keep their stated defaults; the bandits and online calibrators learn during warm-up;
 * every cell: ``warmup_steps`` steps and ``warmup_s`` simulated seconds of warm-up, then
   ``measured_steps`` measured steps (tok/s = tokens / time over them), outputs of ``output_len``
@@ -50,6 +52,7 @@ from tabletune import fileio
 from tabletune.cost import StepCost
 from tabletune.policies import make_policy
 from tabletune.policies.disco_model import DiscoModel, train_disco
+from tabletune.policies.hybrid_static import MChoice, choose_m
 from tabletune.policies.timed import timed
 from tabletune.policies.trace_fit import fit_ngram_table, read_traces, trace_rows
 from tabletune.profile import StepPoint, StepProfile
@@ -61,12 +64,14 @@ ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "profiles" / "traces"
 PROFILES = ROOT / "profiles" / "h200"
 ZOO = ("tabletune", "controller", "controller:per-request", "vllm-av", "turbospec", "nightjar", "sglang", "disco", "tapout", "dsde", "gammatune",
-       "adaptive-verification", "hybrid-spark")
+       "adaptive-verification", "hybrid-spark", "hybrid-static")
 HOST_ZOO = ("fixed:3", "tabletune", "controller", "turbospec", "nightjar", "sglang", "disco", "tapout", "dsde",
-            "gammatune", "adaptive-verification", "hybrid-spark")
+            "gammatune", "adaptive-verification", "hybrid-spark", "hybrid-static")
 HOST_BUDGET_MS = 0.3
 DISCO_TAUS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 DISCO_K_MAX = 10
+HYBRID_M_LOADS = (1, 16, 128)
+CALIBRATION_S = 20.0  # simulated seconds of each calibration run (DISCO's tau, hybrid-static's m)
 
 
 @dataclass(frozen=True)
@@ -134,12 +139,17 @@ class Calibration:
     disco_model: str  # path of the classifier, its threshold tuned for speed
     disco_tau: float
     ngram_table: str  # path of Hybrid Spark's n-gram table
+    hybrid_static_m: int  # hybrid-static's match length, chosen on the calibration half
+    hybrid_static_m_shares: tuple[float, ...]  # per m = 1..k_max: its mean share of the best m over the loads
 
     def spec(self, policy: str) -> str:
-        """The policy spec with its calibrated files (DISCO's classifier, Hybrid Spark's table)."""
+        """The policy spec with its calibrated files and knobs (DISCO's classifier, Hybrid Spark's table,
+        hybrid-static's m unless the spec sets one)."""
         name, _, arg = policy.partition(":")
-        extra = {"disco": f"model={self.disco_model}", "hybrid-spark": f"ngram_table={self.ngram_table}"}.get(name)
-        if extra is None or (name == "disco" and "variant=threshold" in arg):
+        extra = {"disco": f"model={self.disco_model}", "hybrid-spark": f"ngram_table={self.ngram_table}",
+                 "hybrid-static": f"m={self.hybrid_static_m}"}.get(name)
+        own = (name == "disco" and "variant=threshold" in arg) or (name == "hybrid-static" and "m=" in arg)
+        if extra is None or own:
             return policy
         return f"{name}:{arg},{extra}" if arg else f"{name}:{extra}"
 
@@ -175,7 +185,7 @@ def calibrate(name: str, k_max: int, cost: StepCost, folder: Path, protocol: Pro
     wide_rates = floor_rates(cal.conditional_rates(DISCO_K_MAX))
     speed = {}
     for tau in DISCO_TAUS:
-        sim = scoring_sim(wide, name, wide_rates, protocol, 1, 20.0, 0, half="calibration")
+        sim = scoring_sim(wide, name, wide_rates, protocol, 1, CALIBRATION_S, 0, half="calibration")
         ctx = sim.context(prior_rates=wide_rates)
         policy = make_policy("disco", ctx)
         policy.model = dataclasses.replace(model, threshold=tau)
@@ -183,7 +193,23 @@ def calibrate(name: str, k_max: int, cost: StepCost, folder: Path, protocol: Pro
     tau = max(speed, key=speed.get)
     disco_path = folder / f"disco-{name}.json"
     dataclasses.replace(model, threshold=float(tau)).save(disco_path)
-    return Calibration(name, rates, ngram_length_rates(ng_cols), str(disco_path), float(tau), str(table_path))
+    m = hybrid_m(cost, name, rates, protocol, k_max)
+    return Calibration(name, rates, ngram_length_rates(ng_cols), str(disco_path), float(tau), str(table_path),
+                       m.m, m.mean_share)
+
+
+def hybrid_m(cost: StepCost, name: str, rates: tuple[float, ...], protocol: Protocol, k_max: int,
+             loads: tuple[int, ...] = HYBRID_M_LOADS, duration_s: float = CALIBRATION_S) -> MChoice:
+    """hybrid-static's m: every m in 1..k_max simulated at ``loads`` (at most the profile's largest batch) on the
+    calibration half, the m with the largest mean share of each load's best m (``hybrid_static.choose_m``)."""
+    candidates = tuple(range(1, k_max + 1))
+    loads = tuple(sorted({min(x, cost.profile.max_batch_size) for x in loads}))
+    tok_s = np.zeros((len(candidates), len(loads)))
+    for j, load in enumerate(loads):
+        for i, m in enumerate(candidates):
+            sim = scoring_sim(cost, name, rates, protocol, load, duration_s, 0, half="calibration")
+            tok_s[i, j] = sim.run(make_policy(f"hybrid-static:m={m}", sim.context(prior_rates=rates))).throughput_tok_s
+    return choose_m(candidates, tok_s)
 
 
 def run_cell(cost: StepCost, calib: Calibration, spec: str, load: int, protocol: Protocol, seed: int = 0,
@@ -278,8 +304,9 @@ def markdown(result: dict) -> str:
           "[headroom share (ratio - 1) / (oracle_ratio - 1)].", ""]
     for w in dict.fromkeys(c["workload"] for c in result["cells"]):
         md += [f"**{w}**", ""] + pivot(result["cells"], w) + [""]
-    md += ["| workload | DISCO tau (tuned at batch 1, k_max 10, calibration half) |", "|---|---|"]
-    md += [f"| {w} | {c['disco_tau']} |" for w, c in result["calibration"].items()]
+    md += ["| workload | DISCO tau (tuned at batch 1, k_max 10, calibration half) | hybrid-static m (calibration "
+           f"half, loads {', '.join(map(str, HYBRID_M_LOADS))}) |", "|---|---|---|"]
+    md += [f"| {w} | {c['disco_tau']} | {c.get('hybrid_static_m')} |" for w, c in result["calibration"].items()]
     md += ["", "| workload | load | policy | mean k | sim tok/s | ratio | oracle ratio | headroom share | host ms/step |"
            " noise band |", "|---|---|---|---|---|---|---|---|---|---|"]
     for c in result["cells"]:
@@ -374,7 +401,8 @@ def run_grid(args, result: dict, done: set, cost: StepCost, folder: Path, polici
         calib = calibrate(name, k_max, cost, folder, protocol)
         result["calibration"][name] = {k: v for k, v in dataclasses.asdict(calib).items()
                                        if k not in ("disco_model", "ngram_table")}
-        print(f"{name}: calibrated (DISCO tau {calib.disco_tau}) in {time.perf_counter() - t0:.0f} s", flush=True)
+        print(f"{name}: calibrated (DISCO tau {calib.disco_tau}, hybrid-static m {calib.hybrid_static_m}) in "
+              f"{time.perf_counter() - t0:.0f} s", flush=True)
         for load in (int(x) for x in args.loads.split(",")):
             if (name, load) in done:
                 continue

@@ -33,6 +33,7 @@ REGISTRY: dict[str, str] = {
     "gammatune": "tabletune.policies.gammatune:GammaTunePolicy",
     "adaptive-verification": "tabletune.policies.adaptive_verification:AdaptiveVerificationPolicy",
     "hybrid-spark": "tabletune.policies.hybrid_spark:HybridSparkPolicy",
+    "hybrid-static": "tabletune.policies.hybrid_static:HybridStaticPolicy",
     "vllm-av": "tabletune.policies.vllm_av:VllmAdaptiveVerification",
 }
 
@@ -40,7 +41,7 @@ REGISTRY: dict[str, str] = {
 BATCH_POLICIES = ("fixed", "off", "table", "documented", "documented-div4", "tabletune", "controller",
                   "turbospec", "nightjar", "sglang")
 PER_REQUEST_POLICIES = ("disco", "tapout", "dsde", "gammatune", "adaptive-verification", "hybrid-spark",
-                        "vllm-av")
+                        "hybrid-static", "vllm-av")
 
 
 def parse_options(arg: str | None, source: str = "--policy") -> dict[str, object]:

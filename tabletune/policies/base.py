@@ -17,7 +17,7 @@ Decisions come in two shapes, both ordinary :class:`Decision` objects:
 * one k for the whole batch (``Decision.batch(k)``): fixed k, speculation off (k=0),
   tables, the controller, TurboSpec-style, Nightjar-style;
 * a length per request (``Decision.per_request(ks, drafter)``): DISCO, TapOut, DSDE,
-  GammaTune, adaptive verification, Hybrid Spark. ``ks[i]`` is the draft length of
+  GammaTune, adaptive verification, Hybrid Spark, hybrid-static. ``ks[i]`` is the draft length of
   ``state.request_ids[i]``; ``drafter[i]`` picks the model drafter (``MODEL``) or the
   n-gram drafter (``NGRAM``); None means the setting's default drafter
   (``ctx.default_drafter``).
@@ -28,7 +28,8 @@ says stop, and the rule sees only the signals of positions <= j when deciding wh
 j + 1. No peeking: such a policy's ``decide`` runs *before* anything is drafted, on the engine
 as in the simulator, so it gets ``state.features = None`` (no model signal of any position)
 and returns caps; the n-gram lookup, which costs no drafter step, comes with the state as
-``state.ngram_match_len`` / ``state.ngram_num_proposed`` (``BatchState.before_drafting``).
+``state.ngram_match_len`` / ``state.ngram_num_proposed`` (``BatchState.before_drafting``; a stop
+rule without ``uses_features`` that reads it sets ``uses_lookup = True``, so the simulator tracks it).
 The outcome's state carries the drafted signals (``features``) for ``observe``. A policy
 without a stop rule that sets ``uses_features`` reads every position's signals in ``decide``
 (the engine drafts all of them first, and the step pays for drafting them).

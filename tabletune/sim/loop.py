@@ -38,8 +38,9 @@ class _Run:
         self.uses_features = bool(getattr(policy, "uses_features", False))
         self.draft_stop = draft_stop_of(policy)
         self.sees_fate = bool(getattr(policy, "sees_fate", False))
-        # span state matters only when an n-gram drafter can be chosen
-        self.track_ngram = sim.default_drafter == NGRAM or self.uses_features
+        # span state matters only when an n-gram drafter can be chosen (or its lookup is read: ``uses_lookup``)
+        self.track_ngram = (sim.default_drafter == NGRAM or self.uses_features
+                            or bool(getattr(policy, "uses_lookup", False)))
         self._consts: dict[tuple[int, int], np.ndarray] = {}
         self._no_ids = np.zeros(0, np.int64)
         self.new_first = False  # some running request has not emitted a token yet

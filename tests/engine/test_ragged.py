@@ -170,7 +170,8 @@ def test_trace_replay_accepts_the_recorded_run_and_stays_lossless(tiny):
     assert [int(o.accepted[0]) for o in policy.outcomes][:3] == [2, 3, 3]
 
 
-@pytest.mark.parametrize("name", ["fixed:2", "tabletune", "gammatune", "dsde", "hybrid-spark", "disco"])
+@pytest.mark.parametrize("name", ["fixed:2", "tabletune", "gammatune", "dsde", "hybrid-spark", "hybrid-static",
+                                  "disco"])
 def test_policies_run_on_the_traced_replay_engine_losslessly(tiny, name):
     target, prompts, base = tiny
     oracle = [b + [0] * 8 for b in base]
@@ -188,6 +189,11 @@ def test_policies_run_on_the_traced_replay_engine_losslessly(tiny, name):
     assert sum(int(o.accepted.sum()) for o in seen) > 0
     if name == "hybrid-spark":
         assert {int(x) for o in seen for x in o.drafter} <= {MODEL, NGRAM}
+    if name == "hybrid-static":  # before drafting, on the lookup alone: its matches on the n-gram chain
+        assert all(o.state.features is None and o.state.ngram_match_len is not None for o in seen)
+        assert all(((o.drafter == NGRAM) == ((o.state.ngram_match_len >= 1) & (o.state.ngram_num_proposed > 0))).all()
+                   for o in seen)
+        assert any((o.drafter == NGRAM).any() for o in seen) and any((o.drafter == MODEL).any() for o in seen)
 
 
 def test_a_draft_cap_known_up_front_shortens_the_draft_phase(tiny):

@@ -1,0 +1,31 @@
+"""benchmarks/policies_sim.py's calibration of hybrid-static's m on the calibration half (a tiny run on the CPU)."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import policies_sim  # noqa: E402
+
+from tabletune.sim.replay import load_traces  # noqa: E402
+
+
+def test_hybrid_m_on_a_tiny_calibration_set():
+    """code-edit's n-gram lookups match 2 or 5 tokens: m = 1 and 2 put the same rows on the chain, so do m = 3..5,
+    and m = 6, 7 (above the longest match) put none; each group scores alike, and the best m scores 1."""
+    cost = policies_sim.h200_cost()
+    cal = load_traces([policies_sim.TRACES / "early-exit_code-edit_T0.csv.gz"], half="calibration")
+    rates = policies_sim.floor_rates(cal.conditional_rates(cost.k_max))
+    choice = policies_sim.hybrid_m(cost, "code-edit", rates, policies_sim.Protocol(), cost.k_max, loads=(1, 8),
+                                   duration_s=1.0)
+    share = dict(zip(choice.candidates, choice.mean_share))
+    assert choice.candidates == tuple(range(1, cost.k_max + 1)) and share[choice.m] == max(share.values()) == 1.0
+    assert share[1] == share[2] and share[3] == share[4] == share[5] and share[6] == share[7]
+    assert choice.m in (1, 3, 6)  # ties go to the smaller m
+
+
+def test_calibrated_spec_carries_m_unless_the_spec_sets_one():
+    calib = policies_sim.Calibration("code", (0.5,), (0.0,), "disco.json", 0.5, "table.json", 4, (1.0,))
+    assert calib.spec("hybrid-static") == "hybrid-static:m=4"
+    assert calib.spec("hybrid-static:m=2") == "hybrid-static:m=2"
+    assert calib.spec("tabletune") == "tabletune"
