@@ -131,6 +131,10 @@ class Scheduler:
         self.policy = policy
         self.uses_features = bool(getattr(policy, "uses_features", False))
         self.stop = draft_stop_of(policy)
+        # a rule that plans before drafting but never ends a draft (``stops_drafts = False``) reads nothing back
+        # between drafted positions
+        self.reads_each_position = (not isinstance(self.stop, AlwaysDraft)
+                                    and bool(getattr(policy, "stops_drafts", True)))
         self.split = self.uses_features or not isinstance(self.stop, AlwaysDraft)
         if self.split and not engine.cfg.split_steps:
             raise ValueError(f"policy {policy.name} reads draft signals or ends drafts: build the engine with "
@@ -183,7 +187,7 @@ class Scheduler:
             j += 1
             drafted[active] = j
             active &= drafted < caps
-            if active.any() and not isinstance(self.stop, AlwaysDraft):
+            if active.any() and self.reads_each_position:
                 keep = self.stop.keep_drafting(state, self._features(slots, drafted, j), j, active.copy())
                 active &= np.asarray(keep, bool)
         return drafted, self._features(slots, drafted, j)

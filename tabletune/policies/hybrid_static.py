@@ -85,6 +85,7 @@ class HybridStaticPolicy:
 
     name: ClassVar[str] = "hybrid-static"
     uses_features: ClassVar[bool] = False
+    stops_drafts: ClassVar[bool] = False  # keep_drafting never ends a draft: nothing read back per position
     uses_lookup: ClassVar[bool] = True  # reads state.ngram_match_len / ngram_num_proposed (the simulator tracks it)
 
     def __init__(self, ctx: PolicyContext, m: int = 1) -> None:

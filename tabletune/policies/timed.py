@@ -25,6 +25,7 @@ class Timed:
         self.label = getattr(inner, "label", None) or inner.name
         self.uses_features = inner.uses_features
         self.uses_lookup = bool(getattr(inner, "uses_lookup", False))
+        self.stops_drafts = bool(getattr(inner, "stops_drafts", True))
         self.host_ms: list[float] = []
         self._pending_s = 0.0
 
