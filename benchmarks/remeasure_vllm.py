@@ -18,15 +18,20 @@ Scenarios:
 * ``real``: SmolLM2-135M with n-gram drafting on real prompts (``--prompts``: HumanEval ``code`` or
   MT-Bench ``chat``), real acceptance (``--tuned DIR`` from ``tabletune tune --model smollm2-135m
   --prompts code``).
-  Acceptance then depends on which requests are running; ``--paired`` gives every
-  configuration of a round the same requests (a fresh batch, same prompts and lengths;
-  greedy decoding makes their text identical), so the comparison is paired.
+  Acceptance then depends on which requests are running; ``--steady`` times one closed loop per
+  load only after its first wave of requests finished, so a window sees every output position as
+  serving does (``--paired`` instead gives every configuration of a round the same fresh batch: the
+  first tokens of requests that start together). The engine serves without prefix caching (the loop
+  cycles 64 prompts; served traffic seldom repeats one), and before serving it times the prefill
+  of each prompt (``VllmEngine.measure_prefill``; CSV column ``prefill_ms``).
 
 Beside the measured throughput, the ``.md`` shows what the tune predicted for the same loads (its
 step profile with its acceptance, or the per-k yields of ``yields.json`` when it measured them),
-each k's predicted k / k=0 ratio beside the served one, each configuration's spread across rounds,
-and the tuned table / best fixed k with its verdict: a ratio within the two configurations' spread
-is a tie (``verdict``), not a win or a loss.
+with each request's prefill (``tabletune.prefill.served_tok_s``) when it was measured: the
+throughput a closed loop times (output tokens / wall seconds, prefill steps included). Then each
+k's predicted k / k=0 ratio beside the served one with its range over rounds, each configuration's
+spread across rounds, and the tuned table / best fixed k with its verdict: a ratio within the two
+configurations' spread is a tie (``verdict``), not a win or a loss.
 
 Writes ``benchmarks/results/remeasure_vllm_<scenario>.csv`` and ``.md`` (real scenario:
 ``remeasure_vllm_real_<prompts>``).
@@ -38,7 +43,7 @@ Writes ``benchmarks/results/remeasure_vllm_<scenario>.csv`` and ``.md`` (real sc
         --prompts $W --num-prompts 64 --output-tokens 128 --k-max 4 --batch-sizes 1,2,4,8,16,32,64 \
         --out benchmarks/results/tune_smollm2_$W
     VLLM_CPU_KVCACHE_SPACE=4 .venv/bin/python benchmarks/remeasure_vllm.py --scenario real --prompts $W \
-        --tuned benchmarks/results/tune_smollm2_$W --rounds 3 --steps 32 --mean-tokens 128 --warmup-steps 12 --paired
+        --tuned benchmarks/results/tune_smollm2_$W --rounds 3 --steps 32 --mean-tokens 128 --warmup-steps 12 --steady
 """
 
 from __future__ import annotations
@@ -183,7 +188,7 @@ def segment_row(args, load: int, config: str, rnd: int, res, prefill=None) -> di
     print(f"load={load:3d} round={rnd} {config:6s} {res.throughput_tok_s:9.1f} tok/s", flush=True)
     return dict(scenario=args.scenario, load=load, config=config, round=rnd, steps=res.steps,
                 wall_s=round(res.wall_s, 4), output_tokens=res.output_tokens,
-                throughput_tok_s=round(res.throughput_tok_s, 2),
+                throughput_tok_s=round(res.throughput_tok_s, 2), cpu_s=round(res.cpu_s, 4),
                 prefill_ms=round(prefill.prefill_ms, 2) if prefill is not None else "")
 
 
@@ -292,14 +297,14 @@ def paired_range(rows: list[dict], load: int, best: str) -> str:
     return f"{min(ratios):.1%} - {max(ratios):.1%}"
 
 
-def comparison(rows: list[dict], pooled: bool) -> str:
+def comparison(rows: list[dict], pooled: bool, paired: bool = False) -> str:
     """Per load: each configuration's spread across rounds, and the tuned table / best fixed k with its verdict."""
     names = list(dict.fromkeys(r["config"] for r in rows))
     lines = ["spread across rounds, (high - low) / median of segment tok/s; tuned / best fixed k: a ratio within "
              "the larger spread of the two is a tie", "",
              "| load | " + " | ".join(names) + " | best fixed | tuned / best fixed | verdict |"
-             + (" per round (paired) |" if pooled else ""),
-             "|---:|" + "---:|" * len(names) + "---|---:|---|" + ("---:|" if pooled else "")]
+             + (" per round (paired) |" if paired else ""),
+             "|---:|" + "---:|" * len(names) + "---|---:|---|" + ("---:|" if paired else "")]
     for load in sorted({int(r["load"]) for r in rows}):
         got = {n: throughput(rows, load, n, pooled) for n in names}
         best = max((n for n in names if n.startswith("k=")), key=got.__getitem__)
@@ -307,13 +312,15 @@ def comparison(rows: list[dict], pooled: bool) -> str:
         ratio = got["tuned"] / got[best]
         lines.append(f"| {load} | " + " | ".join(f"{sp[n].relative:.1%}" for n in names) +
                      f" | {best} | {ratio:.1%} | {verdict(ratio, sp['tuned'], sp[best])} |"
-                     + (f" {paired_range(rows, load, best)} |" if pooled else ""))
+                     + (f" {paired_range(rows, load, best)} |" if paired else ""))
     return "\n".join(lines) + "\n"
 
 
-def summarise(rows: list[dict], scenario: str, table: str, pooled: bool = False, where: str = "") -> str:
+def summarise(rows: list[dict], scenario: str, table: str, pooled: bool = False, where: str = "",
+              paired: bool = False) -> str:
     names = list(dict.fromkeys(r["config"] for r in rows))
-    what = ("output tokens / wall s over all rounds (paired: every configuration served the same requests)"
+    what = ("output tokens / wall s over all rounds" + (" (paired: every configuration served the same requests)"
+                                                         if paired else " (steady: the rounds are one window)")
             if pooled else "median output tokens/s over rounds")
     lines = [f"# vLLM re-measurement: {scenario}", "", f"tuned table: `{table}`" + (f"; {where}" if where else ""), "",
              f"{what} (closed loop, load = open requests)", "",
@@ -449,7 +456,7 @@ def write_csv(path: Path, rows: list[dict]) -> None:
     from tabletune import fileio
 
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    writer = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(key for r in rows for key in r)), restval="")
     writer.writeheader()
     writer.writerows(rows)
     fileio.write_text(path, buf.getvalue())
@@ -512,11 +519,12 @@ def main() -> None:
 
     fp = StepProfile.load(Path(args.tuned) / "step_profile.json").fingerprint
     where = f"served on {fp.device}, {fp.engine} {fp.engine_version}, {fp.model} ({fp.dtype}), {fp.drafter}"
-    md = summarise(rows, args.scenario, str(DraftTable.load(Path(args.tuned) / "table.json")), pooled=args.paired,
-                   where=where)
-    md += "\n" + comparison(rows, pooled=args.paired)
+    pooled = args.paired or args.steady  # steady: a configuration's segments are one long window, cut in rounds
+    md = summarise(rows, args.scenario, str(DraftTable.load(Path(args.tuned) / "table.json")), pooled=pooled,
+                   where=where, paired=args.paired)
+    md += "\n" + comparison(rows, pooled=pooled, paired=args.paired)
     md += "\n" + predicted(rows, Path(args.tuned), args.mean_tokens)
-    md += "\n" + ratio_check(rows, Path(args.tuned), pooled=args.paired, output_tokens=args.mean_tokens)
+    md += "\n" + ratio_check(rows, Path(args.tuned), pooled=pooled, output_tokens=args.mean_tokens)
     md += (f"\n{len(rows)} segments; loads {sorted({int(r['load']) for r in rows})}, "
            f"{args.rounds} rounds of {args.steps} steps{', paired' if args.paired else ''}{', steady' if args.steady else ''}; "
            f"command: `python benchmarks/remeasure_vllm.py {' '.join(a for a in sys.argv[1:] if a != '--render')}`\n")
