@@ -320,7 +320,7 @@ def summarise(rows: list[dict], scenario: str, table: str, pooled: bool = False,
               paired: bool = False) -> str:
     names = list(dict.fromkeys(r["config"] for r in rows))
     what = ("output tokens / wall s over all rounds" + (" (paired: every configuration served the same requests)"
-                                                         if paired else " (steady: the rounds are one window)")
+                                                         if paired else "")
             if pooled else "median output tokens/s over rounds")
     lines = [f"# vLLM re-measurement: {scenario}", "", f"tuned table: `{table}`" + (f"; {where}" if where else ""), "",
              f"{what} (closed loop, load = open requests)", "",
@@ -519,7 +519,7 @@ def main() -> None:
 
     fp = StepProfile.load(Path(args.tuned) / "step_profile.json").fingerprint
     where = f"served on {fp.device}, {fp.engine} {fp.engine_version}, {fp.model} ({fp.dtype}), {fp.drafter}"
-    pooled = args.paired or args.steady  # steady: a configuration's segments are one long window, cut in rounds
+    pooled = args.paired  # else the median round: robust to a round another process stalled (a shared machine)
     md = summarise(rows, args.scenario, str(DraftTable.load(Path(args.tuned) / "table.json")), pooled=pooled,
                    where=where, paired=args.paired)
     md += "\n" + comparison(rows, pooled=pooled, paired=args.paired)
