@@ -18,15 +18,20 @@ Scenarios:
 * ``real``: SmolLM2-135M with n-gram drafting on real prompts (``--prompts``: HumanEval ``code`` or
   MT-Bench ``chat``), real acceptance (``--tuned DIR`` from ``tabletune tune --model smollm2-135m
   --prompts code``).
-  Acceptance then depends on which requests are running; ``--paired`` gives every
-  configuration of a round the same requests (a fresh batch, same prompts and lengths;
-  greedy decoding makes their text identical), so the comparison is paired.
+  Acceptance then depends on which requests are running; ``--steady`` times one closed loop per
+  load only after its first wave of requests finished, so a window sees every output position as
+  serving does (``--paired`` instead gives every configuration of a round the same fresh batch: the
+  first tokens of requests that start together). The engine serves without prefix caching (the loop
+  cycles 64 prompts; served traffic seldom repeats one), and before serving it times the prefill
+  of each prompt (``VllmEngine.measure_prefill``; CSV column ``prefill_ms``).
 
 Beside the measured throughput, the ``.md`` shows what the tune predicted for the same loads (its
 step profile with its acceptance, or the per-k yields of ``yields.json`` when it measured them),
-each k's predicted k / k=0 ratio beside the served one, each configuration's spread across rounds,
-and the tuned table / best fixed k with its verdict: a ratio within the two configurations' spread
-is a tie (``verdict``), not a win or a loss.
+with each request's prefill (``tabletune.prefill.served_tok_s``) when it was measured: the
+throughput a closed loop times (output tokens / wall seconds, prefill steps included). Then each
+k's predicted k / k=0 ratio beside the served one with its range over rounds, each configuration's
+spread across rounds, and the tuned table / best fixed k with its verdict: a ratio within the two
+configurations' spread is a tie (``verdict``), not a win or a loss.
 
 Writes ``benchmarks/results/remeasure_vllm_<scenario>.csv`` and ``.md`` (real scenario:
 ``remeasure_vllm_real_<prompts>``).
@@ -38,7 +43,7 @@ Writes ``benchmarks/results/remeasure_vllm_<scenario>.csv`` and ``.md`` (real sc
         --prompts $W --num-prompts 64 --output-tokens 128 --k-max 4 --batch-sizes 1,2,4,8,16,32,64 \
         --out benchmarks/results/tune_smollm2_$W
     VLLM_CPU_KVCACHE_SPACE=4 .venv/bin/python benchmarks/remeasure_vllm.py --scenario real --prompts $W \
-        --tuned benchmarks/results/tune_smollm2_$W --rounds 3 --steps 32 --mean-tokens 128 --warmup-steps 12 --paired
+        --tuned benchmarks/results/tune_smollm2_$W --rounds 3 --steps 32 --mean-tokens 128 --warmup-steps 12 --steady
 """
 
 from __future__ import annotations
@@ -68,9 +73,12 @@ def configs(table, k_max: int, max_num_seqs: int, documented: bool = False) -> d
     return out
 
 
-def engine_spec(tuned_dir: Path, max_num_seqs: int, rates: tuple[float, ...] | None = None):
+def engine_spec(tuned_dir: Path, max_num_seqs: int, rates: tuple[float, ...] | None = None,
+                prefix_caching: bool = True):
     """(spec, rates) of the tuner's own engine: same model preset, method, forced acceptance and vLLM flags.
-    A dummy-weight model gets forced acceptance: ``rates``, else the tune's measured ones."""
+    A dummy-weight model gets forced acceptance: ``rates``, else the tune's measured ones. Without
+    ``prefix_caching`` every new request prefills its whole prompt (the loop cycles 64 prompts; served
+    traffic seldom repeats one)."""
     import shlex
 
     from tabletune.acceptance import AcceptanceProfile
@@ -88,15 +96,17 @@ def engine_spec(tuned_dir: Path, max_num_seqs: int, rates: tuple[float, ...] | N
     spec = EngineSpec(model=model, method=config["method"], k_max=config["num_speculative_tokens"],
                       max_batch_size=max_num_seqs, synthetic_acceptance=rates,
                       draft_model=drafter if drafter in DUMMY_CONFIGS else config.get("model"),
-                      engine_args=tuple(shlex.split(profile.fingerprint.flags or "")))
+                      engine_args=(*shlex.split(profile.fingerprint.flags or ""),
+                                   *(() if prefix_caching else ("--no-enable-prefix-caching",))))
     return spec, rates
 
 
-def start_engine(tuned_dir: Path, max_num_seqs: int, rates: tuple[float, ...] | None = None):
+def start_engine(tuned_dir: Path, max_num_seqs: int, rates: tuple[float, ...] | None = None,
+                 prefix_caching: bool = True):
     """The tuner's own engine (``engine_spec``) with every k available, and the rates it forces."""
     from tabletune.integrations.vllm.tuner_engine import start
 
-    spec, rates = engine_spec(tuned_dir, max_num_seqs, rates)
+    spec, rates = engine_spec(tuned_dir, max_num_seqs, rates, prefix_caching)
     return start(spec), rates
 
 
@@ -116,12 +126,16 @@ def run(args, on_load=None) -> list[dict]:
 
     tuned_dir = Path(args.tuned)
     table = DraftTable.load(tuned_dir / "table.json")
-    engine, rates = start_engine(tuned_dir, max(args.loads), args.synthetic_acceptance)
+    engine, rates = start_engine(tuned_dir, max(args.loads), args.synthetic_acceptance, args.scenario != "real")
     if rates:
         print(f"forced acceptance (conditional): {list(rates)}", flush=True)
     k_max = engine.k_max
     lookups = configs(table, k_max, engine.scheduler.scheduler_config.max_num_seqs, args.documented)
     prompts = prompts_for(args.scenario, args.prompts, 64, args.prompt_tokens)
+    prefill = engine.measure_prefill(prompts) if args.scenario == "real" else None
+    if prefill is not None:
+        print(f"prefill: {prefill.prefill_ms:.1f} ms a request ({prefill.mean_prompt_tokens:.0f} prompt tokens, "
+              f"decode step {prefill.decode_step_ms:.1f} ms)", flush=True)
     rows = []
     try:
         for load in args.loads:
@@ -150,7 +164,7 @@ def run(args, on_load=None) -> list[dict]:
                     res = loop.run(segment_steps(args, load))
                     if args.paired:
                         loop.close()
-                    rows.append(segment_row(args, load, name, rnd, res))
+                    rows.append(segment_row(args, load, name, rnd, res, prefill))
             loop.close()
     finally:
         engine.close()
@@ -168,20 +182,25 @@ def past_first_wave(loop, load: int, max_steps: int = 4000) -> int:
     return steps
 
 
-def segment_row(args, load: int, config: str, rnd: int, res) -> dict:
-    """One timed segment's CSV row (printed as it is measured)."""
+def segment_row(args, load: int, config: str, rnd: int, res, prefill=None) -> dict:
+    """One timed segment's CSV row (printed as it is measured), with the prefill cost measured on the same
+    engine (``prefill_ms``, blank when not measured)."""
     print(f"load={load:3d} round={rnd} {config:6s} {res.throughput_tok_s:9.1f} tok/s", flush=True)
     return dict(scenario=args.scenario, load=load, config=config, round=rnd, steps=res.steps,
                 wall_s=round(res.wall_s, 4), output_tokens=res.output_tokens,
-                throughput_tok_s=round(res.throughput_tok_s, 2))
+                throughput_tok_s=round(res.throughput_tok_s, 2), cpu_s=round(res.cpu_s, 4),
+                prefill_ms=round(prefill.prefill_ms, 2) if prefill is not None else "")
+
+
+STEADY_SEGMENT_SCALE = {1: 8, 4: 4, 16: 2}  # steady: x steps at these loads, so a segment spans several requests
 
 
 def segment_steps(args, load: int) -> int:
-    """Steps a configuration is timed per round: more at load 1, where one request is all a window sees
-    (steady: 8x, so a round's segment spans several requests)."""
-    if load > 1:
-        return args.steps
-    return args.steps * (8 if args.steady else 2)
+    """Steps a configuration is timed per round: more at low load, where few requests are all a window
+    sees (steady: 8x at load 1, 4x at 4, 2x at 16; not steady: 2x at load 1)."""
+    if args.steady:
+        return args.steps * STEADY_SEGMENT_SCALE.get(load, 1)
+    return args.steps * (2 if load == 1 else 1)
 
 
 def run_static(args, k: int) -> list[dict]:
@@ -190,7 +209,7 @@ def run_static(args, k: int) -> list[dict]:
     from tabletune.integrations.vllm.closed_loop import ClosedLoop
     from tabletune.integrations.vllm.tuner_engine import VllmEngine
 
-    spec, _ = engine_spec(Path(args.tuned), max(args.loads), args.synthetic_acceptance)
+    spec, _ = engine_spec(Path(args.tuned), max(args.loads), args.synthetic_acceptance, args.scenario != "real")
     engine = VllmEngine(spec, static_k=k)
     prompts = prompts_for(args.scenario, args.prompts, 64, args.prompt_tokens)
     rows = []
@@ -278,14 +297,14 @@ def paired_range(rows: list[dict], load: int, best: str) -> str:
     return f"{min(ratios):.1%} - {max(ratios):.1%}"
 
 
-def comparison(rows: list[dict], pooled: bool) -> str:
+def comparison(rows: list[dict], pooled: bool, paired: bool = False) -> str:
     """Per load: each configuration's spread across rounds, and the tuned table / best fixed k with its verdict."""
     names = list(dict.fromkeys(r["config"] for r in rows))
     lines = ["spread across rounds, (high - low) / median of segment tok/s; tuned / best fixed k: a ratio within "
              "the larger spread of the two is a tie", "",
              "| load | " + " | ".join(names) + " | best fixed | tuned / best fixed | verdict |"
-             + (" per round (paired) |" if pooled else ""),
-             "|---:|" + "---:|" * len(names) + "---|---:|---|" + ("---:|" if pooled else "")]
+             + (" per round (paired) |" if paired else ""),
+             "|---:|" + "---:|" * len(names) + "---|---:|---|" + ("---:|" if paired else "")]
     for load in sorted({int(r["load"]) for r in rows}):
         got = {n: throughput(rows, load, n, pooled) for n in names}
         best = max((n for n in names if n.startswith("k=")), key=got.__getitem__)
@@ -293,13 +312,15 @@ def comparison(rows: list[dict], pooled: bool) -> str:
         ratio = got["tuned"] / got[best]
         lines.append(f"| {load} | " + " | ".join(f"{sp[n].relative:.1%}" for n in names) +
                      f" | {best} | {ratio:.1%} | {verdict(ratio, sp['tuned'], sp[best])} |"
-                     + (f" {paired_range(rows, load, best)} |" if pooled else ""))
+                     + (f" {paired_range(rows, load, best)} |" if paired else ""))
     return "\n".join(lines) + "\n"
 
 
-def summarise(rows: list[dict], scenario: str, table: str, pooled: bool = False, where: str = "") -> str:
+def summarise(rows: list[dict], scenario: str, table: str, pooled: bool = False, where: str = "",
+              paired: bool = False) -> str:
     names = list(dict.fromkeys(r["config"] for r in rows))
-    what = ("output tokens / wall s over all rounds (paired: every configuration served the same requests)"
+    what = ("output tokens / wall s over all rounds" + (" (paired: every configuration served the same requests)"
+                                                         if paired else "")
             if pooled else "median output tokens/s over rounds")
     lines = [f"# vLLM re-measurement: {scenario}", "", f"tuned table: `{table}`" + (f"; {where}" if where else ""), "",
              f"{what} (closed loop, load = open requests)", "",
@@ -319,9 +340,28 @@ def summarise(rows: list[dict], scenario: str, table: str, pooled: bool = False,
     return "\n".join(lines) + "\n"
 
 
-def predicted_goodput(tuned_dir: Path, loads: list[int]) -> tuple[dict[int, dict[str, float]], str]:
-    """The tune's modelled goodput at each load: {load: {"k=0": .., ..., "tuned": ..}}, and what it was modelled from."""
+@dataclass(frozen=True)
+class Prediction:
+    """The tune's model at each load, per configuration ("k=0", ..., "tuned"): decode-only goodput (tok/s)
+    and tokens a request-step."""
+
+    goodput_tok_s: dict[int, dict[str, float]]
+    tokens_per_step: dict[int, dict[str, float]]
+    model: str  # what the goodput was modelled from
+
+    def served_tok_s(self, load: int, name: str, output_tokens: float, prefill_ms: float | None) -> float:
+        """Closed-loop tok/s with each request's prefill (``tabletune.prefill.served_tok_s``); decode-only
+        goodput when no prefill was measured."""
+        from tabletune.prefill import served_tok_s
+
+        g = self.goodput_tok_s[load][name]
+        return g if prefill_ms is None else served_tok_s(g, self.tokens_per_step[load][name], output_tokens, prefill_ms)
+
+
+def predicted_goodput(tuned_dir: Path, loads: list[int]) -> Prediction:
+    """The tune's modelled decode-only goodput and tokens a request-step at each load, every fixed k and the table."""
     from tabletune.acceptance import AcceptanceProfile
+    from tabletune.goodput import expected_tokens
     from tabletune.optimizer import OptimizeOptions, evaluate_table
     from tabletune.profile import StepProfile
     from tabletune.table import DraftTable
@@ -335,39 +375,71 @@ def predicted_goodput(tuned_dir: Path, loads: list[int]) -> tuple[dict[int, dict
         yields, share = load_yields(tuned_dir / YIELDS_FILE)
         options = OptimizeOptions(yields=yields, draft_share=share)
     ks = sorted(y.k for y in options.yields) if options.yields else [k for k in profile.ks if k <= len(rates)]
+    tokens = ({y.k: y.tokens_per_step for y in options.yields} if options.yields
+              else {k: expected_tokens(rates, k) for k in ks})
     preds = evaluate_table(profile, rates, table, max(loads), ks, draft_share=options.draft_share,
                            yields=options.yields)
     model = "per-k yields (yields.json)" if options.yields else "acceptance rates, every request drafts k"
-    out = {load: {**{f"k={k}": preds[load - 1].fixed_goodput[k] for k in ks}, "tuned": preds[load - 1].goodput}
-           for load in loads}
-    return out, model
+    goodput = {load: {**{f"k={k}": preds[load - 1].fixed_goodput[k] for k in ks}, "tuned": preds[load - 1].goodput}
+               for load in loads}
+    per_step = {load: {**{f"k={k}": tokens[k] for k in ks}, "tuned": tokens[min(table.k_for(load), max(ks))]}
+                for load in loads}
+    return Prediction(goodput, per_step, model)
 
 
-def predicted(tuned_dir: Path, loads: list[int]) -> str:
-    """The tune's modelled goodput at each load for every fixed k and the table, as a markdown table."""
-    preds, model = predicted_goodput(tuned_dir, loads)
-    names = list(preds[loads[0]])
-    lines = [f"predicted by the tune ({model}), tok/s", "",
-             "| load | " + " | ".join(names) + " | tuned / k=0 |", "|---:|" + "---:|" * (len(names) + 1)]
+def prefill_of(rows: list[dict], load: int) -> float | None:
+    """The prefill ms a request measured with the segments of ``load`` (None: not measured)."""
+    got = [r.get("prefill_ms", "") for r in rows if int(r["load"]) == load and not r["config"].startswith("static")]
+    got = [float(v) for v in got if v not in ("", None)]
+    return statistics.median(got) if got else None
+
+
+def predicted(rows: list[dict], tuned_dir: Path, output_tokens: int) -> str:
+    """The tune's modelled throughput at each load for every fixed k and the table, with each request's
+    prefill when measured, as a markdown table."""
+    loads = sorted({int(r["load"]) for r in rows})
+    pred = predicted_goodput(tuned_dir, loads)
+    names = list(pred.goodput_tok_s[loads[0]])
+    lines = [f"predicted: the tune's decode-only goodput ({pred.model}) with each request's prefill, "
+             f"L / ((L - 1 + E_k) / G + P) at L = {output_tokens} output tokens a request, P = the prefill ms "
+             "measured on the served engine (tabletune/prefill.py), tok/s", "",
+             "| load | P ms | " + " | ".join(names) + " | tuned / k=0 | decode-only tuned / k=0 |",
+             "|---:|---:|" + "---:|" * (len(names) + 2)]
     for load in loads:
-        p = preds[load]
-        lines.append(f"| {load} | " + " | ".join(f"{p[n]:.1f}" for n in names) + f" | {p['tuned'] / p['k=0']:.2f}x |")
+        p_ms, g = prefill_of(rows, load), pred.goodput_tok_s[load]
+        served = {n: pred.served_tok_s(load, n, output_tokens, p_ms) for n in names}
+        lines.append(f"| {load} | {'-' if p_ms is None else f'{p_ms:.0f}'} | " +
+                     " | ".join(f"{served[n]:.1f}" for n in names) +
+                     f" | {served['tuned'] / served['k=0']:.2f}x | {g['tuned'] / g['k=0']:.2f}x |")
     return "\n".join(lines) + "\n"
 
 
-def ratio_check(rows: list[dict], tuned_dir: Path, pooled: bool) -> str:
-    """Per load and configuration: predicted / served ratio to k=0 side by side, and their difference."""
+def round_ratios(rows: list[dict], load: int, name: str) -> list[float]:
+    """Per round: ``name``'s segment tok/s over k=0's in the same round."""
+    by_round: dict[int, dict[str, float]] = {}
+    for r in rows:
+        if int(r["load"]) == load and r["config"] in (name, "k=0"):
+            by_round.setdefault(int(r["round"]), {})[r["config"]] = float(r["throughput_tok_s"])
+    return [v[name] / v["k=0"] for v in by_round.values() if len(v) == 2 and v["k=0"] > 0]
+
+
+def ratio_check(rows: list[dict], tuned_dir: Path, pooled: bool, output_tokens: int) -> str:
+    """Per load and configuration: predicted (with prefill) / served ratio to k=0 side by side, the served
+    ratio's range over rounds, and their difference."""
     loads = sorted({int(r["load"]) for r in rows})
-    preds, _ = predicted_goodput(tuned_dir, loads)
-    names = [n for n in dict.fromkeys(r["config"] for r in rows) if n != "k=0" and n in preds[loads[0]]]
-    lines = ["each configuration / k=0: predicted by the tune vs served (predicted - served)", "",
+    pred = predicted_goodput(tuned_dir, loads)
+    names = [n for n in dict.fromkeys(r["config"] for r in rows) if n != "k=0" and n in pred.goodput_tok_s[loads[0]]]
+    lines = ["each configuration / k=0: predicted (with prefill) vs served [lowest - highest round] "
+             "(predicted - served)", "",
              "| load | " + " | ".join(names) + " |", "|---:|" + "---:|" * len(names)]
     for load in loads:
-        served0 = throughput(rows, load, "k=0", pooled)
+        served0, p_ms = throughput(rows, load, "k=0", pooled), prefill_of(rows, load)
+        base = pred.served_tok_s(load, "k=0", output_tokens, p_ms)
         cells = []
         for n in names:
-            want, got = preds[load][n] / preds[load]["k=0"], throughput(rows, load, n, pooled) / served0
-            cells.append(f"{want:.2f}x vs {got:.2f}x ({want - got:+.2f})")
+            want = pred.served_tok_s(load, n, output_tokens, p_ms) / base
+            got, per_round = throughput(rows, load, n, pooled) / served0, round_ratios(rows, load, n)
+            cells.append(f"{want:.2f}x vs {got:.2f}x [{min(per_round):.2f}-{max(per_round):.2f}] ({want - got:+.2f})")
         lines.append(f"| {load} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -384,7 +456,7 @@ def write_csv(path: Path, rows: list[dict]) -> None:
     from tabletune import fileio
 
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    writer = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(key for r in rows for key in r)), restval="")
     writer.writeheader()
     writer.writerows(rows)
     fileio.write_text(path, buf.getvalue())
@@ -447,11 +519,12 @@ def main() -> None:
 
     fp = StepProfile.load(Path(args.tuned) / "step_profile.json").fingerprint
     where = f"served on {fp.device}, {fp.engine} {fp.engine_version}, {fp.model} ({fp.dtype}), {fp.drafter}"
-    md = summarise(rows, args.scenario, str(DraftTable.load(Path(args.tuned) / "table.json")), pooled=args.paired,
-                   where=where)
-    md += "\n" + comparison(rows, pooled=args.paired)
-    md += "\n" + predicted(Path(args.tuned), sorted({int(r["load"]) for r in rows}))
-    md += "\n" + ratio_check(rows, Path(args.tuned), pooled=args.paired)
+    pooled = args.paired  # else the median round: robust to a round another process stalled (a shared machine)
+    md = summarise(rows, args.scenario, str(DraftTable.load(Path(args.tuned) / "table.json")), pooled=pooled,
+                   where=where, paired=args.paired)
+    md += "\n" + comparison(rows, pooled=pooled, paired=args.paired)
+    md += "\n" + predicted(rows, Path(args.tuned), args.mean_tokens)
+    md += "\n" + ratio_check(rows, Path(args.tuned), pooled=pooled, output_tokens=args.mean_tokens)
     md += (f"\n{len(rows)} segments; loads {sorted({int(r['load']) for r in rows})}, "
            f"{args.rounds} rounds of {args.steps} steps{', paired' if args.paired else ''}{', steady' if args.steady else ''}; "
            f"command: `python benchmarks/remeasure_vllm.py {' '.join(a for a in sys.argv[1:] if a != '--render')}`\n")

@@ -20,6 +20,7 @@ from pathlib import Path
 from tabletune import fileio
 from tabletune.errors import InputError
 from tabletune.goodput import interpolate
+from tabletune.prefill import PrefillCost
 
 STEP_SCHEMA = "tabletune.step_profile"
 STEP_VERSION = 1
@@ -80,6 +81,7 @@ class StepProfile:
     context_len: int
     fingerprint: Fingerprint = field(default_factory=Fingerprint)
     source: str = "<memory>"  # file it came from, for error messages
+    prefill: PrefillCost | None = None  # the workload's prefill cost on this engine (None: not measured)
 
     def __post_init__(self) -> None:
         validate_step_profile(self)
@@ -152,6 +154,7 @@ class StepProfile:
                 }
                 for p in sorted(self.points, key=lambda p: (p.batch_size, p.k))
             ],
+            **({"prefill": self.prefill.to_json()} if self.prefill is not None else {}),
         }
 
     def save(self, path: str | Path) -> None:
@@ -195,6 +198,7 @@ class StepProfile:
             context_len=_as_int(d.get("context_len"), source, "context_len"),
             fingerprint=fingerprint,
             source=source,
+            prefill=PrefillCost.from_json(d["prefill"], source) if d.get("prefill") is not None else None,
         )
 
     @classmethod

@@ -28,6 +28,7 @@ from tabletune.acceptance import AcceptanceCounts
 from tabletune.cost import MixedStep
 from tabletune.goodput import DraftYield
 from tabletune.optimizer import OptimizeOptions
+from tabletune.prefill import PrefillCost
 from tabletune.profile import Fingerprint, StepPoint, StepProfile
 from tabletune.tuner.budget import BatchCap, capped_batch_sizes, check_caps
 from tabletune.tuner.checkpoint import Checkpoint
@@ -69,6 +70,7 @@ class Inputs:
     counts: AcceptanceCounts
     yields: tuple[DraftYield, ...] = ()
     steps: tuple[MixedStep, ...] = ()
+    prefill: PrefillCost | None = None  # from an engine that measures it (``measure_prefill``)
 
 
 def _phase(progress: ProgressFn | None, lo: float, hi: float) -> ProgressFn | None:
@@ -99,8 +101,9 @@ def measure_inputs(engine: Engine, plan: TunePlan, prompts: Sequence[str], workl
         progress(f"acceptance: {len(prompts)} prompts, k={max(plan.ks)}", 0.0)
     first = measure_acceptance(engine, plan, prompts, workload, checkpoint)
     counts = first.counts
+    prefill = measure_prefill(engine, prompts)
     if counts.draft_rate >= plan.yields_below_draft_rate:
-        return Inputs(counts)
+        return Inputs(counts, prefill=prefill)
     known = {max(plan.ks): first, **(checkpoint.yield_runs if checkpoint is not None else {})}
 
     def measured(k: int, run: AcceptanceRun) -> None:
@@ -111,7 +114,14 @@ def measure_inputs(engine: Engine, plan: TunePlan, prompts: Sequence[str], workl
     if progress:
         progress(f"draft rate {counts.draft_rate:.2f}: acceptance at every k", 0.0)
     yields, steps = measure_yields(engine, prompts, plan.ks, plan.acceptance_max_tokens, known, measured)
-    return Inputs(counts, yields, steps)
+    return Inputs(counts, yields, steps, prefill)
+
+
+def measure_prefill(engine: Engine, prompts: Sequence[str]) -> PrefillCost | None:
+    """The workload's prefill cost from an engine that offers ``measure_prefill(prompts)``, else None
+    (the step profile then carries none, and predictions are decode-only)."""
+    measure = getattr(engine, "measure_prefill", None)
+    return measure(prompts) if measure is not None and prompts else None
 
 
 def measure_grid(engine: Engine, plan: TunePlan, progress: ProgressFn | None = None,
@@ -148,7 +158,8 @@ def run_plan(engine: Engine, plan: TunePlan, prompts: Sequence[str], *, workload
     points = recheck_points(engine, points, plan, _phase(progress, 0.7, 0.75))
     fp = engine.fingerprint()
     fp = Fingerprint(**{**fp.__dict__, "command": command or fp.command})
-    profile = StepProfile(points=tuple(points), context_len=engine.context_len, fingerprint=fp)
+    profile = StepProfile(points=tuple(points), context_len=engine.context_len, fingerprint=fp,
+                          prefill=inputs.prefill)
     share = fit_share(profile, inputs.steps, plan.draft_share) if yields else DraftShare(1.0)
     options = table_options(k_max, yields, share)
     refined: list[int] = []
@@ -157,10 +168,12 @@ def run_plan(engine: Engine, plan: TunePlan, prompts: Sequence[str], *, workload
         if refined:
             points = recheck_points(engine, points + measure_points(engine, refined, plan, _phase(progress, 0.75, 0.85)),
                                     plan, _phase(progress, 0.85, 0.88))
-            profile = StepProfile(points=tuple(points), context_len=engine.context_len, fingerprint=fp)
+            profile = StepProfile(points=tuple(points), context_len=engine.context_len, fingerprint=fp,
+                          prefill=inputs.prefill)
     calls = settle_close_calls(engine, profile, rates, plan, _phase(progress, 0.88, 1.0), options)
     if calls:
-        profile = StepProfile(points=tuple(calls[1]), context_len=engine.context_len, fingerprint=fp)
+        profile = StepProfile(points=tuple(calls[1]), context_len=engine.context_len, fingerprint=fp,
+                          prefill=inputs.prefill)
     if progress:
         progress("done", 1.0)
     return TuneOutcome(profile, counts, rates, tuple(refined), tuple(calls[0]) if calls else (), yields, share)

@@ -42,7 +42,7 @@ def test_comparison_names_the_best_fixed_k_and_the_verdict():
 
 def test_paired_rounds_show_the_per_round_ratio_range():
     data = rows(4, {"k=0": [100, 200, 150], "tuned": [90, 210, 150]})
-    line = rm.comparison(data, pooled=True).splitlines()[4]
+    line = rm.comparison(data, pooled=True, paired=True).splitlines()[4]
     assert line.endswith("| k=0 | 100.0% | tie | 90.0% - 105.0% |")  # pooled 450 / 450; rounds 0.9, 1.05, 1.0
 
 
@@ -73,5 +73,22 @@ def test_steady_state_starts_after_the_first_wave_and_load_one_spans_several_req
     loop = Loop()
     assert rm.past_first_wave(loop, load=4) == 40  # the 4th request ends at step 40
     args = SimpleNamespace(steps=32, steady=True)
-    assert (rm.segment_steps(args, 1), rm.segment_steps(args, 16)) == (256, 32)
+    assert [rm.segment_steps(args, load) for load in (1, 4, 16, 64)] == [256, 128, 64, 32]
     assert rm.segment_steps(SimpleNamespace(steps=32, steady=False), 1) == 64
+
+
+def test_prediction_with_prefill_by_hand():
+    pred = rm.Prediction({4: {"k=0": 200.0, "k=2": 400.0}}, {4: {"k=0": 1.0, "k=2": 2.0}}, "by hand")
+    # k=0: 100 tokens in (99 + 1) / 200 s + 0.25 s = 0.75 s; k=2: (99 + 2) / 400 + 0.25 = 0.5025 s
+    assert pred.served_tok_s(4, "k=0", 100, 250.0) == pytest.approx(100 / 0.75)
+    assert pred.served_tok_s(4, "k=2", 100, 250.0) == pytest.approx(100 / 0.5025)
+    assert pred.served_tok_s(4, "k=2", 100, None) == 400.0  # no prefill measured: decode-only
+
+
+def test_prefill_comes_from_the_rows_and_an_old_csv_has_none():
+    data = rows(4, {"k=0": [100, 110], "tuned": [120, 99]})
+    assert rm.prefill_of(data, 4) is None  # no prefill_ms column
+    for r in data:
+        r["prefill_ms"] = "276.4"
+    assert rm.prefill_of(data, 4) == pytest.approx(276.4)
+    assert rm.round_ratios(data, 4, "tuned") == pytest.approx([1.2, 0.9])  # per round, over that round's k=0

@@ -65,6 +65,16 @@ def tuned(tmp_path_factory):
     return outcome, result, files, (counts, before, after_acceptance), greedy, seen_config
 
 
+def test_the_tune_records_the_workloads_prefill(tuned):
+    import json
+
+    outcome, files = tuned[0], tuned[2]
+    prefill = outcome.profile.prefill
+    assert prefill is not None and prefill.num_prompts == 12  # every prompt of the workload, prefilled alone
+    assert prefill.prefill_ms >= 0 and prefill.decode_step_ms > 0 and prefill.mean_prompt_tokens > 0
+    assert json.loads(files["step_profile.json"].read_text())["prefill"] == prefill.to_json()
+
+
 def test_engine_flags_after_the_double_dash_reach_vllm(tuned):
     outcome, seen = tuned[0], tuned[-1]
     assert seen == {"max_model_len": 1024, "block_size": 64, "max_num_seqs": 8, "dtype": "torch.float32"}

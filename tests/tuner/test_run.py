@@ -45,3 +45,19 @@ def test_run_plan_without_any_verified_draft_is_an_error():
 
     with pytest.raises(RuntimeError, match="no draft was verified"):
         run_plan(Silent(), TunePlan((1,), (0, 1), steps_per_call=1, min_samples=1), ["p"])
+
+
+def test_run_plan_records_the_prefill_of_an_engine_that_measures_it():
+    from tabletune.prefill import PrefillCost
+
+    class Prefilling(FakeEngine):
+        def measure_prefill(self, prompts):
+            self.prefilled = list(prompts)
+            return PrefillCost(prefill_ms=12.5, num_prompts=len(prompts), mean_prompt_tokens=40.0, decode_step_ms=10.0)
+
+    plan = TunePlan(batch_sizes=(1, 4), ks=(0, 1, 2, 3), steps_per_call=2, min_samples=2, refine=False)
+    engine = Prefilling()
+    outcome = run_plan(engine, plan, ["p", "q"])
+    assert engine.prefilled == ["p", "q"]  # the workload's own prompts
+    assert outcome.profile.prefill == PrefillCost(12.5, 2, 40.0, 10.0)
+    assert run_plan(FakeEngine(), plan, ["p"]).profile.prefill is None  # an engine without it: decode-only

@@ -29,6 +29,7 @@ from tabletune.integrations.vllm import engine_args, presets, versions
 from tabletune.integrations.vllm.step_hooks import StepRecorder
 from tabletune.integrations.vllm.timing_requests import full_drafts, kv_batch_cap, model_token_ids, timing_window
 from tabletune.errors import InputError
+from tabletune.prefill import PrefillCost
 from tabletune.profile import Fingerprint
 from tabletune.tuner import EngineSpec, StepSamples
 from tabletune.tuner.budget import BatchCap
@@ -229,6 +230,17 @@ class VllmEngine:
                        for r in rec.records if not r.has_prefill and r.num_reqs and r.drafts_per_req]
         rec.records.clear()
         return counts
+
+    def measure_prefill(self, prompts: Sequence[str]) -> PrefillCost:
+        """The workload's prefill cost: each prompt at its real length, prefilled alone (``prefill_probe``)."""
+        from tabletune.integrations.vllm.prefill_probe import measure_prefill
+
+        self.stop_batch()
+        if self.static_k is None:
+            self.force_k(0)
+        inputs = [self._prompt_input(p) for p in prompts]
+        return measure_prefill(self.llm, inputs, [len(i["prompt_token_ids"]) if isinstance(i, dict)
+                                                   else len(self._token_ids(i)) for i in inputs])
 
     def take_mixed_steps(self) -> list[MixedStep]:
         """The decode steps of the last ``measure_acceptance``: real text, rows drafting what matched."""
