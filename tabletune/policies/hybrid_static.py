@@ -27,7 +27,7 @@ each load's best m (ties to the smaller m). An m above the lookup's longest matc
 
 The policy is a ``DraftStop`` that never ends a draft early: that makes the engine and the simulator plan before
 drafting (the lookup known, n-gram rows free of model drafting), as they do for ``controller:per-request``;
-``stops_drafts = False`` tells the engine that it need not read signals back between drafted positions.
+with ``stops_drafts = False`` the engine reads no signal back between drafted positions.
 """
 
 from __future__ import annotations
