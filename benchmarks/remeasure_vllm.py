@@ -297,14 +297,14 @@ def paired_range(rows: list[dict], load: int, best: str) -> str:
     return f"{min(ratios):.1%} - {max(ratios):.1%}"
 
 
-def comparison(rows: list[dict], pooled: bool, paired: bool = False) -> str:
+def comparison(rows: list[dict], pooled: bool) -> str:
     """Per load: each configuration's spread across rounds, and the tuned table / best fixed k with its verdict."""
     names = list(dict.fromkeys(r["config"] for r in rows))
     lines = ["spread across rounds, (high - low) / median of segment tok/s; tuned / best fixed k: a ratio within "
              "the larger spread of the two is a tie", "",
              "| load | " + " | ".join(names) + " | best fixed | tuned / best fixed | verdict |"
-             + (" per round (paired) |" if paired else ""),
-             "|---:|" + "---:|" * len(names) + "---|---:|---|" + ("---:|" if paired else "")]
+             + (" per round (paired) |" if pooled else ""),
+             "|---:|" + "---:|" * len(names) + "---|---:|---|" + ("---:|" if pooled else "")]
     for load in sorted({int(r["load"]) for r in rows}):
         got = {n: throughput(rows, load, n, pooled) for n in names}
         best = max((n for n in names if n.startswith("k=")), key=got.__getitem__)
@@ -312,15 +312,13 @@ def comparison(rows: list[dict], pooled: bool, paired: bool = False) -> str:
         ratio = got["tuned"] / got[best]
         lines.append(f"| {load} | " + " | ".join(f"{sp[n].relative:.1%}" for n in names) +
                      f" | {best} | {ratio:.1%} | {verdict(ratio, sp['tuned'], sp[best])} |"
-                     + (f" {paired_range(rows, load, best)} |" if paired else ""))
+                     + (f" {paired_range(rows, load, best)} |" if pooled else ""))
     return "\n".join(lines) + "\n"
 
 
-def summarise(rows: list[dict], scenario: str, table: str, pooled: bool = False, where: str = "",
-              paired: bool = False) -> str:
+def summarise(rows: list[dict], scenario: str, table: str, pooled: bool = False, where: str = "") -> str:
     names = list(dict.fromkeys(r["config"] for r in rows))
-    what = ("output tokens / wall s over all rounds" + (" (paired: every configuration served the same requests)"
-                                                         if paired else "")
+    what = ("output tokens / wall s over all rounds (paired: every configuration served the same requests)"
             if pooled else "median output tokens/s over rounds")
     lines = [f"# vLLM re-measurement: {scenario}", "", f"tuned table: `{table}`" + (f"; {where}" if where else ""), "",
              f"{what} (closed loop, load = open requests)", "",
@@ -521,8 +519,8 @@ def main() -> None:
     where = f"served on {fp.device}, {fp.engine} {fp.engine_version}, {fp.model} ({fp.dtype}), {fp.drafter}"
     pooled = args.paired  # else the median round: robust to a round another process stalled (a shared machine)
     md = summarise(rows, args.scenario, str(DraftTable.load(Path(args.tuned) / "table.json")), pooled=pooled,
-                   where=where, paired=args.paired)
-    md += "\n" + comparison(rows, pooled=pooled, paired=args.paired)
+                   where=where)
+    md += "\n" + comparison(rows, pooled=pooled)
     md += "\n" + predicted(rows, Path(args.tuned), args.mean_tokens)
     md += "\n" + ratio_check(rows, Path(args.tuned), pooled=pooled, output_tokens=args.mean_tokens)
     md += (f"\n{len(rows)} segments; loads {sorted({int(r['load']) for r in rows})}, "

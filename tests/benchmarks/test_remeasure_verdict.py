@@ -42,7 +42,7 @@ def test_comparison_names_the_best_fixed_k_and_the_verdict():
 
 def test_paired_rounds_show_the_per_round_ratio_range():
     data = rows(4, {"k=0": [100, 200, 150], "tuned": [90, 210, 150]})
-    line = rm.comparison(data, pooled=True, paired=True).splitlines()[4]
+    line = rm.comparison(data, pooled=True).splitlines()[4]
     assert line.endswith("| k=0 | 100.0% | tie | 90.0% - 105.0% |")  # pooled 450 / 450; rounds 0.9, 1.05, 1.0
 
 
