@@ -168,12 +168,10 @@ def run_plan(engine: Engine, plan: TunePlan, prompts: Sequence[str], *, workload
         if refined:
             points = recheck_points(engine, points + measure_points(engine, refined, plan, _phase(progress, 0.75, 0.85)),
                                     plan, _phase(progress, 0.85, 0.88))
-            profile = StepProfile(points=tuple(points), context_len=engine.context_len, fingerprint=fp,
-                          prefill=inputs.prefill)
+            profile = dataclasses.replace(profile, points=tuple(points), context_len=engine.context_len)
     calls = settle_close_calls(engine, profile, rates, plan, _phase(progress, 0.88, 1.0), options)
     if calls:
-        profile = StepProfile(points=tuple(calls[1]), context_len=engine.context_len, fingerprint=fp,
-                          prefill=inputs.prefill)
+        profile = dataclasses.replace(profile, points=tuple(calls[1]), context_len=engine.context_len)
     if progress:
         progress("done", 1.0)
     return TuneOutcome(profile, counts, rates, tuple(refined), tuple(calls[0]) if calls else (), yields, share)

@@ -5,8 +5,9 @@ tests/integrations/test_vllm_tuner.py), and the tuning engine's memory must be
 gone before the static one allocates; a child process does both. The parent
 speaks JSON lines with it: ``{"op": "context", "n": N}``, ``{"op": "step", "b":
 b, "k": k, "n": steps}`` (answer: ``{"samples_ms": [...], "scheduled_tokens":
-[...]}``), ``{"op": "cap", "n": N}`` (answer: a ``BatchCap``), ``{"op": "close"}``. Answers are the stdout lines starting with
-``REPLY_PREFIX``; anything else the engine prints is passed through to stderr. The
+[...]}``), ``{"op": "cap", "n": N}`` (answer: a ``BatchCap``), ``{"op": "close"}``.
+Answers are the stdout lines starting with ``REPLY_PREFIX``; anything else the
+engine prints is passed through to stderr. The
 child runs ``python -m tabletune.integrations.vllm.tuner_engine`` (``serve_static`` there).
 """
 
