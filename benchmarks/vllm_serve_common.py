@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -87,9 +88,14 @@ def stream_completion(port: int, model: str, prompt_ids: list[int], max_tokens: 
     return tokens
 
 
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-        return resp.read().decode()
+def scrape(port: int, log: Path | None = None) -> str:
+    """``/metrics`` of the server on `port`; a failed scrape raises with the tail of the server's `log`."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            return resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        tail = log.read_text(errors="replace")[-4000:] if log is not None and log.exists() else ""
+        raise RuntimeError(f"GET /metrics on port {port}: {exc}; the server's log ends:\n{tail}") from exc
 
 
 def rss_bytes(pid: int) -> int:

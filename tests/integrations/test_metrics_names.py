@@ -122,3 +122,32 @@ def test_the_draft_rate_follows_the_drafts(tmp_path):
 def value_of(samples: dict[str, list], name: str) -> float:
     (s,) = samples[name]
     return s.value
+
+
+def test_a_scrape_in_several_api_servers_survives_a_file_not_yet_sized(tmp_path, monkeypatch):
+    """``--api-server-count N``: a process's ``.db`` file exists at 0 bytes for a moment after it is
+    created; the patched ``MultiProcessCollector`` still answers, with every sample and ours."""
+    from prometheus_client import REGISTRY, multiprocess
+    from prometheus_client.mmap_dict import MmapedDict, mmap_key
+
+    prom, snaps = tmp_path / "prom", tmp_path / "snaps"
+    prom.mkdir()
+    snaps.mkdir()
+    written = MmapedDict(str(prom / "counter_101.db"))
+    written.write_value(mmap_key("vllm:requests", "vllm:requests_total", [], [], "requests"), 7.0, 0.0)
+    written.close()
+    (prom / "histogram_102.db").touch()  # created, not yet sized
+    metrics.publish(metrics.snapshot_path(snaps, 0), {"engine": 0, "k_max": 4, "table": [[1, 64, 3]]})
+
+    monkeypatch.setattr(metrics, "_collector", None)
+    monkeypatch.setattr(metrics, "_patched", False)
+    monkeypatch.setattr(multiprocess.MultiProcessCollector, "collect", multiprocess.MultiProcessCollector.collect)
+    metrics.register_collector(snaps)
+    try:
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=str(prom))
+        text = generate_latest(registry).decode()
+    finally:
+        REGISTRY.unregister(metrics._collector)
+    assert "vllm:requests_total 7.0" in text
+    assert 'tabletune_k{end_bs="64",engine="0",start_bs="1"} 3.0' in text

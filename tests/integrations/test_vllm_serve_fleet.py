@@ -48,6 +48,7 @@ PROFILE = StepProfile(tuple(StepPoint(b, k, (10 + 0.5 * b * (1 + 0.6 * k),))
                             for b in (1, 2, 4, 8, 16, 32, 64) for k in range(5)), context_len=0)
 OPTIONS = OptimizeOptions(max_batch=sc.MAX_NUM_SEQS, k_max=sc.K_MAX)
 PORTS = {"a": 8791, "b": 8792}
+LOGS: dict[str, Path] = {}  # each replica's server log, set by the fleet fixture (quoted when a scrape fails)
 # the replicas' controller: a mistuned start, a prior from another workload (acceptance ~0.3 everywhere, every
 # request-step drafting), half-life 800 drafts per position (and 800 request-steps for the draft rate)
 CONTROLLER = {"explore_fraction": 0.05, "rebuild_interval_s": 0, "min_install_interval_s": 0, "half_life_tokens": 800,
@@ -114,7 +115,8 @@ def fleet(tmp_path_factory):
             env = {**common, "TABLETUNE_METRICS_DIR": str(tmp / f"metrics_{name}")}
             # a KV cache sized for the load (64 x 80 tokens ~ 10 MiB), as in benchmarks/soak_vllm_serve.py
             extra = ["--kv-cache-memory-bytes", str(64 << 20)] + (["--api-server-count", "2"] if name == "b" else [])
-            procs[name] = vs.start_server(str(model), port, spec, env, tmp / f"{name}.log", extra_args=extra)
+            LOGS[name] = tmp / f"{name}.log"
+            procs[name] = vs.start_server(str(model), port, spec, env, LOGS[name], extra_args=extra)
         for name, port in PORTS.items():
             vs.wait_ready(port, procs[name])
         yield {"tmp": tmp, "model": str(model), "profile": prof, "procs": procs, "table_file": tmp / "table.json"}
@@ -126,7 +128,7 @@ def fleet(tmp_path_factory):
 def states():
     from tabletune.integrations.prometheus import parse_tabletune
 
-    return {name: parse_tabletune(vs.scrape(port))["0"] for name, port in PORTS.items()}
+    return {name: parse_tabletune(vs.scrape(port, LOGS.get(name)))["0"] for name, port in PORTS.items()}
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +147,7 @@ def converged(fleet):
     with RoundRobin(fleet["model"], CLIENTS) as load:
         t0 = time.time()
         while time.time() - t0 < 90:
-            texts = {name: vs.scrape(port) for name, port in PORTS.items()}
+            texts = {name: vs.scrape(port, LOGS.get(name)) for name, port in PORTS.items()}
             scrapes = {name: parse_metrics(text) for name, text in texts.items()}
             now = time.monotonic()
             for name, side in sidecars.items():

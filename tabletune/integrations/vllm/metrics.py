@@ -51,6 +51,7 @@ several replicas (``tabletune control --metrics-url A --metrics-url B``).
 from __future__ import annotations
 
 import atexit
+import glob
 import json
 import logging
 import os
@@ -191,6 +192,18 @@ class SnapshotCollector:
         return []  # names are fixed, but describing nothing keeps registration free of a first collect
 
 
+def sized_db_files(path: str) -> list[str]:
+    """The multiprocess ``.db`` files of a folder that already have their header (size > 0)."""
+    out = []
+    for name in sorted(glob.glob(os.path.join(path, "*.db"))):
+        try:
+            if os.path.getsize(name) > 0:
+                out.append(name)
+        except OSError:  # removed since the glob (a dead process's live gauge): merge skips it too
+            continue
+    return out
+
+
 def register_collector(folder: Path) -> None:
     """Export the snapshots on /metrics in both of vLLM's registry modes (idempotent).
 
@@ -199,6 +212,12 @@ def register_collector(folder: Path) -> None:
     the route vLLM mounts and prometheus-fastapi-instrumentator's handler (which answers first)
     build a fresh registry around a ``MultiProcessCollector`` per scrape; there the
     collector's families are appended to ``MultiProcessCollector.collect`` in this process.
+
+    The replacement also skips empty ``.db`` files. prometheus-client creates a process's file
+    before sizing it, so a scrape that lands in between (an API server touching a metric type
+    for the first time, at its first request) fails as a whole with ``struct.error`` and
+    ``/metrics`` answers 500 (prometheus/client_python#1199). An empty file holds no samples,
+    so skipping it loses none.
     """
     global _collector, _patched
     from prometheus_client import REGISTRY, multiprocess
@@ -211,7 +230,7 @@ def register_collector(folder: Path) -> None:
     original = multiprocess.MultiProcessCollector.collect
 
     def collect(self):
-        yield from original(self)
+        yield from self.merge(sized_db_files(self._path), accumulate=True)
         yield from _collector.collect()
 
     collect.__wrapped__ = original  # type: ignore[attr-defined]
