@@ -19,7 +19,10 @@ and the n-gram trace the n-gram chain (Hybrid Spark's second drafter).
    ``--measured-steps`` measured steps, outputs of ``--output-len`` tokens,
    fixed-k cells repeated ``--fixed-repeats`` times (mean and noise band), and
    per cell ``host_ms_per_step`` (decide + keep_drafting + observe, wall clock)
-   beside the mean step wall time, so host and device time read apart.
+   beside the mean step wall time, so host and device time read apart, and
+   ``host_ms_critical`` (host time the device waited on: from each read to the next
+   launch, the scheduler's own included) beside ``host_ms_overlapped`` (an observe
+   run while the next step runs, ``--overlap-observe``).
 4. The same grid in the simulator (``policies_sim.run_cell``): the measured
    profile (with the draft share and the drafting rule, rows still drafting or every
    row, fitted to the ragged steps, ``tabletune.cost``), the scoring half of the same traces replayed, the
@@ -101,6 +104,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--fixed-repeats", type=int, default=3, help="runs of each fixed-k cell (noise band)")
     ap.add_argument("--budget-s", type=float, default=450.0,
                     help="refuse a grid whose serving part is estimated to take longer (set-up comes first)")
+    ap.add_argument("--overlap-observe", action="store_true",
+                    help="policies observe step t while step t + 1 runs (decisions on one-step-old statistics)")
+    ap.add_argument("--host-stop", action="store_true", help="stop rules on the host even where the device can")
     ap.add_argument("--no-sim", action="store_true", help="measure only (simulate later with --sim-only)")
     ap.add_argument("--sim-only", action="store_true", help="simulate the cells of OUT.json that lack it (CPU)")
     ap.add_argument("--resume", action="store_true", help="keep the cells of OUT.json (same fingerprint)")
@@ -287,7 +293,8 @@ def serve_cell(engine, args, policy_spec, ctx, load, prompts, oracle, pairs, see
             return False
         return len(stats.step_batch_sizes) >= max(window_start(stats, load), args.warmup_steps) + args.measured_steps
 
-    stats = Scheduler(engine, policy, max_num_seqs=load, seed=load + 1000 * seed).run(reqs, stop=window_done)
+    stats = Scheduler(engine, policy, max_num_seqs=load, seed=load + 1000 * seed, device_stop=not args.host_stop,
+                      overlap_observe=args.overlap_observe).run(reqs, stop=window_done)
     end = max(i for i, b in enumerate(stats.step_batch_sizes) if b == load) + 1
     start = min(max(window_start(stats, load), args.warmup_steps), end - 1)
     adm = sum(stats.step_admitted[start:end])
@@ -297,6 +304,8 @@ def serve_cell(engine, args, policy_spec, ctx, load, prompts, oracle, pairs, see
             "mean_k": round(sum(stats.step_drafts[start:end]) / max(sum(stats.step_batch_sizes[start:end]), 1), 3),
             "num_steps": stats.num_steps, "window_start": start, "measured_steps": end - start,
             "step_ms": round(wall_ms, 4), "host_ms_per_step": round(policy.mean_ms(start), 4),
+            "host_ms_critical": round(1e3 * statistics.fmean(stats.step_host_critical_s[start:end] or [0.0]), 4),
+            "host_ms_overlapped": round(1e3 * statistics.fmean(stats.step_host_overlapped_s[start:end] or [0.0]), 4),
             "prefill_ms_per_token": round(1e3 * sum(stats.step_prefill_s[start:end]) / (adm * args.prompt_len), 5)
             if adm else None,
             "rates": [None if r is None else round(r, 4) for r in stats.counts.rates()]}
@@ -397,12 +406,14 @@ def markdown(result: dict) -> str:
           f"share {mc['fitted_draft_share']}; worst |error| {mc['worst_abs_error_sim_default']:.1%} at the simulator's "
           f"0.5, {mc['worst_abs_error_fitted']:.1%} fitted.", "",
           "| workload | load | policy | mean k | tok/s | ratio | sim ratio | difference | oracle ratio | headroom |"
-          " host ms/step | step ms | measured steps | noise band |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          " host ms/step | critical host ms | step ms | measured steps | noise band |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in result["cells"]:
         tok = "" if c.get("throughput_tok_s") is None else f"{c['throughput_tok_s']:.0f}"
         md.append(f"| {c['workload']} | {c['load']} | {c['policy']} | {c.get('mean_k')} | {tok} | {c.get('ratio')} |"
                   f" {c.get('sim_ratio')} | {c.get('difference')} | {c.get('oracle_ratio')} | "
-                  f"{c.get('headroom_share')} | {c.get('host_ms_per_step')} | {c.get('step_ms')} | "
+                  f"{c.get('headroom_share')} | {c.get('host_ms_per_step')} | {c.get('host_ms_critical')} | "
+                  f"{c.get('step_ms')} | "
                   f"{c.get('measured_steps')} | {c.get('noise_band', '')} |")
     md += ["", "| b | pattern | k_top | k_bar | measured ms | split ms | sim 0.5 ms | fitted ms |",
            "|---|---|---|---|---|---|---|---|"]
@@ -497,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     key = {"fingerprint": {k: v for k, v in fp.__dict__.items() if k != "command"}, "k_max": args.k_max,
            "prompt_len": args.prompt_len, "output_len": args.output_len, "rounds": args.rounds, "max_load": max_load,
            "warmup_steps": args.warmup_steps, "measured_steps": args.measured_steps,
-           "fixed_repeats": args.fixed_repeats}
+           "fixed_repeats": args.fixed_repeats, "overlap_observe": args.overlap_observe, "host_stop": args.host_stop}
     out_json = Path(args.out + ".json")
     old = json.loads(out_json.read_text()) if args.resume and out_json.exists() else None
     if old is not None and old["key"] != key:

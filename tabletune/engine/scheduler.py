@@ -27,6 +27,7 @@ import numpy as np
 
 from tabletune.acceptance import AcceptanceCounts
 from tabletune.cost import StepCost
+from tabletune.engine.device_stop import DeviceStop
 from tabletune.engine.runner import SpecEngine, StepResult
 from tabletune.policies.base import (NGRAM, AlwaysDraft, BatchState, DraftFeatures, Policy, PolicyContext, StepOutcome,
                                      draft_stop_of)
@@ -66,6 +67,10 @@ class RunStats:
     step_prefill_s: list[float] = field(default_factory=list)  # wall time of those prefills (inside step_wall_s)
     step_drafts: list[int] = field(default_factory=list)  # sum_i k_i: drafts verified by the step
     step_drafted: list[int] = field(default_factory=list)  # drafts the rows drafted (fused: rows x the step's k)
+    # host time the device waited on (from a read to the next launch, prefills aside) and host time run while the
+    # device was busy (an observe deferred to the next step's first read), per step
+    step_host_critical_s: list[float] = field(default_factory=list)
+    step_host_overlapped_s: list[float] = field(default_factory=list)
 
     @property
     def throughput_tok_s(self) -> float:
@@ -123,8 +128,13 @@ def no_hook(running: list[Request], res: StepResult, finished_ids: np.ndarray) -
 class Scheduler:
     def __init__(self, engine: SpecEngine, policy: Policy | DraftTable, max_num_seqs: int | None = None,
                  cap_rates: Sequence[float] | None = None, seed: int = 0, fixed_shape: bool = False,
-                 after_step: StepHook = no_hook) -> None:
+                 after_step: StepHook = no_hook, device_stop: bool = True, overlap_observe: bool = False) -> None:
         self.engine = engine
+        # overlap_observe: the policy observes step t while step t + 1 runs (just before its first read), so it
+        # decides step t + 1 on statistics one step old, as vLLM's async scheduling does
+        self.overlap_observe, self._deferred = overlap_observe, None
+        self._idle_since: float | None = None
+        self._host_s = [0.0, 0.0]  # critical, overlapped
         self.after_step = after_step
         if isinstance(policy, DraftTable):
             policy = StaticTable(policy_context(engine), policy.clamped(engine.k_max))
@@ -135,6 +145,8 @@ class Scheduler:
         # between drafted positions
         self.reads_each_position = (not isinstance(self.stop, AlwaysDraft)
                                     and bool(getattr(policy, "stops_drafts", True)))
+        # a rule the policy can give as numbers (``device_stop_rule``) runs on the device unless device_stop=False
+        self.device_stop, self.device_rule = device_stop, getattr(self.stop, "device_stop_rule", lambda state: None)
         self.split = self.uses_features or not isinstance(self.stop, AlwaysDraft)
         if self.split and not engine.cfg.split_steps:
             raise ValueError(f"policy {policy.name} reads draft signals or ends drafts: build the engine with "
@@ -172,7 +184,7 @@ class Scheduler:
         sig[:, :, 1] = STOP_ENTROPY
         meta = np.zeros((n, 2))
         if j:
-            got, meta = e.read_drafts(slots, j)
+            got, meta = self._wait(lambda: e.read_drafts(slots, j))
             done = np.arange(j)[None] < drafted[:, None]
             sig[:, :j][done] = got[done]
         return DraftFeatures(sig[..., 0], sig[..., 1], sig[..., 2], meta[:, 0].astype(np.int64),
@@ -181,8 +193,19 @@ class Scheduler:
     def _draft(self, slots: list[int], state: BatchState, caps: np.ndarray) -> tuple[np.ndarray, DraftFeatures]:
         """The draft loop: position j + 1 for the rows still drafting (only those run), until every row reached
         its cap or the policy's ``keep_drafting`` stopped it; (positions drafted per row, their features)."""
+        rule = self.device_rule(state) if self.reads_each_position and self.device_stop else None
+        if rule is not None:  # the rule on the device: no host sync until the loop ends
+            stop, j, cap = DeviceStop(self.engine, slots, caps, rule), 0, int(caps.max(initial=0))
+            while j < cap and not stop.done():
+                self._launch()
+                self.engine.draft_position([s for s, c in zip(slots, caps) if c > j], j, cap)
+                j += 1
+                stop.after_position(j)
+            drafted = self._wait(stop.lengths)
+            return drafted, self._features(slots, drafted, j)
         drafted, active, j = np.zeros(len(slots), np.int64), caps > 0, 0
         while active.any():
+            self._launch()
             self.engine.draft_position([slots[i] for i in np.flatnonzero(active)], j, int(caps.max()))
             j += 1
             drafted[active] = j
@@ -229,6 +252,7 @@ class Scheduler:
         kinds = decision.drafter.tolist() if decision.drafter is not None else None
         ks = ks if drafted is None else np.where(ngram_rows, ks, np.minimum(ks, drafted))
         caps = draw_caps(self.cap_rates, ks.tolist(), n, self.rng) if self.cap_rates else None
+        self._launch()
         if drafted is None:
             buf = e.launch(slots, ks.tolist(), caps, min_rows, kinds)
             num_drafted = n * max(int(ks.max(initial=0)), 0)
@@ -236,7 +260,27 @@ class Scheduler:
             buf = e.verify_drafted(slots, ks.tolist(), caps, min_rows, kinds)
             num_drafted = int(drafted.sum())
         kinds_arr = np.array(kinds if kinds is not None else [e.default_kind] * n, np.int64)
-        return e.read(buf, n, e.k_max), state, kinds_arr, caps, ks, num_drafted
+        return self._wait(lambda: e.read(buf, n, e.k_max)), state, kinds_arr, caps, ks, num_drafted
+
+    def _launch(self) -> None:
+        """The host is about to queue device work: the time since the last read was on the critical path."""
+        if self._idle_since is not None:
+            self._host_s[0] += time.perf_counter() - self._idle_since
+            self._idle_since = None
+
+    def _wait(self, read):
+        """A blocking read: a deferred observe runs first (overlapped while the device is busy), then the read;
+        from its end the host is on the critical path until the next launch."""
+        now = time.perf_counter()
+        busy = self._idle_since is None
+        self._launch()
+        if self._deferred is not None:
+            self.policy.observe(self._deferred)
+            self._deferred = None
+            self._host_s[0 if not busy else 1] += time.perf_counter() - now
+        out = read()
+        self._idle_since = time.perf_counter()
+        return out
 
     def run(self, requests: Sequence[Request], stop: Callable[[RunStats], bool] | None = None) -> RunStats:
         """Serve the requests, at most max_num_seqs at a time (a closed loop of that load): all of them, or until
@@ -258,6 +302,7 @@ class Scheduler:
                     still.append(req)
             running = still
             n_first = 0  # prefills emit each request's first token
+            self._launch()  # prefills: device work with their own reads
             t_adm = time.perf_counter()
             while waiting and len(running) < self.max_num_seqs:
                 req = waiting.popleft()
@@ -265,6 +310,7 @@ class Scheduler:
                 running.append(req)
                 n_first += 1
             t_adm = time.perf_counter() - t_adm if n_first else 0.0
+            self._idle_since = time.perf_counter()
             if not running:
                 continue
             t_step = time.perf_counter()
@@ -273,9 +319,13 @@ class Scheduler:
             n_tok = n_first + self._emit(running, res, caps, asked)
             t_now = time.perf_counter()
             finished = np.array([r.id for r in running if self._done(r)], np.int64)
-            self.policy.observe(StepOutcome(state=state, ks=np.array(res.ks, np.int64), drafter=kinds,
-                                            accepted=np.array(res.accepted, np.int64),
-                                            step_ms=(t_now - t_step) * 1e3, finished_ids=finished))
+            outcome = StepOutcome(state=state, ks=np.array(res.ks, np.int64), drafter=kinds,
+                                  accepted=np.array(res.accepted, np.int64), step_ms=(t_now - t_step) * 1e3,
+                                  finished_ids=finished)
+            if self.overlap_observe:
+                self._deferred = outcome
+            else:
+                self.policy.observe(outcome)
             self.after_step(running, res, finished)
             stats.step_batch_sizes.append(len(running))
             stats.step_ks.append(max(res.ks))
@@ -285,9 +335,15 @@ class Scheduler:
             stats.step_prefill_s.append(t_adm)
             stats.step_wall_s.append(t_now - t_prev)
             stats.step_tokens.append(n_tok)
+            stats.step_host_critical_s.append(self._host_s[0])
+            stats.step_host_overlapped_s.append(self._host_s[1])
+            self._host_s = [0.0, 0.0]
             t_prev = t_now
             if stop is not None and stop(stats):
                 break
+        if self._deferred is not None:
+            self.policy.observe(self._deferred)
+            self._deferred = None
         stats.wall_s = time.perf_counter() - t0
         stats.output_tokens = sum(len(r.output) for r in requests)
         stats.num_steps = len(stats.step_batch_sizes)

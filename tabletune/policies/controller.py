@@ -34,6 +34,7 @@ from tabletune.policies.base import (MODEL, NGRAM, BatchPolicy, BatchState, Deci
                                      StepOutcome, nearest_k)
 from tabletune.policies.ngram_table import NgramTable
 from tabletune.policies.per_request import accepted_mask, default_features, require_features, tested_mask
+from tabletune.policies.stop_rule import LogitStopRule, threshold
 from tabletune.table import VLLM_DOCUMENTED_DIV4_RANGES, VLLM_DOCUMENTED_RANGES, DraftTable
 
 STARTS = {"documented": VLLM_DOCUMENTED_RANGES, "documented-div4": VLLM_DOCUMENTED_DIV4_RANGES}
@@ -173,6 +174,7 @@ class PerRequestController(ControllerPolicy):
         self._prices: dict[int, np.ndarray] = {}
         self.plan: Plan | None = None
         self.explore_row = -1
+        self._rule: LogitStopRule | None = None
         self._top1: np.ndarray | None = None
         self._ng_conf: np.ndarray | None = None
 
@@ -265,21 +267,42 @@ class PerRequestController(ControllerPolicy):
             ks[row], drafter[row] = k_max, MODEL
             plan = Plan(ks, drafter, k_max, plan.expected_tokens, plan.step_ms)
             self.explore_row = row
-        self.plan, self._rate, self._next_rates = plan, rate, next_rates
+        self.plan, self._rate, self._next_rates, self._rule = plan, rate, next_rates, None
         return Decision.per_request(plan.ks, plan.drafter)
+
+    def device_stop_rule(self, state: BatchState) -> LogitStopRule | None:
+        """This step's stop rule as numbers (``stop_rule``), for a draft loop that evaluates it on the device;
+        None where only ``keep_drafting`` can (no plan, an exploring row, or the n-gram default drafter)."""
+        plan = self.plan
+        if plan is None or self.explore_row >= 0 or not self.model_chain:
+            return None
+        if self._rule is None:
+            k_max, cap = self.ctx.k_max, min(plan.cap, self.ctx.k_max)
+            if self.calibration.fits:
+                slope, intercepts = float(self.calibration.coef[0]), self.calibration.coef[1:1 + k_max]
+            else:  # p_ij = a_j: w = 0, c_j = logit(a_j)
+                a = np.clip(self._next_rates, 1e-12, 1 - 1e-12)
+                slope, intercepts = 0.0, np.log(a / (1 - a))
+            prices = self.prices_ms(state.batch_size)[plan.cap - 1]
+            thetas = [threshold(self._rate, prices[j], self._next_rates[j]) if j < cap else float("inf")
+                      for j in range(1, k_max + 1)]
+            self._rule = LogitStopRule(slope, tuple(float(c) for c in intercepts), tuple(thetas))
+        return self._rule
 
     def keep_drafting(self, state: BatchState, features: DraftFeatures, j: int, active: np.ndarray) -> np.ndarray:
         """Row i drafts j + 1 while S_ij a_{j+1} > R dT_{j+1}(b, cap) and j < cap (module ``per_request``)."""
         plan = self.plan
         if plan is None or j >= min(plan.cap, self.ctx.k_max):
             return np.zeros_like(active)
-        b = state.batch_size
-        if self.model_chain:
-            surv_j = np.prod(self.model_probs(features.top1_prob[:, :j]), axis=1)
+        rule = self.device_stop_rule(state)
+        if rule is not None:
+            keep = rule.keep(features.top1_prob, j)
         else:
-            surv_j = np.prod(self.ngram_cal(default_features(state, self.ctx, self.label).top1_prob[:, :j]), axis=1)
-        price = self._rate * self.prices_ms(b)[plan.cap - 1][j]
-        keep = active & (surv_j * self._next_rates[j] > price) & (plan.drafter == MODEL)
+            probs = (self.model_probs(features.top1_prob[:, :j]) if self.model_chain else
+                     self.ngram_cal(default_features(state, self.ctx, self.label).top1_prob[:, :j]))
+            price = self._rate * self.prices_ms(state.batch_size)[plan.cap - 1][j]
+            keep = np.prod(probs, axis=1) * self._next_rates[j] > price
+        keep = active & keep & (plan.drafter == MODEL)
         if self.explore_row >= 0:
             keep[self.explore_row] = bool(active[self.explore_row])
         return keep

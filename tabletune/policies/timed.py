@@ -57,6 +57,16 @@ class TimedStop(Timed):
         self._pending_s += time.perf_counter() - t0
         return out
 
+    def device_stop_rule(self, state: BatchState):
+        """The inner policy's rule for a device-side draft loop (None without one); its host time counts."""
+        rule_of = getattr(self.inner, "device_stop_rule", None)
+        if rule_of is None:
+            return None
+        t0 = time.perf_counter()
+        out = rule_of(state)
+        self._pending_s += time.perf_counter() - t0
+        return out
+
 
 def timed(policy: Policy) -> Timed:
     """The policy wrapped to record its host time per step."""

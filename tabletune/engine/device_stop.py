@@ -1,0 +1,62 @@
+"""A draft loop's stop rule evaluated on the device (``tabletune.policies.stop_rule``): no host sync per position.
+
+After each drafted position j the rows still drafting update their log-survival from the drafter's top-1
+probability and drop out where it falls to theta_j or j reaches their cap, all as tensor operations queued behind
+the drafter. The host keeps launching positions up to the largest cap; it stops early only when a position's
+"any row alive" flag, copied into pinned memory behind that position, has already arrived (``done`` never waits).
+Rows that stopped on the device may still draft later positions (they are not verified on them). The drafted
+lengths are read once, after the loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from tabletune.policies.stop_rule import TOP1_CLIP, Z_CLIP, LogitStopRule
+
+
+class DeviceStop:
+    def __init__(self, engine, slots: Sequence[int], caps: np.ndarray, rule: LogitStopRule) -> None:
+        dev = engine.device
+        self.sig, self.k_max = engine.draft_sig, rule.k_max
+        self.slots = torch.as_tensor(list(slots), device=dev)
+        self.caps = torch.as_tensor(np.asarray(caps, np.int64), device=dev)
+        self.slope = rule.slope
+        self.intercepts = torch.tensor(rule.intercepts, dtype=torch.float64, device=dev)
+        self.thetas = torch.tensor(rule.log_thresholds, dtype=torch.float64, device=dev)
+        self.alive = self.caps > 0
+        self.log_s = torch.zeros(len(slots), dtype=torch.float64, device=dev)
+        self.drafted = torch.zeros(len(slots), dtype=torch.long, device=dev)
+        self.cuda = dev.type == "cuda"
+        self.flags = torch.ones(self.k_max + 1, dtype=torch.bool, pin_memory=self.cuda)
+        self.events: list[torch.cuda.Event] = []
+
+    @torch.inference_mode()
+    def after_position(self, j: int) -> None:
+        """Rows alive drafted position j (1-based): count it, then keep those whose rule lets them draft j + 1."""
+        self.drafted += self.alive
+        top1 = self.sig[self.slots, j - 1, 0].double().clamp(TOP1_CLIP, 1 - TOP1_CLIP)
+        z = (self.slope * torch.log(top1 / (1 - top1)) + self.intercepts[j - 1]).clamp(-Z_CLIP, Z_CLIP)
+        self.log_s -= torch.log1p(torch.exp(-z))
+        if j >= self.k_max:
+            self.alive.zero_()
+        else:
+            self.alive &= (self.log_s > self.thetas[j - 1]) & (self.caps > j)
+        self.flags[j].copy_(self.alive.any(), non_blocking=True)
+        if self.cuda:
+            self.events.append(torch.cuda.Event())
+            self.events[-1].record()
+
+    def done(self) -> bool:
+        """True once a flag that has arrived says no row is alive (rows never revive); never waits."""
+        for j in range(len(self.events) if self.cuda else self.k_max, 0, -1):
+            if (not self.cuda or self.events[j - 1].query()) and not bool(self.flags[j]):
+                return True
+        return False
+
+    def lengths(self) -> np.ndarray:
+        """[rows] positions each row drafted before its rule stopped it (one sync)."""
+        return self.drafted.cpu().numpy()

@@ -1,0 +1,174 @@
+"""The per-request stop rule on the device: the same lengths as the host rule, no sync inside the draft loop,
+outputs unchanged."""
+
+import random
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tabletune.engine.device_stop import DeviceStop  # noqa: E402
+from tabletune.engine.drafters import make_drafter  # noqa: E402
+from tabletune.engine.model import Decoder  # noqa: E402
+from tabletune.engine.presets import PRESETS  # noqa: E402
+from tabletune.engine.runner import EngineConfig, SpecEngine  # noqa: E402
+from tabletune.engine.scheduler import Request, Scheduler, policy_context  # noqa: E402
+from tabletune.cost import StepCost  # noqa: E402
+from tabletune.policies import make_policy  # noqa: E402
+from tabletune.policies.base import Decision  # noqa: E402
+from tabletune.policies.stop_rule import LogitStopRule, threshold  # noqa: E402
+from tabletune.profile import StepPoint, StepProfile  # noqa: E402
+from tabletune.table import DraftTable  # noqa: E402
+
+
+def host_lengths(rule: LogitStopRule, top1: np.ndarray, caps: np.ndarray) -> np.ndarray:
+    """The scheduler's host loop: draft j for the active rows, then keep those the rule keeps, up to the caps."""
+    drafted, active, j = np.zeros(len(caps), np.int64), caps > 0, 0
+    while active.any():
+        j += 1
+        drafted[active] = j
+        active &= drafted < caps
+        active &= rule.keep(top1[:, :j], j)
+    return drafted
+
+
+def test_the_rule_hand_worked():
+    """a = (0.9, 0.5, 0.5) before any fit (w = 0, c = logit a): S_1 a_2 = 0.45, S_2 a_3 = 0.225. With
+    R dT = 0.3 at j = 1 and 0.2 at j = 2 a row drafts 3; with 0.25 at j = 2 it stops after 2."""
+    a = np.array([0.9, 0.5, 0.5])
+    c = tuple(np.log(a / (1 - a)))
+    top1 = np.full((1, 3), 0.7)
+    go = LogitStopRule(0.0, c, (threshold(1.0, 0.3, 0.5), threshold(1.0, 0.2, 0.5), float("inf")))
+    assert go.keep(top1, 1)[0] and go.keep(top1, 2)[0] and not go.keep(top1, 3)[0]
+    stop = LogitStopRule(0.0, c, (threshold(1.0, 0.3, 0.5), threshold(1.0, 0.25, 0.5), float("inf")))
+    assert stop.keep(top1, 1)[0] and not stop.keep(top1, 2)[0]
+    # with a fit, p = sigmoid(w logit(top1) + c_j): w = 1, c = 0 gives p = top1
+    fitted = LogitStopRule(1.0, (0.0, 0.0, 0.0), (np.log(0.5), np.log(0.5), float("inf")))
+    assert fitted.keep(np.array([[0.6, 0.9], [0.4, 0.9]]), 1).tolist() == [True, False]
+    assert fitted.keep(np.array([[0.6, 0.9], [0.6, 0.8]]), 2).tolist() == [True, False]  # 0.54 > 0.5 > 0.48
+
+
+def test_device_lengths_equal_the_host_rule():
+    rng = np.random.default_rng(0)
+    k_max, rows = 6, 48
+    for trial in range(40):
+        sig = torch.rand(rows + 1, k_max, 3)
+        top1 = sig[:rows, :, 0].double().numpy()
+        caps = rng.integers(0, k_max + 1, rows)
+        rule = LogitStopRule(float(rng.uniform(0, 2)), tuple(rng.normal(0.5, 1.0, k_max)),
+                             tuple(np.sort(rng.uniform(-3.0, 0.0, k_max))[::-1]))
+        engine = SimpleNamespace(device=torch.device("cpu"), draft_sig=sig)
+        stop = DeviceStop(engine, list(range(rows)), caps, rule)
+        j = 0
+        while j < caps.max() and not stop.done():
+            j += 1
+            stop.after_position(j)
+        want = host_lengths(rule, top1, caps)
+        assert stop.lengths().tolist() == want.tolist(), trial
+        assert j == want.max(initial=0)  # the loop ended as soon as no row was alive
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    target = Decoder(PRESETS["tiny"], torch.float32, "cpu")
+    rng = random.Random(3)
+    prompts = [[rng.randrange(97) for _ in range(rng.randrange(3, 16))] for _ in range(4)]
+    return target, prompts
+
+
+class Recorded(DeviceStop):
+    """DeviceStop that keeps, per step, its rule, caps, the drafter's top-1 of every row and the lengths it read."""
+
+    steps: list = []
+
+    def __init__(self, engine, slots, caps, rule):
+        super().__init__(engine, slots, caps, rule)
+        self.rule, self.caps_host = rule, np.asarray(caps)
+
+    def lengths(self):
+        out = super().lengths()
+        self.steps.append((self.rule, self.caps_host, self.sig[self.slots, :, 0].double().numpy(), out))
+        return out
+
+
+def _run(target, prompts, policy_name, device_stop, k_max=4):
+    engine = SpecEngine(target, make_drafter("eagle", target, k_max, draft_cfg=PRESETS["tiny"]),
+                        EngineConfig(max_num_seqs=4, max_len=80, k_max=k_max, split_steps=True))
+    # each drafted position costs 0.4 ms on a 1 ms step: with a prior of 0.5 the rule stops rows early
+    cost = StepCost(StepProfile(tuple(StepPoint(b, k, (1.0 + 0.4 * k,)) for b in (1, 4) for k in range(k_max + 1)),
+                                context_len=1))
+    policy = make_policy(policy_name, policy_context(engine, cost)) if policy_name else DraftTable.fixed(0)
+    reads, read_drafts = [], engine.read_drafts
+    engine.read_drafts = lambda slots, k: (reads.append(k), read_drafts(slots, k))[1]
+    reqs = [Request(list(p), 24, i) for i, p in enumerate(prompts)]
+    stats = Scheduler(engine, policy, device_stop=device_stop).run(reqs)
+    return [r.output for r in reqs], stats, reads
+
+
+def test_the_per_request_controller_on_the_device_is_lossless_and_reads_once_a_step(tiny, monkeypatch):
+    """Its stop rule on the device: the target's greedy outputs, at every step the lengths the host rule gives on
+    the same signals, and one read of the drafts per step (the host rule reads after every position it
+    continues). (Its R follows measured step times, so two runs need not plan alike: compared step by step.)"""
+    import tabletune.engine.scheduler as scheduler
+
+    target, prompts = tiny
+    base, _, _ = _run(target, prompts, None, True)
+    name = "controller:per-request,ngram=0,refit_every=2"  # fitted early: row-dependent stops
+    monkeypatch.setattr(scheduler, "DeviceStop", Recorded)
+    Recorded.steps = []
+    out_dev, stats_dev, reads_dev = _run(target, prompts, name, True)
+    out_host, stats_host, reads_host = _run(target, prompts, name, False)
+    assert out_dev == base and out_host == base
+    assert len(Recorded.steps) == stats_dev.num_steps and len(reads_dev) == stats_dev.num_steps
+    assert len(reads_host) > stats_host.num_steps
+    for rule, caps, top1, lengths in Recorded.steps:
+        assert lengths.tolist() == host_lengths(rule, top1, caps).tolist()
+    drafted = np.concatenate([s[3] for s in Recorded.steps])
+    caps = np.concatenate([s[1] for s in Recorded.steps])
+    assert (drafted > 0).any() and (drafted < caps).any()  # rows drafted, and the rule stopped some early
+
+
+class Slow:
+    """Test policy: k = 2 for every row; decide sleeps 4 ms, observe 6 ms; records the order of its calls."""
+
+    name, uses_features = "slow", False
+
+    def __init__(self):
+        self.calls = []
+
+    def decide(self, state):
+        time.sleep(0.004)
+        self.calls.append(("decide", state.step))
+        return Decision.batch(2)
+
+    def observe(self, outcome):
+        time.sleep(0.006)
+        self.calls.append(("observe", outcome.state.step))
+
+
+def test_host_time_on_the_critical_path_and_the_observe_overlapped(tiny):
+    """decide is always on the critical path; observe is too unless overlapped, when it runs before the next step's
+    first read and sees decide(t + 1) come before observe(t). Outputs are the target's either way."""
+    target, prompts = tiny
+    base, _, _ = _run(target, prompts, None, True)
+    runs = {}
+    for overlap in (False, True):
+        engine = SpecEngine(target, make_drafter("eagle", target, 4, draft_cfg=PRESETS["tiny"]),
+                            EngineConfig(max_num_seqs=4, max_len=80, k_max=4))
+        policy = Slow()
+        reqs = [Request(list(p), 24, i) for i, p in enumerate(prompts)]
+        stats = Scheduler(engine, policy, overlap_observe=overlap).run(reqs)
+        assert [r.output for r in reqs] == base
+        runs[overlap] = (policy.calls, np.mean(stats.step_host_critical_s[1:]) * 1e3,
+                         np.mean(stats.step_host_overlapped_s[1:]) * 1e3)
+    calls, critical_ms, overlapped_ms = runs[False]
+    assert calls[:4] == [("decide", 0), ("observe", 0), ("decide", 1), ("observe", 1)]
+    assert critical_ms >= 10.0 and overlapped_ms == 0.0
+    calls, critical_ms, overlapped_ms = runs[True]
+    assert calls[:4] == [("decide", 0), ("decide", 1), ("observe", 0), ("decide", 2)]
+    # sleeps never undersleep: 4 ms of decide is critical; the 6 ms of observe, counted there, would make it >= 10
+    assert 4.0 <= critical_ms < 10.0 and overlapped_ms >= 6.0
