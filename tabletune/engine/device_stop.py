@@ -1,12 +1,5 @@
-"""A draft loop's stop rule evaluated on the device (``tabletune.policies.stop_rule``): no host sync per position.
-
-After each drafted position j the rows still drafting update their log-survival from the drafter's top-1
-probability and drop out where it falls to theta_j or j reaches their cap, all as tensor operations queued behind
-the drafter. The host keeps launching positions up to the largest cap; it stops early only when a position's
-"any row alive" flag, copied into pinned memory behind that position, has already arrived (``done`` never waits).
-Rows that stopped on the device may still draft later positions (they are not verified on them). The drafted
-lengths are read once, after the loop.
-"""
+"""A draft loop's stop rule on the device (``tabletune.policies.stop_rule``; docs/engine.md, "A stop rule on the
+device"): rows drop out as tensor operations behind the drafter, no host sync until the lengths are read."""
 
 from __future__ import annotations
 
