@@ -15,8 +15,9 @@ from tabletune.engine.presets import resolve
 from tabletune.engine.runner import SpecEngine
 from tabletune.engine.trace_replay import TracedReplayDrafter
 
-# packed verification (token buckets), drafting position by position with stops; n-gram traces read bridged
-ENGINE_VERSION = "0.10.1"
+# packed verification (token buckets), drafting position by position with stops (a formula rule on the device);
+# n-gram traces read bridged
+ENGINE_VERSION = "0.11.0"
 RUNNER = "builtin/cudagraph-per-(bucket,k,tokens)"
 
 
