@@ -181,3 +181,56 @@ def test_ragged_and_split_steps_from_graphs_equal_greedy_without_speculation(dra
         Scheduler(e, policy).run(reqs)
         torch.cuda.synchronize()
         assert [r.output for r in reqs] == [b[:24] for b in base], policy.name
+
+
+def test_the_stop_rule_on_the_device_with_events_equals_the_host_rule():
+    """``DeviceStop`` on CUDA (pinned flags, event queries that never wait): the host rule's lengths; the loop ends
+    no earlier than the longest draft. Then ``controller:per-request`` with its rule on the device, on the graphs of
+    the draft loop: the greedy outputs of k = 0."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from tabletune.cost import StepCost
+    from tabletune.engine.device_stop import DeviceStop
+    from tabletune.engine.scheduler import policy_context
+    from tabletune.policies import make_policy
+    from tabletune.policies.stop_rule import LogitStopRule
+    from tabletune.profile import StepPoint, StepProfile
+
+    rng = np.random.default_rng(0)
+    k_max, rows = 6, 48
+    for trial in range(20):
+        sig = torch.rand(rows + 1, k_max, 3, device="cuda")
+        top1 = sig[:rows, :, 0].double().cpu().numpy()
+        caps = rng.integers(0, k_max + 1, rows)
+        rule = LogitStopRule(float(rng.uniform(0, 2)), tuple(rng.normal(0.5, 1.0, k_max)),
+                             tuple(np.sort(rng.uniform(-3.0, 0.0, k_max))[::-1]))
+        stop = DeviceStop(SimpleNamespace(device=torch.device("cuda"), draft_sig=sig), list(range(rows)), caps, rule)
+        j = 0
+        while j < caps.max() and not stop.done():
+            j += 1
+            stop.after_position(j)
+        drafted, active, i = np.zeros(rows, np.int64), caps > 0, 0
+        while active.any():
+            i += 1
+            drafted[active] = i
+            active &= (drafted < caps) & rule.keep(top1[:, :i], i)
+        assert stop.lengths().tolist() == drafted.tolist(), trial
+        assert j >= drafted.max(initial=0)
+
+    torch.manual_seed(0)
+    cfg = PRESETS["tiny"]
+    target = Decoder(cfg, torch.float32, "cuda")
+    prompts = [[random.Random(i).randrange(cfg.vocab_size) for _ in range(3 + i)] for i in range(8)]
+    base, _, _ = _serve(target, "ngram", DraftTable.fixed(0), prompts, prefill_graphs=0)
+    e = SpecEngine(target, make_drafter("eagle", target, 5, draft_cfg=cfg),
+                   EngineConfig(max_num_seqs=8, max_len=96, k_max=5, split_steps=True))
+    cost = StepCost(StepProfile(tuple(StepPoint(b, k, (1.0 + 0.4 * k,)) for b in (1, 8) for k in range(6)),
+                                context_len=1))
+    policy = make_policy("controller:per-request,ngram=0,refit_every=2", policy_context(e, cost))
+    reqs = [Request(list(p), 24, i) for i, p in enumerate(prompts)]
+    stats = Scheduler(e, policy).run(reqs)
+    torch.cuda.synchronize()
+    assert [r.output for r in reqs] == [b[:24] for b in base]
+    assert sum(stats.step_drafted) > 0
