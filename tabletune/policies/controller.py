@@ -175,6 +175,9 @@ class PerRequestController(ControllerPolicy):
         self.plan: Plan | None = None
         self.explore_row = -1
         self._rule: LogitStopRule | None = None
+        self._ahead: tuple[Plan, float, np.ndarray, LogitStopRule | None] | None = None  # observe's next plan
+        self._plain = False  # the last plan was made before drafting with no n-gram proposal
+        self._signals: dict[int, tuple[np.ndarray | None, np.ndarray | None]] = {}  # step -> (top1, n-gram conf)
         self._top1: np.ndarray | None = None
         self._ng_conf: np.ndarray | None = None
 
@@ -233,13 +236,20 @@ class PerRequestController(ControllerPolicy):
         ``keep_drafting`` then stops the model rows on their own signals; such a plan does not explore.
         With the drafted signals, survival is calibrated per row."""
         b, k_max = state.batch_size, self.ctx.k_max
-        next_rates = np.asarray(self.controller.estimator.rates()[:k_max])
         blind = self.model_chain and state.features is None
         if blind:
-            surv_m = np.broadcast_to(np.cumprod(next_rates)[None, :], (b, k_max))
-            surv_n = self.ngram_survival(state.ngram_match_len, state.ngram_num_proposed)
             self._top1 = None
+            surv_n = self.ngram_survival(state.ngram_match_len, state.ngram_num_proposed)
+            if surv_n is None:  # every row on the model chain alike: the plan made ahead, if for this b
+                ahead = self._ahead if self._ahead is not None and self._ahead[0].ks.shape[0] == b else None
+                self.plan, self._rate, self._next_rates, self._rule = ahead or self.blind_plan(b)
+                self.explore_row, self._plain = -1, True
+                self._signals[state.step] = (None, None)
+                return Decision.per_request(self.plan.ks, self.plan.drafter)
+            next_rates = np.asarray(self.controller.estimator.rates()[:k_max])
+            surv_m = np.broadcast_to(np.cumprod(next_rates)[None, :], (b, k_max))
         else:
+            next_rates = np.asarray(self.controller.estimator.rates()[:k_max])
             if state.features is None and state.ngram_num_proposed is not None:  # the n-gram chain: its lookup
                 nan = np.full((b, k_max), np.nan)                                 # is its signal
                 state = BatchState(state.step, state.time_s, state.request_ids, state.num_generated,
@@ -267,27 +277,46 @@ class PerRequestController(ControllerPolicy):
             ks[row], drafter[row] = k_max, MODEL
             plan = Plan(ks, drafter, k_max, plan.expected_tokens, plan.step_ms)
             self.explore_row = row
-        self.plan, self._rate, self._next_rates, self._rule = plan, rate, next_rates, None
+        self.plan, self._rate, self._next_rates, self._rule, self._plain = plan, rate, next_rates, None, False
+        self._signals[state.step] = (self._top1, self._ng_conf)
         return Decision.per_request(plan.ks, plan.drafter)
 
-    def device_stop_rule(self, state: BatchState) -> LogitStopRule | None:
+    def blind_plan(self, b: int) -> tuple[Plan, float, np.ndarray, LogitStopRule | None]:
+        """(plan, R, a, stop rule) of a step of b rows planned before drafting with no n-gram proposal: every row's
+        survival is the estimator's, so it depends on b and on what ``observe`` learnt only. ``observe`` makes it
+        for the batch it saw (``_ahead``), so that an engine that overlaps ``observe`` with the next step finds
+        the next plan made (its decide then costs a lookup)."""
+        k_max = self.ctx.k_max
+        next_rates = np.asarray(self.controller.estimator.rates()[:k_max])
+        surv_m = np.broadcast_to(np.cumprod(next_rates)[None, :], (b, k_max))
+        table_k = nearest_k(self.controller.table.k_for(max(b, 1)), self.ctx.ks)
+        rate = self.rate(b, surv_m, table_k)
+        plan = choose_plan(self.ctx.cost, surv_m, None, next_rates, self.prices_ms(b), rate, table_k,
+                           None if b <= self.all_caps_max_batch else 2)
+        return plan, rate, next_rates, self.stop_rule(plan, rate, next_rates)
+
+    def device_stop_rule(self, state: BatchState | None = None) -> LogitStopRule | None:
         """This step's stop rule as numbers (``stop_rule``), for a draft loop that evaluates it on the device;
         None where only ``keep_drafting`` can (no plan, an exploring row, or the n-gram default drafter)."""
-        plan = self.plan
-        if plan is None or self.explore_row >= 0 or not self.model_chain:
+        if self.plan is None or self.explore_row >= 0 or not self.model_chain:
             return None
         if self._rule is None:
-            k_max, cap = self.ctx.k_max, min(plan.cap, self.ctx.k_max)
-            if self.calibration.fits:
-                slope, intercepts = float(self.calibration.coef[0]), self.calibration.coef[1:1 + k_max]
-            else:  # p_ij = a_j: w = 0, c_j = logit(a_j)
-                a = np.clip(self._next_rates, 1e-12, 1 - 1e-12)
-                slope, intercepts = 0.0, np.log(a / (1 - a))
-            prices = self.prices_ms(state.batch_size)[plan.cap - 1]
-            thetas = [threshold(self._rate, prices[j], self._next_rates[j]) if j < cap else float("inf")
-                      for j in range(1, k_max + 1)]
-            self._rule = LogitStopRule(slope, tuple(float(c) for c in intercepts), tuple(thetas))
+            self._rule = self.stop_rule(self.plan, self._rate, self._next_rates)
         return self._rule
+
+    def stop_rule(self, plan: Plan, rate: float, next_rates: np.ndarray) -> LogitStopRule | None:
+        """The model rows' stop rule under ``plan`` (module ``stop_rule``); None for the n-gram default drafter."""
+        if not self.model_chain or plan.cap < 1:
+            return None
+        k_max, cap = self.ctx.k_max, min(plan.cap, self.ctx.k_max)
+        if self.calibration.fits:
+            slope, intercepts = float(self.calibration.coef[0]), self.calibration.coef[1:1 + k_max]
+        else:  # p_ij = a_j: w = 0, c_j = logit(a_j)
+            a = np.clip(next_rates, 1e-12, 1 - 1e-12)
+            slope, intercepts = 0.0, np.log(a / (1 - a))
+        prices = self.prices_ms(len(plan.ks))[plan.cap - 1]
+        thetas = [threshold(rate, prices[j], next_rates[j]) if j < cap else float("inf") for j in range(1, k_max + 1)]
+        return LogitStopRule(slope, tuple(float(c) for c in intercepts), tuple(thetas))
 
     def keep_drafting(self, state: BatchState, features: DraftFeatures, j: int, active: np.ndarray) -> np.ndarray:
         """Row i drafts j + 1 while S_ij a_{j+1} > R dT_{j+1}(b, cap) and j < cap (module ``per_request``)."""
@@ -325,17 +354,18 @@ class PerRequestController(ControllerPolicy):
         k_max = self.ctx.k_max
         tested = tested_mask(outcome.ks, outcome.accepted, k_max)
         acc = accepted_mask(outcome.accepted, k_max)
-        if self._top1 is None and self.model_chain and outcome.state.features is not None:
-            self._top1 = outcome.state.features.top1_prob[:, :k_max]  # the signals drafted after a blind plan
-        if self._top1 is not None:
+        # the step's own signals (an engine may observe step t after deciding step t + 1)
+        top1, ng_conf = self._signals.pop(outcome.state.step, (None, None))
+        if top1 is None and self.model_chain and outcome.state.features is not None:
+            top1 = outcome.state.features.top1_prob[:, :k_max]  # the signals drafted after a blind plan
+        if top1 is not None:
             mask = tested & (outcome.drafter == MODEL)[:, None]
             rows, cols = np.nonzero(mask)
-            self.calibration.add(self._top1[rows, cols], cols, acc[rows, cols].astype(float))
-        if self._ng_conf is not None:
+            self.calibration.add(top1[rows, cols], cols, acc[rows, cols].astype(float))
+        if ng_conf is not None:
             mask = tested & (outcome.drafter == NGRAM)[:, None]
             if mask.any():
-                self.ngram_cal.update(self._ng_conf[mask], acc[mask])
-        self._top1 = self._ng_conf = None
+                self.ngram_cal.update(ng_conf[mask], acc[mask])
         shifts = self.controller.estimator.shifts
         if shifts != self._shifts:  # a new workload: calibrate on its tokens only
             self._shifts = shifts
@@ -345,3 +375,6 @@ class PerRequestController(ControllerPolicy):
         w = self.ema if self.ema_ms > 0 else 0.0
         self.ema_tokens = w * self.ema_tokens + (1.0 - w) * outcome.num_tokens
         self.ema_ms = w * self.ema_ms + (1.0 - w) * outcome.step_ms
+        self._signals = {t: v for t, v in self._signals.items() if t > outcome.state.step}
+        # the next plan, made now when this step's was one (no n-gram proposal): the likely case next step too
+        self._ahead = self.blind_plan(len(outcome.ks)) if self._plain else None

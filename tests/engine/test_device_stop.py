@@ -95,7 +95,7 @@ class Recorded(DeviceStop):
         return out
 
 
-def _run(target, prompts, policy_name, device_stop, k_max=4):
+def _run(target, prompts, policy_name, device_stop, k_max=4, overlap=False):
     engine = SpecEngine(target, make_drafter("eagle", target, k_max, draft_cfg=PRESETS["tiny"]),
                         EngineConfig(max_num_seqs=4, max_len=80, k_max=k_max, split_steps=True))
     # each drafted position costs 0.4 ms on a 1 ms step: with a prior of 0.5 the rule stops rows early
@@ -105,7 +105,7 @@ def _run(target, prompts, policy_name, device_stop, k_max=4):
     reads, read_drafts = [], engine.read_drafts
     engine.read_drafts = lambda slots, k: (reads.append(k), read_drafts(slots, k))[1]
     reqs = [Request(list(p), 24, i) for i, p in enumerate(prompts)]
-    stats = Scheduler(engine, policy, device_stop=device_stop).run(reqs)
+    stats = Scheduler(engine, policy, device_stop=device_stop, overlap_observe=overlap).run(reqs)
     return [r.output for r in reqs], stats, reads
 
 
@@ -172,3 +172,14 @@ def test_host_time_on_the_critical_path_and_the_observe_overlapped(tiny):
     assert calls[:4] == [("decide", 0), ("decide", 1), ("observe", 0), ("decide", 2)]
     # sleeps never undersleep: 4 ms of decide is critical; the 6 ms of observe, counted there, would make it >= 10
     assert 4.0 <= critical_ms < 10.0 and overlapped_ms >= 6.0
+
+
+def test_the_per_request_controller_overlapped_stays_lossless(tiny):
+    """Observing step t during step t + 1 (decisions on one-step-old statistics, the plan made ahead): the greedy
+    outputs, and the observe time counted as overlapped."""
+    target, prompts = tiny
+    base, _, _ = _run(target, prompts, None, True)
+    for name in ("controller:per-request,refit_every=2", "controller:per-request,ngram=0,refit_every=2"):
+        out, stats, _ = _run(target, prompts, name, True, overlap=True)
+        assert out == base, name
+        assert sum(stats.step_host_overlapped_s) > 0

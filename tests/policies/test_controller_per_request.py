@@ -106,3 +106,60 @@ def test_the_estimator_learns_the_model_chain_from_model_rows_only():
     rates = with_ngram.controller.estimator.rates()
     assert rates == pytest.approx(without.controller.estimator.rates())
     assert rates[0] < 0.9  # the model row's rejection at position 1 moved it down from the prior
+
+
+def test_the_plan_made_ahead_is_the_plan_decide_would_make():
+    """``observe`` makes the next plan when its step had no n-gram proposal; at every decide that finds one for
+    its batch size, it equals the plan made there and then (plan, R, a, stop rule)."""
+    from per_request_helpers import starter_cost
+
+    from tabletune.sim import SimConfig, Simulator, preset
+    from tabletune.sim.workload import Schedule
+
+    sim = Simulator(starter_cost(), Schedule.constant(preset("chat")), SimConfig(duration_s=2.0, load=4, seed=0))
+    policy = make_policy("controller:per-request", sim.context())
+    decide, checked = policy.decide, []
+
+    def deciding(state):
+        ahead = policy._ahead
+        if ahead is not None and ahead[0].ks.shape[0] == state.batch_size:
+            (plan, rate, rates, rule), (plan_now, rate_now, rates_now, rule_now) = ahead, policy.blind_plan(
+                state.batch_size)
+            assert (plan.ks == plan_now.ks).all() and (plan.drafter == plan_now.drafter).all()
+            assert (plan.cap, plan.expected_tokens, plan.step_ms, rate) == (plan_now.cap, plan_now.expected_tokens,
+                                                                           plan_now.step_ms, rate_now)
+            assert (rates == rates_now).all() and rule == rule_now
+            checked.append(state.step)
+        return decide(state)
+
+    policy.decide = deciding
+    sim.run(policy)
+    assert len(checked) > 10
+
+
+def test_observing_a_step_after_deciding_the_next_calibrates_on_that_steps_signals():
+    """An engine that overlaps observe decides step t + 1 (another batch, other n-gram lookups) before it observes
+    step t: the n-gram calibration learns from step t's confidences, as when it observes first."""
+    from per_request_helpers import make_ctx, make_outcome
+
+    from tabletune.policies.base import BatchState
+
+    def state(step, matched):
+        b = len(matched)
+        return BatchState(step=step, time_s=0.0, request_ids=np.arange(b), num_generated=np.zeros(b, np.int64),
+                          ngram_match_len=np.where(matched, [4, 2, 1, 3, 2][:b], 0),
+                          ngram_num_proposed=np.where(matched, 7, 0))
+
+    s0, s1 = state(0, np.array([True, False, True])), state(1, np.array([False, True, True, True, False]))
+    cals = []
+    for lagged in (False, True):
+        policy = PerRequestController(make_ctx(ngram_rates=(0.0, 0.9, 0.9, 0.9, 0.9)))
+        d0 = policy.decide(s0)
+        assert (d0.drafter == 1).sum() == 2  # both matched rows take the n-gram chain
+        if lagged:
+            policy.decide(s1)
+        policy.observe(make_outcome(s0, d0.ks, np.minimum(d0.ks, 2), drafter=d0.drafter))
+        cals.append((policy.ngram_cal.tested.copy(), policy.ngram_cal.accepted.copy()))
+        assert 0 not in policy._signals and (1 in policy._signals) == lagged  # step 1's wait for its outcome
+    assert cals[0][0].sum() > 0
+    assert (cals[0][0] == cals[1][0]).all() and (cals[0][1] == cals[1][1]).all()
