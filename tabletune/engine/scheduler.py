@@ -141,13 +141,13 @@ class Scheduler:
         self.policy = policy
         self.uses_features = bool(getattr(policy, "uses_features", False))
         self.stop = draft_stop_of(policy)
-        # a rule that plans before drafting but never ends a draft (``stops_drafts = False``) reads nothing back
-        # between drafted positions
-        self.reads_each_position = (not isinstance(self.stop, AlwaysDraft)
-                                    and bool(getattr(policy, "stops_drafts", True)))
+        # a stop rule, or a policy that plans on the n-gram lookup (``uses_lookup``), decides before drafting; only
+        # a stop rule reads anything back between drafted positions
+        self.reads_each_position = not isinstance(self.stop, AlwaysDraft)
+        self.plans_first = self.reads_each_position or bool(getattr(policy, "uses_lookup", False))
         # a rule the policy can give as numbers (``device_stop_rule``) runs on the device unless device_stop=False
         self.device_stop, self.device_rule = device_stop, getattr(self.stop, "device_stop_rule", lambda state: None)
-        self.split = self.uses_features or not isinstance(self.stop, AlwaysDraft)
+        self.split = self.uses_features or self.plans_first
         if self.split and not engine.cfg.split_steps:
             raise ValueError(f"policy {policy.name} reads draft signals or ends drafts: build the engine with "
                              "split_steps=True")
@@ -227,12 +227,12 @@ class Scheduler:
         state = BatchState(step=step, time_s=now_s, request_ids=np.array([r.id for r in running], np.int64),
                            num_generated=np.array([len(r.output) for r in running], np.int64))
         lookup = None
-        if self.split and not isinstance(self.stop, AlwaysDraft):  # a stop rule plans before drafting
+        if self.plans_first:  # decided before drafting, the n-gram lookup in hand
             lookup = e.drafter.host_lookup(slots, np.array([len(r.prompt) + len(r.output) for r in running]))
             if lookup is not None:  # the n-gram lookup costs no drafter step: the plan may put rows on that chain
                 state = dataclasses.replace(state, ngram_match_len=lookup[0], ngram_num_proposed=lookup[1])
         drafted = None
-        if self.uses_features and isinstance(self.stop, AlwaysDraft):  # it reads every position, then decides
+        if self.uses_features and not self.plans_first:  # it reads every position, then decides
             drafted, features = self._draft(slots, state, np.full(n, self._draft_cap(state), np.int64))
             state = dataclasses.replace(state, features=features)
         decision = self.policy.decide(state)

@@ -28,10 +28,10 @@ says stop, and the rule sees only the signals of positions <= j when deciding wh
 j + 1. No peeking: such a policy's ``decide`` runs *before* anything is drafted, on the engine
 as in the simulator, so it gets ``state.features = None`` (no model signal of any position)
 and returns caps; the n-gram lookup, which costs no drafter step, comes with the state as
-``state.ngram_match_len`` / ``state.ngram_num_proposed`` (``BatchState.before_drafting``; a stop
-rule without ``uses_features`` that reads it sets ``uses_lookup = True``, so the simulator tracks it; one whose
-``keep_drafting`` never ends a draft sets ``stops_drafts = False``, so the engine reads no signal back between
-drafted positions).
+``state.ngram_match_len`` / ``state.ngram_num_proposed`` (``BatchState.before_drafting``). A policy
+without a stop rule that plans on that lookup sets ``uses_lookup = True`` (``hybrid-static``): it is decided
+before drafting too, its n-gram rows take no model drafting, and nothing is read back between drafted
+positions.
 The outcome's state carries the drafted signals (``features``) for ``observe``. A policy
 without a stop rule that sets ``uses_features`` reads every position's signals in ``decide``
 (the engine drafts all of them first, and the step pays for drafting them).

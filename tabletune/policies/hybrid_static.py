@@ -25,9 +25,9 @@ per workload on the calibration half of the prompts, as DISCO's threshold is cho
 is simulated at a few loads on the calibration half, and ``choose_m`` takes the m with the largest mean share of
 each load's best m (ties to the smaller m). An m above the lookup's longest match puts no row on the chain.
 
-The policy is a ``DraftStop`` that never ends a draft early: that makes the engine and the simulator plan before
-drafting (the lookup known, n-gram rows free of model drafting), as they do for ``controller:per-request``;
-with ``stops_drafts = False`` the engine reads no signal back between drafted positions.
+It reads the lookup (``uses_lookup``), so the engine and the simulator plan it before drafting, the lookup known
+and its n-gram rows free of model drafting, as they do for ``controller:per-request``; it ends no draft early,
+so nothing is read back between drafted positions.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from typing import ClassVar
 import numpy as np
 
 from tabletune.errors import InputError
-from tabletune.policies.base import MODEL, NGRAM, BatchState, Decision, DraftFeatures, PolicyContext, StepOutcome
+from tabletune.policies.base import MODEL, NGRAM, BatchState, Decision, PolicyContext, StepOutcome
 from tabletune.policies.tuned_table import TunedTable
 
 
@@ -86,8 +86,7 @@ class HybridStaticPolicy:
 
     name: ClassVar[str] = "hybrid-static"
     uses_features: ClassVar[bool] = False
-    stops_drafts: ClassVar[bool] = False  # keep_drafting never ends a draft: nothing read back per position
-    uses_lookup: ClassVar[bool] = True  # reads state.ngram_match_len / ngram_num_proposed (the simulator tracks it)
+    uses_lookup: ClassVar[bool] = True  # plans before drafting on state.ngram_match_len / ngram_num_proposed
 
     def __init__(self, ctx: PolicyContext, m: int = 1) -> None:
         if not isinstance(m, int) or m < 1:
@@ -104,11 +103,6 @@ class HybridStaticPolicy:
             return Decision.batch(k_model)
         rows = split_rows(state.ngram_match_len, state.ngram_num_proposed, self.m, k_model, self.ctx.k_max)
         return Decision.per_request(rows.ks, rows.drafter)
-
-    def keep_drafting(self, state: BatchState, features: DraftFeatures | None, j: int,
-                      active: np.ndarray) -> np.ndarray:
-        """Never stops a draft early: every model row drafts to its decided k (the draft loop's cap)."""
-        return active.copy()
 
     def observe(self, outcome: StepOutcome) -> None:
         return None

@@ -25,7 +25,6 @@ class Timed:
         self.label = getattr(inner, "label", None) or inner.name
         self.uses_features = inner.uses_features
         self.uses_lookup = bool(getattr(inner, "uses_lookup", False))
-        self.stops_drafts = bool(getattr(inner, "stops_drafts", True))
         self.host_ms: list[float] = []
         self._pending_s = 0.0
 

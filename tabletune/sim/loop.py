@@ -39,8 +39,8 @@ class _Run:
         self.draft_stop = draft_stop_of(policy)
         self.sees_fate = bool(getattr(policy, "sees_fate", False))
         # span state matters only when an n-gram drafter can be chosen (or its lookup is read: ``uses_lookup``)
-        self.track_ngram = (sim.default_drafter == NGRAM or self.uses_features
-                            or bool(getattr(policy, "uses_lookup", False)))
+        self.uses_lookup = bool(getattr(policy, "uses_lookup", False))
+        self.track_ngram = sim.default_drafter == NGRAM or self.uses_features or self.uses_lookup
         self._consts: dict[tuple[int, int], np.ndarray] = {}
         self._no_ids = np.zeros(0, np.int64)
         self.new_first = False  # some running request has not emitted a token yet
@@ -93,23 +93,24 @@ class _Run:
         state = draws.state(len(self.steps), self.time_s)
         if self.sees_fate:  # the headroom oracle (``tabletune.sim.oracle``) is told each draft's fate
             self.policy.fate, self.policy.fate_ngram = draws.fates()  # type: ignore[attr-defined]
-        # decide (a stop rule before drafting: no model signal yet, ``BatchState.before_drafting``)
+        # decide (a stop rule, or a policy that plans on the lookup, before drafting: ``BatchState.before_drafting``)
         stops = self.draft_stop is not ALWAYS_DRAFT
-        decision = self.policy.decide(state.before_drafting() if stops else state)
+        first = stops or self.uses_lookup
+        decision = self.policy.decide(state.before_drafting() if first else state)
         # draft
         if decision.ks is None and decision.drafter is None and sim.default_drafter != NGRAM and draws.margin is None:
             k = min(max(int(decision.k), 0), sim.k_max)  # type: ignore[arg-type]
             ks, drafter = self._const(b, k), self._const(b, sim.default_drafter)  # one k, model drafter
             step_ms = sim.cost.step_ms(b, k)
         else:
-            ks, drafter, step_ms = self.draft(decision, state, draws.ng_prop, stops)
+            ks, drafter, step_ms = self.draft(decision, state, draws.ng_prop, stops, first)
         # verify
         accepted = draws.accepted(ks, drafter == NGRAM)
         kl = draws.kl(ks)
         # account
         self.finish_step(state, ks, drafter, accepted, kl, step_ms, int(ks.sum()), draws)
 
-    def draft(self, decision, state: BatchState, ng_prop: np.ndarray, stops: bool
+    def draft(self, decision, state: BatchState, ng_prop: np.ndarray, stops: bool, first: bool
               ) -> tuple[np.ndarray, np.ndarray, float]:
         """(k_i verified, drafter per row, step ms) of a per-row decision: a stop rule ends rows' drafts on the
         signals drafted so far; n-gram rows verify at most the lookup's proposals."""
@@ -117,10 +118,11 @@ class _Run:
         ks = np.minimum(np.maximum(decision.ks_for(b), 0), k_max)
         drafter = decision.drafter if decision.drafter is not None else self._const(b, sim.default_drafter)
         free = None
-        if stops:  # the draft ends row by row (``DraftStop``), on the signals drafted so far
+        if first:  # planned before drafting: a stop rule ends the draft row by row, on the signals drafted so far
             # a row given the n-gram chain (beside a model default) takes no model drafting: the lookup proposes
             free = (drafter == NGRAM) & (sim.default_drafter != NGRAM)
-            drafted = draft_until_stopped(self.draft_stop, state, np.where(free, 0, ks))
+            caps = np.where(free, 0, ks)
+            drafted = draft_until_stopped(self.draft_stop, state, caps) if stops else caps
             ks = np.where(free, ks, drafted)
         elif self.uses_features and sim.default_drafter != NGRAM:  # it read every position's signals: all drafted
             drafted = self._const(b, k_max)

@@ -4,7 +4,7 @@ from per_request_helpers import make_ctx, make_outcome, run_sim
 
 from tabletune.errors import InputError
 from tabletune.policies import PER_REQUEST_POLICIES, make_policy
-from tabletune.policies.base import MODEL, NGRAM, BatchState, draft_stop_of
+from tabletune.policies.base import ALWAYS_DRAFT, MODEL, NGRAM, BatchState, draft_stop_of
 from tabletune.policies.hybrid_static import HybridStaticPolicy, choose_m, split_rows
 from tabletune.policies.tuned_table import TunedTable
 
@@ -57,9 +57,8 @@ def test_m_option_default_and_bad_values():
 def test_it_plans_before_drafting_and_never_ends_a_draft_early():
     ctx = make_ctx()
     policy = make_policy("hybrid-static", ctx)
-    assert draft_stop_of(policy) is policy and not policy.uses_features and policy.uses_lookup
-    active = np.array([True, False, True])
-    assert policy.keep_drafting(lookup_state([0, 0, 0], [0, 0, 0]), None, 1, active).tolist() == [True, False, True]
+    # no stop rule: it plans before drafting because it reads the lookup (``uses_lookup``)
+    assert draft_stop_of(policy) is ALWAYS_DRAFT and not policy.uses_features and policy.uses_lookup
     state = lookup_state([2], [1])
     policy.observe(make_outcome(state, [1], [1], drafter=[NGRAM]))  # learns nothing: the same decision after
     assert policy.decide(state).ks.tolist() == [1]
