@@ -105,7 +105,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--budget-s", type=float, default=450.0,
                     help="refuse a grid whose serving part is estimated to take longer (set-up comes first)")
     ap.add_argument("--overlap-observe", action="store_true",
-                    help="policies observe step t while step t + 1 runs (decisions on one-step-old statistics)")
+                    help="policies that allow it (observe_may_lag) observe step t while step t + 1 runs")
     ap.add_argument("--host-stop", action="store_true", help="stop rules on the host even where the device can")
     ap.add_argument("--no-sim", action="store_true", help="measure only (simulate later with --sim-only)")
     ap.add_argument("--sim-only", action="store_true", help="simulate the cells of OUT.json that lack it (CPU)")

@@ -130,9 +130,10 @@ class Scheduler:
                  cap_rates: Sequence[float] | None = None, seed: int = 0, fixed_shape: bool = False,
                  after_step: StepHook = no_hook, device_stop: bool = True, overlap_observe: bool = False) -> None:
         self.engine = engine
-        # overlap_observe: the policy observes step t while step t + 1 runs (just before its first read), so it
-        # decides step t + 1 on statistics one step old, as vLLM's async scheduling does
-        self.overlap_observe, self._deferred = overlap_observe, None
+        # overlap_observe: a policy that allows it (``observe_may_lag``) observes step t while step t + 1 runs (just
+        # before its first read), so it decides step t + 1 on statistics one step old, as vLLM's async scheduling does
+        self.overlap_observe = overlap_observe and bool(getattr(policy, "observe_may_lag", False))
+        self._deferred = None
         self._idle_since: float | None = None
         self._host_s = [0.0, 0.0]  # critical, overlapped
         self.after_step = after_step

@@ -44,6 +44,9 @@ Conventions:
   no suffix match). A request given the n-gram drafter with ``ks[i]`` larger than
   that verifies only ``ngram_num_proposed[i]`` tokens; ``StepOutcome.ks`` reports the
   lengths actually verified.
+* ``observe`` of a step follows its ``decide`` before the next ``decide``, unless the policy sets
+  ``observe_may_lag = True``: then an engine may observe step t after deciding step t + 1 (the policy keys
+  what it keeps from a step by ``state.step``).
 * ``StepOutcome.accepted[i]`` counts accepted draft tokens (0..ks[i]); the bonus token
   is extra, so request i emits ``accepted[i] + 1`` tokens.
 * Every k a policy returns must be in ``ctx.ks`` for batch decisions; per-request

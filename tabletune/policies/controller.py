@@ -146,6 +146,7 @@ class PerRequestController(ControllerPolicy):
     """
 
     uses_features: ClassVar[bool] = True
+    observe_may_lag: ClassVar[bool] = True  # what it keeps from a step is keyed by that step
     EXPLORE_FRACTION: ClassVar[float] = 0.005  # its default credit share (the batch controller's is 0.02)
     OPTIONS: ClassVar[tuple[str, ...]] = ("explore_max_batch", "ngram", "refit_every", "memory", "ema",
                                           "all_caps_max_batch")

@@ -25,6 +25,7 @@ class Timed:
         self.label = getattr(inner, "label", None) or inner.name
         self.uses_features = inner.uses_features
         self.uses_lookup = bool(getattr(inner, "uses_lookup", False))
+        self.observe_may_lag = bool(getattr(inner, "observe_may_lag", False))
         self.host_ms: list[float] = []
         self._pending_s = 0.0
 

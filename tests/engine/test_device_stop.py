@@ -135,7 +135,7 @@ def test_the_per_request_controller_on_the_device_is_lossless_and_reads_once_a_s
 class Slow:
     """Test policy: k = 2 for every row; decide sleeps 4 ms, observe 6 ms; records the order of its calls."""
 
-    name, uses_features = "slow", False
+    name, uses_features, observe_may_lag = "slow", False, True
 
     def __init__(self):
         self.calls = []
@@ -172,6 +172,14 @@ def test_host_time_on_the_critical_path_and_the_observe_overlapped(tiny):
     assert calls[:4] == [("decide", 0), ("decide", 1), ("observe", 0), ("decide", 2)]
     # sleeps never undersleep: 4 ms of decide is critical; the 6 ms of observe, counted there, would make it >= 10
     assert 4.0 <= critical_ms < 10.0 and overlapped_ms >= 6.0
+    # a policy that keeps per-step state (no ``observe_may_lag``) is observed in order all the same
+    engine = SpecEngine(target, make_drafter("eagle", target, 4, draft_cfg=PRESETS["tiny"]),
+                        EngineConfig(max_num_seqs=4, max_len=80, k_max=4))
+    policy = Slow()
+    policy.observe_may_lag = False
+    stats = Scheduler(engine, policy, overlap_observe=True).run([Request(list(p), 8, i) for i, p in enumerate(prompts)])
+    assert policy.calls[:4] == [("decide", 0), ("observe", 0), ("decide", 1), ("observe", 1)]
+    assert sum(stats.step_host_overlapped_s) == 0.0
 
 
 def test_the_per_request_controller_overlapped_stays_lossless(tiny):
