@@ -237,42 +237,36 @@ class PerRequestController(ControllerPolicy):
         ``keep_drafting`` then stops the model rows on their own signals; such a plan does not explore.
         With the drafted signals, survival is calibrated per row."""
         b, k_max = state.batch_size, self.ctx.k_max
-        blind = self.model_chain and state.features is None
-        if blind:
+        if self.model_chain and state.features is None:  # blind: with no n-gram proposal, the plan made ahead
             self._top1 = None
             surv_n = self.ngram_survival(state.ngram_match_len, state.ngram_num_proposed)
-            if surv_n is None:  # every row on the model chain alike: the plan made ahead, if for this b
-                ahead = self._ahead if self._ahead is not None and self._ahead[0].ks.shape[0] == b else None
-                self.plan, self._rate, self._next_rates, self._rule = ahead or self.blind_plan(b)
-                self.explore_row, self._plain = -1, True
-                self._signals[state.step] = (None, None)
-                return Decision.per_request(self.plan.ks, self.plan.drafter)
-            next_rates = np.asarray(self.controller.estimator.rates()[:k_max])
-            surv_m = np.broadcast_to(np.cumprod(next_rates)[None, :], (b, k_max))
+            ahead = self._ahead if surv_n is None and self._ahead is not None and len(self._ahead[0].ks) == b else None
+            self.plan, self._rate, self._next_rates, self._rule = ahead or self.blind_plan(b, surv_n)
+            self.explore_row, self._plain = -1, surv_n is None
+            self._signals[state.step] = (None, self._ng_conf)
+            return Decision.per_request(self.plan.ks, self.plan.drafter)
+        next_rates = np.asarray(self.controller.estimator.rates()[:k_max])
+        if state.features is None and state.ngram_num_proposed is not None:  # the n-gram chain: its lookup
+            nan = np.full((b, k_max), np.nan)                                 # is its signal
+            state = BatchState(state.step, state.time_s, state.request_ids, state.num_generated,
+                               DraftFeatures(nan, nan, nan, state.ngram_match_len, state.ngram_num_proposed))
+        f = (require_features(state.features, self.label) if self.model_chain
+             else default_features(state, self.ctx, self.label))
+        top1 = f.top1_prob[:, :k_max]
+        self._top1 = top1 if self.model_chain else None
+        if self.model_chain:
+            surv_m = np.cumprod(self.model_probs(top1), axis=1)
         else:
-            next_rates = np.asarray(self.controller.estimator.rates()[:k_max])
-            if state.features is None and state.ngram_num_proposed is not None:  # the n-gram chain: its lookup
-                nan = np.full((b, k_max), np.nan)                                 # is its signal
-                state = BatchState(state.step, state.time_s, state.request_ids, state.num_generated,
-                                   DraftFeatures(nan, nan, nan, state.ngram_match_len, state.ngram_num_proposed))
-            f = (require_features(state.features, self.label) if self.model_chain
-                 else default_features(state, self.ctx, self.label))
-            top1 = f.top1_prob[:, :k_max]
-            self._top1 = top1 if self.model_chain else None
-            if self.model_chain:
-                surv_m = np.cumprod(self.model_probs(top1), axis=1)
-            else:
-                surv_m = np.cumprod(self.ngram_cal(top1), axis=1) * (top1 > 0)
-            surv_n = self.ngram_survival(f.ngram_match_len, f.ngram_num_proposed)
+            surv_m = np.cumprod(self.ngram_cal(top1), axis=1) * (top1 > 0)
+        surv_n = self.ngram_survival(f.ngram_match_len, f.ngram_num_proposed)
         table_k = nearest_k(self.controller.table.k_for(max(b, 1)), self.ctx.ks)
         rate = self.rate(b, surv_m, table_k)
         plan = choose_plan(self.ctx.cost, surv_m, surv_n, next_rates, self.prices_ms(b), rate, table_k,
-                           None if b <= self.all_caps_max_batch else 2,
-                           self.ngram_prices_ms(b) if blind and surv_n is not None else None)
+                           None if b <= self.all_caps_max_batch else 2)
         if not self.model_chain:
             plan = Plan(plan.ks, np.full(b, NGRAM, np.int64), plan.cap, plan.expected_tokens, plan.step_ms)
         self.explore_row = -1
-        if not blind and 0 < b <= self.explore_max_batch and self.model_chain and self.controller.explore_next(b):
+        if 0 < b <= self.explore_max_batch and self.model_chain and self.controller.explore_next(b):
             row = int(np.argmax(surv_m[:, -1]))
             ks, drafter = plan.ks.copy(), plan.drafter.copy()
             ks[row], drafter[row] = k_max, MODEL
@@ -282,18 +276,21 @@ class PerRequestController(ControllerPolicy):
         self._signals[state.step] = (self._top1, self._ng_conf)
         return Decision.per_request(plan.ks, plan.drafter)
 
-    def blind_plan(self, b: int) -> tuple[Plan, float, np.ndarray, LogitStopRule | None]:
-        """(plan, R, a, stop rule) of a step of b rows planned before drafting with no n-gram proposal: every row's
-        survival is the estimator's, so it depends on b and on what ``observe`` learnt only. ``observe`` makes it
-        for the batch it saw (``_ahead``), so that an engine that overlaps ``observe`` with the next step finds
-        the next plan made (its decide then costs a lookup)."""
+    def blind_plan(self, b: int, surv_ngram: np.ndarray | None = None
+                   ) -> tuple[Plan, float, np.ndarray, LogitStopRule | None]:
+        """(plan, R, a, stop rule) of a step of b rows planned before drafting: every row's model survival is the
+        estimator's, the n-gram chain's (``surv_ngram``, None without a proposal) from the lookup. Without one the
+        plan depends on b and on what ``observe`` learnt only, so ``observe`` makes it for the batch it saw
+        (``_ahead``): an engine that overlaps ``observe`` with the next step finds the next plan made (its decide
+        then costs a lookup)."""
         k_max = self.ctx.k_max
         next_rates = np.asarray(self.controller.estimator.rates()[:k_max])
         surv_m = np.broadcast_to(np.cumprod(next_rates)[None, :], (b, k_max))
         table_k = nearest_k(self.controller.table.k_for(max(b, 1)), self.ctx.ks)
         rate = self.rate(b, surv_m, table_k)
-        plan = choose_plan(self.ctx.cost, surv_m, None, next_rates, self.prices_ms(b), rate, table_k,
-                           None if b <= self.all_caps_max_batch else 2)
+        plan = choose_plan(self.ctx.cost, surv_m, surv_ngram, next_rates, self.prices_ms(b), rate, table_k,
+                           None if b <= self.all_caps_max_batch else 2,
+                           None if surv_ngram is None else self.ngram_prices_ms(b))
         return plan, rate, next_rates, self.stop_rule(plan, rate, next_rates)
 
     def device_stop_rule(self, state: BatchState | None = None) -> LogitStopRule | None:
@@ -301,6 +298,10 @@ class PerRequestController(ControllerPolicy):
         None where only ``keep_drafting`` can (no plan, an exploring row, or the n-gram default drafter)."""
         if self.plan is None or self.explore_row >= 0 or not self.model_chain:
             return None
+        return self.model_rule()
+
+    def model_rule(self) -> LogitStopRule | None:
+        """The current plan's stop rule of the model rows, made once a step."""
         if self._rule is None:
             self._rule = self.stop_rule(self.plan, self._rate, self._next_rates)
         return self._rule
@@ -324,12 +325,10 @@ class PerRequestController(ControllerPolicy):
         plan = self.plan
         if plan is None or j >= min(plan.cap, self.ctx.k_max):
             return np.zeros_like(active)
-        rule = self.device_stop_rule(state)
-        if rule is not None:
-            keep = rule.keep(features.top1_prob, j)
+        if self.model_chain:  # the rule a device evaluates the same (``device_stop_rule``)
+            keep = self.model_rule().keep(features.top1_prob, j)
         else:
-            probs = (self.model_probs(features.top1_prob[:, :j]) if self.model_chain else
-                     self.ngram_cal(default_features(state, self.ctx, self.label).top1_prob[:, :j]))
+            probs = self.ngram_cal(default_features(state, self.ctx, self.label).top1_prob[:, :j])
             price = self._rate * self.prices_ms(state.batch_size)[plan.cap - 1][j]
             keep = np.prod(probs, axis=1) * self._next_rates[j] > price
         keep = active & keep & (plan.drafter == MODEL)
