@@ -39,8 +39,11 @@ class _Run:
         self.draft_stop = draft_stop_of(policy)
         self.sees_fate = bool(getattr(policy, "sees_fate", False))
         # span state matters only when an n-gram drafter can be chosen (or its lookup is read: ``uses_lookup``)
-        self.uses_lookup = bool(getattr(policy, "uses_lookup", False))
-        self.track_ngram = sim.default_drafter == NGRAM or self.uses_features or self.uses_lookup
+        uses_lookup = bool(getattr(policy, "uses_lookup", False))
+        self.track_ngram = sim.default_drafter == NGRAM or self.uses_features or uses_lookup
+        # a stop rule, or a policy that plans on the lookup, decides before drafting (``BatchState.before_drafting``)
+        self.stops = self.draft_stop is not ALWAYS_DRAFT
+        self.plans_first = self.stops or uses_lookup
         self._consts: dict[tuple[int, int], np.ndarray] = {}
         self._no_ids = np.zeros(0, np.int64)
         self.new_first = False  # some running request has not emitted a token yet
@@ -93,36 +96,32 @@ class _Run:
         state = draws.state(len(self.steps), self.time_s)
         if self.sees_fate:  # the headroom oracle (``tabletune.sim.oracle``) is told each draft's fate
             self.policy.fate, self.policy.fate_ngram = draws.fates()  # type: ignore[attr-defined]
-        # decide (a stop rule, or a policy that plans on the lookup, before drafting: ``BatchState.before_drafting``)
-        stops = self.draft_stop is not ALWAYS_DRAFT
-        first = stops or self.uses_lookup
-        decision = self.policy.decide(state.before_drafting() if first else state)
+        decision = self.policy.decide(state.before_drafting() if self.plans_first else state)
         # draft
         if decision.ks is None and decision.drafter is None and sim.default_drafter != NGRAM and draws.margin is None:
             k = min(max(int(decision.k), 0), sim.k_max)  # type: ignore[arg-type]
             ks, drafter = self._const(b, k), self._const(b, sim.default_drafter)  # one k, model drafter
             step_ms = sim.cost.step_ms(b, k)
         else:
-            ks, drafter, step_ms = self.draft(decision, state, draws.ng_prop, stops, first)
+            ks, drafter, step_ms = self.draft(decision, state, draws.ng_prop)
         # verify
         accepted = draws.accepted(ks, drafter == NGRAM)
         kl = draws.kl(ks)
         # account
         self.finish_step(state, ks, drafter, accepted, kl, step_ms, int(ks.sum()), draws)
 
-    def draft(self, decision, state: BatchState, ng_prop: np.ndarray, stops: bool, first: bool
-              ) -> tuple[np.ndarray, np.ndarray, float]:
+    def draft(self, decision, state: BatchState, ng_prop: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
         """(k_i verified, drafter per row, step ms) of a per-row decision: a stop rule ends rows' drafts on the
         signals drafted so far; n-gram rows verify at most the lookup's proposals."""
         sim, b, k_max = self.sim, len(self.reqs), self.sim.k_max
         ks = np.minimum(np.maximum(decision.ks_for(b), 0), k_max)
         drafter = decision.drafter if decision.drafter is not None else self._const(b, sim.default_drafter)
         free = None
-        if first:  # planned before drafting: a stop rule ends the draft row by row, on the signals drafted so far
+        if self.plans_first:  # planned before drafting: a stop rule ends the draft row by row, on the signals drafted so far
             # a row given the n-gram chain (beside a model default) takes no model drafting: the lookup proposes
             free = (drafter == NGRAM) & (sim.default_drafter != NGRAM)
             caps = np.where(free, 0, ks)
-            drafted = draft_until_stopped(self.draft_stop, state, caps) if stops else caps
+            drafted = draft_until_stopped(self.draft_stop, state, caps) if self.stops else caps
             ks = np.where(free, ks, drafted)
         elif self.uses_features and sim.default_drafter != NGRAM:  # it read every position's signals: all drafted
             drafted = self._const(b, k_max)
