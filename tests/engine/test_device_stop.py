@@ -77,7 +77,8 @@ def tiny():
     target = Decoder(PRESETS["tiny"], torch.float32, "cpu")
     rng = random.Random(3)
     prompts = [[rng.randrange(97) for _ in range(rng.randrange(3, 16))] for _ in range(4)]
-    return target, prompts
+    base, _, _ = _run(target, prompts, None, True)  # the greedy outputs of k = 0
+    return target, prompts, base
 
 
 class Recorded(DeviceStop):
@@ -115,8 +116,7 @@ def test_the_per_request_controller_on_the_device_is_lossless_and_reads_once_a_s
     continues). (Its R follows measured step times, so two runs need not plan alike: compared step by step.)"""
     import tabletune.engine.scheduler as scheduler
 
-    target, prompts = tiny
-    base, _, _ = _run(target, prompts, None, True)
+    target, prompts, base = tiny
     name = "controller:per-request,ngram=0,refit_every=2"  # fitted early: row-dependent stops
     monkeypatch.setattr(scheduler, "DeviceStop", Recorded)
     Recorded.steps = []
@@ -153,8 +153,7 @@ class Slow:
 def test_host_time_on_the_critical_path_and_the_observe_overlapped(tiny):
     """decide is always on the critical path; observe is too unless overlapped, when it runs before the next step's
     first read and sees decide(t + 1) come before observe(t). Outputs are the target's either way."""
-    target, prompts = tiny
-    base, _, _ = _run(target, prompts, None, True)
+    target, prompts, base = tiny
     runs = {}
     for overlap in (False, True):
         engine = SpecEngine(target, make_drafter("eagle", target, 4, draft_cfg=PRESETS["tiny"]),
@@ -185,8 +184,7 @@ def test_host_time_on_the_critical_path_and_the_observe_overlapped(tiny):
 def test_the_per_request_controller_overlapped_stays_lossless(tiny):
     """Observing step t during step t + 1 (decisions on one-step-old statistics, the plan made ahead): the greedy
     outputs, and the observe time counted as overlapped."""
-    target, prompts = tiny
-    base, _, _ = _run(target, prompts, None, True)
+    target, prompts, base = tiny
     for name in ("controller:per-request,refit_every=2", "controller:per-request,ngram=0,refit_every=2"):
         out, stats, _ = _run(target, prompts, name, True, overlap=True)
         assert out == base, name
