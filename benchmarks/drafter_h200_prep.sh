@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
-# Inputs of the drafter's H200 runs, built on the CPU into two git-ignored folders that the device calls carry:
-# .h200a/ (the first half of the target's GGUF) and .h200b/ (the second half, its checksum, the training and held-out
-# prompts, the adaptation stream, gzipped) and .whl/ (the gguf package, missing on the H200 image).
-# Each folder with the repository stays under a device call's 64 MiB. Then three back-to-back device calls (a machine
+# Inputs of the drafter's GPU runs (H100 or H200), built on the CPU into git-ignored folders that the device calls
+# carry: .h200a/ and .h200b/ (the first two thirds of the target's GGUF), .h200c/ (the last third, its checksum, the
+# training and held-out prompts, the adaptation stream, gzipped) and .whl/ (the gguf package, missing on the image).
+# Each folder with the repository stays under a device call's 64 MiB. Then four back-to-back device calls (a machine
 # stays warm 30 s, and /tmp with it):
 #   1. carry .h200a:        cp .h200a/gguf.part.aa /tmp/
-#   2. carry .h200b, .whl:  the training run (10 minutes at most: the h200-10min recipe's wall budget is 560 s)
-#      cat /tmp/gguf.part.aa .h200b/gguf.part.ab > /tmp/smollm2.gguf && sha256sum -c .h200b/gguf.sha256 &&
+#   2. carry .h200b:        cp .h200b/gguf.part.ab /tmp/
+#   3. carry .h200c, .whl:  the training run (10 minutes at most: the h200-10min recipe's wall budget is 560 s)
+#      cat /tmp/gguf.part.aa /tmp/gguf.part.ab .h200c/gguf.part.ac > /tmp/smollm2.gguf && sha256sum -c .h200c/gguf.sha256 &&
 #      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl &&
-#      gunzip -kf .h200b/*.gz && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 &&
-#      python3 -m tabletune drafter train --recipe h200-10min --prompts .h200b/train_prompts.jsonl
-#        --eval-prompts .h200b/eval_prompts.jsonl --gguf /tmp/smollm2.gguf --device cuda --out /tmp/drafter;
+#      gunzip -kf .h200c/*.gz && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 &&
+#      python3 -m tabletune drafter train --recipe h200-10min --prompts .h200c/train_prompts.jsonl
+#        --eval-prompts .h200c/eval_prompts.jsonl --gguf /tmp/smollm2.gguf --device cuda --out /tmp/drafter;
 #      cp -r /tmp/drafter $OUT/
-#   3. carry .h200b, .whl:  the adaptation run in the engine loop, with the new head
-#      gunzip -kf .h200b/*.gz && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 &&
-#      python3 benchmarks/drafter_online.py --stream .h200b/stream.json --gguf /tmp/smollm2.gguf --device cuda
+#   4. carry .h200c, .whl:  the adaptation run in the engine loop, with the new head
+#      gunzip -kf .h200c/*.gz && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 &&
+#      python3 benchmarks/drafter_online.py --stream .h200c/stream.json --gguf /tmp/smollm2.gguf --device cuda
 #        --head /tmp/drafter/head --out $OUT/drafter_online.md
 # Back on the CPU, with call 2's drafter/ folder: the held-out table and the traces (calibration / scoring halves)
 #   tabletune drafter eval --head drafter/head --trajectories drafter/eval_trajectories.json
@@ -22,16 +23,17 @@
 set -euo pipefail
 py=${PYTHON:-python}
 exclude=$(git rev-parse --git-path info/exclude)
-for d in .h200a .h200b .whl; do grep -qx "/$d/" "$exclude" 2>/dev/null || echo "/$d/" >> "$exclude"; done
-mkdir -p .h200a .h200b .whl
-$py -m tabletune drafter prompts --out .h200b/train_prompts.jsonl
-$py -m tabletune drafter eval-prompts --workload code --workload code-edit --workload chat --out .h200b/eval_prompts.jsonl
-$py benchmarks/drafter_online.py --write-stream .h200b/stream.json
-gzip -f .h200b/train_prompts.jsonl .h200b/eval_prompts.jsonl .h200b/stream.json
+for d in .h200a .h200b .h200c .whl; do grep -qx "/$d/" "$exclude" 2>/dev/null || echo "/$d/" >> "$exclude"; done
+mkdir -p .h200a .h200b .h200c .whl
+$py -m tabletune drafter prompts --out .h200c/train_prompts.jsonl
+$py -m tabletune drafter eval-prompts --workload code --workload code-edit --workload chat --out .h200c/eval_prompts.jsonl
+$py benchmarks/drafter_online.py --write-stream .h200c/stream.json
+gzip -f .h200c/train_prompts.jsonl .h200c/eval_prompts.jsonl .h200c/stream.json
 gguf=$($py -c "from tabletune.drafter.target import default_gguf; print(default_gguf())")
-split -b 50000000 "$gguf" .h200b/gguf.part.
-mv .h200b/gguf.part.aa .h200a/
-echo "$(sha256sum "$gguf" | cut -d' ' -f1)  /tmp/smollm2.gguf" > .h200b/gguf.sha256
+split -n 3 "$gguf" .h200c/gguf.part.
+mv .h200c/gguf.part.aa .h200a/
+mv .h200c/gguf.part.ab .h200b/
+echo "$(sha256sum "$gguf" | cut -d' ' -f1)  /tmp/smollm2.gguf" > .h200c/gguf.sha256
 $py -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux2014_x86_64 -d .whl "gguf==$($py -c 'import importlib.metadata as m; print(m.version("gguf"))')"
-du -sh .h200a .h200b .whl
+du -sh .h200a .h200b .h200c .whl

@@ -138,7 +138,7 @@ def policy_names(args) -> list[str]:
 
 def protocol_of(args) -> Protocol:
     return Protocol(warmup_steps=args.warmup_steps, measured_steps=args.measured_steps, output_len=args.output_len,
-                    prompt_len=args.prompt_len, fixed_repeats=args.fixed_repeats)
+                    prompt_len=args.prompt_len, fixed_repeats=args.fixed_repeats, overlap_observe=args.overlap_observe)
 
 
 def estimate_s(args, step_ms: float, num_policies: int, num_loads: int, num_workloads: int) -> float:

@@ -169,6 +169,21 @@ class StepCost:
             active = np.where(active > 0, float(batch_size), 0.0)
         return self.verify_ms(batch_size, k_bar) + self.drafting_ms(active)
 
+    def rows_ms_tables(self, batch_size: int, k_max: int) -> tuple[np.ndarray, np.ndarray]:
+        """``rows_ms`` of b rows as two lookups, for a plan priced on the critical path: (verify [b k_max + 1],
+        drafting [k_max, b + 1]) with rows_ms(b, a, K / b) = verify[K] + sum_j drafting[j - 1, a_j] for integer
+        verified tokens K and rows a_j drafting position j."""
+        verify = self.verify_ms(batch_size, np.arange(batch_size * k_max + 1) / batch_size)
+        counts = np.arange(batch_size + 1, dtype=float)
+        if self.draft_rows == "batch":
+            counts = np.where(counts > 0, float(batch_size), 0.0)
+        drafting = np.zeros((k_max, batch_size + 1))
+        for j in range(k_max):
+            one = np.zeros((batch_size + 1, k_max))
+            one[:, j] = counts
+            drafting[j] = self.drafting_ms(one)
+        return verify, drafting
+
     def mixed_ms(self, ks: np.ndarray, drafted: np.ndarray | None = None, free: np.ndarray | None = None) -> float:
         """T(b; k, d) by the rule in the module docstring: ``ks`` [b] verified, ``drafted`` [b] (default ks).
 

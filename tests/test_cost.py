@@ -163,3 +163,17 @@ def test_fit_active_share_recovers_f_of_the_active_rows_rule():
     assert StepCost(p, 1.0, draft_rows="batch").mixed_ms(np.array([3, 0])) == pytest.approx(24.0)
     with pytest.raises(ValueError, match="mixed"):
         fit_active_share(p, [(np.array([2, 2]), 20.0)])
+
+
+@pytest.mark.parametrize("draft_rows", ["active", "batch"])
+def test_rows_ms_tables_are_rows_ms_read_from_lookups(draft_rows):
+    cost = StepCost(stop_profile(), draft_share=0.4, draft_rows=draft_rows)
+    rng = np.random.default_rng(1)
+    for b in (1, 3, 8, 13):
+        verify, drafting = cost.rows_ms_tables(b, 3)
+        assert verify.shape == (3 * b + 1,) and drafting.shape == (3, b + 1) and (drafting[:, 0] == 0).all()
+        for _ in range(20):
+            active = np.sort(rng.integers(0, b + 1, 3))[::-1]  # rows drafting positions 1..3, non-increasing
+            total = int(rng.integers(0, 3 * b + 1))
+            want = float(cost.rows_ms(b, active, total / b))
+            assert verify[total] + drafting[np.arange(3), active].sum() == pytest.approx(want, rel=1e-12)

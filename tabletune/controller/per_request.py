@@ -36,6 +36,7 @@ verification only), and a plan costs T(b; k, d) with d_i = 0 on its n-gram rows.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -167,3 +168,78 @@ def choose_plan(cost: StepCost, surv_model: np.ndarray, surv_ngram: np.ndarray |
         if off.surplus(rate) > best.surplus(rate):
             best = off
     return best
+
+
+@dataclass(frozen=True)
+class ClassPlans:
+    """``choose_plan`` for a batch of b rows planned before drafting, made ahead of the step.
+
+    Before drafting every row's model survival is the same (the estimator's), so under each cap a row's plan
+    (k, drafter, bought survival) depends only on its class: the n-gram lookup's match length and proposal
+    length. ``class_plans`` computes every class's plan under every cap once (off the critical path); a step's
+    plan is then a sum over its class counts, the rule of ``choose_plan`` (the largest surplus among the caps,
+    the table's uniform k and no speculation) read from lookups (``StepCost.rows_ms_tables``).
+    """
+
+    batch_size: int
+    rate: float
+    caps: np.ndarray  # [n]
+    ks: np.ndarray  # [classes, n]
+    drafter: np.ndarray  # [classes, n]
+    tokens: np.ndarray  # [classes, n]
+    active: np.ndarray  # [classes, n * k_max] 1 where the class's row drafts position j with the model under cap c
+    verify_ms: np.ndarray  # [b k_max + 1]
+    drafting_ms: np.ndarray  # [k_max, b + 1]
+    fallback: Plan  # the better of the table's uniform k and no speculation
+    plain: Plan  # the plan of a step with no n-gram proposal (every row of class 0)
+
+    def choose(self, classes: np.ndarray | None) -> Plan:
+        """The plan of a step whose rows have these classes (None: no row has an n-gram proposal)."""
+        if classes is None:
+            return self.plain
+        return self._choose(np.bincount(classes, minlength=self.ks.shape[0]), classes)
+
+    def _choose(self, counts: np.ndarray, classes: np.ndarray | None) -> Plan:
+        b, n = self.batch_size, len(self.caps)
+        k_max = self.drafting_ms.shape[0]
+        active = (counts @ self.active).reshape(n, k_max)
+        times = self.verify_ms[counts @ self.ks] + self.drafting_ms[np.arange(k_max)[None, :], active].sum(axis=1)
+        expected = b + counts @ self.tokens
+        i = int(np.argmax(expected - self.rate * times))
+        if expected[i] - self.rate * times[i] <= self.fallback.surplus(self.rate):
+            return self.fallback
+        if classes is None:
+            ks, drafter = np.full(b, self.ks[0, i]), np.full(b, self.drafter[0, i])
+        else:
+            ks, drafter = self.ks[classes, i], self.drafter[classes, i]
+        return Plan(ks, drafter, int(self.caps[i]), float(expected[i]), float(times[i]))
+
+
+def class_plans(cost: StepCost, batch_size: int, surv_model: np.ndarray, surv_ngram: np.ndarray,
+                next_rates: np.ndarray, prices_ms: np.ndarray, ngram_prices_ms: np.ndarray, rate: float,
+                table_k: int, cap_window: int | None = None) -> ClassPlans:
+    """Every class's plan under every cap (``plans_by_cap``): ``surv_model`` [k_max] the model survival of any row,
+    ``surv_ngram`` [classes, k_max] the n-gram survival of each class (class 0 and every class without a
+    proposal: zeros); prices and caps as ``choose_plan``."""
+    b, k_max = batch_size, prices_ms.shape[0]
+    lo, hi = (1, k_max) if cap_window is None else (max(table_k - cap_window, 1), min(table_k + cap_window, k_max))
+    caps = np.arange(lo, hi + 1)
+    classes = surv_ngram.shape[0]
+    surv_m = np.broadcast_to(surv_model[None, :], (classes, k_max))
+    ks, drafter, tokens = plans_by_cap(surv_m, surv_ngram, next_rates, rate * prices_ms, caps, rate * ngram_prices_ms)
+    drafted = np.where(drafter == NGRAM, 0, ks)  # [n, classes]
+    active = (drafted[:, :, None] >= np.arange(1, k_max + 1)).astype(np.int64)  # [n, classes, k_max]
+    verify, drafting = cost.rows_ms_tables(b, k_max)
+    cum = prefix_sums(surv_model[None, :])[0]
+    fallback = Plan(np.full(b, table_k, np.int64), np.full(b, MODEL, np.int64), table_k,
+                    float(b + b * cum[table_k]), cost.step_ms(b, table_k))
+    if table_k > 0:
+        off = Plan(np.zeros(b, np.int64), np.full(b, MODEL, np.int64), 0, float(b), cost.step_ms(b, 0))
+        if off.surplus(rate) > fallback.surplus(rate):
+            fallback = off
+    out = ClassPlans(b, float(rate), caps, np.ascontiguousarray(ks.T), np.ascontiguousarray(drafter.T),
+                     np.ascontiguousarray(tokens.T), np.ascontiguousarray(active.transpose(1, 0, 2).reshape(classes, -1)),
+                     verify, drafting, fallback, fallback)
+    plain_counts = np.zeros(classes, np.int64)
+    plain_counts[0] = b
+    return dataclasses.replace(out, plain=out._choose(plain_counts, None))

@@ -26,6 +26,7 @@ code -> chat stream and 1e-5 left it flat, hence the default.
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import threading
 from collections import deque
@@ -36,6 +37,8 @@ import torch
 
 from tabletune.integrations.hf.eagle_head import load_head
 from tabletune.drafter.train import LossConfig, batch_loss
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ class OnlineStats:
     dropped: int = 0  # finished requests dropped: the queue was full
     updates: int = 0  # updates applied (each ``steps`` optimizer steps)
     published: int = 0  # weight copies into the engine's drafter
+    error: str | None = None  # why learning stopped (an update raised); serving goes on with the last published head
 
 
 @dataclass
@@ -124,6 +128,8 @@ class OnlineAdapter:
     # ---- queue, update, publish ------------------------------------------------------------------------------
 
     def _finish(self, req, pending: _Pending) -> None:
+        if self.stats.error is not None:
+            return
         feats = torch.cat([g[i, :n] for g, i, n in pending.chunks], 0)  # [F, hidden], positions P .. P + F - 1
         output = req.output
         if self.cfg.eos_id is not None and self.cfg.eos_id in output:
@@ -140,7 +146,7 @@ class OnlineAdapter:
             feats.record_stream(self._stream)
         if not self.background:
             self.stats.queued += 1
-            self._update(ids, feats, ready)
+            self._guarded_update(ids, feats, ready)
             return
         try:
             self._queue.put_nowait((ids, feats, ready))
@@ -154,9 +160,21 @@ class OnlineAdapter:
             try:
                 if seq is None:
                     return
-                self._update(*seq)
+                self._guarded_update(*seq)
             finally:
                 self._queue.task_done()
+
+    def _guarded_update(self, ids: torch.Tensor, feats: torch.Tensor, ready) -> None:
+        """``_update``, unless an earlier one raised: the first error stops learning (logged once, kept in
+        ``stats.error``); the queue still drains, so ``flush`` never waits on a dead worker, and serving goes on."""
+        if self.stats.error is not None:
+            return
+        try:
+            self._update(ids, feats, ready)
+        except Exception as exc:  # noqa: BLE001 - learning is optional, serving is not
+            self.stats.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            log.warning("online head update failed, learning stopped, the last published head serves on: %s",
+                        self.stats.error)
 
     def _update(self, ids: torch.Tensor, feats: torch.Tensor, ready) -> None:
         """``steps`` AdamW steps on one sequence, then its weights staged in the engine's dtype (on the side stream

@@ -81,8 +81,10 @@ class Prefill:
         return out
 
     def capture(self, tokens: torch.Tensor, slot: torch.Tensor) -> PrefillGraph:
-        """``forward`` of these static inputs captured as a CUDA graph, in its own memory pool."""
+        """``forward`` of these static inputs captured as a CUDA graph, in its own memory pool. The capture is
+        thread-local: a prefill is captured while serving, and another thread's CUDA work (the online head's
+        updates on their side stream) must neither be captured nor fail the capture."""
         g = torch.cuda.CUDAGraph()
-        with collector_paused(), torch.cuda.graph(g):
+        with collector_paused(), torch.cuda.graph(g, capture_error_mode="thread_local"):
             hidden, logits = self.forward(tokens, slot)
         return PrefillGraph(g, tokens, slot, hidden, logits)

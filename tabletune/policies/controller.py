@@ -19,13 +19,14 @@ and drafter choice priced by the step cost (``tabletune.controller.per_request``
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
 from tabletune.controller import Controller, ControllerConfig
 from tabletune.controller.calibration import LogitCalibration
-from tabletune.controller.per_request import Plan, choose_plan, marginal_ms
+from tabletune.controller.per_request import ClassPlans, Plan, choose_plan, class_plans, marginal_ms
 from tabletune.errors import InputError
 from tabletune.controller.estimator import StepObservation
 from tabletune.policies import parse_options
@@ -115,6 +116,15 @@ class ControllerPolicy(BatchPolicy):
         self.controller.maybe_rebuild(now_s)
 
 
+@dataclass(frozen=True)
+class Ahead:
+    """The per-request controller's blind plans of the next step (``PerRequestController.plans_ahead``)."""
+
+    plans: ClassPlans
+    next_rates: np.ndarray  # [k_max] the estimator's a_j they were made with
+    rules: dict[int, LogitStopRule | None]  # cap -> the model rows' stop rule
+
+
 class PerRequestController(ControllerPolicy):
     """``controller:per-request``: the controller's table at the batch level, per-row drafting and verification.
 
@@ -176,9 +186,8 @@ class PerRequestController(ControllerPolicy):
         self.plan: Plan | None = None
         self.explore_row = -1
         self._rule: LogitStopRule | None = None
-        self._ahead: tuple[Plan, float, np.ndarray, LogitStopRule | None] | None = None  # observe's next plan
-        self._plain = False  # the last plan was made before drafting with no n-gram proposal
-        self._signals: dict[int, tuple[np.ndarray | None, np.ndarray | None]] = {}  # step -> (top1, n-gram conf)
+        self._ahead: Ahead | None = None  # the blind plans of the next step, made by observe
+        self._signals: dict[int, tuple[np.ndarray | None, np.ndarray | None]] = {}  # step -> (top1, match length)
         self._top1: np.ndarray | None = None
         self._ng_conf: np.ndarray | None = None
 
@@ -234,17 +243,20 @@ class PerRequestController(ControllerPolicy):
         """Before drafting (``state.features`` None with the model chain: the engine, or a simulated step
         before it drafts) every row's model survival is the estimator's S_j = prod_{l<=j} a_l (one cap for the
         model chain), the n-gram chain's comes from the lookup (``state.ngram_*``, known before drafting), and
-        ``keep_drafting`` then stops the model rows on their own signals; such a plan does not explore.
-        With the drafted signals, survival is calibrated per row."""
+        ``keep_drafting`` then stops the model rows on their own signals; such a plan does not explore. Its
+        plans by n-gram class were made ahead (``plans_ahead``, by ``observe``): deciding sums the step's class
+        counts. With the drafted signals, survival is calibrated per row."""
         b, k_max = state.batch_size, self.ctx.k_max
-        if self.model_chain and state.features is None:  # blind: with no n-gram proposal, the plan made ahead
-            self._top1 = None
-            surv_n = self.ngram_survival(state.ngram_match_len, state.ngram_num_proposed)
-            ahead = self._ahead if surv_n is None and self._ahead is not None and len(self._ahead[0].ks) == b else None
-            self.plan, self._rate, self._next_rates, self._rule = ahead or self.blind_plan(b, surv_n)
-            self.explore_row, self._plain = -1, surv_n is None
-            self._signals[state.step] = (None, self._ng_conf)
-            return Decision.per_request(self.plan.ks, self.plan.drafter)
+        if self.model_chain and state.features is None:
+            ahead = self._ahead if self._ahead is not None and self._ahead.plans.batch_size == b else None
+            if ahead is None:
+                ahead = self._ahead = self.plans_ahead(b)
+            classes = self.row_classes(state.ngram_match_len, state.ngram_num_proposed)
+            self.plan = plan = ahead.plans.choose(classes)
+            self._rate, self._next_rates, self._rule = ahead.plans.rate, ahead.next_rates, ahead.rules[plan.cap]
+            self._top1, self.explore_row = None, -1
+            self._signals[state.step] = (None, None if classes is None else state.ngram_match_len)
+            return Decision.per_request(plan.ks, plan.drafter)
         next_rates = np.asarray(self.controller.estimator.rates()[:k_max])
         if state.features is None and state.ngram_num_proposed is not None:  # the n-gram chain: its lookup
             nan = np.full((b, k_max), np.nan)                                 # is its signal
@@ -272,26 +284,44 @@ class PerRequestController(ControllerPolicy):
             ks[row], drafter[row] = k_max, MODEL
             plan = Plan(ks, drafter, k_max, plan.expected_tokens, plan.step_ms)
             self.explore_row = row
-        self.plan, self._rate, self._next_rates, self._rule, self._plain = plan, rate, next_rates, None, False
-        self._signals[state.step] = (self._top1, self._ng_conf)
+        self.plan, self._rate, self._next_rates, self._rule = plan, rate, next_rates, None
+        self._signals[state.step] = (self._top1, None if self._ng_conf is None else f.ngram_match_len)
         return Decision.per_request(plan.ks, plan.drafter)
 
-    def blind_plan(self, b: int, surv_ngram: np.ndarray | None = None
-                   ) -> tuple[Plan, float, np.ndarray, LogitStopRule | None]:
-        """(plan, R, a, stop rule) of a step of b rows planned before drafting: every row's model survival is the
-        estimator's, the n-gram chain's (``surv_ngram``, None without a proposal) from the lookup. Without one the
-        plan depends on b and on what ``observe`` learnt only, so ``observe`` makes it for the batch it saw
-        (``_ahead``): an engine that overlaps ``observe`` with the next step finds the next plan made (its decide
-        then costs a lookup)."""
+    def row_classes(self, match_len: np.ndarray | None, num_proposed: np.ndarray | None) -> np.ndarray | None:
+        """[b] each row's n-gram class, L (k_max + 1) + P of its match length L <= l_max and proposal length
+        P <= k_max (``class_ngram_survival``); None when no row has a proposal (or there is no n-gram chain)."""
+        if not self.use_ngram or num_proposed is None or not num_proposed.any():
+            return None
+        k_max, l_max = self.ctx.k_max, self.ngram_table.rates.shape[0] - 1
+        return np.clip(match_len, 0, l_max) * (k_max + 1) + np.minimum(num_proposed, k_max)
+
+    def class_ngram_survival(self) -> np.ndarray:
+        """[classes, k_max] the n-gram chain's calibrated survival of each class (``row_classes``; as
+        ``ngram_survival`` computes it per row); one all-zero class without the chain."""
+        k_max = self.ctx.k_max
+        if not self.use_ngram:
+            return np.zeros((1, k_max))
+        rates = self.ngram_table.rates  # [l_max + 1, k_max]
+        surv = np.cumprod(self.ngram_cal(rates), axis=1) * (rates[:, :1] > 0)
+        proposed = np.arange(1, k_max + 1)[None, :] <= np.arange(k_max + 1)[:, None]  # [P + 1, k_max]
+        return (surv[:, None, :] * proposed[None, :, :]).reshape(-1, k_max)
+
+    def plans_ahead(self, b: int) -> Ahead:
+        """The blind plans of a step of b rows by n-gram class, with their stop rules by cap: every row's model
+        survival is the estimator's, the n-gram chain's its class's. They depend on b and on what ``observe``
+        learnt only, so ``observe`` makes them for the batch it saw: an engine that overlaps ``observe`` with the
+        next step finds them made, and its decide costs a few array operations."""
         k_max = self.ctx.k_max
         next_rates = np.asarray(self.controller.estimator.rates()[:k_max])
-        surv_m = np.broadcast_to(np.cumprod(next_rates)[None, :], (b, k_max))
+        surv_model = np.cumprod(next_rates)
         table_k = nearest_k(self.controller.table.k_for(max(b, 1)), self.ctx.ks)
-        rate = self.rate(b, surv_m, table_k)
-        plan = choose_plan(self.ctx.cost, surv_m, surv_ngram, next_rates, self.prices_ms(b), rate, table_k,
-                           None if b <= self.all_caps_max_batch else 2,
-                           None if surv_ngram is None else self.ngram_prices_ms(b))
-        return plan, rate, next_rates, self.stop_rule(plan, rate, next_rates)
+        rate = self.rate(b, np.broadcast_to(surv_model[None, :], (b, k_max)), table_k)
+        plans = class_plans(self.ctx.cost, b, surv_model, self.class_ngram_survival(), next_rates,
+                            self.prices_ms(b), self.ngram_prices_ms(b), rate, table_k,
+                            None if b <= self.all_caps_max_batch else 2)
+        caps = {int(c) for c in plans.caps} | {plans.fallback.cap}
+        return Ahead(plans, next_rates, {c: self.stop_rule(b, c, rate, next_rates) for c in caps})
 
     def device_stop_rule(self, state: BatchState | None = None) -> LogitStopRule | None:
         """This step's stop rule as numbers (``stop_rule``), for a draft loop that evaluates it on the device;
@@ -303,20 +333,21 @@ class PerRequestController(ControllerPolicy):
     def model_rule(self) -> LogitStopRule | None:
         """The current plan's stop rule of the model rows, made once a step."""
         if self._rule is None:
-            self._rule = self.stop_rule(self.plan, self._rate, self._next_rates)
+            self._rule = self.stop_rule(len(self.plan.ks), self.plan.cap, self._rate, self._next_rates)
         return self._rule
 
-    def stop_rule(self, plan: Plan, rate: float, next_rates: np.ndarray) -> LogitStopRule | None:
-        """The model rows' stop rule under ``plan`` (module ``stop_rule``); None for the n-gram default drafter."""
-        if not self.model_chain or plan.cap < 1:
+    def stop_rule(self, b: int, cap: int, rate: float, next_rates: np.ndarray) -> LogitStopRule | None:
+        """The model rows' stop rule of a plan of b rows under ``cap`` (module ``stop_rule``); None for the n-gram
+        default drafter or cap 0."""
+        if not self.model_chain or cap < 1:
             return None
-        k_max, cap = self.ctx.k_max, min(plan.cap, self.ctx.k_max)
+        k_max, plan_cap, cap = self.ctx.k_max, cap, min(cap, self.ctx.k_max)
         if self.calibration.fits:
             slope, intercepts = float(self.calibration.coef[0]), self.calibration.coef[1:1 + k_max]
         else:  # p_ij = a_j: w = 0, c_j = logit(a_j)
             a = np.clip(next_rates, 1e-12, 1 - 1e-12)
             slope, intercepts = 0.0, np.log(a / (1 - a))
-        prices = self.prices_ms(len(plan.ks))[plan.cap - 1]
+        prices = self.prices_ms(b)[plan_cap - 1]
         thetas = [threshold(rate, prices[j], next_rates[j]) if j < cap else float("inf") for j in range(1, k_max + 1)]
         return LogitStopRule(slope, tuple(float(c) for c in intercepts), tuple(thetas))
 
@@ -355,17 +386,18 @@ class PerRequestController(ControllerPolicy):
         tested = tested_mask(outcome.ks, outcome.accepted, k_max)
         acc = accepted_mask(outcome.accepted, k_max)
         # the step's own signals (an engine may observe step t after deciding step t + 1)
-        top1, ng_conf = self._signals.pop(outcome.state.step, (None, None))
+        top1, match_len = self._signals.pop(outcome.state.step, (None, None))
         if top1 is None and self.model_chain and outcome.state.features is not None:
             top1 = outcome.state.features.top1_prob[:, :k_max]  # the signals drafted after a blind plan
         if top1 is not None:
             mask = tested & (outcome.drafter == MODEL)[:, None]
             rows, cols = np.nonzero(mask)
             self.calibration.add(top1[rows, cols], cols, acc[rows, cols].astype(float))
-        if ng_conf is not None:
+        if match_len is not None:
             mask = tested & (outcome.drafter == NGRAM)[:, None]
             if mask.any():
-                self.ngram_cal.update(ng_conf[mask], acc[mask])
+                rates = self.ngram_table.rates  # the lookup's per-position confidence, as ngram_survival's
+                self.ngram_cal.update(rates[np.clip(match_len, 0, rates.shape[0] - 1)][mask], acc[mask])
         shifts = self.controller.estimator.shifts
         if shifts != self._shifts:  # a new workload: calibrate on its tokens only
             self._shifts = shifts
@@ -376,5 +408,5 @@ class PerRequestController(ControllerPolicy):
         self.ema_tokens = w * self.ema_tokens + (1.0 - w) * outcome.num_tokens
         self.ema_ms = w * self.ema_ms + (1.0 - w) * outcome.step_ms
         self._signals = {t: v for t, v in self._signals.items() if t > outcome.state.step}
-        # the next plan, made now when this step's was one (no n-gram proposal): the likely case next step too
-        self._ahead = self.blind_plan(len(outcome.ks)) if self._plain else None
+        # the next step's blind plans, for the batch seen now (the likely one next step too)
+        self._ahead = self.plans_ahead(len(outcome.ks)) if self.model_chain else None

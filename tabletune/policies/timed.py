@@ -2,8 +2,9 @@
 
 ``timed(policy)`` behaves as the policy (same name, features, stop rule) and appends, after each
 ``observe``, the step's host milliseconds (decide + every keep_drafting call + observe, wall
-clock of this process) to ``host_ms``. A benchmark reports their mean over its measured steps as
-``host_ms_per_step``.
+clock of this process) to ``host_ms``, and those of decide + keep_drafting alone to ``decide_ms`` (the part
+that stays on the critical path of an engine that runs ``observe`` while the next step runs). A benchmark
+reports their means over its measured steps as ``host_ms_per_step`` and ``host_ms_critical``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Timed:
         self.uses_lookup = bool(getattr(inner, "uses_lookup", False))
         self.observe_may_lag = bool(getattr(inner, "observe_may_lag", False))
         self.host_ms: list[float] = []
+        self.decide_ms: list[float] = []
         self._pending_s = 0.0
 
     def decide(self, state: BatchState) -> Decision:
@@ -39,6 +41,7 @@ class Timed:
         t0 = time.perf_counter()
         self.inner.observe(outcome)
         self.host_ms.append((self._pending_s + time.perf_counter() - t0) * 1e3)
+        self.decide_ms.append(self._pending_s * 1e3)
         self._pending_s = 0.0
 
     def mean_ms(self, start: int = 0) -> float:

@@ -76,3 +76,23 @@ def test_adapter_refuses_a_drafter_that_is_not_a_trained_eagle_head(setup):
     engine = SpecEngine(target, make_drafter("ngram", target, 2), EngineConfig(max_num_seqs=2, max_len=64, k_max=2))
     with pytest.raises(ValueError, match="EAGLE-1"):
         OnlineAdapter(engine, folder)
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_an_update_that_raises_stops_learning_not_serving(setup, monkeypatch, background):
+    """The first failed update is kept in ``stats.error``; later requests are not queued, ``flush`` returns (the
+    worker drains its queue), and the outputs stay the target's greedy ones."""
+    target, folder, prompts = setup
+    base, _, _, _ = _serve(target, folder, prompts, 1, k=0)
+
+    def broken(self, ids, feats, ready):
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore lines")
+
+    monkeypatch.setattr(OnlineAdapter, "_update", broken)
+    learned, _, adapter, _ = _serve(target, folder, prompts, 2,
+                                    online=OnlineConfig(lr=3e-3, steps=2, background=background))
+    assert learned == [base[0]] * 2
+    assert adapter.stats.error == "RuntimeError: CUDA error: operation not permitted when stream is capturing"
+    assert adapter.stats.updates == 0 and adapter.stats.published == 0
+    # in the foreground the first request's update fails before the next is queued; a worker fails a moment later
+    assert adapter.stats.queued == 1 if not background else 1 <= adapter.stats.queued < 8

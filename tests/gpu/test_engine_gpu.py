@@ -16,7 +16,7 @@ from tabletune.engine.kernels import gemm as G  # noqa: E402
 from tabletune.engine.model import Decoder, moe_mlp, select_ops  # noqa: E402
 from tabletune.engine.presets import PRESETS  # noqa: E402
 from tabletune.engine.runner import SpecEngine  # noqa: E402
-from tabletune.engine.scheduler import Request, Scheduler  # noqa: E402
+from tabletune.engine.scheduler import Request, Scheduler, no_hook  # noqa: E402
 from tabletune.table import DraftTable  # noqa: E402
 
 CFG = PRESETS["qwen3-8b"]
@@ -234,3 +234,38 @@ def test_the_stop_rule_on_the_device_with_events_equals_the_host_rule():
     torch.cuda.synchronize()
     assert [r.output for r in reqs] == [b[:24] for b in base]
     assert sum(stats.step_drafted) > 0
+
+
+def test_online_updates_in_the_background_while_prefills_are_captured(tmp_path):
+    """The online head's worker thread runs backward passes on its side stream while the serving loop captures
+    prefill graphs (a prompt length's second prompt): no capture fails, no update fails, outputs stay greedy."""
+    from tabletune.drafter.online import OnlineAdapter, OnlineConfig
+    from tabletune.engine.presets import replace
+    from tabletune.integrations.hf.eagle_head import save_random_head
+
+    cfg = replace(PRESETS["tiny"], name="tiny-llama", qk_norm=False)
+    torch.manual_seed(0)
+    target = Decoder(cfg, torch.float32, "cuda")
+    save_random_head(cfg, tmp_path)
+    rng = random.Random(0)
+    # many lengths, each seen twice, spread over the stream, and long updates: captures keep coming while the worker
+    # is busy
+    prompts = [[rng.randrange(cfg.vocab_size) for _ in range(n)] for n in list(range(4, 20)) * 2]
+    rng.shuffle(prompts)
+
+    def serve(k, online):
+        e = SpecEngine(target, make_drafter("eagle", target, max(k, 1), head=str(tmp_path)),
+                       EngineConfig(max_num_seqs=4, max_len=96, k_max=max(k, 1)))
+        adapter = OnlineAdapter(e, str(tmp_path), OnlineConfig(lr=3e-3, steps=16, background=True)) if online else None
+        reqs = [Request(list(p), 24, i) for i, p in enumerate(prompts)]
+        Scheduler(e, DraftTable.fixed(k), after_step=adapter.after_step if adapter else no_hook).run(reqs)
+        if adapter:
+            adapter.close()
+        torch.cuda.synchronize()
+        return [r.output for r in reqs], e, adapter
+
+    base, _, _ = serve(0, False)
+    out, engine, adapter = serve(3, True)
+    assert adapter.stats.error is None and adapter.stats.updates > 0
+    assert len(engine.prefills.graphs) == 16 and engine.prefills.max_len > 0  # every length's capture succeeded
+    assert out == base

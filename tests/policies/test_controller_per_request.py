@@ -108,33 +108,75 @@ def test_the_estimator_learns_the_model_chain_from_model_rows_only():
     assert rates[0] < 0.9  # the model row's rejection at position 1 moved it down from the prior
 
 
-def test_the_plan_made_ahead_is_the_plan_decide_would_make():
-    """``observe`` makes the next plan when its step had no n-gram proposal; at every decide that finds one for
-    its batch size, it equals the plan made there and then (plan, R, a, stop rule)."""
+@pytest.mark.parametrize("workload", ["code-edit", "chat"])
+def test_the_plans_made_ahead_are_the_plans_choose_plan_makes_row_by_row(workload):
+    """``observe`` makes the next step's blind plans by n-gram class (``plans_ahead``); at every decide (code-edit:
+    most steps have rows with n-gram proposals; chat: most have none) the plan read from them equals
+    ``choose_plan`` on the rows' own survivals, computed there and then from the same state, and so does its stop
+    rule."""
     from per_request_helpers import starter_cost
 
+    from tabletune.controller.per_request import choose_plan
+    from tabletune.policies.base import nearest_k
     from tabletune.sim import SimConfig, Simulator, preset
     from tabletune.sim.workload import Schedule
 
-    sim = Simulator(starter_cost(), Schedule.constant(preset("chat")), SimConfig(duration_s=2.0, load=4, seed=0))
+    sim = Simulator(starter_cost(), Schedule.constant(preset(workload)), SimConfig(duration_s=2.0, load=6, seed=0))
     policy = make_policy("controller:per-request", sim.context())
     decide, checked = policy.decide, []
 
     def deciding(state):
-        ahead = policy._ahead
-        if ahead is not None and ahead[0].ks.shape[0] == state.batch_size:
-            (plan, rate, rates, rule), (plan_now, rate_now, rates_now, rule_now) = ahead, policy.blind_plan(
-                state.batch_size)
-            assert (plan.ks == plan_now.ks).all() and (plan.drafter == plan_now.drafter).all()
-            assert (plan.cap, plan.expected_tokens, plan.step_ms, rate) == (plan_now.cap, plan_now.expected_tokens,
-                                                                           plan_now.step_ms, rate_now)
-            assert (rates == rates_now).all() and rule == rule_now
-            checked.append(state.step)
-        return decide(state)
+        b, k_max, ahead = state.batch_size, policy.ctx.k_max, policy._ahead
+        next_rates = np.asarray(policy.controller.estimator.rates()[:k_max])
+        surv_m = np.broadcast_to(np.cumprod(next_rates)[None, :], (b, k_max))
+        table_k = nearest_k(policy.controller.table.k_for(b), policy.ctx.ks)
+        rate = policy.rate(b, surv_m, table_k)
+        surv_n = policy.ngram_survival(state.ngram_match_len, state.ngram_num_proposed)
+        want = choose_plan(policy.ctx.cost, surv_m, surv_n, next_rates, policy.prices_ms(b), rate, table_k, None,
+                           None if surv_n is None else policy.ngram_prices_ms(b))
+        decision = decide(state)
+        got = policy.plan
+        assert (got.ks == want.ks).all() and (got.drafter == want.drafter).all() and got.cap == want.cap
+        assert (got.expected_tokens, got.step_ms) == pytest.approx((want.expected_tokens, want.step_ms), rel=1e-9)
+        assert policy.model_rule() == policy.stop_rule(b, want.cap, rate, next_rates)
+        checked.append((ahead is not None and ahead.plans.batch_size == b, surv_n is not None))
+        return decision
 
     policy.decide = deciding
     sim.run(policy)
-    assert len(checked) > 10
+    proposed = workload == "code-edit"
+    assert sum(made and p == proposed for made, p in checked) > 10, checked  # plans made ahead, of that kind
+
+
+def test_class_plans_equal_choose_plan_on_random_rows():
+    """Random survivals and classes, both drafting rules, caps windowed or not: the class-count plan equals the
+    row-by-row one."""
+    from per_request_helpers import starter_cost
+
+    from tabletune.controller.per_request import choose_plan, class_plans
+    from tabletune.cost import StepCost
+
+    rng = np.random.default_rng(0)
+    base = starter_cost()
+    k_max = base.k_max
+    for trial in range(40):
+        cost = StepCost(base.profile, draft_share=0.5, draft_rows=("active", "batch")[trial % 2])
+        b = int(rng.integers(1, 40))
+        next_rates = rng.uniform(0.3, 0.95, k_max)
+        surv_model = np.cumprod(next_rates)
+        classes_surv = np.cumprod(rng.uniform(0.2, 1.0, (6, k_max)), axis=1) * (rng.random((6, 1)) < 0.8)
+        classes_surv[0] = 0.0
+        classes = rng.integers(0, 6, b) * (rng.random(b) < 0.7)
+        prices = np.array([marginal_ms(cost, b, c, k_max) for c in range(1, k_max + 1)])
+        ng_prices = np.array([marginal_ms(cost, b, c, k_max, free=True) for c in range(1, k_max + 1)])
+        rate, table_k = float(rng.uniform(0.05, 0.5)), int(rng.integers(0, k_max + 1))
+        window = None if trial % 3 else 2
+        plans = class_plans(cost, b, surv_model, classes_surv, next_rates, prices, ng_prices, rate, table_k, window)
+        got = plans.choose(classes if classes.any() else None)
+        want = choose_plan(cost, np.broadcast_to(surv_model, (b, k_max)), classes_surv[classes], next_rates, prices,
+                           rate, table_k, window, ng_prices)
+        assert (got.ks == want.ks).all() and (got.drafter == want.drafter).all() and got.cap == want.cap, trial
+        assert got.step_ms == pytest.approx(want.step_ms, rel=1e-9), trial
 
 
 def test_observing_a_step_after_deciding_the_next_calibrates_on_that_steps_signals():
