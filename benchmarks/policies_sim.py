@@ -222,7 +222,8 @@ def run_cell(cost: StepCost, calib: Calibration, spec: str, load: int, protocol:
     measured in this run on the critical path, its window mean added to each measured step (``sim_tok_s``;
     ``sim_device_tok_s`` leaves it out): decide + keep_drafting + observe, or decide + keep_drafting alone for a
     policy whose observe may lag (``observe_may_lag``) under ``protocol.overlap_observe`` (the engine runs that
-    observe while the next step runs). The oracle is charged nothing."""
+    observe while the next step runs, and evaluates on the device a stop rule the policy gives it: ``Timed``).
+    The oracle is charged nothing."""
     step_s = cost.step_ms(load, cost.k_max) / 1e3
     duration_s = 1.2 * (protocol.warmup_s + (protocol.warmup_steps + protocol.measured_steps) * step_s)
     in_sim = 0.0 if spec == "oracle" or host_ms_per_step is None else host_ms_per_step  # charged by the simulator
@@ -242,7 +243,7 @@ def run_cell(cost: StepCost, calib: Calibration, spec: str, load: int, protocol:
     window = slice(int(after[0]), int(after[0]) + protocol.measured_steps)
     tokens, ms = steps.tokens[window].sum(), steps.step_ms[window].sum()
     host = None if spec == "oracle" else float(np.mean(policy.host_ms[window]))
-    critical = None if spec == "oracle" else float(np.mean(policy.decide_ms[window]))
+    critical = None if spec == "oracle" else float(np.mean(policy.critical_ms[window]))
     if critical is not None and not (protocol.overlap_observe and policy.observe_may_lag):
         critical = host
     post_hoc = critical if critical is not None and host_ms_per_step is None else 0.0  # measured here, charged after
@@ -334,7 +335,7 @@ def host_ms(cost: StepCost, spec: str, load: int, steps: int, warmup: int, workl
                     ngram_replay=load_ngram_trace(TRACES / f"ngram_{workload}_T0.csv.gz"))
     policy = timed(make_policy(spec, sim.context()))
     sim.run(policy)
-    critical = float(np.mean(policy.decide_ms[warmup:])) if policy.observe_may_lag else policy.mean_ms(warmup)
+    critical = float(np.mean(policy.critical_ms[warmup:])) if policy.observe_may_lag else policy.mean_ms(warmup)
     return policy.mean_ms(warmup), critical
 
 

@@ -178,7 +178,8 @@ class ClassPlans:
     (k, drafter, bought survival) depends only on its class: the n-gram lookup's match length and proposal
     length. ``class_plans`` computes every class's plan under every cap once (off the critical path); a step's
     plan is then a sum over its class counts, the rule of ``choose_plan`` (the largest surplus among the caps,
-    the table's uniform k and no speculation) read from lookups (``StepCost.rows_ms_tables``).
+    the table's uniform k and no speculation) read from lookups (``StepCost.rows_ms_tables``): one product of
+    the counts with ``sums``, two gathers.
     """
 
     batch_size: int
@@ -186,10 +187,10 @@ class ClassPlans:
     caps: np.ndarray  # [n]
     ks: np.ndarray  # [classes, n]
     drafter: np.ndarray  # [classes, n]
-    tokens: np.ndarray  # [classes, n]
-    active: np.ndarray  # [classes, n * k_max] 1 where the class's row drafts position j with the model under cap c
+    sums: np.ndarray  # [classes, n (tokens) + n (ks) + n k_max (1 where the row drafts position j with the model)]
     verify_ms: np.ndarray  # [b k_max + 1]
-    drafting_ms: np.ndarray  # [k_max, b + 1]
+    drafting_ms: np.ndarray  # [k_max (b + 1)], position j's row of ``StepCost.rows_ms_tables`` at j (b + 1)
+    offsets: np.ndarray  # [n k_max] j (b + 1): where position j's row starts in ``drafting_ms``
     fallback: Plan  # the better of the table's uniform k and no speculation
     plain: Plan  # the plan of a step with no n-gram proposal (every row of class 0)
 
@@ -197,16 +198,17 @@ class ClassPlans:
         """The plan of a step whose rows have these classes (None: no row has an n-gram proposal)."""
         if classes is None:
             return self.plain
-        return self._choose(np.bincount(classes, minlength=self.ks.shape[0]), classes)
+        return self._choose(np.bincount(classes, minlength=self.ks.shape[0]).astype(float), classes)
 
     def _choose(self, counts: np.ndarray, classes: np.ndarray | None) -> Plan:
         b, n = self.batch_size, len(self.caps)
-        k_max = self.drafting_ms.shape[0]
-        active = (counts @ self.active).reshape(n, k_max)
-        times = self.verify_ms[counts @ self.ks] + self.drafting_ms[np.arange(k_max)[None, :], active].sum(axis=1)
-        expected = b + counts @ self.tokens
-        i = int(np.argmax(expected - self.rate * times))
-        if expected[i] - self.rate * times[i] <= self.fallback.surplus(self.rate):
+        summed = counts @ self.sums
+        expected, ksum = b + summed[:n], summed[n: 2 * n].astype(np.intp)
+        positions = summed[2 * n:].astype(np.intp) + self.offsets  # [n k_max] flat index of (j, a_j)
+        times = self.verify_ms[ksum] + self.drafting_ms[positions].reshape(n, -1).sum(axis=1)
+        surplus = expected - self.rate * times
+        i = int(np.argmax(surplus))
+        if surplus[i] <= self.fallback.surplus(self.rate):
             return self.fallback
         if classes is None:
             ks, drafter = np.full(b, self.ks[0, i]), np.full(b, self.drafter[0, i])
@@ -217,10 +219,12 @@ class ClassPlans:
 
 def class_plans(cost: StepCost, batch_size: int, surv_model: np.ndarray, surv_ngram: np.ndarray,
                 next_rates: np.ndarray, prices_ms: np.ndarray, ngram_prices_ms: np.ndarray, rate: float,
-                table_k: int, cap_window: int | None = None) -> ClassPlans:
+                table_k: int, cap_window: int | None = None,
+                tables: tuple[np.ndarray, np.ndarray] | None = None) -> ClassPlans:
     """Every class's plan under every cap (``plans_by_cap``): ``surv_model`` [k_max] the model survival of any row,
     ``surv_ngram`` [classes, k_max] the n-gram survival of each class (class 0 and every class without a
-    proposal: zeros); prices and caps as ``choose_plan``."""
+    proposal: zeros); prices and caps as ``choose_plan``; ``tables``: ``cost.rows_ms_tables(b, k_max)`` if the
+    caller keeps them."""
     b, k_max = batch_size, prices_ms.shape[0]
     lo, hi = (1, k_max) if cap_window is None else (max(table_k - cap_window, 1), min(table_k + cap_window, k_max))
     caps = np.arange(lo, hi + 1)
@@ -228,8 +232,9 @@ def class_plans(cost: StepCost, batch_size: int, surv_model: np.ndarray, surv_ng
     surv_m = np.broadcast_to(surv_model[None, :], (classes, k_max))
     ks, drafter, tokens = plans_by_cap(surv_m, surv_ngram, next_rates, rate * prices_ms, caps, rate * ngram_prices_ms)
     drafted = np.where(drafter == NGRAM, 0, ks)  # [n, classes]
-    active = (drafted[:, :, None] >= np.arange(1, k_max + 1)).astype(np.int64)  # [n, classes, k_max]
-    verify, drafting = cost.rows_ms_tables(b, k_max)
+    active = drafted[:, :, None] >= np.arange(1, k_max + 1)  # [n, classes, k_max]
+    sums = np.concatenate([tokens.T, ks.T, active.transpose(1, 0, 2).reshape(classes, -1)], axis=1).astype(float)
+    verify, drafting = tables if tables is not None else cost.rows_ms_tables(b, k_max)
     cum = prefix_sums(surv_model[None, :])[0]
     fallback = Plan(np.full(b, table_k, np.int64), np.full(b, MODEL, np.int64), table_k,
                     float(b + b * cum[table_k]), cost.step_ms(b, table_k))
@@ -238,8 +243,8 @@ def class_plans(cost: StepCost, batch_size: int, surv_model: np.ndarray, surv_ng
         if off.surplus(rate) > fallback.surplus(rate):
             fallback = off
     out = ClassPlans(b, float(rate), caps, np.ascontiguousarray(ks.T), np.ascontiguousarray(drafter.T),
-                     np.ascontiguousarray(tokens.T), np.ascontiguousarray(active.transpose(1, 0, 2).reshape(classes, -1)),
-                     verify, drafting, fallback, fallback)
-    plain_counts = np.zeros(classes, np.int64)
+                     np.ascontiguousarray(sums), verify, drafting.reshape(-1),
+                     np.tile(np.arange(k_max) * (b + 1), len(caps)), fallback, fallback)
+    plain_counts = np.zeros(classes)
     plain_counts[0] = b
     return dataclasses.replace(out, plain=out._choose(plain_counts, None))

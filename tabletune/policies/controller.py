@@ -183,6 +183,7 @@ class PerRequestController(ControllerPolicy):
         self.steps = 0
         self._shifts = 0
         self._prices: dict[int, np.ndarray] = {}
+        self._tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # b -> StepCost.rows_ms_tables
         self.plan: Plan | None = None
         self.explore_row = -1
         self._rule: LogitStopRule | None = None
@@ -294,7 +295,7 @@ class PerRequestController(ControllerPolicy):
         if not self.use_ngram or num_proposed is None or not num_proposed.any():
             return None
         k_max, l_max = self.ctx.k_max, self.ngram_table.rates.shape[0] - 1
-        return np.clip(match_len, 0, l_max) * (k_max + 1) + np.minimum(num_proposed, k_max)
+        return np.minimum(match_len, l_max) * (k_max + 1) + np.minimum(num_proposed, k_max)  # lengths are >= 0
 
     def class_ngram_survival(self) -> np.ndarray:
         """[classes, k_max] the n-gram chain's calibrated survival of each class (``row_classes``; as
@@ -317,9 +318,12 @@ class PerRequestController(ControllerPolicy):
         surv_model = np.cumprod(next_rates)
         table_k = nearest_k(self.controller.table.k_for(max(b, 1)), self.ctx.ks)
         rate = self.rate(b, np.broadcast_to(surv_model[None, :], (b, k_max)), table_k)
+        tables = self._tables.get(b)
+        if tables is None:
+            tables = self._tables[b] = self.ctx.cost.rows_ms_tables(b, k_max)
         plans = class_plans(self.ctx.cost, b, surv_model, self.class_ngram_survival(), next_rates,
                             self.prices_ms(b), self.ngram_prices_ms(b), rate, table_k,
-                            None if b <= self.all_caps_max_batch else 2)
+                            None if b <= self.all_caps_max_batch else 2, tables)
         caps = {int(c) for c in plans.caps} | {plans.fallback.cap}
         return Ahead(plans, next_rates, {c: self.stop_rule(b, c, rate, next_rates) for c in caps})
 

@@ -2,9 +2,10 @@
 
 ``timed(policy)`` behaves as the policy (same name, features, stop rule) and appends, after each
 ``observe``, the step's host milliseconds (decide + every keep_drafting call + observe, wall
-clock of this process) to ``host_ms``, and those of decide + keep_drafting alone to ``decide_ms`` (the part
-that stays on the critical path of an engine that runs ``observe`` while the next step runs). A benchmark
-reports their means over its measured steps as ``host_ms_per_step`` and ``host_ms_critical``.
+clock of this process) to ``host_ms``, and to ``critical_ms`` those that stay on the critical path of an engine
+that runs ``observe`` while the next step runs and evaluates a stop rule on the device where the policy gives one
+(``device_stop_rule``): decide, and keep_drafting where no device rule stands for it. A benchmark reports their
+means over its measured steps as ``host_ms_per_step`` and ``host_ms_critical``.
 """
 
 from __future__ import annotations
@@ -28,21 +29,24 @@ class Timed:
         self.uses_lookup = bool(getattr(inner, "uses_lookup", False))
         self.observe_may_lag = bool(getattr(inner, "observe_may_lag", False))
         self.host_ms: list[float] = []
-        self.decide_ms: list[float] = []
+        self.critical_ms: list[float] = []
         self._pending_s = 0.0
+        self._critical_s = 0.0
 
     def decide(self, state: BatchState) -> Decision:
         t0 = time.perf_counter()
         out = self.inner.decide(state)
-        self._pending_s += time.perf_counter() - t0
+        spent = time.perf_counter() - t0
+        self._pending_s += spent
+        self._critical_s += spent
         return out
 
     def observe(self, outcome: StepOutcome) -> None:
         t0 = time.perf_counter()
         self.inner.observe(outcome)
         self.host_ms.append((self._pending_s + time.perf_counter() - t0) * 1e3)
-        self.decide_ms.append(self._pending_s * 1e3)
-        self._pending_s = 0.0
+        self.critical_ms.append(self._critical_s * 1e3)
+        self._pending_s = self._critical_s = 0.0
 
     def mean_ms(self, start: int = 0) -> float:
         """Mean host ms per step over steps ``start``.. (NaN without steps)."""
@@ -55,9 +59,14 @@ class TimedStop(Timed):
 
     def keep_drafting(self, state: BatchState, features: DraftFeatures | None, j: int,
                       active: np.ndarray) -> np.ndarray:
+        rule_of = getattr(self.inner, "device_stop_rule", None)
+        on_device = rule_of is not None and rule_of(state) is not None  # an engine evaluates it there
         t0 = time.perf_counter()
         out = self.inner.keep_drafting(state, features, j, active)  # type: ignore[attr-defined]
-        self._pending_s += time.perf_counter() - t0
+        spent = time.perf_counter() - t0
+        self._pending_s += spent
+        if not on_device:
+            self._critical_s += spent
         return out
 
     def device_stop_rule(self, state: BatchState):
@@ -67,7 +76,9 @@ class TimedStop(Timed):
             return None
         t0 = time.perf_counter()
         out = rule_of(state)
-        self._pending_s += time.perf_counter() - t0
+        spent = time.perf_counter() - t0
+        self._pending_s += spent
+        self._critical_s += spent
         return out
 
 
