@@ -86,7 +86,7 @@ def verify_lengths(survival: np.ndarray, price: np.ndarray, cap: int) -> np.ndar
 class Plan:
     ks: np.ndarray  # [b] verified draft tokens per row
     drafter: np.ndarray  # [b] MODEL or NGRAM
-    cap: int  # the longest draft the plan allows
+    cap: int  # the longest model draft the plan allows (n-gram rows verify their priced prefix, up to k_max)
     expected_tokens: float  # b + sum of the verified survivals
     step_ms: float  # T(ks)
 
@@ -108,7 +108,10 @@ def plans_by_cap(surv_model: np.ndarray, surv_ngram: np.ndarray | None, next_rat
 
     Row i under cap c: ks = min(draft length, verified prefix, c) of the model chain, or the n-gram
     chain's verified prefix where its surplus sum_{j<=k} (S_ij - lambda_j) is larger (module docstring);
-    the n-gram chain is priced by ``ngram_prices[c - 1]`` (verification only; default ``prices``).
+    the n-gram chain is priced by ``ngram_prices[c - 1]`` (verification only; default ``prices``). The cap bounds
+    the model chain only: an n-gram row drafts nothing on the model, so its prefix is not held to the model rows'
+    cap (holding it there made a long proposal raise the cap, and under a high cap the model rows' marginal
+    price, shared by every row at c, undercharges drafting that fewer rows pay for).
     """
     ngram_prices = prices if ngram_prices is None else ngram_prices
     b, k_max = surv_model.shape
@@ -123,7 +126,7 @@ def plans_by_cap(surv_model: np.ndarray, surv_ngram: np.ndarray | None, next_rat
         cum_price = np.concatenate([zero, np.cumsum(prices[caps - 1], axis=1)], axis=1)
         cum_ng = np.concatenate([zero, np.cumsum(ngram_prices[caps - 1], axis=1)], axis=1)
         idx = np.arange(len(caps))[:, None]
-        ks_ng = np.minimum(leading_true3(surv_ngram[None] > ngram_prices[caps - 1][:, None, :]), caps[:, None])
+        ks_ng = leading_true3(surv_ngram[None] > ngram_prices[caps - 1][:, None, :])  # the model's cap not theirs
         tok_ng = prefix_sums(surv_ngram)[rows, ks_ng]
         use_ng = tok_ng - cum_ng[idx, ks_ng] > tokens - cum_price[idx, ks]
         ks, tokens = np.where(use_ng, ks_ng, ks), np.where(use_ng, tok_ng, tokens)

@@ -205,3 +205,15 @@ def test_observing_a_step_after_deciding_the_next_calibrates_on_that_steps_signa
         assert 0 not in policy._signals and (1 in policy._signals) == lagged  # step 1's wait for its outcome
     assert cals[0][0].sum() > 0
     assert (cals[0][0] == cals[1][0]).all() and (cals[0][1] == cals[1][1]).all()
+
+
+def test_an_ngram_row_verifies_past_the_model_rows_cap():
+    """Under cap 2 a model row stops at 2; an n-gram row whose proposal survives (S_j = .95^j > the verification
+    price .1) verifies all 5 proposed tokens: the cap bounds the model chain only."""
+    from tabletune.controller.per_request import plans_by_cap
+
+    surv_model = np.cumprod(np.full((2, 6), 0.9), axis=1)
+    surv_ngram = np.vstack([np.zeros(6), np.cumprod(np.full(6, 0.95)) * (np.arange(1, 7) <= 5)])
+    prices = np.full((6, 6), 0.1)
+    ks, drafter, _ = plans_by_cap(surv_model, surv_ngram, np.full(6, 0.9), prices, np.array([2]), prices)
+    assert ks.tolist() == [[2, 5]] and drafter.tolist() == [[0, 1]]
