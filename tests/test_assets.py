@@ -17,8 +17,8 @@ def test_import_pulls_in_neither_torch_nor_transformers():
     assert out.strip() == "[]"
 
 
-@pytest.mark.parametrize("name,count", [("code", 164), ("code-edit", 164), ("chat", 30), ("math", 20),
-                                        ("extraction", 10)])
+@pytest.mark.parametrize("name,count", [("code", 164), ("code-edit", 164), ("chat", 30), ("chat-ifeval", 541),
+                                        ("math", 20), ("extraction", 10)])
 def test_workload_sizes(name, count):
     prompts = load_prompts(name)
     assert len(prompts) == count
@@ -32,6 +32,9 @@ def test_chat_workloads_use_the_chat_template():
         "Compose an engaging travel blog post about a recent trip to Hawaii, highlighting cultural experiences "
         "and must-see attractions."))
     assert first.text.startswith("<|im_start|>system\n") and first.text.endswith("<|im_start|>assistant\n")
+    ifeval = load_prompts("chat-ifeval", limit=1)[0]
+    assert ifeval.id == "ifeval/1000" and ifeval.text.endswith("<|im_start|>assistant\n")
+    assert "Write a 300+ word summary of the wikipedia page" in ifeval.text
     code = load_prompts("code", limit=1)[0]
     assert code.id == "HumanEval/0" and "def has_close_elements(numbers: List[float]" in code.text
     assert code.text.endswith("<|im_start|>assistant\n")

