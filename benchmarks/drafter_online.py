@@ -1,11 +1,11 @@
 """Online adaptation of the EAGLE head in the built-in engine's serving loop, across a code -> chat switch.
 
-Stream: ``--code`` code requests (HumanEval, then code-edit tasks), then ``--chat`` chat requests (the first half
-of the MT-Bench chat prompts, cycled). The other half of the chat prompts is the held-out chat set. The same
-stream runs twice through the engine at k = ``--k``, closed loop of ``--batch`` requests, in chunks of ``--chunk``
-requests: with the frozen head, and with the head learning from verified tokens (``tabletune.drafter.online``,
-the scheduler's step hook). After every ``--eval-every`` chunks the held-out chat prompts are served without
-learning. Printed per checkpoint: the chunk's a_1 (censored: accepted_1 / reached_1) and throughput, both runs,
+Stream: ``--code`` code requests (HumanEval, then code-edit tasks), then ``--chat`` chat requests (IFEval's first
+``--chat`` instructions, workload ``chat-ifeval``); the next ``--held-out`` IFEval prompts are the held-out chat
+set. The same stream runs twice through the engine at k = ``--k``, closed loop of ``--batch`` requests, in
+chunks of ``--chunk`` requests: with the frozen head, and with the head learning from verified tokens
+(``tabletune.drafter.online``, the scheduler's step hook). After every ``--eval-every`` chunks the held-out chat
+prompts are served without learning. Printed per checkpoint: the chunk's a_1 (censored: accepted_1 / reached_1) and throughput, both runs,
 and the held-out chat a_1; then the goals' three ratios. The engine serves every request for exactly
 ``--max-new-tokens`` (no stop at end of turn): learning stops at the first end-of-turn token, a_1 counts all.
 
@@ -37,18 +37,19 @@ from tabletune.engine.scheduler import Request, Scheduler, no_hook
 from tabletune.table import DraftTable
 
 
-def write_stream(path: str, num_code: int) -> None:
-    """Token ids of the code prompts (HumanEval, then code-edit) and of the two halves of the chat prompts."""
+def write_stream(path: str, num_code: int, num_chat: int, num_held_out: int) -> None:
+    """Token ids of the code prompts (HumanEval, then code-edit), of the chat prompts (IFEval's first ``num_chat``)
+    and of the held-out chat prompts (the next ``num_held_out``)."""
     from tabletune.assets import load_prompts
     from tabletune.integrations.hf.model import SmolLM2Runner
     from tabletune.integrations.hf.smollm2 import smollm2_model_dir
 
     runner = SmolLM2Runner(smollm2_model_dir())
     code = [runner.encode(p.text) for p in load_prompts("code") + load_prompts("code-edit")][:num_code]
-    chat = [runner.encode(p.text) for p in load_prompts("chat")]
-    half = len(chat) // 2
-    fileio.write_json(path, {"eos_id": runner.eos_id, "code": code, "chat": chat[:half], "held_out_chat": chat[half:]})
-    print(f"wrote {path}: {len(code)} code, {half} chat and {len(chat) - half} held-out chat prompts")
+    chat = [runner.encode(p.text) for p in load_prompts("chat-ifeval")[: num_chat + num_held_out]]
+    fileio.write_json(path, {"eos_id": runner.eos_id, "code": code, "chat": chat[:num_chat],
+                             "held_out_chat": chat[num_chat:]})
+    print(f"wrote {path}: {len(code)} code, {num_chat} chat and {len(chat) - num_chat} held-out chat prompts")
 
 
 def quick_setup(folder: Path):
@@ -165,6 +166,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--code", type=int, default=200)
     ap.add_argument("--chat", type=int, default=200)
+    ap.add_argument("--held-out", type=int, default=40, help="held-out chat prompts (the IFEval ones after --chat)")
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=192)
@@ -175,7 +177,7 @@ def main() -> None:
     ap.add_argument("--out", help="the markdown result")
     args = ap.parse_args()
     if args.write_stream:
-        write_stream(args.write_stream, args.code)
+        write_stream(args.write_stream, args.code, args.chat, args.held_out)
         return
     if args.quick:
         args.code, args.chat, args.chunk, args.eval_every, args.max_new_tokens, args.batch = 8, 8, 4, 1, 16, 2
@@ -186,7 +188,7 @@ def main() -> None:
         stream = json.loads(Path(args.stream).read_text()) if args.stream else None
         if stream is None:
             tmp = Path(tempfile.mkdtemp()) / "stream.json"
-            write_stream(str(tmp), args.code)
+            write_stream(str(tmp), args.code, args.chat, args.held_out)
             stream = json.loads(tmp.read_text())
         target, head = load_target(args), args.head
     frozen = run_mode(target, head, stream, args, adapt=False)
