@@ -122,7 +122,8 @@ def run_mode(target, head, stream, args, adapt: bool) -> list[dict]:
             held = a1(serve(engine, stream["held_out_chat"], args, base_id=10**6))
         rows.append({"served": served, "phase": chunk[-1][0], "a1": a1(stats), "tok_s": stats.output_tokens / wall,
                      "tokens": stats.output_tokens, "wall_s": wall, "held_out_chat_a1": held,
-                     "updates": adapter.stats.updates if adapter else 0})
+                     "updates": adapter.stats.updates if adapter else 0,
+                     "error": adapter.stats.error if adapter else None})
         print(("adapting" if adapt else "frozen"), rows[-1], flush=True)
     if adapter:
         adapter.close()
