@@ -16,7 +16,10 @@
 #   4. carry .h200c, .whl:  the adaptation run in the engine loop, with the new head
 #      gunzip -kf .h200c/*.gz && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 &&
 #      python3 benchmarks/drafter_online.py --stream .h200c/stream.json --gguf /tmp/smollm2.gguf --device cuda
-#        --head /tmp/drafter/head --out $OUT/drafter_online.md
+#        --head /tmp/drafter/head --checkpoint .h200c/online.jsonl --out $OUT/drafter_online.md;
+#      cp .h200c/online.jsonl $OUT/
+#      (the frozen run takes about 4 minutes on an H100: if the call ends first, copy the returned online.jsonl into
+#      .h200c/ here, and the next call reads the finished frozen run back and runs the adapting one)
 # Back on the CPU, with call 2's drafter/ folder: the held-out table and the traces (calibration / scoring halves)
 #   tabletune drafter eval --head drafter/head --trajectories drafter/eval_trajectories.json
 #   python benchmarks/drafter_traces.py --head drafter/head --trajectories drafter/eval_trajectories.json --name eagle-h200

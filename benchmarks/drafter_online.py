@@ -99,6 +99,19 @@ def a1(stats) -> float:
 
 
 def run_mode(target, head, stream, args, adapt: bool) -> list[dict]:
+    """The stream through one engine, frozen or adapting; every row is appended to ``--checkpoint`` as it is
+    measured, and a mode whose rows are all there already is read back instead of run again."""
+    mode = "adapting" if adapt else "frozen"
+    done = read_checkpoint(args.checkpoint, mode)
+    total = min(args.code, len(stream["code"])) + args.chat
+    if done and done[-1]["served"] == total:
+        print(f"{mode}: {len(done)} rows from {args.checkpoint}", flush=True)
+        return done
+    if done:  # a mode cut off midway starts again (the adapting head's state is not kept): drop its rows
+        keep = [line for line in Path(args.checkpoint).read_text().splitlines()
+                if line.strip() and json.loads(line).get("mode") != mode]
+        fileio.write_text(args.checkpoint, "".join(line + "\n" for line in keep))
+    t_start = time.perf_counter()
     longest = max(map(len, stream["code"] + stream["chat"] + stream["held_out_chat"]))
     max_len = longest + args.max_new_tokens + 2 * args.k + 8
     engine = SpecEngine(target, make_drafter("eagle", target, args.k, head=head),
@@ -123,11 +136,23 @@ def run_mode(target, head, stream, args, adapt: bool) -> list[dict]:
         rows.append({"served": served, "phase": chunk[-1][0], "a1": a1(stats), "tok_s": stats.output_tokens / wall,
                      "tokens": stats.output_tokens, "wall_s": wall, "held_out_chat_a1": held,
                      "updates": adapter.stats.updates if adapter else 0,
-                     "error": adapter.stats.error if adapter else None})
-        print(("adapting" if adapt else "frozen"), rows[-1], flush=True)
+                     "error": adapter.stats.error if adapter else None,
+                     "elapsed_s": round(time.perf_counter() - t_start, 1)})
+        print(mode, rows[-1], flush=True)
+        if args.checkpoint:
+            with open(args.checkpoint, "a") as fh:
+                fh.write(json.dumps({"mode": mode, **rows[-1]}) + "\n")
     if adapter:
         adapter.close()
     return rows
+
+
+def read_checkpoint(path: str | None, mode: str) -> list[dict]:
+    """The rows of ``mode`` in a checkpoint file (one JSON object a line), in order; none without the file."""
+    if not path or not Path(path).exists():
+        return []
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return [{k: v for k, v in r.items() if k != "mode"} for r in rows if r.get("mode") == mode]
 
 
 def report(frozen, adapting, args, stream) -> str:
@@ -176,6 +201,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--out", help="the markdown result")
+    ap.add_argument("--checkpoint", help="rows appended here as measured (.jsonl); a finished mode is read back")
     args = ap.parse_args()
     if args.write_stream:
         write_stream(args.write_stream, args.code, args.chat, args.held_out)
