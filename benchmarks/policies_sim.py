@@ -83,6 +83,7 @@ class Protocol:
     prompt_len: int = 32
     fixed_repeats: int = 3
     overlap_observe: bool = True  # as the engine's --overlap-observe: a policy that allows it observes off the path
+    model_trace: str = "early-exit"  # the model chain's traces: profiles/traces/{model_trace}_{workload}_T0.csv.gz
 
     def __post_init__(self) -> None:
         if self.measured_steps < 1 or self.warmup_steps < 0 or self.fixed_repeats < 1 or self.output_len < 1:
@@ -165,14 +166,14 @@ def scoring_sim(cost: StepCost, name: str, rates, protocol: Protocol, load: int,
     cfg = SimConfig(duration_s=duration_s, load=load, max_num_seqs=max(128, load), seed=seed,
                     prefill_ms_per_token=prefill_ms_per_token, host_ms_per_step=host_ms_per_step)
     return Simulator(cost, Schedule.constant(workload_of(name, rates, protocol)), cfg,
-                     replay=load_traces([TRACES / f"early-exit_{name}_T0.csv.gz"], half=half),
+                     replay=load_traces([TRACES / f"{protocol.model_trace}_{name}_T0.csv.gz"], half=half),
                      ngram_replay=load_ngram_trace(TRACES / f"ngram_{name}_T0.csv.gz", half=half))
 
 
 def calibrate(name: str, k_max: int, cost: StepCost, folder: Path, protocol: Protocol) -> Calibration:
     """Fit every learned rule on the calibration half (module docstring); DISCO's tau by speed at batch 1."""
     folder.mkdir(parents=True, exist_ok=True)
-    model_file = TRACES / f"early-exit_{name}_T0.csv.gz"
+    model_file = TRACES / f"{protocol.model_trace}_{name}_T0.csv.gz"
     ngram_file = TRACES / f"ngram_{name}_T0.csv.gz"
     cal = load_traces([model_file], half="calibration")
     rates = floor_rates(cal.conditional_rates(k_max))
@@ -308,19 +309,21 @@ def markdown(result: dict) -> str:
           f"Drafting charged per position by the rows still drafting, verification by scheduled tokens; stop rules "
           f"end rows' drafts. Held-out: fit on the calibration half of the prompts, scored on the other. Warm-up "
           f"{p['warmup_steps']} steps and {p['warmup_s']} s, {p['measured_steps']} measured steps, outputs "
-          f"{p['output_len']} tokens, fixed k over {p['fixed_repeats']} seeds. Cells: % of the best fixed k "
-          "[headroom share (ratio - 1) / (oracle_ratio - 1)].", ""]
+          f"{p['output_len']} tokens, fixed k over {p['fixed_repeats']} seeds. Model chain: the "
+          f"{p.get('model_trace', 'early-exit')} traces. Host time charged: what an engine waits on"
+          f"{' (observe overlapped where a policy allows it)' if p.get('overlap_observe') else ''}. Cells: % of the "
+          "best fixed k [headroom share (ratio - 1) / (oracle_ratio - 1)].", ""]
     for w in dict.fromkeys(c["workload"] for c in result["cells"]):
         md += [f"**{w}**", ""] + pivot(result["cells"], w) + [""]
     md += ["| workload | DISCO tau (tuned at batch 1, k_max 10, calibration half) | hybrid-static m (calibration "
            f"half, loads {', '.join(map(str, HYBRID_M_LOADS))}) |", "|---|---|---|"]
     md += [f"| {w} | {c['disco_tau']} | {c.get('hybrid_static_m')} |" for w, c in result["calibration"].items()]
     md += ["", "| workload | load | policy | mean k | sim tok/s | ratio | oracle ratio | headroom share | host ms/step |"
-           " noise band |", "|---|---|---|---|---|---|---|---|---|---|"]
+           " host ms critical | noise band |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in result["cells"]:
         md.append(f"| {c['workload']} | {c['load']} | {c['policy']} | {c['sim_mean_k']} | {c['sim_tok_s']:.0f} | "
                   f"{c['sim_ratio']} | {c['oracle_ratio']} | {c['sim_headroom_share']} | {c['host_ms_per_step']} | "
-                  f"{c.get('noise_band', '')} |")
+                  f"{c.get('host_ms_critical')} | {c.get('noise_band', '')} |")
     return "\n".join(md + ["", f"Command: `{result['command']}`"]) + "\n"
 
 
@@ -370,6 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="--host-ms: runs per policy (the minimum is reported)")
     ap.add_argument("--output-len", type=int, default=Protocol.output_len)
     ap.add_argument("--fixed-repeats", type=int, default=Protocol.fixed_repeats)
+    ap.add_argument("--model-trace", default=Protocol.model_trace,
+                    help="the model chain's traces: early-exit (SmolLM2's, every workload) or eagle (the trained "
+                         "head's: code, chat)")
     ap.add_argument("--resume", action="store_true", help="keep the (workload, load) groups already in OUT.json")
     ap.add_argument("--out", default=None, help="grid: OUT.json and OUT.md (default benchmarks/results/"
                     "engine_policies_sim); --host-ms: OUT.json (default none)")
@@ -385,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         return host_ms_table(args, command)
     args.out = args.out or "benchmarks/results/engine_policies_sim"
     protocol = Protocol(args.warmup_steps, args.warmup_s, args.measured_steps, args.output_len,
-                        fixed_repeats=args.fixed_repeats)
+                        fixed_repeats=args.fixed_repeats, model_trace=args.model_trace)
     cost = h200_cost()
     k_max = cost.k_max
     policies = args.policies.split(",") if args.policies else []
