@@ -107,6 +107,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--overlap-observe", action="store_true",
                     help="policies that allow it (observe_may_lag) observe step t while step t + 1 runs")
     ap.add_argument("--host-stop", action="store_true", help="stop rules on the host even where the device can")
+    ap.add_argument("--model-trace", default="early-exit",
+                    help="the model chain's traces: early-exit (every workload) or eagle (the trained head's)")
     ap.add_argument("--no-sim", action="store_true", help="measure only (simulate later with --sim-only)")
     ap.add_argument("--sim-only", action="store_true", help="simulate the cells of OUT.json that lack it (CPU)")
     ap.add_argument("--resume", action="store_true", help="keep the cells of OUT.json (same fingerprint)")
@@ -138,7 +140,8 @@ def policy_names(args) -> list[str]:
 
 def protocol_of(args) -> Protocol:
     return Protocol(warmup_steps=args.warmup_steps, measured_steps=args.measured_steps, output_len=args.output_len,
-                    prompt_len=args.prompt_len, fixed_repeats=args.fixed_repeats, overlap_observe=args.overlap_observe)
+                    prompt_len=args.prompt_len, fixed_repeats=args.fixed_repeats, overlap_observe=args.overlap_observe,
+                    model_trace=args.model_trace)
 
 
 def estimate_s(args, step_ms: float, num_policies: int, num_loads: int, num_workloads: int) -> float:
@@ -269,9 +272,9 @@ def span_fit(ngram: list) -> tuple[float, float]:
     return min(len(runs) / max(outside, 1), 1.0), max(float(np.mean(runs)), 1.0)
 
 
-def workload_data(name: str, k_max: int) -> dict:
+def workload_data(name: str, k_max: int, model_trace: str = "early-exit") -> dict:
     """The engine's replay pairs of the scoring half of the prompts, and the trace statistics of the workload."""
-    model = load_token_traces(TRACES / f"early-exit_{name}_T0.csv.gz")
+    model = load_token_traces(TRACES / f"{model_trace}_{name}_T0.csv.gz")
     ngram = load_token_traces(TRACES / f"ngram_{name}_T0.csv.gz")
     top1 = np.concatenate([t.signals[t.present, 0] for t in model])
     ok = np.concatenate([t.accepted[t.present] for t in model])
@@ -397,7 +400,8 @@ def markdown(result: dict) -> str:
     key = result["key"]
     md = [f"# Policies on the built-in engine: {result['model']} shape, {result['device']}", "",
           f"Closed loop, prompt {result['prompt_len']} / output {result['output_len']} tokens, acceptance and "
-          f"signals replayed from the scoring half of the SmolLM2 traces (early-exit model chain, n-gram chain); "
+          f"signals replayed from the scoring half of the traces ({key.get('model_trace', 'early-exit')} model "
+          f"chain, n-gram chain); "
           f"every learned rule fit on the calibration half. Warm-up {key['warmup_steps']} steps, at least "
           f"{key['measured_steps']} measured steps wanted; fixed k repeated {key['fixed_repeats']} times. Ratio: "
           "tok/s over the best fixed k of the same workload and load; difference: simulated ratio - measured "
@@ -426,7 +430,7 @@ def serve_workload(engine, args, wname, loads, policies, cost, result, done, pro
                    folder: Path) -> None:
     """Every cell of one workload, checkpointed after each; the (simulated) oracle closes each load."""
     out_json = Path(args.out + ".json")
-    data = workload_data(wname, args.k_max)
+    data = workload_data(wname, args.k_max, args.model_trace)
     calib = calibrate(wname, args.k_max, cost, folder, protocol_of(args))  # the calibration half
     data["signal_noise"] = signal_noise_for_auc(data["top1_auc"], preset(wname), args.k_max, 2000)
     result["workloads"][wname] = {"rates": calib.rates, "ngram_rates": calib.ngram_rates[:9],
@@ -508,7 +512,8 @@ def main(argv: list[str] | None = None) -> int:
     key = {"fingerprint": {k: v for k, v in fp.__dict__.items() if k != "command"}, "k_max": args.k_max,
            "prompt_len": args.prompt_len, "output_len": args.output_len, "rounds": args.rounds, "max_load": max_load,
            "warmup_steps": args.warmup_steps, "measured_steps": args.measured_steps,
-           "fixed_repeats": args.fixed_repeats, "overlap_observe": args.overlap_observe, "host_stop": args.host_stop}
+           "fixed_repeats": args.fixed_repeats, "overlap_observe": args.overlap_observe, "host_stop": args.host_stop,
+           "model_trace": args.model_trace}
     out_json = Path(args.out + ".json")
     old = json.loads(out_json.read_text()) if args.resume and out_json.exists() else None
     if old is not None and old["key"] != key:
