@@ -1,10 +1,11 @@
-"""Per-token traces of a trained head (accepted, top-1, entropy, margin, n-gram match) on held-out workloads,
-each split by prompt into a calibration and a scoring half (``tabletune.drafter.evaluate.split_by_prompt``).
+"""Per-token traces of a trained head (accepted, top-1, entropy, margin, n-gram match) on held-out workloads, one
+file per workload and temperature (the simulator's and the engine's replay take their calibration and scoring
+halves by prompt, ``token_trace.prompt_half``), with the held-out table of all prompts and of each half.
 
 The continuations are a training run's ``eval_trajectories.json`` (``tabletune drafter train --eval-prompts``,
 generated on the GPU) or, without it, generated on the CPU as ``tabletune acceptance`` does; the head is replayed
-along them on the CPU (``integrations.hf.measure``). Writes ``OUT/NAME_W_TT.calibration.csv.gz`` and
-``.scoring.csv.gz`` per workload W and temperature T, and prints the held-out table of each half.
+along them on the CPU (``integrations.hf.measure``). Writes ``OUT/NAME_W_TT.csv.gz`` per workload W and
+temperature T.
 
     python benchmarks/drafter_traces.py --head out/drafter/head --trajectories out/drafter/eval_trajectories.json \
         --name eagle-h200 --out profiles/traces
@@ -40,17 +41,17 @@ def main() -> None:
                                 draft_model=args.head)
             trajs = read_trajectories(Path(args.trajectories), w, t, args.max_prompts) if args.trajectories else None
             m = measure(run, trajs=trajs)
-            for half, part in zip(("calibration", "scoring"), split_by_prompt(m.trace)):
-                path = Path(args.out) / f"{args.name}_{w}_T{t:g}.{half}.csv.gz"
-                write_trace(path, part)
+            path = Path(args.out) / f"{args.name}_{w}_T{t:g}.csv.gz"
+            write_trace(path, m.trace)
+            print(f"wrote {path}: {len({r[0] for r in m.trace})} requests", flush=True)
+            for label, part in zip(("all", "calibration", "scoring"), (m.trace, *split_by_prompt(m.trace))):
                 counts, drafts = AcceptanceCounts(k_max=args.k_max), {}
                 for r in part:  # a draft's rows (request, draft start) end at its first rejection
                     drafts.setdefault((r[0], r[1]), []).append(r[9])
                 for acc in drafts.values():
                     counts.observe_draft(len(acc), acc.index(0) if 0 in acc else len(acc))
                 num = len({r[0] for r in part})
-                rows.append(held_out_row(counts, f"{w} ({half})", t, num, min(4, args.k_max)))
-                print(f"wrote {path}: {num} requests", flush=True)
+                rows.append(held_out_row(counts, f"{w} ({label})", t, num, min(4, args.k_max)))
     print(format_table(rows))
 
 

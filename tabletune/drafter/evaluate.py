@@ -127,10 +127,10 @@ def evaluate(cfg: EvalConfig, progress=None, command: str = "") -> list[HeldOutR
 
 
 def split_by_prompt(rows: Sequence[tuple]) -> tuple[list[tuple], list[tuple]]:
-    """Trace rows (``replay.TRACE_COLUMNS``, the request first) into a calibration and a scoring half by prompt:
-    the requests in order of first appearance, even-numbered to calibration, odd-numbered to scoring."""
-    index: dict = {}
-    for row in rows:
-        index.setdefault(row[0], len(index))
-    calibration = [row for row in rows if index[row[0]] % 2 == 0]
-    return calibration, [row for row in rows if index[row[0]] % 2 == 1]
+    """Trace rows (``replay.TRACE_COLUMNS``, the request first) into a calibration and a scoring half by prompt, by
+    the rule the simulator and the engine's replay split traces with (``token_trace.prompt_half``)."""
+    from tabletune.token_trace import prompt_half
+
+    halves = {row[0]: prompt_half(str(row[0])) for row in rows}
+    return ([row for row in rows if halves[row[0]] == "calibration"],
+            [row for row in rows if halves[row[0]] == "scoring"])

@@ -97,10 +97,11 @@ def test_eval_refuses_a_trajectories_file_without_the_workload(tiny, tmp_path):
 def test_traces_split_by_prompt_into_two_halves():
     from tabletune.drafter.evaluate import split_by_prompt
 
-    rows = [("a", 1, 1), ("b", 1, 1), ("a", 3, 1), ("c", 1, 1), ("b", 2, 2), ("d", 5, 1)]
+    # token_trace.prompt_half: p0 and p1 calibrate, p2 and p3 score (sha256 of the name, its first byte's parity)
+    rows = [("p0", 1, 1), ("p2", 1, 1), ("p0", 3, 1), ("p1", 1, 1), ("p2", 2, 2), ("p3", 5, 1)]
     calibration, scoring = split_by_prompt(rows)
-    assert calibration == [("a", 1, 1), ("a", 3, 1), ("c", 1, 1)]
-    assert scoring == [("b", 1, 1), ("b", 2, 2), ("d", 5, 1)]
+    assert calibration == [("p0", 1, 1), ("p0", 3, 1), ("p1", 1, 1)]
+    assert scoring == [("p2", 1, 1), ("p2", 2, 2), ("p3", 5, 1)]
 
 
 def test_eval_scores_a_training_runs_trajectories(tiny, tmp_path):
