@@ -66,7 +66,7 @@ PROFILES = ROOT / "profiles" / "h200"
 ZOO = ("tabletune", "controller", "controller:per-request", "vllm-av", "turbospec", "nightjar", "sglang", "disco", "tapout", "dsde", "gammatune",
        "adaptive-verification", "hybrid-spark", "hybrid-static")
 HOST_ZOO = ("fixed:3", "tabletune", "controller", "turbospec", "nightjar", "sglang", "disco", "tapout", "dsde",
-            "gammatune", "adaptive-verification", "hybrid-spark", "hybrid-static")
+            "gammatune", "adaptive-verification", "hybrid-spark", "hybrid-static", "controller:per-request")
 HOST_BUDGET_MS = 0.3
 DISCO_TAUS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 DISCO_K_MAX = 10
@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host-ms", action="store_true", help="time each policy's host ms per step instead of the grid")
     ap.add_argument("--workloads", default=None, help="grid: code,code-edit,chat; --host-ms: code")
     ap.add_argument("--loads", default=None, help="grid: 1,2,4,8,16,32,64,128; --host-ms: 128")
-    ap.add_argument("--policies", default=None, help="grid: the zoo; --host-ms: fixed:3 and the zoo's batch policies")
+    ap.add_argument("--policies", default=None, help="grid: the zoo; --host-ms: fixed:3 and the zoo")
     ap.add_argument("--warmup-steps", type=int, default=None, help=f"grid: {Protocol.warmup_steps}; --host-ms: 50")
     ap.add_argument("--warmup-s", type=float, default=Protocol.warmup_s)
     ap.add_argument("--measured-steps", type=int, default=None, help=f"grid: {Protocol.measured_steps}; --host-ms: 200")
