@@ -5,8 +5,8 @@ Stream: ``--code`` code requests (HumanEval, then code-edit tasks), then ``--cha
 set. The same stream runs twice through the engine at k = ``--k``, closed loop of ``--batch`` requests, in
 chunks of ``--chunk`` requests: with the frozen head, and with the head learning from verified tokens
 (``tabletune.drafter.online``, the scheduler's step hook). After every ``--eval-every`` chunks the held-out chat
-prompts are served without learning. Printed per checkpoint: the chunk's a_1 (censored: accepted_1 / reached_1) and throughput, both runs,
-and the held-out chat a_1; then the goals' three ratios. The engine serves every request for exactly
+prompts are served without learning. Printed per checkpoint: the chunk's a_1 (censored: accepted_1 /
+reached_1) and throughput, both runs, and the held-out chat a_1; then the goals' three ratios. The engine serves every request for exactly
 ``--max-new-tokens`` (no stop at end of turn): learning stops at the first end-of-turn token, a_1 counts all.
 
     # the H200 run: a stream file written here (it needs the tokenizer), the weights from the GGUF there

@@ -214,6 +214,14 @@ def hybrid_m(cost: StepCost, name: str, rates: tuple[float, ...], protocol: Prot
     return choose_m(candidates, tok_s)
 
 
+def charged_ms(policy, window: slice, overlap_observe: bool) -> float:
+    """A ``timed`` policy's mean host ms a step over ``window`` that an engine waits on: ``critical_ms`` for a
+    policy whose observe may lag under ``overlap_observe`` (the engine runs it while the next step runs), else all
+    of ``host_ms``."""
+    ms = policy.critical_ms if overlap_observe and policy.observe_may_lag else policy.host_ms
+    return float(np.mean(ms[window]))
+
+
 def run_cell(cost: StepCost, calib: Calibration, spec: str, load: int, protocol: Protocol, seed: int = 0,
              prefill_ms_per_token: float = 0.02, host_ms_per_step: float | None = None) -> dict:
     """One policy at one load: warm-up, then ``measured_steps`` measured steps (module docstring).
@@ -244,9 +252,7 @@ def run_cell(cost: StepCost, calib: Calibration, spec: str, load: int, protocol:
     window = slice(int(after[0]), int(after[0]) + protocol.measured_steps)
     tokens, ms = steps.tokens[window].sum(), steps.step_ms[window].sum()
     host = None if spec == "oracle" else float(np.mean(policy.host_ms[window]))
-    critical = None if spec == "oracle" else float(np.mean(policy.critical_ms[window]))
-    if critical is not None and not (protocol.overlap_observe and policy.observe_may_lag):
-        critical = host
+    critical = None if spec == "oracle" else charged_ms(policy, window, protocol.overlap_observe)
     post_hoc = critical if critical is not None and host_ms_per_step is None else 0.0  # measured here, charged after
     device_ms = ms - in_sim * protocol.measured_steps
     return {"sim_tok_s": round(float(tokens / (ms + post_hoc * protocol.measured_steps) * 1e3), 2),
@@ -338,8 +344,7 @@ def host_ms(cost: StepCost, spec: str, load: int, steps: int, warmup: int, workl
                     ngram_replay=load_ngram_trace(TRACES / f"ngram_{workload}_T0.csv.gz"))
     policy = timed(make_policy(spec, sim.context()))
     sim.run(policy)
-    critical = float(np.mean(policy.critical_ms[warmup:])) if policy.observe_may_lag else policy.mean_ms(warmup)
-    return policy.mean_ms(warmup), critical
+    return policy.mean_ms(warmup), charged_ms(policy, slice(warmup, None), Protocol.overlap_observe)
 
 
 def host_ms_table(args, command: str) -> int:
@@ -375,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fixed-repeats", type=int, default=Protocol.fixed_repeats)
     ap.add_argument("--model-trace", default=Protocol.model_trace,
                     help="the model chain's traces: early-exit (SmolLM2's, every workload) or eagle (the trained "
-                         "head's: code, chat)")
+                         "head's: code, code-edit, chat)")
     ap.add_argument("--resume", action="store_true", help="keep the (workload, load) groups already in OUT.json")
     ap.add_argument("--out", default=None, help="grid: OUT.json and OUT.md (default benchmarks/results/"
                     "engine_policies_sim); --host-ms: OUT.json (default none)")

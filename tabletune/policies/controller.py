@@ -190,7 +190,6 @@ class PerRequestController(ControllerPolicy):
         self._ahead: Ahead | None = None  # the blind plans of the next step, made by observe
         self._signals: dict[int, tuple[np.ndarray | None, np.ndarray | None]] = {}  # step -> (top1, match length)
         self._top1: np.ndarray | None = None
-        self._ng_conf: np.ndarray | None = None
 
     # ---- pricing ------------------------------------------------------------------
 
@@ -225,17 +224,18 @@ class PerRequestController(ControllerPolicy):
         rates = np.asarray(self.controller.estimator.rates()[: top1.shape[1]])
         return np.broadcast_to(rates[None, :], top1.shape)
 
+    def ngram_confidence(self, match_len: np.ndarray) -> np.ndarray:
+        """[b, k_max] the lookup's per-position confidence: the calibration table's conditional acceptance at each
+        row's match length (what ``ngram_cal`` maps to acceptance, and ``observe`` calibrates it on)."""
+        rates = self.ngram_table.rates  # [l_max + 1, k_max]
+        return rates[np.clip(match_len, 0, rates.shape[0] - 1)]
+
     def ngram_survival(self, match_len: np.ndarray | None, num_proposed: np.ndarray | None) -> np.ndarray | None:
-        """[b, k_max] survival of the n-gram chain from the lookup (None: no chain, or no row matched); it sets
-        ``_ng_conf``, the per-position confidence that ``observe`` calibrates."""
-        self._ng_conf = None
+        """[b, k_max] survival of the n-gram chain from the lookup (None: no chain, or no row matched)."""
         if not self.use_ngram or num_proposed is None or not np.any(num_proposed > 0):
             return None
-        k_max = self.ctx.k_max
-        rates = self.ngram_table.rates  # [l_max + 1, k_max] conditional acceptance by match length
-        cond = rates[np.clip(match_len, 0, rates.shape[0] - 1)]
-        proposed = np.arange(1, k_max + 1)[None, :] <= num_proposed[:, None]
-        self._ng_conf = cond
+        cond = self.ngram_confidence(match_len)
+        proposed = np.arange(1, self.ctx.k_max + 1)[None, :] <= num_proposed[:, None]
         return np.cumprod(self.ngram_cal(cond), axis=1) * (proposed & (cond[:, :1] > 0))
 
     # ---- per step -------------------------------------------------------------------
@@ -286,7 +286,7 @@ class PerRequestController(ControllerPolicy):
             plan = Plan(ks, drafter, k_max, plan.expected_tokens, plan.step_ms)
             self.explore_row = row
         self.plan, self._rate, self._next_rates, self._rule = plan, rate, next_rates, None
-        self._signals[state.step] = (self._top1, None if self._ng_conf is None else f.ngram_match_len)
+        self._signals[state.step] = (self._top1, None if surv_n is None else f.ngram_match_len)
         return Decision.per_request(plan.ks, plan.drafter)
 
     def row_classes(self, match_len: np.ndarray | None, num_proposed: np.ndarray | None) -> np.ndarray | None:
@@ -345,13 +345,13 @@ class PerRequestController(ControllerPolicy):
         default drafter or cap 0."""
         if not self.model_chain or cap < 1:
             return None
-        k_max, plan_cap, cap = self.ctx.k_max, cap, min(cap, self.ctx.k_max)
+        k_max, prices = self.ctx.k_max, self.prices_ms(b)[cap - 1]
+        cap = min(cap, k_max)
         if self.calibration.fits:
             slope, intercepts = float(self.calibration.coef[0]), self.calibration.coef[1:1 + k_max]
         else:  # p_ij = a_j: w = 0, c_j = logit(a_j)
             a = np.clip(next_rates, 1e-12, 1 - 1e-12)
             slope, intercepts = 0.0, np.log(a / (1 - a))
-        prices = self.prices_ms(b)[plan_cap - 1]
         thetas = [threshold(rate, prices[j], next_rates[j]) if j < cap else float("inf") for j in range(1, k_max + 1)]
         return LogitStopRule(slope, tuple(float(c) for c in intercepts), tuple(thetas))
 
@@ -400,8 +400,7 @@ class PerRequestController(ControllerPolicy):
         if match_len is not None:
             mask = tested & (outcome.drafter == NGRAM)[:, None]
             if mask.any():
-                rates = self.ngram_table.rates  # the lookup's per-position confidence, as ngram_survival's
-                self.ngram_cal.update(rates[np.clip(match_len, 0, rates.shape[0] - 1)][mask], acc[mask])
+                self.ngram_cal.update(self.ngram_confidence(match_len)[mask], acc[mask])
         shifts = self.controller.estimator.shifts
         if shifts != self._shifts:  # a new workload: calibrate on its tokens only
             self._shifts = shifts
