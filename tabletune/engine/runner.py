@@ -65,6 +65,22 @@ class StepResult:
 OUT_COLS = 2
 
 
+@dataclass(frozen=True)
+class DraftsCopy:
+    """Drafted signals on their way to the host (``SpecEngine.copy_drafts``)."""
+
+    host: torch.Tensor  # [rows, 3 k + 2]: pinned on CUDA
+    event: torch.cuda.Event | None  # recorded after the copy (CUDA)
+    k: int
+
+    def get(self) -> tuple[np.ndarray, np.ndarray]:
+        """(signals [rows, k, 3], [rows, 2] n-gram match length and proposals)."""
+        if self.event is not None:
+            self.event.synchronize()
+        out = self.host.numpy()
+        return out[:, : 3 * self.k].reshape(len(out), self.k, 3), out[:, 3 * self.k:]
+
+
 def token_js(b: int, k: int) -> range:
     """Token buckets of a step of bucket b and longest draft k: T = b (j + 1) tokens for j = ceil(k / b) .. k (at
     least one row feeds k + 1 tokens, every row at least one)."""
@@ -295,9 +311,21 @@ class SpecEngine:
     def read_drafts(self, slots: Sequence[int], k: int) -> tuple[np.ndarray, np.ndarray]:
         """(signals [rows, k, 3]: top-1, entropy, margin of positions 1..k; [rows, 2]: n-gram match length and
         proposals), one sync."""
+        return self.copy_drafts(slots, k).get()
+
+    @torch.inference_mode()
+    def copy_drafts(self, slots: Sequence[int], k: int) -> DraftsCopy:
+        """``read_drafts`` without the sync: the copy to the host is queued behind the drafting; ``get()`` waits
+        for it (free once a later read synced the stream)."""
         s = torch.as_tensor(slots, device=self.device)
-        out = torch.cat([self.draft_sig[s, :k].flatten(1), self.draft_meta[s, :2].float()], 1).cpu().numpy()
-        return out[:, : 3 * k].reshape(len(slots), k, 3), out[:, 3 * k:]
+        out = torch.cat([self.draft_sig[s, :k].flatten(1), self.draft_meta[s, :2].float()], 1)
+        if self.device.type != "cuda":
+            return DraftsCopy(out, None, k)
+        host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+        host.copy_(out, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return DraftsCopy(host, event, k)
 
     def verify_drafted(self, slots: Sequence[int], ks: Sequence[int], caps: Sequence[int] | None = None,
                        min_rows: int = 0, kinds: Sequence[int] | None = None) -> StepBuffers:

@@ -28,7 +28,7 @@ import numpy as np
 from tabletune.acceptance import AcceptanceCounts
 from tabletune.cost import StepCost
 from tabletune.engine.device_stop import DeviceStop
-from tabletune.engine.runner import SpecEngine, StepResult
+from tabletune.engine.runner import DraftsCopy, SpecEngine, StepResult
 from tabletune.policies.base import (NGRAM, AlwaysDraft, BatchState, DraftFeatures, Policy, PolicyContext, StepOutcome,
                                      draft_stop_of)
 from tabletune.policies.static_table import StaticTable
@@ -100,6 +100,20 @@ def draw_caps(rates: Sequence[float], k: int | Sequence[int], n: int, rng: rando
     return caps
 
 
+def features_of(copy: DraftsCopy | None, n: int, drafted: np.ndarray, k_max: int) -> DraftFeatures:
+    """DraftFeatures of n rows from their drafted signals (``SpecEngine.copy_drafts`` of positions 1..j, None
+    for j = 0): positions a row did not draft read as sure rejections."""
+    sig = np.zeros((n, k_max, 3))
+    sig[:, :, 1] = STOP_ENTROPY
+    meta = np.zeros((n, 2))
+    if copy is not None:
+        got, meta = copy.get()
+        done = np.arange(copy.k)[None] < drafted[:, None]
+        sig[:, : copy.k][done] = got[done]
+    return DraftFeatures(sig[..., 0], sig[..., 1], sig[..., 2], meta[:, 0].astype(np.int64),
+                         np.minimum(meta[:, 1], drafted).astype(np.int64))
+
+
 def flat_cost(k_max: int, max_batch: int) -> StepCost:
     """A step cost of 1 ms everywhere: the context of policies that read no cost (a fixed k, a table)."""
     points = tuple(StepPoint(b, k, (1.0,)) for b in sorted({1, max_batch}) for k in range(k_max + 1))
@@ -128,7 +142,7 @@ def no_hook(running: list[Request], res: StepResult, finished_ids: np.ndarray) -
 class Scheduler:
     def __init__(self, engine: SpecEngine, policy: Policy | DraftTable, max_num_seqs: int | None = None,
                  cap_rates: Sequence[float] | None = None, seed: int = 0, fixed_shape: bool = False,
-                 after_step: StepHook = no_hook, device_stop: bool = True, overlap_observe: bool = False) -> None:
+                 after_step: StepHook = no_hook, device_stop: bool = True, overlap_observe: bool = True) -> None:
         self.engine = engine
         # overlap_observe: a policy that allows it (``observe_may_lag``) observes step t while step t + 1 runs (just
         # before its first read), so it decides step t + 1 on statistics one step old, as vLLM's async scheduling does
@@ -178,43 +192,43 @@ class Scheduler:
         return len(req.output) >= req.max_new_tokens or len(req.prompt) + len(req.output) >= limit
 
     def _features(self, slots: list[int], drafted: np.ndarray, j: int) -> DraftFeatures:
-        """The signals of the positions each row drafted (of 1..j) as the policies' DraftFeatures; positions not
-        drafted are sure rejections."""
-        n, e = len(slots), self.engine
-        sig = np.zeros((n, e.k_max, 3))
-        sig[:, :, 1] = STOP_ENTROPY
-        meta = np.zeros((n, 2))
-        if j:
-            got, meta = self._wait(lambda: e.read_drafts(slots, j))
-            done = np.arange(j)[None] < drafted[:, None]
-            sig[:, :j][done] = got[done]
-        return DraftFeatures(sig[..., 0], sig[..., 1], sig[..., 2], meta[:, 0].astype(np.int64),
-                             np.minimum(meta[:, 1], drafted).astype(np.int64))
+        """The signals of the positions each row drafted (of 1..j) as the policies' DraftFeatures, read now (one
+        sync); positions not drafted are sure rejections."""
+        copy = self.engine.copy_drafts(slots, j) if j else None
+        return self._wait(lambda: features_of(copy, len(slots), drafted, self.engine.k_max))
 
-    def _draft(self, slots: list[int], state: BatchState, caps: np.ndarray) -> tuple[np.ndarray, DraftFeatures]:
+    def _draft(self, slots: list[int], state: BatchState,
+               caps: np.ndarray) -> tuple[np.ndarray, Callable[[], DraftFeatures] | None]:
         """The draft loop: position j + 1 for the rows still drafting (only those run), until every row reached
-        its cap or the policy's ``keep_drafting`` stopped it; (positions drafted per row, their features)."""
+        its cap or the policy's ``keep_drafting`` stopped it; (positions drafted per row, their features to read
+        later: their copy to the host is queued behind the drafting, None for a policy that reads none). Without
+        a stop rule on the host, nothing here waits on the device but the device rule's lengths."""
+        e, k_max = self.engine, self.engine.k_max
         rule = self.device_rule(state) if self.reads_each_position and self.device_stop else None
         if rule is not None:  # the rule on the device: no host sync until the loop ends
-            stop, j, cap = DeviceStop(self.engine, slots, caps, rule), 0, int(caps.max(initial=0))
+            stop, j, cap = DeviceStop(e, slots, caps, rule), 0, int(caps.max(initial=0))
             while j < cap and not stop.done():
                 self._launch()
-                self.engine.draft_position([s for s, c in zip(slots, caps) if c > j], j, cap)
+                e.draft_position([s for s, c in zip(slots, caps) if c > j], j, cap)
                 j += 1
                 stop.after_position(j)
+            copy = e.copy_drafts(slots, j) if self.uses_features and j else None
             drafted = self._wait(stop.lengths)
-            return drafted, self._features(slots, drafted, j)
-        drafted, active, j = np.zeros(len(slots), np.int64), caps > 0, 0
-        while active.any():
-            self._launch()
-            self.engine.draft_position([slots[i] for i in np.flatnonzero(active)], j, int(caps.max()))
-            j += 1
-            drafted[active] = j
-            active &= drafted < caps
-            if active.any() and self.reads_each_position:
-                keep = self.stop.keep_drafting(state, self._features(slots, drafted, j), j, active.copy())
-                active &= np.asarray(keep, bool)
-        return drafted, self._features(slots, drafted, j)
+        else:
+            drafted, active, j = np.zeros(len(slots), np.int64), caps > 0, 0
+            while active.any():
+                self._launch()
+                e.draft_position([slots[i] for i in np.flatnonzero(active)], j, int(caps.max()))
+                j += 1
+                drafted[active] = j
+                active &= drafted < caps
+                if active.any() and self.reads_each_position:
+                    keep = self.stop.keep_drafting(state, self._features(slots, drafted, j), j, active.copy())
+                    active &= np.asarray(keep, bool)
+            copy = e.copy_drafts(slots, j) if self.uses_features and j else None
+        if not self.uses_features:
+            return drafted, None
+        return drafted, lambda: features_of(copy, len(slots), drafted, k_max)
 
     def _draft_cap(self, state: BatchState) -> int:
         """The policy's optional ``draft_cap(state)`` within 0..k_max (k_max without one)."""
@@ -232,10 +246,11 @@ class Scheduler:
             lookup = e.drafter.host_lookup(slots, np.array([len(r.prompt) + len(r.output) for r in running]))
             if lookup is not None:  # the n-gram lookup costs no drafter step: the plan may put rows on that chain
                 state = dataclasses.replace(state, ngram_match_len=lookup[0], ngram_num_proposed=lookup[1])
-        drafted = None
+        drafted, features = None, None
         if self.uses_features and not self.plans_first:  # it reads every position, then decides
             drafted, features = self._draft(slots, state, np.full(n, self._draft_cap(state), np.int64))
-            state = dataclasses.replace(state, features=features)
+            state = dataclasses.replace(state, features=self._wait(features))
+            features = None
         decision = self.policy.decide(state)
         ks = np.clip(decision.ks_for(n), 0, e.k_max).astype(np.int64)
         # rows the plan put on the n-gram chain before drafting: no model draft, they verify the lookup's proposal
@@ -243,13 +258,11 @@ class Scheduler:
         if lookup is not None and decision.drafter is not None:
             ngram_rows = (np.asarray(decision.drafter) == NGRAM) & (ks > 0)
             ks = np.where(ngram_rows, np.minimum(ks, lookup[1]), ks)
-        if self.split and drafted is None:  # a stop rule: decided first (its k_i cap the rows), then drafted
+        if self.split and drafted is None:  # decided first (a stop rule's k_i cap the rows), then drafted
             caps_model = np.where(ngram_rows, 0, np.minimum(ks, self._draft_cap(state)))
             drafted, features = self._draft(slots, state, caps_model)
             if ngram_rows.any():
                 e.lookup_rows([s for s, g in zip(slots, ngram_rows) if g], int(ks[ngram_rows].max()))
-            if self.uses_features:
-                state = dataclasses.replace(state, features=features)
         kinds = decision.drafter.tolist() if decision.drafter is not None else None
         ks = ks if drafted is None else np.where(ngram_rows, ks, np.minimum(ks, drafted))
         caps = draw_caps(self.cap_rates, ks.tolist(), n, self.rng) if self.cap_rates else None
@@ -261,7 +274,10 @@ class Scheduler:
             buf = e.verify_drafted(slots, ks.tolist(), caps, min_rows, kinds)
             num_drafted = int(drafted.sum())
         kinds_arr = np.array(kinds if kinds is not None else [e.default_kind] * n, np.int64)
-        return self._wait(lambda: e.read(buf, n, e.k_max)), state, kinds_arr, caps, ks, num_drafted
+        res = self._wait(lambda: e.read(buf, n, e.k_max))
+        if features is not None:  # drafted before the plan's verification: read now, for observe (no wait left)
+            state = dataclasses.replace(state, features=features())
+        return res, state, kinds_arr, caps, ks, num_drafted
 
     def _launch(self) -> None:
         """The host is about to queue device work: the time since the last read was on the critical path."""

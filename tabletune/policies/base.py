@@ -253,8 +253,10 @@ ALWAYS_DRAFT = AlwaysDraft()
 
 
 def draft_stop_of(policy: object) -> DraftStop:
-    """The policy itself when it implements ``keep_drafting``, else the null rule that never stops a draft."""
-    return policy if callable(getattr(policy, "keep_drafting", None)) else ALWAYS_DRAFT  # type: ignore[return-value]
+    """The policy itself when it implements ``keep_drafting`` (unless it turned its rule off: ``stops_drafts``
+    False), else the null rule that never stops a draft."""
+    stops = callable(getattr(policy, "keep_drafting", None)) and getattr(policy, "stops_drafts", True)
+    return policy if stops else ALWAYS_DRAFT  # type: ignore[return-value]
 
 
 def nearest_k(k: int, ks: tuple[int, ...]) -> int:

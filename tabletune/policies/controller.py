@@ -13,7 +13,7 @@ rates, '/'-separated; default ``ctx.prior_rates``), and any ``ControllerConfig``
 ``controller:per-request[,key=value,...]`` is the same controller with a request level on top
 (``PerRequestController``; the simulator's default policy): per-row draft lengths, drafting stops
 and drafter choice priced by the step cost (``tabletune.controller.per_request``). Its own options:
-``explore_max_batch``, ``ngram``, ``refit_every``, ``memory``, ``ema``, ``all_caps_max_batch``.
+``explore_max_batch``, ``ngram``, ``refit_every``, ``memory``, ``ema``, ``all_caps_max_batch``, ``stop``.
 """
 
 from __future__ import annotations
@@ -136,10 +136,13 @@ class PerRequestController(ControllerPolicy):
     estimator's S_j = prod_{l<=j} a_l; each row takes the n-gram chain instead where its surplus
     is larger (its survival from the lookup's match length, known before drafting, priced by its
     verification only: an n-gram row takes no model drafting; ``ngram=0`` turns the chain off);
-    the plan's cap bounds the model rows, and ``keep_drafting`` then stops each model row on its
-    own drafted signals: row i drafts j + 1 while S_ij a_{j+1} > R dT_{j+1}(b, cap).
+    the plan's cap bounds the model rows. With ``stop=1``, ``keep_drafting`` then stops each model row on its
+    own drafted signals: row i drafts j + 1 while S_ij a_{j+1} > R dT_{j+1}(b, cap). The default ``stop=0`` drafts
+    the plan's k_i whole: the rule needs the drafted lengths on the host before verification (one sync a step on
+    a GPU engine), and in the simulator it gains -2.3% to +3.1% of device time (docs/engine.md, "The stop rule's
+    price"), less than that sync costs at the loads where it gains.
 
-    Signals: S_ij = prod_{l<=j} p_il, p from ``LogitCalibration`` on the model drafter's top-1
+    Signals (``stop=1``): S_ij = prod_{l<=j} p_il, p from ``LogitCalibration`` on the model drafter's top-1
     probability, refitted every ``refit_every`` steps on the last ``memory`` tested tokens and
     cleared when the estimator detects a workload shift (calibration per workload); before its
     first fit p_ij is the estimator's a_j. The n-gram chain's survival is the context's
@@ -155,22 +158,26 @@ class PerRequestController(ControllerPolicy):
     deep positions from the rows whose signals let them run past the table's k.
     """
 
-    uses_features: ClassVar[bool] = True
+    uses_lookup: ClassVar[bool] = True  # plans before drafting, on the n-gram lookup
     observe_may_lag: ClassVar[bool] = True  # what it keeps from a step is keyed by that step
     EXPLORE_FRACTION: ClassVar[float] = 0.005  # its default credit share (the batch controller's is 0.02)
     OPTIONS: ClassVar[tuple[str, ...]] = ("explore_max_batch", "ngram", "refit_every", "memory", "ema",
-                                          "all_caps_max_batch")
+                                          "all_caps_max_batch", "stop")
 
     def __init__(self, ctx: PolicyContext, start: DraftTable | None = None, prior: tuple[float, ...] | None = None,
                  config: ControllerConfig | None = None, label: str = "controller:per-request",
                  explore_max_batch: int = 8, ngram: int = 1, refit_every: int = 50, memory: int = 4096,
-                 ema: float = 0.95, all_caps_max_batch: int = 32) -> None:
+                 ema: float = 0.95, all_caps_max_batch: int = 32, stop: int = 0) -> None:
         super().__init__(ctx, start, prior, config or ControllerConfig(explore_fraction=self.EXPLORE_FRACTION), label)
+        # stop=0: no stop rule, the plan's k_i are drafted whole; nothing is read back between drafting and
+        # verification, and no drafted signal at all (the blind plan needs none)
+        self.stops_drafts = bool(stop)
         self.all_caps_max_batch = int(all_caps_max_batch)
-        if explore_max_batch < 0 or refit_every < 1 or memory < 16 or not 0 <= ema < 1:
+        if explore_max_batch < 0 or refit_every < 1 or memory < 16 or not 0 <= ema < 1 or stop not in (0, 1):
             raise InputError("--policy", "controller:per-request",
-                             dict(explore_max_batch=explore_max_batch, refit_every=refit_every, memory=memory, ema=ema),
-                             "needs explore_max_batch >= 0, refit_every >= 1, memory >= 16, 0 <= ema < 1")
+                             dict(explore_max_batch=explore_max_batch, refit_every=refit_every, memory=memory, ema=ema,
+                                  stop=stop), "needs explore_max_batch >= 0, refit_every >= 1, memory >= 16, "
+                             "0 <= ema < 1, stop 0 or 1")
         k_max = ctx.k_max
         self.explore_max_batch, self.refit_every, self.ema = int(explore_max_batch), int(refit_every), ema
         self.model_chain = ctx.default_drafter == MODEL
@@ -190,6 +197,11 @@ class PerRequestController(ControllerPolicy):
         self._ahead: Ahead | None = None  # the blind plans of the next step, made by observe
         self._signals: dict[int, tuple[np.ndarray | None, np.ndarray | None]] = {}  # step -> (top1, match length)
         self._top1: np.ndarray | None = None
+
+    @property
+    def uses_features(self) -> bool:  # type: ignore[override]
+        """The drafted signals: the stop rule's calibration (none without the stop rule)."""
+        return self.stops_drafts
 
     # ---- pricing ------------------------------------------------------------------
 

@@ -103,8 +103,8 @@ def _run(target, prompts, policy_name, device_stop, k_max=4, overlap=False):
     cost = StepCost(StepProfile(tuple(StepPoint(b, k, (1.0 + 0.4 * k,)) for b in (1, 4) for k in range(k_max + 1)),
                                 context_len=1))
     policy = make_policy(policy_name, policy_context(engine, cost)) if policy_name else DraftTable.fixed(0)
-    reads, read_drafts = [], engine.read_drafts
-    engine.read_drafts = lambda slots, k: (reads.append(k), read_drafts(slots, k))[1]
+    reads, copy_drafts = [], engine.copy_drafts
+    engine.copy_drafts = lambda slots, k: (reads.append(k), copy_drafts(slots, k))[1]
     reqs = [Request(list(p), 24, i) for i, p in enumerate(prompts)]
     stats = Scheduler(engine, policy, device_stop=device_stop, overlap_observe=overlap).run(reqs)
     return [r.output for r in reqs], stats, reads
@@ -117,7 +117,7 @@ def test_the_per_request_controller_on_the_device_is_lossless_and_reads_once_a_s
     import tabletune.engine.scheduler as scheduler
 
     target, prompts, base = tiny
-    name = "controller:per-request,ngram=0,refit_every=2"  # fitted early: row-dependent stops
+    name = "controller:per-request,stop=1,ngram=0,refit_every=2"  # fitted early: row-dependent stops
     monkeypatch.setattr(scheduler, "DeviceStop", Recorded)
     Recorded.steps = []
     out_dev, stats_dev, reads_dev = _run(target, prompts, name, True)
@@ -185,7 +185,22 @@ def test_the_per_request_controller_overlapped_stays_lossless(tiny):
     """Observing step t during step t + 1 (decisions on one-step-old statistics, the plan made ahead): the greedy
     outputs, and the observe time counted as overlapped."""
     target, prompts, base = tiny
-    for name in ("controller:per-request,refit_every=2", "controller:per-request,ngram=0,refit_every=2"):
+    for name in ("controller:per-request,stop=1,refit_every=2", "controller:per-request,stop=1,ngram=0,refit_every=2"):
         out, stats, _ = _run(target, prompts, name, True, overlap=True)
         assert out == base, name
         assert sum(stats.step_host_overlapped_s) > 0
+
+
+def test_the_per_request_controller_without_its_stop_rule_reads_nothing_back_before_verifying(tiny, monkeypatch):
+    """``stop=0``: the plan's k_i drafted whole, no drafted signal copied to the host (the blind plan needs none),
+    no stop-rule lengths read, and the target's greedy outputs."""
+    import tabletune.engine.scheduler as scheduler
+
+    target, prompts, base = tiny
+    monkeypatch.setattr(scheduler, "DeviceStop", Recorded)
+    Recorded.steps = []
+    for name in ("controller:per-request,stop=0", "controller:per-request,stop=0,ngram=0"):
+        out, stats, reads = _run(target, prompts, name, True, overlap=True)
+        assert out == base, name
+        assert reads == [] and Recorded.steps == [], name
+        assert sum(stats.step_drafted) > 0, name  # it drafted: planned rows ran the model chain

@@ -87,7 +87,7 @@ def test_replay_of_the_oracle_accepts_every_verified_draft_under_random_k(tiny):
         assert (o.accepted[full] == o.ks[full]).all()
 
 
-@pytest.mark.parametrize("name", ["disco:variant=threshold", "controller:per-request", "vllm-av:warmup_steps=2",
+@pytest.mark.parametrize("name", ["disco:variant=threshold", "controller:per-request,stop=1", "vllm-av:warmup_steps=2",
                                   pytest.param("tapout", marks=pytest.mark.slow),
                                   pytest.param("adaptive-verification", marks=pytest.mark.slow)])
 def test_feature_policies_on_split_steps_stay_lossless(tiny, name):

@@ -228,7 +228,7 @@ def test_the_stop_rule_on_the_device_with_events_equals_the_host_rule():
                    EngineConfig(max_num_seqs=8, max_len=96, k_max=5, split_steps=True))
     cost = StepCost(StepProfile(tuple(StepPoint(b, k, (1.0 + 0.4 * k,)) for b in (1, 8) for k in range(6)),
                                 context_len=1))
-    policy = make_policy("controller:per-request,ngram=0,refit_every=2", policy_context(e, cost))
+    policy = make_policy("controller:per-request,stop=1,ngram=0,refit_every=2", policy_context(e, cost))
     reqs = [Request(list(p), 24, i) for i, p in enumerate(prompts)]
     stats = Scheduler(e, policy).run(reqs)
     torch.cuda.synchronize()

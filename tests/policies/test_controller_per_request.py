@@ -39,7 +39,7 @@ def test_rule_stops_where_the_hand_worked_marginal_cost_says():
 def _policy(rate: float) -> PerRequestController:
     cost = linear_cost(base_ms=10.0, per_k_ms=2.0, k_max=4)  # f = 0, b = 2: every token costs 1 ms
     ctx = PolicyContext(cost=cost, prior_rates=(0.9,) * 4, ks=tuple(cost.ks))
-    policy = make_policy("controller:per-request,explore_fraction=0", ctx)
+    policy = make_policy("controller:per-request,stop=1,explore_fraction=0", ctx)
     policy.ema_tokens, policy.ema_ms = rate, 1.0  # R = rate tokens per ms
     return policy
 
