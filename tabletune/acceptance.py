@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from tabletune import fileio
 from tabletune.errors import InputError
 from tabletune.profile import _as_float, _as_int, _check_schema, _expect_dict
@@ -70,6 +72,18 @@ class AcceptanceCounts:
             self.reached[j] += 1
         for j in range(m):
             self.accepted[j] += 1
+
+    def observe_drafts(self, ks: np.ndarray, ms: np.ndarray) -> None:
+        """``observe_draft`` for many drafts at once: k and m per draft (arrays of one length)."""
+        k = np.minimum(np.asarray(ks, np.int64), self.k_max)
+        m = np.minimum(np.asarray(ms, np.int64), k)[k > 0]
+        k = k[k > 0]
+        self.num_drafts += len(k)
+        for name, upto in (("drafted", k), ("reached", np.minimum(m + 1, k)), ("accepted", m)):
+            at_least = np.bincount(upto, minlength=self.k_max + 1)[::-1].cumsum()[::-1]  # [j]: drafts with >= j
+            counts = getattr(self, name)
+            for j in range(self.k_max):
+                counts[j] += int(at_least[j + 1])
 
     def observe_undrafted(self, count: int = 1) -> None:
         """Count request-steps that verified no draft although k >= 1 was asked (no n-gram match)."""

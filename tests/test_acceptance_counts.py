@@ -102,3 +102,23 @@ def test_draft_rate_counts_undrafted_request_steps(tmp_path):
     path.write_text(json.dumps(bad))
     with pytest.raises(InputError, match=r"field 'entries\[0\].undrafted' = -1"):
         AcceptanceProfile.load(path)
+
+
+def test_observe_drafts_counts_as_observe_draft_one_by_one():
+    """The batch form (the engine's scheduler counts a step's rows at once) equals the loop, k = 0 rows, m > k and
+    k > k_max included."""
+    import random
+
+    import numpy as np
+
+    rng = random.Random(0)
+    for _ in range(200):
+        k_max = rng.randint(1, 8)
+        ks = [rng.randint(0, k_max + 2) for _ in range(rng.randint(0, 20))]
+        ms = [rng.randint(0, k + 1) for k in ks]
+        one, batch = AcceptanceCounts(k_max), AcceptanceCounts(k_max)
+        for k, m in zip(ks, ms):
+            one.observe_draft(k, m)
+        batch.observe_drafts(np.array(ks, np.int64), np.array(ms, np.int64))
+        assert (one.num_drafts, one.drafted, one.reached, one.accepted) == \
+            (batch.num_drafts, batch.drafted, batch.reached, batch.accepted), (ks, ms)

@@ -105,9 +105,9 @@ class OnlineAdapter:
         """Collect the step's features, queue finished requests, publish a finished update (see the module doc)."""
         # [n, k_max + 1, hidden]: column j is the feature of position start + j of the row's slot
         gathered = self.drafter.prev_hid[torch.tensor([r.slot for r in running], device=self.device)]
-        finished = set(finished_ids.tolist())
+        finished, accepted = set(finished_ids.tolist()), res.accepted
         for i, req in enumerate(running):
-            self._pending.setdefault(req.id, _Pending()).chunks.append((gathered, i, res.accepted[i] + 1))
+            self._pending.setdefault(req.id, _Pending()).chunks.append((gathered, i, accepted[i] + 1))
             if req.id in finished:
                 self._finish(req, self._pending.pop(req.id))
         self._publish_ready()

@@ -16,8 +16,9 @@ from tabletune.engine.runner import SpecEngine
 from tabletune.engine.trace_replay import TracedReplayDrafter
 
 # packed verification (token buckets), drafting position by position with stops (a formula rule on the device);
-# n-gram traces read bridged
-ENGINE_VERSION = "0.11.0"
+# n-gram traces read bridged; nothing read back between drafting and verification without a host stop rule, and a
+# step's tokens appended while the next step runs
+ENGINE_VERSION = "0.12.0"
 RUNNER = "builtin/cudagraph-per-(bucket,k,tokens)"
 
 

@@ -55,11 +55,22 @@ class StepBuffers:
 
 @dataclass(frozen=True)
 class StepResult:
-    """What a step did, per row, read back after it."""
+    """What a step did, per row, read back after it: the step's output rows [rows, OUT_COLS + k + 1] (m, verified
+    k, then the tokens), read into lists when asked for."""
 
-    accepted: list[int]  # m: accepted drafts (the bonus excluded)
-    ks: list[int]  # drafts verified (the requested k, n-gram rows capped to their real drafts)
-    tokens: list[list[int]]  # emitted tokens, m + 1 a row
+    out: np.ndarray
+
+    @property
+    def accepted(self) -> list[int]:  # m: accepted drafts (the bonus excluded)
+        return self.out[:, 0].tolist()
+
+    @property
+    def ks(self) -> list[int]:  # drafts verified (the requested k, n-gram rows capped to their real drafts)
+        return self.out[:, 1].tolist()
+
+    @property
+    def tokens(self) -> list[list[int]]:  # emitted tokens, m + 1 a row
+        return [row[OUT_COLS: OUT_COLS + row[0] + 1] for row in self.out.tolist()]
 
 
 OUT_COLS = 2
@@ -336,8 +347,7 @@ class SpecEngine:
 
     def read(self, buf: StepBuffers, num_rows: int, k: int) -> StepResult:
         """The step's results for rows 0 .. num_rows-1 (the one host sync of a step)."""
-        out = buf.out[:num_rows, : OUT_COLS + k + 1].tolist()
-        return StepResult([r[0] for r in out], [r[1] for r in out], [r[OUT_COLS: OUT_COLS + r[0] + 1] for r in out])
+        return StepResult(buf.out[:num_rows, : OUT_COLS + k + 1].cpu().numpy().copy())  # the buffer is reused
 
     def step(self, slots: list[int], k: int | Sequence[int], caps: list[int] | None = None,
              min_rows: int = 0) -> tuple[list[int], list[list[int]]]:

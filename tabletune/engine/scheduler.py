@@ -148,6 +148,14 @@ class Scheduler:
         # before its first read), so it decides step t + 1 on statistics one step old, as vLLM's async scheduling does
         self.overlap_observe = overlap_observe and bool(getattr(policy, "observe_may_lag", False))
         self._deferred = None
+        # the last step's tokens, appended to the requests' outputs while the next step runs (``_flush``); what
+        # the next step needs of them (lengths, which requests finished) is counted per slot at once
+        self._unemitted: tuple | None = None
+        slots = engine.cache.num_slots + 1
+        self._num_out = np.zeros(slots, np.int64)  # tokens each slot's request has generated
+        self._num_in = np.zeros(slots, np.int64)  # its prompt length
+        self._max_new = np.zeros(slots, np.int64)  # its max_new_tokens
+        self._limit = engine.cfg.max_len - engine.k_max - 3  # a request stops once prompt + output reach this
         self._idle_since: float | None = None
         self._host_s = [0.0, 0.0]  # critical, overlapped
         self.after_step = after_step
@@ -186,10 +194,12 @@ class Scheduler:
         if req.trace is not None:
             e.drafter.load(req.slot, len(req.prompt), *req.trace)  # a TracedReplayDrafter
         req.output = [e.prefill(req.slot, req.prompt)]
+        self._num_out[req.slot], self._num_in[req.slot], self._max_new[req.slot] = 1, len(req.prompt), req.max_new_tokens
 
-    def _done(self, req: Request) -> bool:
-        limit = self.engine.cfg.max_len - self.engine.k_max - 3
-        return len(req.output) >= req.max_new_tokens or len(req.prompt) + len(req.output) >= limit
+    def _done(self, slots: np.ndarray) -> np.ndarray:
+        """[rows] whether each slot's request has finished (its generated tokens as counted, emitted or not)."""
+        out = self._num_out[slots]
+        return (out >= self._max_new[slots]) | (self._num_in[slots] + out >= self._limit)
 
     def _features(self, slots: list[int], drafted: np.ndarray, j: int) -> DraftFeatures:
         """The signals of the positions each row drafted (of 1..j) as the policies' DraftFeatures, read now (one
@@ -239,11 +249,12 @@ class Scheduler:
         """One policy-driven step: (StepResult, state, drafter kinds, forced caps, ks requested, drafts drafted)."""
         e, n = self.engine, len(running)
         slots = [r.slot for r in running]
+        rows = np.array(slots, np.int64)
         state = BatchState(step=step, time_s=now_s, request_ids=np.array([r.id for r in running], np.int64),
-                           num_generated=np.array([len(r.output) for r in running], np.int64))
+                           num_generated=self._num_out[rows].copy())
         lookup = None
         if self.plans_first:  # decided before drafting, the n-gram lookup in hand
-            lookup = e.drafter.host_lookup(slots, np.array([len(r.prompt) + len(r.output) for r in running]))
+            lookup = e.drafter.host_lookup(slots, self._num_in[rows] + self._num_out[rows])
             if lookup is not None:  # the n-gram lookup costs no drafter step: the plan may put rows on that chain
                 state = dataclasses.replace(state, ngram_match_len=lookup[0], ngram_num_proposed=lookup[1])
         drafted, features = None, None
@@ -291,13 +302,21 @@ class Scheduler:
         now = time.perf_counter()
         busy = self._idle_since is None
         self._launch()
-        if self._deferred is not None:
-            self.policy.observe(self._deferred)
-            self._deferred = None
+        if self._deferred is not None or self._unemitted is not None:
+            self._flush()
             self._host_s[0 if not busy else 1] += time.perf_counter() - now
         out = read()
         self._idle_since = time.perf_counter()
         return out
+
+    def _flush(self) -> None:
+        """The last step's deferred work: its tokens into the requests' outputs, then a deferred observe."""
+        if self._unemitted is not None:
+            self._emit(*self._unemitted)
+            self._unemitted = None
+        if self._deferred is not None:
+            self.policy.observe(self._deferred)
+            self._deferred = None
 
     def run(self, requests: Sequence[Request], stop: Callable[[RunStats], bool] | None = None) -> RunStats:
         """Serve the requests, at most max_num_seqs at a time (a closed loop of that load): all of them, or until
@@ -309,15 +328,13 @@ class Scheduler:
         stats = RunStats(len(requests), 0, 0.0, 0, self.counts, [], [])
         t0 = time.perf_counter()
         t_prev = t0
+        done = np.zeros(0, bool)  # per running request, after the last step
         while waiting or running:
-            still = []
-            for req in running:  # retire first, so a finished request is replaced in the same step
-                if self._done(req):
+            if done.any():  # retire first, so a finished request is replaced in the same step
+                for req in (r for r, d in zip(running, done) if d):
                     free.append(req.slot)
                     stats.replaced_at_step[req.id] = len(stats.step_batch_sizes)
-                else:
-                    still.append(req)
-            running = still
+                running = [r for r, d in zip(running, done) if not d]
             n_first = 0  # prefills emit each request's first token
             self._launch()  # prefills: device work with their own reads
             t_adm = time.perf_counter()
@@ -328,25 +345,35 @@ class Scheduler:
                 n_first += 1
             t_adm = time.perf_counter() - t_adm if n_first else 0.0
             self._idle_since = time.perf_counter()
+            done = np.zeros(len(running), bool)
             if not running:
                 continue
             t_step = time.perf_counter()
             res, state, kinds, caps, asked, drafted = self.step(running, len(stats.step_batch_sizes), t_step - t0,
                                                                 min_rows)
-            n_tok = n_first + self._emit(running, res, caps, asked)
+            rows = np.array([r.slot for r in running], np.int64)
+            accepted, verified = res.out[:, 0].astype(np.int64), res.out[:, 1].astype(np.int64)
+            emitted = np.minimum(accepted + 1, self._max_new[rows] - self._num_out[rows])
+            self._num_out[rows] += emitted
+            n_tok = n_first + int(emitted.sum())
+            done = self._done(rows)
             t_now = time.perf_counter()
-            finished = np.array([r.id for r in running if self._done(r)], np.int64)
-            outcome = StepOutcome(state=state, ks=np.array(res.ks, np.int64), drafter=kinds,
-                                  accepted=np.array(res.accepted, np.int64), step_ms=(t_now - t_step) * 1e3,
+            finished = state.request_ids[done]
+            outcome = StepOutcome(state=state, ks=verified, drafter=kinds, accepted=accepted,
+                                  step_ms=(t_now - t_step) * 1e3,
                                   finished_ids=finished)
+            self._unemitted = (running, res, caps, asked)
+            if self.after_step is not no_hook:  # a hook reads the outputs: emitted now
+                self._emit(running, res, caps, asked)
+                self._unemitted = None
             if self.overlap_observe:
                 self._deferred = outcome
             else:
                 self.policy.observe(outcome)
             self.after_step(running, res, finished)
             stats.step_batch_sizes.append(len(running))
-            stats.step_ks.append(max(res.ks))
-            stats.step_drafts.append(sum(res.ks))
+            stats.step_ks.append(int(verified.max()))
+            stats.step_drafts.append(int(verified.sum()))
             stats.step_drafted.append(drafted)
             stats.step_admitted.append(n_first)
             stats.step_prefill_s.append(t_adm)
@@ -358,27 +385,24 @@ class Scheduler:
             t_prev = t_now
             if stop is not None and stop(stats):
                 break
-        if self._deferred is not None:
-            self.policy.observe(self._deferred)
-            self._deferred = None
+        self._flush()
         stats.wall_s = time.perf_counter() - t0
         stats.output_tokens = sum(len(r.output) for r in requests)
         stats.num_steps = len(stats.step_batch_sizes)
         return stats
 
-    def _emit(self, running: list[Request], res, caps: list[int] | None, asked: np.ndarray) -> int:
-        """Append each row's emitted tokens, count its draft (a row asked for k >= 1 that had none to verify, an
-        n-gram row without a match, counts as undrafted); the number of tokens appended."""
-        n_tok = 0
-        for i, req in enumerate(running):
-            k, m = res.ks[i], res.accepted[i]
-            if caps is not None and req.oracle is not None and m < min(caps[i], k):
-                req.oracle_stale = True
-            if k > 0 and not req.oracle_stale:
-                self.counts.observe_draft(k, m)
-            elif k == 0 and asked[i] > 0:
-                self.counts.observe_undrafted()
-            new = res.tokens[i][: req.max_new_tokens - len(req.output)]
-            n_tok += len(new)
-            req.output.extend(new)
-        return n_tok
+    def _emit(self, running: list[Request], res, caps: list[int] | None, asked: np.ndarray) -> None:
+        """Append each row's emitted tokens and count its draft (a row asked for k >= 1 that had none to verify, an
+        n-gram row without a match, counts as undrafted)."""
+        ms, ks = res.out[:, 0].astype(np.int64), res.out[:, 1].astype(np.int64)
+        if caps is not None:  # a capped step that accepted less than its cap left the oracle's path
+            short = ms < np.minimum(np.asarray(caps, np.int64), ks)
+            for i in np.flatnonzero(short):
+                if running[i].oracle is not None:
+                    running[i].oracle_stale = True
+        stale = np.fromiter((r.oracle_stale for r in running), bool, len(running))
+        counted = (ks > 0) & ~stale
+        self.counts.observe_drafts(ks[counted], ms[counted])
+        self.counts.observe_undrafted(int(((ks == 0) & (np.asarray(asked) > 0)).sum()))
+        for req, new in zip(running, res.tokens):
+            req.output.extend(new[: req.max_new_tokens - len(req.output)])
