@@ -30,12 +30,19 @@ and the n-gram trace the n-gram chain (Hybrid Spark's second drafter).
    measured one. The headroom oracle (``tabletune.sim.oracle``) runs in the
    simulator: per cell ``oracle_ratio`` and each policy's share of that headroom.
 
+5. ``--switch`` (instead of 1-4's grid, after the profile): two waves of code requests, then ``--rounds`` waves of
+   chat, closed loop through one engine at each load, for the code-tuned table (stale), the table per phase
+   (oracle: the chat-tuned table from the first chat admission), ``controller`` and ``controller:per-request``
+   (both from code's prior); throughput per window of ``--window-steps`` steps, and per load the share of the
+   stale table's loss recovered over the first 3 windows from the switch, (policy - stale) / (oracle - stale).
+
 Results go to OUT.json / OUT.md, rewritten after every cell (``--resume`` skips
 the cells already there when the fingerprint matches). A grid whose estimated time
 exceeds ``--budget-s`` is refused before anything is measured.
 
     python benchmarks/engine_policies.py --workloads code --out benchmarks/results/engine_policies     # GPU
     python benchmarks/engine_policies.py --quick --out out/engine_policies                              # CPU
+    python benchmarks/engine_policies.py --switch --loads 8,32 --max-load 32 --out benchmarks/results/engine_switch
 """
 
 from __future__ import annotations
@@ -112,12 +119,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-sim", action="store_true", help="measure only (simulate later with --sim-only)")
     ap.add_argument("--sim-only", action="store_true", help="simulate the cells of OUT.json that lack it (CPU)")
     ap.add_argument("--resume", action="store_true", help="keep the cells of OUT.json (same fingerprint)")
+    ap.add_argument("--switch", action="store_true",
+                    help="instead of the grid: code then chat requests through one engine at each load (OUT.json/.md)")
+    ap.add_argument("--window-steps", type=int, default=100, help="--switch: steps a throughput window")
     ap.add_argument("--quick", action="store_true", help="CPU smoke run: tiny shape, tiny grid")
     ap.add_argument("--out", default="benchmarks/results/engine_policies")
     args = ap.parse_args(argv)
     if args.quick:
         for key, value in QUICK.items():
             setattr(args, key, value)
+        args.window_steps = 4
     elif args.output_len < 512 or args.measured_steps < 500:
         ap.error("the protocol needs --output-len >= 512 and --measured-steps >= 500 (use --quick for a smoke run)")
     elif args.rounds < 3:
@@ -462,6 +473,108 @@ def serve_workload(engine, args, wname, loads, policies, cost, result, done, pro
                   flush=True)
 
 
+class PhaseTable:
+    """The switch's oracle: the table tuned for the first workload until a request of the second is admitted (id >=
+    ``first_id``), then the table tuned for the second."""
+
+    name, uses_features = "oracle (table per phase)", False
+
+    def __init__(self, before, after, first_id: int) -> None:
+        self.before, self.after, self.first_id, self.switched = before, after, first_id, False
+
+    def decide(self, state):
+        self.switched = self.switched or bool((state.request_ids >= self.first_id).any())
+        return (self.after if self.switched else self.before).decide(state)
+
+    def observe(self, outcome) -> None:
+        (self.after if self.switched else self.before).observe(outcome)
+
+
+SWITCH_POLICIES = ("stale", "oracle", "controller", "controller:per-request")
+SWITCH_WINDOWS_AFTER = 3  # windows after the switch that the recovered share averages
+
+
+def switch_run(engine, args, policy, load: int, prompts, oracle, pairs_a, pairs_b) -> dict:
+    """``2 rounds`` waves of code requests, then ``rounds`` waves of chat, closed loop at ``load``; throughput per
+    window of ``--window-steps`` steps, the switch at the step the first chat request is admitted."""
+    n_a, n_b = 2 * load, max(4, args.rounds * load)
+    pairs = [pairs_a[i % len(pairs_a)] for i in range(n_a)] + [pairs_b[i % len(pairs_b)] for i in range(n_b)]
+    reqs = [Request(list(prompts[i % len(prompts)]), staggered_len(i, load, args.output_len), i,
+                    oracle=oracle[i % len(prompts)], trace=pairs[i]) for i in range(n_a + n_b)]
+    w = args.window_steps
+    stats = Scheduler(engine, policy, max_num_seqs=load, seed=load, overlap_observe=args.overlap_observe).run(reqs)
+    admitted = np.cumsum([0] + stats.step_admitted)  # requests admitted before step t (ids in order)
+    switch = int(np.searchsorted(admitted, n_a, side="right")) - 1  # the step whose admissions include id n_a
+    full = [t for t, b in enumerate(stats.step_batch_sizes) if b == load]
+    last = full[-1] + 1 if full else 0
+    starts = list(range(switch % w, last - w + 1, w))  # windows aligned on the switch
+    tok = [sum(stats.step_tokens[t: t + w]) / sum(stats.step_wall_s[t: t + w]) for t in starts]
+    mean_k = sum(stats.step_drafts) / max(sum(stats.step_batch_sizes), 1)
+    return {"switch_step": switch, "window_starts": starts, "tok_s": [round(x, 2) for x in tok],
+            "num_steps": stats.num_steps, "mean_k": round(mean_k, 3)}
+
+
+def recovered(runs: dict) -> dict[str, float] | None:
+    """(policy - stale) / (oracle - stale) on the mean throughput of each run's first SWITCH_WINDOWS_AFTER windows
+    from its switch (None where the oracle gains under 0.5%)."""
+    def after(run):
+        tok = [x for t, x in zip(run["window_starts"], run["tok_s"]) if t >= run["switch_step"]][:SWITCH_WINDOWS_AFTER]
+        return statistics.fmean(tok) if tok else float("nan")
+    stale, best = after(runs["stale"]), after(runs["oracle"])
+    if not best > stale * 1.005:
+        return None
+    return {name: round((after(run) - stale) / (best - stale), 3) for name, run in runs.items()}
+
+
+def serve_switch(engine, args, cost, loads, prompts, oracle, key, command, fp, profile, mixed, old) -> int:
+    """``--switch``: each policy of SWITCH_POLICIES through the code -> chat stream at each load, checkpointed per
+    (load, policy) in OUT.json; per load the recovered share (module ``recovered``)."""
+    out_json = Path(args.out + ".json")
+    result = {"schema": "tabletune.engine_switch", "version": 1, "key": key, "device": fp.device,
+              "model": args.model, "command": command, "profile": profile.to_json(), "mixed_check": mixed,
+              "runs": old.get("runs", {}) if old else {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        calib = {w: calibrate(w, args.k_max, cost, Path(tmp) / w, protocol_of(args)) for w in ("code", "chat")}
+    pairs = {w: workload_data(w, args.k_max, args.model_trace)["pairs"] for w in ("code", "chat")}
+    ctx = {w: policy_context(engine, cost, calib[w].rates, calib[w].ngram_rates) for w in ("code", "chat")}
+    for load in loads:
+        runs = result["runs"].setdefault(str(load), {})
+        for name in SWITCH_POLICIES:
+            if name in runs:
+                continue
+            if name == "stale":
+                policy = make_policy("tabletune", ctx["code"])
+            elif name == "oracle":
+                policy = PhaseTable(make_policy("tabletune", ctx["code"]), make_policy("tabletune", ctx["chat"]),
+                                    2 * load)
+            else:
+                policy = make_policy(name, ctx["code"])
+            t0 = time.perf_counter()
+            runs[name] = switch_run(engine, args, policy, load, prompts, oracle, pairs["code"], pairs["chat"])
+            fileio.write_json(str(out_json), result)
+            print(f"switch load {load:4d} {name:24s} tok/s by window {runs[name]['tok_s']} "
+                  f"({time.perf_counter() - t0:.1f} s)", flush=True)
+        if all(name in runs for name in SWITCH_POLICIES):
+            result.setdefault("recovered", {})[str(load)] = recovered(runs)
+            fileio.write_json(str(out_json), result)
+    fileio.write_text(args.out + ".md", switch_markdown(result))
+    return 0
+
+
+def switch_markdown(result: dict) -> str:
+    md = [f"# Workload switch code -> chat on the built-in engine ({result['device']})", "",
+          "Throughput (tok/s) per window of steps; the switch at the step the first chat request is admitted. "
+          f"recovered = (policy - stale) / (oracle - stale) over the first {SWITCH_WINDOWS_AFTER} windows from the "
+          "switch (none where the oracle gains under 0.5%).", "",
+          "| load | policy | switch step | tok/s by window | recovered |", "|---:|---|---:|---|---:|"]
+    for load, runs in result["runs"].items():
+        rec = (result.get("recovered") or {}).get(load) or {}
+        for name, run in runs.items():
+            md.append(f"| {load} | {name} | {run['switch_step']} | {' '.join(f'{x:.0f}' for x in run['tok_s'])} | "
+                      f"{rec.get(name, '-')} |")
+    return "\n".join(md + ["", f"Command: `{result['command']}`"]) + "\n"
+
+
 def greedy_outputs(engine: SpecEngine, args, prompts: list[list[int]], resume: bool) -> list[list[int]]:
     """The target's greedy continuation of every prompt (what the replayed drafts copy), at k = 0; kept beside
     OUT.json as OUT.greedy.npy, and read back under ``--resume`` (same fingerprint: same weights, same outputs)."""
@@ -500,16 +613,18 @@ def main(argv: list[str] | None = None) -> int:
     engine = SpecEngine(target, TracedReplayDrafter(), cfg)
     step_ms = probe_step_ms(engine, args, loads)
     est = estimate_s(args, step_ms, len(policies), len(loads), len(workloads))
-    print(f"estimate {est:.0f} s for {len(policies)} policies x {len(loads)} loads x {len(workloads)} workloads "
-          f"(probe step {step_ms:.2f} ms)", flush=True)
-    if est > args.budget_s:
+    if not args.switch:
+        print(f"estimate {est:.0f} s for {len(policies)} policies x {len(loads)} loads x {len(workloads)} workloads "
+              f"(probe step {step_ms:.2f} ms)", flush=True)
+    if est > args.budget_s and not args.switch:
         print(f"refused: the grid needs ~{est:.0f} s > --budget-s {args.budget_s:.0f}; run fewer --workloads or "
               "--policies per call (with --resume)", flush=True)
         return 2
     fp = Fingerprint(engine="builtin", engine_version=ENGINE_VERSION, device=device_name(engine),
                      model=f"{args.model} (shape, random weights)", dtype=str(target.dtype).removeprefix("torch."),
                      runner=RUNNER + "+ragged", drafter="trace-replay", command=command)
-    key = {"fingerprint": {k: v for k, v in fp.__dict__.items() if k != "command"}, "k_max": args.k_max,
+    key = {"fingerprint": {k: v for k, v in fp.__dict__.items() if k != "command"}, "switch": args.switch,
+           "window_steps": args.window_steps if args.switch else None, "k_max": args.k_max,
            "prompt_len": args.prompt_len, "output_len": args.output_len, "rounds": args.rounds, "max_load": max_load,
            "warmup_steps": args.warmup_steps, "measured_steps": args.measured_steps,
            "fixed_repeats": args.fixed_repeats, "overlap_observe": args.overlap_observe, "host_stop": args.host_stop,
@@ -526,6 +641,12 @@ def main(argv: list[str] | None = None) -> int:
         profile = measure_profile(engine, args, fp)
         mixed = mixed_check(engine, profile, args, loads)
     cost = engine_cost(profile, mixed)
+    if args.switch:
+        rng = random.Random(0)
+        prompts = [[rng.randrange(target.cfg.vocab_size) for _ in range(args.prompt_len)]
+                   for _ in range(max(4, args.rounds * max_load))]
+        oracle = greedy_outputs(engine, args, prompts, resume=old is not None)
+        return serve_switch(engine, args, cost, loads, prompts, oracle, key, command, fp, profile, mixed, old)
     result = {"schema": "tabletune.engine_policies", "version": 2, "key": key, "device": fp.device,
               "model": args.model, "prompt_len": args.prompt_len, "output_len": args.output_len,
               "command": command, "profile": profile.to_json(), "mixed_check": mixed,

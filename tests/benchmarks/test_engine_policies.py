@@ -79,3 +79,60 @@ def test_span_fit_hand_worked():
     present = np.array([1, 1, 1, 0, 1, 0, 0, 1, 1, 0], bool)
     t = TokenTrace("r", np.zeros((10, 3), np.float32), present, present, np.full(10, 3))
     assert engine_policies.span_fit([t]) == pytest.approx((2 / 3, 3.5))
+
+
+def test_phase_table_switches_at_the_first_request_of_the_second_workload():
+    import numpy as np
+
+    from tabletune.policies.base import BatchState, Decision
+
+    class Fixed:
+        def __init__(self, k):
+            self.k, self.seen = k, 0
+
+        def decide(self, state):
+            return Decision.batch(self.k)
+
+        def observe(self, outcome):
+            self.seen += 1
+
+    def state(ids):
+        return BatchState(step=0, time_s=0.0, request_ids=np.array(ids), num_generated=np.ones(len(ids), np.int64))
+
+    before, after = Fixed(3), Fixed(1)
+    oracle = engine_policies.PhaseTable(before, after, first_id=4)
+    assert oracle.decide(state([0, 1, 2, 3])).ks_for(4).tolist() == [3] * 4
+    oracle.observe(None)
+    assert oracle.decide(state([1, 2, 3, 4])).ks_for(4).tolist() == [1] * 4  # one request of the second: switched
+    assert oracle.decide(state([1, 2, 3])).ks_for(3).tolist() == [1] * 3  # and stays switched
+    oracle.observe(None)
+    assert (before.seen, after.seen) == (1, 1)
+
+
+def test_recovered_hand_worked():
+    """Windows from each run's own switch: stale 100, oracle 120, policy 115 -> 0.75; an earlier window ignored."""
+    def run(switch, tok):
+        return {"switch_step": switch, "window_starts": [0, 10, 20, 30, 40], "tok_s": tok}
+
+    runs = {"stale": run(10, [50, 100, 100, 100, 0]), "oracle": run(10, [90, 120, 120, 120, 0]),
+            "controller": run(20, [0, 0, 110, 120, 115])}
+    assert engine_policies.recovered(runs) == {"stale": 0.0, "oracle": 1.0, "controller": 0.75}
+    runs["oracle"] = run(10, [90, 100.4, 100.4, 100.4, 0])
+    assert engine_policies.recovered(runs) is None  # the oracle gains under 0.5%
+
+
+@pytest.mark.slow
+def test_quick_switch_runs_every_policy_at_every_load_and_resumes(tmp_path):
+    out = str(tmp_path / "sw")
+    assert engine_policies.main(["--quick", "--switch", "--out", out]) == 0
+    result = json.loads(Path(out + ".json").read_text())
+    assert set(result["runs"]) == {"1", "2"}
+    for load, runs in result["runs"].items():
+        assert list(runs) == list(engine_policies.SWITCH_POLICIES)
+        for run in runs.values():
+            # the switch: the step that admitted the first chat request (2 waves of code before it)
+            assert 0 < run["switch_step"] < run["num_steps"] and len(run["tok_s"]) == len(run["window_starts"]) > 0
+            assert all(t % 4 == run["switch_step"] % 4 for t in run["window_starts"])
+    assert "| 1 | stale |" in Path(out + ".md").read_text()
+    assert engine_policies.main(["--quick", "--switch", "--out", out, "--resume"]) == 0
+    assert json.loads(Path(out + ".json").read_text())["runs"] == result["runs"]  # nothing re-run
