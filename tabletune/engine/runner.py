@@ -29,6 +29,7 @@ from tabletune.policies.base import MODEL, NGRAM
 
 __all__ = ["EngineConfig", "SpecEngine"]
 ROWS = 6  # host input rows a bucket: slots, verified k, forced-rejection caps, drafter kind, token offset, tokens
+LAYOUTS_KEPT = 4096  # token layouts kept by (bucket, k, ks) before the cache starts over
 
 
 @dataclass
@@ -138,6 +139,10 @@ class SpecEngine:
         drafter.out.probs = self.draft_probs
         # the drafter kind a row gets unless the policy picks one: the n-gram drafter is NGRAM, all others MODEL
         self.default_kind = NGRAM if drafter.name == "ngram" else MODEL
+        # the smallest captured k >= each k (-1: none), and the token layouts of recent steps (``_write``)
+        self._graph_k = [min((x for x in self.ks if x >= k), default=-1) for k in range(max(self.ks) + 1)]
+        self._layouts: dict[tuple, tuple] = {}
+        self._host_views: dict[int, np.ndarray] = {}
         self.buffers = {b: self._buffers(b) for b in self.buckets}
         self.draft_inputs = {b: self._host_and_device(torch.full((b,), self.cache.scratch_slot)) for b in self.buckets}
         # ("step" | "verify", bucket, k, token bucket j) and ("first", bucket, k) | ("next", bucket, j) -> graph
@@ -252,17 +257,31 @@ class SpecEngine:
 
     def _write(self, buf: StepBuffers, slots, ks_row, caps, kinds, k: int, lay=None) -> int:
         """Rows' inputs and token layout (default: row i feeds k_i + 1 tokens) into the bucket's host buffer (rows
-        past ``slots``: the scratch slot, nothing verified, one token); the token bucket j."""
+        past ``slots``: the scratch slot, nothing verified, one token); the token bucket j. Layouts are kept by
+        (bucket, k, the rows' ks): a step's host work is a few copies when its ks recur."""
         n, b = len(slots), buf.out.shape[0]
-        host = buf.host.numpy()  # free to overwrite: the previous step's copy finished before its read-back
+        host = self._host_views.get(b)
+        if host is None:  # free to overwrite: the previous step's copy finished before its read-back
+            host = self._host_views[b] = buf.host.numpy()
         rows = host[: ROWS * b].reshape(ROWS, b)
         rows[0, :n], rows[0, n:] = slots, self.cache.scratch_slot
         rows[1, :n], rows[1:3, n:] = ks_row, 0
         rows[2, :n] = caps if caps is not None else k
         rows[3, :n] = kinds if kinds is not None else self.default_kind
         rows[3, n:] = self.default_kind
-        q, flat, j = lay or layout(np.concatenate([np.asarray(ks_row, np.int64) + 1, np.ones(b - n, np.int64)]), k)
-        rows[4], rows[5] = np.cumsum(q) - q, q
+        if lay is None:
+            ks_arr = np.asarray(ks_row, np.int64)
+            key = (b, k, ks_arr.tobytes())
+            lay = self._layouts.get(key)
+            if lay is None:
+                q, flat, j = layout(np.concatenate([ks_arr + 1, np.ones(b - n, np.int64)]), k)
+                if len(self._layouts) >= LAYOUTS_KEPT:
+                    self._layouts.clear()
+                lay = self._layouts[key] = (np.stack([np.cumsum(q) - q, q]), flat, j)
+        else:
+            q, flat, j = lay
+            lay = (np.stack([np.cumsum(q) - q, q]), flat, j)
+        rows[4:6], flat, j = lay
         host[ROWS * b: ROWS * b + len(flat)] = flat
         return j
 
@@ -270,19 +289,22 @@ class SpecEngine:
               kinds: Sequence[int] | None, min_rows: int) -> tuple[StepBuffers, int, int]:
         """Write the rows' inputs into the bucket's pinned host buffer; (buffer, the step's k, token bucket j)."""
         n = len(slots)
-        ks_row = [int(ks)] * n if isinstance(ks, int) else [int(x) for x in ks]
-        if len(ks_row) != n or min(ks_row, default=0) < 0:
-            raise ValueError(f"need one k >= 0 per row, got {ks_row} for {n} rows")
+        ks_row = np.full(n, ks, np.int64) if isinstance(ks, int) else np.asarray(ks, np.int64)
+        if len(ks_row) != n or (n and ks_row.min() < 0):
+            raise ValueError(f"need one k >= 0 per row, got {ks_row.tolist()} for {n} rows")
         if kinds is not None and not set(kinds) <= {MODEL, NGRAM}:
             raise ValueError(f"drafter kinds must be MODEL ({MODEL}) or NGRAM ({NGRAM}), got {list(kinds)}")
         # the step runs the graph of the smallest captured k >= max k_i (attention pads its rows to that k)
-        k = min((x for x in self.ks if x >= max(ks_row, default=0)), default=-1)
+        k_top = int(ks_row.max()) if n else 0
+        k = self._graph_k[k_top] if k_top < len(self._graph_k) else -1
         if k < 0:
-            raise ValueError(f"k={max(ks_row)} has no graph (captured: {self.ks})")
+            raise ValueError(f"k={k_top} has no graph (captured: {self.ks})")
         buf = self.buffers[bucket_for(max(n, min_rows), self.buckets)]
         return buf, k, self._write(buf, slots, ks_row, caps, kinds, k)
 
-    def _run(self, key: tuple, host: torch.Tensor, dev: torch.Tensor, body) -> None:
+    def _run(self, key: tuple, host: torch.Tensor, dev: torch.Tensor, body, on_replay=None) -> None:
+        if on_replay is not None:  # the host's part of the step is done: what follows is device work
+            on_replay()
         graph = self.graphs.get(key)
         if graph is not None:
             graph.replay()  # copies the host inputs in, then runs
@@ -291,14 +313,16 @@ class SpecEngine:
             body()
 
     def launch(self, slots: Sequence[int], ks: int | Sequence[int], caps: Sequence[int] | None = None,
-               min_rows: int = 0, kinds: Sequence[int] | None = None) -> StepBuffers:
-        """Fill the static inputs and run the step (replay on CUDA); no sync.
+               min_rows: int = 0, kinds: Sequence[int] | None = None, on_replay=None) -> StepBuffers:
+        """Fill the static inputs and run the step (replay on CUDA); no sync. ``on_replay()`` is called between the
+        two (a scheduler's mark: its host time ends there).
 
         ``ks``: one k for every row, or k_i per row (a ragged step: every row drafts max k_i, row i verifies k_i);
         ``caps``: forced-rejection caps; ``kinds``: MODEL or NGRAM per row (the trace replay's chain; n-gram rows
         verify at most the drafts that follow their match)."""
         buf, k, j = self._fill(slots, ks, caps, kinds, min_rows)
-        self._run(("step", buf.out.shape[0], k, j), buf.host, buf.inputs, lambda: self._step_body(buf, k, j))
+        self._run(("step", buf.out.shape[0], k, j), buf.host, buf.inputs, lambda: self._step_body(buf, k, j),
+                  on_replay)
         return buf
 
     def draft_position(self, slots: Sequence[int], j: int, k: int) -> None:
@@ -339,10 +363,11 @@ class SpecEngine:
         return DraftsCopy(host, event, k)
 
     def verify_drafted(self, slots: Sequence[int], ks: Sequence[int], caps: Sequence[int] | None = None,
-                       min_rows: int = 0, kinds: Sequence[int] | None = None) -> StepBuffers:
+                       min_rows: int = 0, kinds: Sequence[int] | None = None, on_replay=None) -> StepBuffers:
         """The verify phase of a split step (after row i drafted at least k_i positions); no sync."""
         buf, k, j = self._fill(slots, ks, caps, kinds, min_rows)
-        self._run(("verify", buf.out.shape[0], k, j), buf.host, buf.inputs, lambda: self._verify_body(buf, k, j))
+        self._run(("verify", buf.out.shape[0], k, j), buf.host, buf.inputs, lambda: self._verify_body(buf, k, j),
+                  on_replay)
         return buf
 
     def read(self, buf: StepBuffers, num_rows: int, k: int) -> StepResult:

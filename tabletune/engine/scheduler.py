@@ -155,7 +155,9 @@ class Scheduler:
         self._num_out = np.zeros(slots, np.int64)  # tokens each slot's request has generated
         self._num_in = np.zeros(slots, np.int64)  # its prompt length
         self._max_new = np.zeros(slots, np.int64)  # its max_new_tokens
+        self._stop_at = np.zeros(slots, np.int64)  # the length it finishes at (max_new_tokens, or the cache's end)
         self._limit = engine.cfg.max_len - engine.k_max - 3  # a request stops once prompt + output reach this
+        self._rows = np.zeros(0, np.int64)  # the last step's slots
         self._idle_since: float | None = None
         self._host_s = [0.0, 0.0]  # critical, overlapped
         self.after_step = after_step
@@ -194,12 +196,13 @@ class Scheduler:
         if req.trace is not None:
             e.drafter.load(req.slot, len(req.prompt), *req.trace)  # a TracedReplayDrafter
         req.output = [e.prefill(req.slot, req.prompt)]
-        self._num_out[req.slot], self._num_in[req.slot], self._max_new[req.slot] = 1, len(req.prompt), req.max_new_tokens
+        n = len(req.prompt)
+        self._num_out[req.slot], self._num_in[req.slot], self._max_new[req.slot] = 1, n, req.max_new_tokens
+        self._stop_at[req.slot] = min(req.max_new_tokens, self._limit - n)
 
     def _done(self, slots: np.ndarray) -> np.ndarray:
         """[rows] whether each slot's request has finished (its generated tokens as counted, emitted or not)."""
-        out = self._num_out[slots]
-        return (out >= self._max_new[slots]) | (self._num_in[slots] + out >= self._limit)
+        return self._num_out[slots] >= self._stop_at[slots]
 
     def _features(self, slots: list[int], drafted: np.ndarray, j: int) -> DraftFeatures:
         """The signals of the positions each row drafted (of 1..j) as the policies' DraftFeatures, read now (one
@@ -249,7 +252,7 @@ class Scheduler:
         """One policy-driven step: (StepResult, state, drafter kinds, forced caps, ks requested, drafts drafted)."""
         e, n = self.engine, len(running)
         slots = [r.slot for r in running]
-        rows = np.array(slots, np.int64)
+        self._rows = rows = np.array(slots, np.int64)
         state = BatchState(step=step, time_s=now_s, request_ids=np.array([r.id for r in running], np.int64),
                            num_generated=self._num_out[rows].copy())
         lookup = None
@@ -263,7 +266,10 @@ class Scheduler:
             state = dataclasses.replace(state, features=self._wait(features))
             features = None
         decision = self.policy.decide(state)
-        ks = np.clip(decision.ks_for(n), 0, e.k_max).astype(np.int64)
+        if decision.ks is None and decision.k is not None:  # one k for the batch
+            ks = np.full(n, min(max(int(decision.k), 0), e.k_max), np.int64)
+        else:
+            ks = np.clip(decision.ks_for(n), 0, e.k_max).astype(np.int64)
         # rows the plan put on the n-gram chain before drafting: no model draft, they verify the lookup's proposal
         ngram_rows = np.zeros(n, bool)
         if lookup is not None and decision.drafter is not None:
@@ -277,12 +283,12 @@ class Scheduler:
         kinds = decision.drafter.tolist() if decision.drafter is not None else None
         ks = ks if drafted is None else np.where(ngram_rows, ks, np.minimum(ks, drafted))
         caps = draw_caps(self.cap_rates, ks.tolist(), n, self.rng) if self.cap_rates else None
-        self._launch()
         if drafted is None:
-            buf = e.launch(slots, ks.tolist(), caps, min_rows, kinds)
+            buf = e.launch(slots, ks, caps, min_rows, kinds, on_replay=self._launch)
             num_drafted = n * max(int(ks.max(initial=0)), 0)
         else:
-            buf = e.verify_drafted(slots, ks.tolist(), caps, min_rows, kinds)
+            self._launch()  # the verification follows the drafting already queued
+            buf = e.verify_drafted(slots, ks, caps, min_rows, kinds)
             num_drafted = int(drafted.sum())
         kinds_arr = np.array(kinds if kinds is not None else [e.default_kind] * n, np.int64)
         res = self._wait(lambda: e.read(buf, n, e.k_max))
@@ -351,8 +357,7 @@ class Scheduler:
             t_step = time.perf_counter()
             res, state, kinds, caps, asked, drafted = self.step(running, len(stats.step_batch_sizes), t_step - t0,
                                                                 min_rows)
-            rows = np.array([r.slot for r in running], np.int64)
-            accepted, verified = res.out[:, 0].astype(np.int64), res.out[:, 1].astype(np.int64)
+            rows, accepted, verified = self._rows, res.out[:, 0], res.out[:, 1]
             emitted = np.minimum(accepted + 1, self._max_new[rows] - self._num_out[rows])
             self._num_out[rows] += emitted
             n_tok = n_first + int(emitted.sum())

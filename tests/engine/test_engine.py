@@ -309,8 +309,8 @@ def test_fixed_shape_keeps_one_bucket_while_the_batch_drains(tiny):
     rows = []
     launch = engine.launch
 
-    def spy(slots, k, caps=None, min_rows=0, kinds=None):
-        buf = launch(slots, k, caps, min_rows, kinds)
+    def spy(slots, k, caps=None, min_rows=0, kinds=None, on_replay=None):
+        buf = launch(slots, k, caps, min_rows, kinds, on_replay)
         rows.append(buf.slots.shape[0])  # the bucket the step ran
         return buf
     engine.launch = spy

@@ -257,3 +257,24 @@ def test_split_steps_keep_the_draft_distributions_for_sampling(tiny):
     out, _ = _serve(engine, prompts, policy, max_new=12)
     assert [len(o) for o in out] == [12] * len(prompts)
     assert all((o.accepted <= o.ks).all() for o in seen) and sum(int(o.accepted.sum()) for o in seen) > 0
+
+
+def test_kept_layouts_write_what_a_fresh_layout_writes(tiny):
+    """A step's host buffer is the same whether its token layout was computed now or kept from an earlier step
+    with the same ks (``SpecEngine._write``): every row input and the packed layout, over random ragged steps."""
+    from tabletune.engine.runner import ROWS, layout
+
+    target, _, _ = tiny
+    engine = _engine(target, "eagle", k_max=4, max_num_seqs=4)
+    rng = random.Random(0)
+    patterns = [[rng.randrange(5) for _ in range(rng.randrange(1, 5))] for _ in range(12)]
+    for ks in patterns * 3:  # each pattern again: the kept layout
+        n = len(ks)
+        buf, k, j = engine._fill(list(range(n)), ks, None, None, 0)
+        b = buf.out.shape[0]
+        q, flat, j_want = layout(np.array(ks + [0] * (b - n)) + 1, k)
+        host = buf.host.numpy()
+        rows = host[: ROWS * b].reshape(ROWS, b)
+        assert j == j_want and rows[1, :n].tolist() == ks and rows[5].tolist() == q.tolist()
+        assert rows[4].tolist() == (np.cumsum(q) - q).tolist()
+        assert host[ROWS * b: ROWS * b + len(flat)].tolist() == flat.tolist()
