@@ -21,13 +21,13 @@ and the n-gram trace the n-gram chain (Hybrid Spark's second drafter).
    per cell ``host_ms_per_step`` (decide + keep_drafting + observe, wall clock)
    beside the mean step wall time, so host and device time read apart, and
    ``host_ms_critical`` (host time the device waited on: from each read to the next
-   launch, the scheduler's own included) beside ``host_ms_overlapped`` (an observe
+   replay, the scheduler's own included) beside ``host_ms_overlapped`` (an observe
    run while the next step runs, ``--overlap-observe``).
 4. The same grid in the simulator (``policies_sim.run_cell``): the measured
    profile (with the draft share and the drafting rule, rows still drafting or every
    row, fitted to the ragged steps, ``tabletune.cost``), the scoring half of the same traces replayed, the
-   measured prefill cost; per cell the simulated ratio and its difference from the
-   measured one. The headroom oracle (``tabletune.sim.oracle``) runs in the
+   measured prefill cost, and per step the host time the engine waited on for the policy beyond a fixed k's
+   (``charged_host_ms``); per cell the simulated ratio and its difference from the measured one. The headroom oracle (``tabletune.sim.oracle``) runs in the
    simulator: per cell ``oracle_ratio`` and each policy's share of that headroom.
 
 5. ``--switch`` (instead of 1-4's grid, after the profile): two waves of code requests, then ``--rounds`` waves of
@@ -335,13 +335,28 @@ def serve_fixed(engine, args, spec, ctx, load, prompts, oracle, pairs) -> dict:
             "noise_band": round((max(tok) - min(tok)) / mean, 4) if mean else None}
 
 
-def simulate_cell(cost, calib, args, policy_spec, load, cell) -> dict:
-    """The simulated cell (``policies_sim.run_cell``): the engine's cost, scoring traces, prefill cost."""
+def charged_host_ms(cell: dict, cells: list[dict]) -> float:
+    """The host time the simulator charges a cell a step: what the engine's device waited on for it beyond what
+    it waits on at a fixed k of the same (workload, load) (the step profile holds none of the scheduler's own
+    bookkeeping, so every cell pays it alike): ``host_ms_critical`` minus the fixed-k cells' mean, at least 0;
+    a file without ``host_ms_critical`` charges ``host_ms_per_step``."""
+    if cell["policy"].startswith("fixed:"):
+        return 0.0
+    base = [c["host_ms_critical"] for c in cells if c["workload"] == cell["workload"] and c["load"] == cell["load"]
+            and c["policy"].startswith("fixed:") and c.get("host_ms_critical") is not None]
+    if cell.get("host_ms_critical") is None or not base:
+        return cell.get("host_ms_per_step") or 0.0
+    return max(cell["host_ms_critical"] - statistics.fmean(base), 0.0)
+
+
+def simulate_cell(cost, calib, args, policy_spec, load, cell, cells: list[dict]) -> dict:
+    """The simulated cell (``policies_sim.run_cell``): the engine's cost, scoring traces, prefill cost, and the
+    host time the engine waited on for this policy (``charged_host_ms``)."""
+    charged = charged_host_ms(cell, cells)
     out = run_cell(cost, calib, policy_spec, load, protocol_of(args),
-                   prefill_ms_per_token=cell.get("prefill_ms_per_token") or 0.0,
-                   host_ms_per_step=cell.get("host_ms_per_step") or 0.0)  # the engine's host time, charged
+                   prefill_ms_per_token=cell.get("prefill_ms_per_token") or 0.0, host_ms_per_step=charged)
     return {"sim_tok_s": out["sim_tok_s"], "sim_device_tok_s": out["sim_device_tok_s"],
-            "sim_host_ms_per_step": out["host_ms_per_step"]}
+            "sim_host_ms_charged": round(charged, 4)}
 
 
 def oracle_cell(cost, calib, args, load, cells) -> dict:
@@ -371,8 +386,8 @@ def sim_only(args) -> int:
             if w not in calibs:
                 calibs[w] = calibrate(w, args.k_max, cost, Path(tmp), protocol_of(args))
             if cell.get("sim_device_tok_s") is None and cell["policy"] != "oracle":
-                cell.update(simulate_cell(cost, calibs[w], args, cell["policy"],
-                                          cell["load"], cell))
+                cell.update(simulate_cell(cost, calibs[w], args, cell["policy"], cell["load"], cell,
+                                          result["cells"]))
                 print(f"{w:9s} load {cell['load']:4d} {cell['policy']:24s} sim {cell['sim_tok_s']:9.1f} tok/s",
                       flush=True)
         have = {(c["workload"], c["load"]) for c in result["cells"] if c["policy"] == "oracle"}
@@ -463,7 +478,7 @@ def serve_workload(engine, args, wname, loads, policies, cost, result, done, pro
                 cell = {"workload": wname, "load": load, "policy": spec,
                         **serve(engine, args, calib.spec(spec), ctx, load, prompts, oracle, data["pairs"])}
                 if not args.no_sim:
-                    cell.update(simulate_cell(cost, calib, args, spec, load, cell))
+                    cell.update(simulate_cell(cost, calib, args, spec, load, cell, result["cells"]))
             result["cells"].append(cell)
             add_ratios(result["cells"])
             fileio.write_json(str(out_json), result)  # checkpoint: a cut run keeps its cells

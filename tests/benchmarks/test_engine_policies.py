@@ -136,3 +136,17 @@ def test_quick_switch_runs_every_policy_at_every_load_and_resumes(tmp_path):
     assert "| 1 | stale |" in Path(out + ".md").read_text()
     assert engine_policies.main(["--quick", "--switch", "--out", out, "--resume"]) == 0
     assert json.loads(Path(out + ".json").read_text())["runs"] == result["runs"]  # nothing re-run
+
+
+def test_charged_host_ms_is_the_critical_time_beyond_a_fixed_k():
+    """Fixed-k cells at 0.05 and 0.07 ms critical: a policy at 0.46 is charged 0.40; one below them 0; a fixed k
+    nothing; a cell without host_ms_critical its host_ms_per_step."""
+    cells = [{"workload": "chat", "load": 4, "policy": "fixed:1", "host_ms_critical": 0.05},
+             {"workload": "chat", "load": 4, "policy": "fixed:2", "host_ms_critical": 0.07},
+             {"workload": "chat", "load": 8, "policy": "fixed:2", "host_ms_critical": 9.0}]
+    charge = engine_policies.charged_host_ms
+    assert charge({"workload": "chat", "load": 4, "policy": "p", "host_ms_critical": 0.46}, cells) == \
+        pytest.approx(0.40)
+    assert charge({"workload": "chat", "load": 4, "policy": "p", "host_ms_critical": 0.01}, cells) == 0.0
+    assert charge(cells[0], cells) == 0.0
+    assert charge({"workload": "chat", "load": 4, "policy": "p", "host_ms_per_step": 0.3}, cells) == 0.3
