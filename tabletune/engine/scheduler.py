@@ -367,7 +367,7 @@ class Scheduler:
             outcome = StepOutcome(state=state, ks=verified, drafter=kinds, accepted=accepted,
                                   step_ms=(t_now - t_step) * 1e3,
                                   finished_ids=finished)
-            self._unemitted = (running, res, caps, asked)
+            self._unemitted = (running[:], res, caps, asked)  # admissions append to ``running`` before the flush
             if self.after_step is not no_hook:  # a hook reads the outputs: emitted now
                 self._emit(running, res, caps, asked)
                 self._unemitted = None
