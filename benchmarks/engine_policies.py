@@ -656,21 +656,17 @@ def main(argv: list[str] | None = None) -> int:
         profile = measure_profile(engine, args, fp)
         mixed = mixed_check(engine, profile, args, loads)
     cost = engine_cost(profile, mixed)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(target.cfg.vocab_size) for _ in range(args.prompt_len)]
+               for _ in range(max(4, args.rounds * max_load))]
+    oracle = greedy_outputs(engine, args, prompts, resume=old is not None)
     if args.switch:
-        rng = random.Random(0)
-        prompts = [[rng.randrange(target.cfg.vocab_size) for _ in range(args.prompt_len)]
-                   for _ in range(max(4, args.rounds * max_load))]
-        oracle = greedy_outputs(engine, args, prompts, resume=old is not None)
         return serve_switch(engine, args, cost, loads, prompts, oracle, key, command, fp, profile, mixed, old)
     result = {"schema": "tabletune.engine_policies", "version": 2, "key": key, "device": fp.device,
               "model": args.model, "prompt_len": args.prompt_len, "output_len": args.output_len,
               "command": command, "profile": profile.to_json(), "mixed_check": mixed,
               "cells": old["cells"] if old else [], "workloads": old.get("workloads", {}) if old else {}}
     done = {(c["workload"], c["load"], c["policy"]) for c in result["cells"]}
-    rng = random.Random(0)
-    prompts = [[rng.randrange(target.cfg.vocab_size) for _ in range(args.prompt_len)]
-               for _ in range(max(4, args.rounds * max_load))]
-    oracle = greedy_outputs(engine, args, prompts, resume=old is not None)
     with tempfile.TemporaryDirectory() as tmp:  # calibrated files (DISCO, n-gram table) live for the run
         for wname in workloads:
             serve_workload(engine, args, wname, loads, policies, cost, result, done, prompts, oracle,

@@ -114,6 +114,11 @@ def layout(q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, int]:
     return q, flat, j
 
 
+def offsets_and_lengths(q: np.ndarray, flat: np.ndarray, j: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """A ``layout`` as the step buffer's rows take it: ([2, B] token offsets and counts per row, flat, j)."""
+    return np.stack([np.cumsum(q) - q, q]), flat, j
+
+
 class SpecEngine:
     def __init__(self, target: Decoder, drafter: Drafter, cfg: EngineConfig) -> None:
         self.target, self.drafter, self.cfg = target, drafter, cfg
@@ -272,16 +277,15 @@ class SpecEngine:
         if lay is None:
             ks_arr = np.asarray(ks_row, np.int64)
             key = (b, k, ks_arr.tobytes())
-            lay = self._layouts.get(key)
-            if lay is None:
-                q, flat, j = layout(np.concatenate([ks_arr + 1, np.ones(b - n, np.int64)]), k)
+            kept = self._layouts.get(key)
+            if kept is None:
                 if len(self._layouts) >= LAYOUTS_KEPT:
                     self._layouts.clear()
-                lay = self._layouts[key] = (np.stack([np.cumsum(q) - q, q]), flat, j)
+                kept = self._layouts[key] = offsets_and_lengths(
+                    *layout(np.concatenate([ks_arr + 1, np.ones(b - n, np.int64)]), k))
         else:
-            q, flat, j = lay
-            lay = (np.stack([np.cumsum(q) - q, q]), flat, j)
-        rows[4:6], flat, j = lay
+            kept = offsets_and_lengths(*lay)
+        rows[4:6], flat, j = kept
         host[ROWS * b: ROWS * b + len(flat)] = flat
         return j
 
@@ -332,7 +336,7 @@ class SpecEngine:
         host, dev = self.draft_inputs[b]
         host[: len(slots)] = torch.as_tensor(slots)
         host[len(slots):] = self.cache.scratch_slot
-        k = min(x for x in self.ks if x >= k)
+        k = self._graph_k[k]  # the smallest captured k >= k
         key = ("first", b, k) if j == 0 else ("next", b, j)
         self._run(key, host, dev, lambda: self._position_body(dev, j, k if j == 0 else self.k_max))
 

@@ -399,7 +399,7 @@ class Scheduler:
     def _emit(self, running: list[Request], res, caps: list[int] | None, asked: np.ndarray) -> None:
         """Append each row's emitted tokens and count its draft (a row asked for k >= 1 that had none to verify, an
         n-gram row without a match, counts as undrafted)."""
-        ms, ks = res.out[:, 0].astype(np.int64), res.out[:, 1].astype(np.int64)
+        ms, ks = res.out[:, 0], res.out[:, 1]  # int64: the step's output rows
         if caps is not None:  # a capped step that accepted less than its cap left the oracle's path
             short = ms < np.minimum(np.asarray(caps, np.int64), ks)
             for i in np.flatnonzero(short):
