@@ -333,6 +333,12 @@ def markdown(result: dict) -> str:
     return "\n".join(md + ["", f"Command: `{result['command']}`"]) + "\n"
 
 
+def split_specs(text: str) -> list[str]:
+    """``--policies``: names separated by ';' when any spec carries options (``controller:per-request,stop=1``),
+    else by ','."""
+    return [x for x in text.split(";" if ";" in text else ",") if x]
+
+
 def host_ms(cost: StepCost, spec: str, load: int, steps: int, warmup: int, workload: str) -> tuple[float, float]:
     """Mean host ms per step of one policy after ``warmup`` steps (``--host-ms``, module docstring), and of its
     part on the critical path of an engine that overlaps the observe of a policy that allows it (``run_cell``)."""
@@ -352,7 +358,7 @@ def host_ms_table(args, command: str) -> int:
     cost, rows = h200_cost(), []
     for workload in args.workloads.split(","):
         for load in (int(x) for x in args.loads.split(",")):
-            for spec in args.policies.split(","):
+            for spec in split_specs(args.policies):
                 runs = [host_ms(cost, spec, load, args.measured_steps, args.warmup_steps, workload)
                         for _ in range(args.repeats)]
                 ms, critical = min(r[0] for r in runs), min(r[1] for r in runs)
@@ -371,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host-ms", action="store_true", help="time each policy's host ms per step instead of the grid")
     ap.add_argument("--workloads", default=None, help="grid: code,code-edit,chat; --host-ms: code")
     ap.add_argument("--loads", default=None, help="grid: 1,2,4,8,16,32,64,128; --host-ms: 128")
-    ap.add_argument("--policies", default=None, help="grid: the zoo; --host-ms: fixed:3 and the zoo")
+    ap.add_argument("--policies", default=None,
+                    help="grid: the zoo; --host-ms: fixed:3 and the zoo (';'-separated when a spec has options)")
     ap.add_argument("--warmup-steps", type=int, default=None, help=f"grid: {Protocol.warmup_steps}; --host-ms: 50")
     ap.add_argument("--warmup-s", type=float, default=Protocol.warmup_s)
     ap.add_argument("--measured-steps", type=int, default=None, help=f"grid: {Protocol.measured_steps}; --host-ms: 200")
@@ -399,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
                         fixed_repeats=args.fixed_repeats, model_trace=args.model_trace)
     cost = h200_cost()
     k_max = cost.k_max
-    policies = args.policies.split(",") if args.policies else []
+    policies = split_specs(args.policies) if args.policies else []
     key = {"protocol": dataclasses.asdict(protocol), "policies": policies, "k_max": k_max}
     out_json = Path(args.out + ".json")
     old = json.loads(out_json.read_text()) if args.resume and out_json.exists() else None

@@ -29,3 +29,9 @@ def test_calibrated_spec_carries_m_unless_the_spec_sets_one():
     assert calib.spec("hybrid-static") == "hybrid-static:m=4"
     assert calib.spec("hybrid-static:m=2") == "hybrid-static:m=2"
     assert calib.spec("tabletune") == "tabletune"
+
+
+def test_policy_specs_split_on_semicolons_when_a_spec_has_options():
+    assert policies_sim.split_specs("tabletune,disco") == ["tabletune", "disco"]
+    assert policies_sim.split_specs("controller:per-request;controller:per-request,stop=1") == \
+        ["controller:per-request", "controller:per-request,stop=1"]
