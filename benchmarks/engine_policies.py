@@ -51,6 +51,7 @@ import argparse
 import dataclasses
 import json
 import random
+import shlex
 import statistics
 import sys
 import tempfile
@@ -62,7 +63,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_serving import make_predictable, staggered_len, window_start  # noqa: E402
-from policies_sim import Protocol, calibrate, run_cell  # noqa: E402
+from policies_sim import Protocol, calibrate, run_cell, split_specs  # noqa: E402
 
 from tabletune import fileio  # noqa: E402
 from tabletune.cost import MixedStep, StepCost, fit_active_share, fit_draft_share  # noqa: E402
@@ -141,8 +142,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def policy_names(args) -> list[str]:
     """fixed:0..k_max, then the zoo; a name not in the registry (e.g. sglang before it lands) is skipped."""
     out = [f"fixed:{k}" for k in range(args.k_max + 1)]
-    for name in args.policies.split(","):
-        if name.partition(":")[0] in REGISTRY:
+    for name in split_specs(args.policies):
+        if name.partition(":")[0].partition(",")[0] in REGISTRY:
             out.append(name)
         else:
             print(f"policy {name!r} is not registered: skipped", flush=True)
@@ -449,7 +450,7 @@ def markdown(result: dict) -> str:
            "|---|---|---|---|---|---|---|---|"]
     md += [f"| {r['batch_size']} | {r['pattern']} | {r['k_top']} | {r['k_bar']} | {r['measured_ms']} | "
            f"{r['split_ms']} | {r['predicted_ms_sim_default']} | {r['predicted_ms_fitted']} |" for r in mc["rows"]]
-    return "\n".join(md + ["", f"Command: `{result['command']}`"]) + "\n"
+    return "\n".join(md + [""] + command_lines(result)) + "\n"
 
 
 def serve_workload(engine, args, wname, loads, policies, cost, result, done, prompts, oracle,
@@ -546,8 +547,8 @@ def serve_switch(engine, args, cost, loads, prompts, oracle, key, command, fp, p
     (load, policy) in OUT.json; per load the recovered share (module ``recovered``)."""
     out_json = Path(args.out + ".json")
     result = {"schema": "tabletune.engine_switch", "version": 1, "key": key, "device": fp.device,
-              "model": args.model, "command": command, "profile": profile.to_json(), "mixed_check": mixed,
-              "runs": old.get("runs", {}) if old else {}}
+              "model": args.model, "command": command, "commands": commands_of(old, command),
+              "profile": profile.to_json(), "mixed_check": mixed, "runs": old.get("runs", {}) if old else {}}
     with tempfile.TemporaryDirectory() as tmp:
         calib = {w: calibrate(w, args.k_max, cost, Path(tmp) / w, protocol_of(args)) for w in ("code", "chat")}
     pairs = {w: workload_data(w, args.k_max, args.model_trace)["pairs"] for w in ("code", "chat")}
@@ -587,7 +588,7 @@ def switch_markdown(result: dict) -> str:
         for name, run in runs.items():
             md.append(f"| {load} | {name} | {run['switch_step']} | {' '.join(f'{x:.0f}' for x in run['tok_s'])} | "
                       f"{rec.get(name, '-')} |")
-    return "\n".join(md + ["", f"Command: `{result['command']}`"]) + "\n"
+    return "\n".join(md + [""] + command_lines(result)) + "\n"
 
 
 def greedy_outputs(engine: SpecEngine, args, prompts: list[list[int]], resume: bool) -> list[list[int]]:
@@ -607,11 +608,25 @@ def greedy_outputs(engine: SpecEngine, args, prompts: list[list[int]], resume: b
     return [row.tolist() for row in out]
 
 
+def commands_of(old: dict | None, command: str) -> list[str]:
+    """The commands whose cells OUT.json holds, in order: those of the file resumed, then this one (once)."""
+    before = (old.get("commands") or [old["command"]]) if old else []
+    return before + [command] if command not in before else before
+
+
+def command_lines(result: dict) -> list[str]:
+    """The markdown's closing lines: every command that wrote cells (a resumed grid has several)."""
+    commands = result.get("commands") or [result["command"]]
+    if len(commands) == 1:
+        return [f"Command: `{commands[0]}`"]
+    return ["Commands (each resumed the file):", ""] + [f"- `{c}`" for c in commands]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.sim_only:
         return sim_only(args)
-    command = "python benchmarks/engine_policies.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python benchmarks/engine_policies.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     loads = [int(x) for x in args.loads.split(",")]
     workloads = args.workloads.split(",")
     policies = policy_names(args)
@@ -664,8 +679,9 @@ def main(argv: list[str] | None = None) -> int:
         return serve_switch(engine, args, cost, loads, prompts, oracle, key, command, fp, profile, mixed, old)
     result = {"schema": "tabletune.engine_policies", "version": 2, "key": key, "device": fp.device,
               "model": args.model, "prompt_len": args.prompt_len, "output_len": args.output_len,
-              "command": command, "profile": profile.to_json(), "mixed_check": mixed,
-              "cells": old["cells"] if old else [], "workloads": old.get("workloads", {}) if old else {}}
+              "command": command, "commands": commands_of(old, command), "profile": profile.to_json(),
+              "mixed_check": mixed, "cells": old["cells"] if old else [],
+              "workloads": old.get("workloads", {}) if old else {}}
     done = {(c["workload"], c["load"], c["policy"]) for c in result["cells"]}
     with tempfile.TemporaryDirectory() as tmp:  # calibrated files (DISCO, n-gram table) live for the run
         for wname in workloads:

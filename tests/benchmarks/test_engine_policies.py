@@ -20,6 +20,22 @@ def test_policy_names_put_fixed_ks_first_and_skip_unregistered(capsys):
     assert "'no-such-policy' is not registered: skipped" in capsys.readouterr().out
 
 
+def test_policy_names_take_specs_with_options_separated_by_semicolons():
+    args = Namespace(k_max=0, policies="controller:per-request,ngram=0;hybrid-static")
+    assert engine_policies.policy_names(args) == ["fixed:0", "controller:per-request,ngram=0", "hybrid-static"]
+
+
+def test_a_resumed_file_keeps_every_command_that_wrote_cells():
+    first, second = "python a --loads 4", "python a --loads 16"
+    assert engine_policies.commands_of(None, first) == [first]
+    old = {"command": first}  # a file written before the list was kept
+    assert engine_policies.commands_of(old, second) == [first, second]
+    assert engine_policies.commands_of({"command": second, "commands": [first, second]}, first) == [first, second]
+    assert engine_policies.command_lines({"command": first}) == [f"Command: `{first}`"]
+    assert engine_policies.command_lines({"command": second, "commands": [first, second]})[2:] == [
+        f"- `{first}`", f"- `{second}`"]
+
+
 def test_estimate_counts_cells_and_profile():
     """2 policies x 1 load x 1 workload, rounds 2 x output 10 / 2 = 10 steps a cell at 4 + 1 ms: 0.1 s; profile
     (1 + 2) steps x 2 ks x 1 bucket at 4 ms: 0.024 s."""
