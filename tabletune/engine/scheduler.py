@@ -5,7 +5,12 @@ per row of the running ``BatchState``; the engine runs one ragged step; the poli
 A policy that reads draft signals (``uses_features``) or ends drafts (``keep_drafting``) runs on an engine with
 split steps, whose draft loop drafts one position at a time for the rows still drafting. A stop rule decides first
 and its k_i cap the rows; a feature policy without one drafts up to k_max (or ``draft_cap(state)``), then decides.
-Positions a row did not draft read as sure rejections; a row is verified on at most what it drafted.
+Positions a row did not draft read as sure rejections; a row is verified on at most what it drafted. A policy that
+plans before drafting on the n-gram lookup without a stop rule (``uses_lookup``: ``hybrid-static``, the per-request
+controller's default) reads nothing in between, so its step runs fused, as one graph: every row drafts max k_i on
+the model chain and row i verifies its own k_i of its own chain. Only where a row on the n-gram chain verifies more
+than the longest model draft would the fused graph draft positions no model row needs; that step is split (docs/
+engine.md, "Fused or split"). ``split_plans=True`` splits every such plan (only each model row's own positions).
 
 ``cap_rates`` = (a_1, ..., a_K): the forced-rejection cap replays measured conditional acceptance (the first j with
 Bernoulli(a_j) = 0 caps a row's accepted count; ``verify`` says why this stays lossless). A request with an
@@ -114,6 +119,12 @@ def features_of(copy: DraftsCopy | None, n: int, drafted: np.ndarray, k_max: int
                          np.minimum(meta[:, 1], drafted).astype(np.int64))
 
 
+def fused_drafts_more(ks: np.ndarray, ngram_rows: np.ndarray) -> bool:
+    """Whether a fused step would draft positions no model row verifies: it drafts max k_i for every row, while a
+    split one drafts each model row's own k_i and nothing for the n-gram rows."""
+    return bool(ngram_rows.any()) and int(ks[ngram_rows].max()) > int(ks[~ngram_rows].max(initial=0))
+
+
 def flat_cost(k_max: int, max_batch: int) -> StepCost:
     """A step cost of 1 ms everywhere: the context of policies that read no cost (a fixed k, a table)."""
     points = tuple(StepPoint(b, k, (1.0,)) for b in sorted({1, max_batch}) for k in range(k_max + 1))
@@ -142,7 +153,8 @@ def no_hook(running: list[Request], res: StepResult, finished_ids: np.ndarray) -
 class Scheduler:
     def __init__(self, engine: SpecEngine, policy: Policy | DraftTable, max_num_seqs: int | None = None,
                  cap_rates: Sequence[float] | None = None, seed: int = 0, fixed_shape: bool = False,
-                 after_step: StepHook = no_hook, device_stop: bool = True, overlap_observe: bool = True) -> None:
+                 after_step: StepHook = no_hook, device_stop: bool = True, overlap_observe: bool = True,
+                 split_plans: bool = False) -> None:
         self.engine = engine
         # overlap_observe: a policy that allows it (``observe_may_lag``) observes step t while step t + 1 runs (just
         # before its first read), so it decides step t + 1 on statistics one step old, as vLLM's async scheduling does
@@ -172,7 +184,11 @@ class Scheduler:
         self.plans_first = self.reads_each_position or bool(getattr(policy, "uses_lookup", False))
         # a rule the policy can give as numbers (``device_stop_rule``) runs on the device unless device_stop=False
         self.device_stop, self.device_rule = device_stop, getattr(self.stop, "device_stop_rule", lambda state: None)
-        self.split = self.uses_features or self.plans_first
+        # a split step only where something is read between drafting and verifying (a stop rule, the drafted
+        # signals), or where asked to (split_plans: a plan's n-gram rows then take no model drafting)
+        self.split = self.uses_features or self.reads_each_position or (self.plans_first and split_plans)
+        # a plan's step split where its n-gram rows outrun its model drafts (``fused_drafts_more``)
+        self.split_longer_lookups = self.plans_first and engine.cfg.split_steps
         if self.split and not engine.cfg.split_steps:
             raise ValueError(f"policy {policy.name} reads draft signals or ends drafts: build the engine with "
                              "split_steps=True")
@@ -275,7 +291,8 @@ class Scheduler:
         if lookup is not None and decision.drafter is not None:
             ngram_rows = (np.asarray(decision.drafter) == NGRAM) & (ks > 0)
             ks = np.where(ngram_rows, np.minimum(ks, lookup[1]), ks)
-        if self.split and drafted is None:  # decided first (a stop rule's k_i cap the rows), then drafted
+        split = self.split or (self.split_longer_lookups and fused_drafts_more(ks, ngram_rows))
+        if split and drafted is None:  # decided first (a stop rule's k_i cap the rows), then drafted
             caps_model = np.where(ngram_rows, 0, np.minimum(ks, self._draft_cap(state)))
             drafted, features = self._draft(slots, state, caps_model)
             if ngram_rows.any():
@@ -283,7 +300,8 @@ class Scheduler:
         kinds = decision.drafter.tolist() if decision.drafter is not None else None
         ks = ks if drafted is None else np.where(ngram_rows, ks, np.minimum(ks, drafted))
         caps = draw_caps(self.cap_rates, ks.tolist(), n, self.rng) if self.cap_rates else None
-        if drafted is None:
+        if drafted is None:  # fused: a plan's n-gram rows verify their chain's proposal, written by the drafter's
+            # begin (only a drafter with both chains, ``has_meta``, has a lookup to plan on)
             buf = e.launch(slots, ks, caps, min_rows, kinds, on_replay=self._launch)
             num_drafted = n * max(int(ks.max(initial=0)), 0)
         else:

@@ -199,6 +199,46 @@ def test_policies_run_on_the_traced_replay_engine_losslessly(tiny, name):
         assert reads == []  # no stop rule and no signal used: nothing read back from the drafting at all
 
 
+@pytest.mark.parametrize("name", ["hybrid-static", "controller:per-request"])
+def test_a_plan_made_before_drafting_runs_fused_and_accepts_what_a_split_step_accepts(tiny, name):
+    """No stop rule and no drafted signal read: a step runs as one graph with the plan's ragged ks and chains, and
+    is split only where its n-gram rows verify more than its longest model draft; step by step it accepts what the
+    same plan accepts split throughout (``split_plans=True``); both lossless. The code traces put rows on the n-gram
+    chain, so each row's chain counts."""
+    def outruns(o):  # an n-gram row verifies more than the longest model draft
+        ng = o.drafter == NGRAM
+        return ng.any() and o.ks[ng].max() > o.ks[~ng].max(initial=0)
+
+    target, prompts, base = tiny
+    oracle = [b + [0] * 8 for b in base]
+    model = load_token_traces("profiles/traces/early-exit_code_T0.csv.gz")
+    ngram = load_token_traces("profiles/traces/ngram_code_T0.csv.gz")
+    traces = pair_traces(model, ngram)[: len(prompts)]
+    runs = {}
+    for split in (False, True):
+        engine = _engine(target, TracedReplayDrafter(), split=True)
+        ctx = policy_context(engine, prior_rates=(0.7, 0.6, 0.5, 0.4), ngram_rates=(0.0, 0.3, 0.5, 0.6, 0.7))
+        policy = make_policy(name, ctx)
+        seen, paths = [], []
+        observe = policy.observe
+        policy.observe = lambda o, seen=seen, observe=observe: (seen.append(o), observe(o))
+        for method, path in (("launch", "fused"), ("verify_drafted", "split")):
+            f = getattr(engine, method)
+            setattr(engine, method, lambda *a, f=f, p=path, **kw: (paths.append(p), f(*a, **kw))[1])
+        out, _ = _serve(engine, prompts, policy, max_new=24, oracle=oracle, traces=traces, split_plans=split)
+        assert out == base, (name, split)
+        runs[split] = seen, paths
+    (fused, paths), (split, split_paths) = runs[False], runs[True]
+    assert set(split_paths) == {"split"}
+    assert paths == ["split" if outruns(o) else "fused" for o in fused]
+    assert "split" in paths
+    assert any(p == "fused" and (o.drafter == NGRAM).any() and (o.drafter == MODEL).any()
+               for p, o in zip(paths, fused))
+    assert [o.ks.tolist() for o in fused] == [o.ks.tolist() for o in split]
+    assert [o.drafter.tolist() for o in fused] == [o.drafter.tolist() for o in split]
+    assert [o.accepted.tolist() for o in fused] == [o.accepted.tolist() for o in split]
+
+
 def test_a_draft_cap_known_up_front_shortens_the_draft_phase(tiny):
     """A policy's optional draft_cap(state) sizes the split step's draft phase: DISCO's threshold rule then sees
     positions 3..4 as sure rejections (top-1 0) and never verifies more than 2 drafts; outputs stay lossless."""
