@@ -118,7 +118,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--model-trace", default="early-exit",
                     help="the model chain's traces: early-exit (every workload) or eagle (the trained head's)")
     ap.add_argument("--no-sim", action="store_true", help="measure only (simulate later with --sim-only)")
-    ap.add_argument("--sim-only", action="store_true", help="simulate the cells of OUT.json that lack it (CPU)")
+    ap.add_argument("--sim-only", action="store_true", help="simulate every cell of OUT.json afresh (CPU)")
     ap.add_argument("--resume", action="store_true", help="keep the cells of OUT.json (same fingerprint)")
     ap.add_argument("--switch", action="store_true",
                     help="instead of the grid: code then chat requests through one engine at each load (OUT.json/.md)")
@@ -371,7 +371,8 @@ def oracle_cell(cost, calib, args, load, cells) -> dict:
 
 
 def sim_only(args) -> int:
-    """Fill sim_tok_s of the cells of OUT.json that lack it, and the oracles (runs on the CPU, no engine)."""
+    """Simulate every measured cell of OUT.json and each (workload, load)'s oracle afresh (CPU, no engine): the
+    simulator's side always comes from the current simulator."""
     out_json = Path(args.out + ".json")
     result = json.loads(out_json.read_text())
     key = result["key"]
@@ -380,19 +381,16 @@ def sim_only(args) -> int:
     args.fixed_repeats = key["fixed_repeats"]
     profile = StepProfile.from_json(result["profile"], str(out_json))
     cost = engine_cost(profile, result["mixed_check"])
+    result["cells"] = [c for c in result["cells"] if c["policy"] != "oracle"]
     with tempfile.TemporaryDirectory() as tmp:
         calibs: dict = {}
         for cell in list(result["cells"]):
             w = cell["workload"]
             if w not in calibs:
                 calibs[w] = calibrate(w, args.k_max, cost, Path(tmp), protocol_of(args))
-            if cell.get("sim_device_tok_s") is None and cell["policy"] != "oracle":
-                cell.update(simulate_cell(cost, calibs[w], args, cell["policy"], cell["load"], cell,
-                                          result["cells"]))
-                print(f"{w:9s} load {cell['load']:4d} {cell['policy']:24s} sim {cell['sim_tok_s']:9.1f} tok/s",
-                      flush=True)
-        have = {(c["workload"], c["load"]) for c in result["cells"] if c["policy"] == "oracle"}
-        for w, load in sorted({(c["workload"], c["load"]) for c in result["cells"]} - have):
+            cell.update(simulate_cell(cost, calibs[w], args, cell["policy"], cell["load"], cell, result["cells"]))
+            print(f"{w:9s} load {cell['load']:4d} {cell['policy']:24s} sim {cell['sim_tok_s']:9.1f} tok/s", flush=True)
+        for w, load in sorted({(c["workload"], c["load"]) for c in result["cells"]}):
             result["cells"].append(oracle_cell(cost, calibs[w], args, load, result["cells"]))
     add_ratios(result["cells"])
     fileio.write_json(str(out_json), result)

@@ -56,7 +56,7 @@ from tabletune.experiments.runner import measure_rates
 from tabletune.policies import make_policy
 from tabletune.profile import StepPoint, StepProfile
 from tabletune.sim import SimConfig, Simulator
-from tabletune.sim.replay import TraceStreams, load_ngram_trace, load_traces
+from tabletune.sim.replay import TraceStreams, load_paired_traces, load_traces
 from tabletune.sim.traces import auc, signal_noise_for_auc
 from tabletune.sim.workload import Schedule, Workload
 
@@ -115,8 +115,8 @@ def inputs(workload: str, output_len: int):
         if "cost" not in _CACHE:
             eagle, ngram = profiles()
             _CACHE["cost"] = StepCost.split(eagle, lambda b, k: eagle.step_ms(b, k) - ngram.step_ms(b, k))
-        replay = load_traces([TRACES / f"early-exit_{workload}_T0.csv.gz"])
-        ngram_replay = load_ngram_trace(TRACES / f"ngram_{workload}_T0.csv.gz")
+        replay, ngram_replay = load_paired_traces(TRACES / f"early-exit_{workload}_T0.csv.gz",
+                                                  TRACES / f"ngram_{workload}_T0.csv.gz")
         rates = replay.conditional_rates(K_MAX)
         w = Workload(workload, tuple(max(r, 1e-3) for r in rates), output_len=output_len)
         _CACHE[workload] = (w, replay, ngram_replay, tuple(round(r, 4) for r in rates))

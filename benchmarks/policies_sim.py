@@ -58,7 +58,7 @@ from tabletune.policies.trace_fit import fit_ngram_table, read_traces, trace_row
 from tabletune.profile import StepPoint, StepProfile
 from tabletune.sim import Schedule, SimConfig, Simulator, preset
 from tabletune.sim.oracle import FateOracle, headroom_share
-from tabletune.sim.replay import load_ngram_trace, load_traces
+from tabletune.sim.replay import load_paired_traces, load_traces
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "profiles" / "traces"
@@ -165,9 +165,10 @@ def scoring_sim(cost: StepCost, name: str, rates, protocol: Protocol, load: int,
                 half: str = "scoring", prefill_ms_per_token: float = 0.02, host_ms_per_step: float = 0.0) -> Simulator:
     cfg = SimConfig(duration_s=duration_s, load=load, max_num_seqs=max(128, load), seed=seed,
                     prefill_ms_per_token=prefill_ms_per_token, host_ms_per_step=host_ms_per_step)
-    return Simulator(cost, Schedule.constant(workload_of(name, rates, protocol)), cfg,
-                     replay=load_traces([TRACES / f"{protocol.model_trace}_{name}_T0.csv.gz"], half=half),
-                     ngram_replay=load_ngram_trace(TRACES / f"ngram_{name}_T0.csv.gz", half=half))
+    replay, ngram_replay = load_paired_traces(TRACES / f"{protocol.model_trace}_{name}_T0.csv.gz",
+                                              TRACES / f"ngram_{name}_T0.csv.gz", half=half)
+    return Simulator(cost, Schedule.constant(workload_of(name, rates, protocol)), cfg, replay=replay,
+                     ngram_replay=ngram_replay)
 
 
 def calibrate(name: str, k_max: int, cost: StepCost, folder: Path, protocol: Protocol) -> Calibration:
@@ -345,9 +346,9 @@ def host_ms(cost: StepCost, spec: str, load: int, steps: int, warmup: int, workl
     w = dataclasses.replace(preset(workload), output_len=10**6, prompt_len_mean=0.0)
     duration_s = (steps + warmup) * cost.step_ms(load, 7) / 1e3  # at least this many steps
     cfg = SimConfig(duration_s=duration_s, load=load, max_num_seqs=max(load, 128))
-    sim = Simulator(cost, Schedule.constant(w), cfg,
-                    replay=load_traces([TRACES / f"early-exit_{workload}_T0.csv.gz"]),
-                    ngram_replay=load_ngram_trace(TRACES / f"ngram_{workload}_T0.csv.gz"))
+    replay, ngram_replay = load_paired_traces(TRACES / f"early-exit_{workload}_T0.csv.gz",
+                                              TRACES / f"ngram_{workload}_T0.csv.gz")
+    sim = Simulator(cost, Schedule.constant(w), cfg, replay=replay, ngram_replay=ngram_replay)
     policy = timed(make_policy(spec, sim.context()))
     sim.run(policy)
     return policy.mean_ms(warmup), charged_ms(policy, slice(warmup, None), Protocol.overlap_observe)

@@ -65,6 +65,18 @@ class TokenTrace:
         present, accepted, match = bridge_bonus(self.present, self.accepted, self.match_len)
         return TokenTrace(self.request, self.signals, accepted, present, match)
 
+    def fitted(self, n: int) -> TokenTrace:
+        """The trace cut, or padded with gaps, to n positions (so that a pair's chains wrap together)."""
+        m = min(n, len(self.accepted))
+
+        def fit(a: np.ndarray, fill) -> np.ndarray:
+            out = np.full((n,) + a.shape[1:], fill, a.dtype)
+            out[:m] = a[:m]
+            return out
+
+        return TokenTrace(self.request, fit(self.signals, 0.0), fit(self.accepted, False), fit(self.present, False),
+                          fit(self.match_len, 0))
+
     @property
     def run(self) -> np.ndarray:
         """[n] int64: recorded rows from g on without a gap (the n-gram drafter's proposals at g)."""

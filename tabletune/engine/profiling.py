@@ -17,7 +17,8 @@ from tabletune.engine.trace_replay import TracedReplayDrafter
 
 # packed verification (token buckets), drafting position by position with stops (a formula rule on the device);
 # n-gram traces read bridged; nothing read back between drafting and verification without a host stop rule, and a
-# step's tokens appended while the next step runs; a plan made on the n-gram lookup without a stop rule runs fused
+# step's tokens appended while the next step runs; a plan made on the n-gram lookup without a stop rule runs fused;
+# a pair's two replayed chains wrap together
 ENGINE_VERSION = "0.13.0"
 RUNNER = "builtin/cudagraph-per-(bucket,k,tokens)"
 

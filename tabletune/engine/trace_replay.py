@@ -88,8 +88,8 @@ class TracedReplayDrafter(ReplayDrafter):
         ok[:, 0] = model.accepted[im] & valid
         ng = np.zeros((length, 2), np.int64)
         if ngram is not None:
-            ngram = ngram.bridged()
-            ig = np.where(valid, (g - 1) % len(ngram.accepted), 0)
+            ngram = ngram.bridged().fitted(len(model.accepted))  # the two chains wrap together
+            ig = im
             ok[:, 1] = ngram.accepted[ig] & valid
             ng[:, 0] = np.where(valid, ngram.match_len[ig], 0)
             ng[:, 1] = np.where(valid, ngram.run[ig], 0)

@@ -15,7 +15,12 @@ Held-out calibration (``tabletune.token_trace.prompt_half``): ``load_traces(...,
 ``load_ngram_trace(..., half=)`` keep the prompts of one half only.
 
 Requests are the trace's streams, laid end to end in one cyclic array; a new request
-starts at a random row (so long runs cross request boundaries, a stated simplification).
+starts at a random row (so long runs cross request boundaries, a stated simplification),
+except in segmented streams (``Segments``), where each request replays one stream from
+its start, as the engine does.
+With two chains (``load_paired_traces``) row i of both streams is one request's output
+position, as the engine pairs them: where the lookup finds nothing the model drafter tends
+to do worse too, and a policy that picks a chain per row sees that correlation.
 No KL is recorded, so ``StepOutcome.kl`` is None under replay (DSDE uses its proxy).
 """
 
@@ -30,7 +35,30 @@ from pathlib import Path
 
 import numpy as np
 
-from tabletune.token_trace import check_half, load_token_traces, prompt_half
+from tabletune.token_trace import ABSENT_SIGNALS, TokenTrace, check_half, load_token_traces, pair_traces, prompt_half
+
+
+SEGMENT_STRIDE = 1 << 32  # a position in segmented streams: request segment r * SEGMENT_STRIDE + offset within it
+
+
+@dataclass(frozen=True)
+class Segments:
+    """Each request's own rows of a stream, as the engine replays them: request id i reads segment i mod R from its
+    first row, and wraps within it (a position is r * SEGMENT_STRIDE + its offset, which grows as the request
+    emits)."""
+
+    starts: np.ndarray  # [R] first row of each segment
+    lengths: np.ndarray  # [R] rows of each segment (> 0)
+
+    def first_positions(self, ids: np.ndarray) -> np.ndarray:
+        return (np.asarray(ids, np.int64) % len(self.starts)) * SEGMENT_STRIDE
+
+    def rows(self, pos: np.ndarray, k_max: int) -> np.ndarray:
+        """[b, k_max] the rows of positions pos .. pos + k_max - 1, each wrapping within its segment."""
+        pos = np.asarray(pos, np.int64)
+        seg, offset = pos // SEGMENT_STRIDE, pos % SEGMENT_STRIDE
+        length = self.lengths[seg][:, None]
+        return self.starts[seg][:, None] + (offset[:, None] + np.arange(k_max)[None, :]) % length
 
 
 @dataclass(frozen=True)
@@ -40,6 +68,7 @@ class TraceStreams:
     margin: np.ndarray  # [num_rows] float, top-1 minus top-2 probability
     accepted: np.ndarray  # [num_rows] bool, the greedy target token equals the proposal
     request: np.ndarray  # [num_rows] int, stream index (for train/test splits)
+    segments: Segments | None = None  # each request reads its own segment (``load_paired_traces``), else cyclic
 
     def __post_init__(self) -> None:
         n = len(self.accepted)
@@ -51,13 +80,20 @@ class TraceStreams:
         return len(self.accepted)
 
     def window(self, pos: np.ndarray, k_max: int) -> tuple[np.ndarray, ...]:
-        """(accepted, top1_prob, entropy, margin), each [batch_size, k_max], of rows pos..pos+k_max-1 (cyclic)."""
-        rows = (np.asarray(pos, dtype=np.int64)[:, None] + np.arange(k_max)[None, :]) % self.num_rows
+        """(accepted, top1_prob, entropy, margin), each [batch_size, k_max], of rows pos..pos+k_max-1 (cyclic, or
+        within each request's segment)."""
+        rows = (self.segments.rows(pos, k_max) if self.segments is not None
+                else (np.asarray(pos, dtype=np.int64)[:, None] + np.arange(k_max)[None, :]) % self.num_rows)
         return self.accepted[rows], self.top1_prob[rows], self.entropy[rows], self.margin[rows]
+
+    def first_positions(self, ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Where new requests start: a random row (one variate each, drawn either way), or their segment's first."""
+        drawn = rng.integers(0, self.num_rows, len(ids))
+        return drawn if self.segments is None else self.segments.first_positions(ids)
 
     def conditional_rates(self, k_max: int) -> tuple[float, ...]:
         """a_j = P(row g+j-1 accepted | rows g..g+j-2 accepted) over every start g (censoring-correct)."""
-        ok, *_ = self.window(np.arange(self.num_rows), k_max)
+        ok = self.accepted[(np.arange(self.num_rows)[:, None] + np.arange(k_max)[None, :]) % self.num_rows]
         run = np.cumprod(ok, axis=1)  # [rows, k_max] survived through j
         reached = np.concatenate([np.full((len(ok), 1), True), run[:, :-1].astype(bool)], axis=1)
         return tuple(float(run[:, j].sum() / max(reached[:, j].sum(), 1)) for j in range(k_max))
@@ -115,16 +151,27 @@ class NgramStreams:
     accepted: np.ndarray  # [num_rows] bool
     run: np.ndarray  # [num_rows] int64
     match_len: np.ndarray  # [num_rows] int64
+    segments: Segments | None = None  # each request reads its own segment (``load_paired_traces``), else cyclic
 
     @property
     def num_rows(self) -> int:
         return len(self.accepted)
 
     def window(self, pos: np.ndarray, k_max: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(accepted [b, k_max], proposals [b] <= k_max, match_len [b]) at rows pos (cyclic)."""
-        pos = np.asarray(pos, dtype=np.int64) % self.num_rows
-        rows = (pos[:, None] + np.arange(k_max)[None, :]) % self.num_rows
-        return self.accepted[rows], np.minimum(self.run[pos], k_max), self.match_len[pos]
+        """(accepted [b, k_max], proposals [b] <= k_max, match_len [b]) at rows pos (cyclic, or within each
+        request's segment; a proposal never runs past its segment's end: ``run`` is per request)."""
+        if self.segments is not None:
+            rows = self.segments.rows(pos, k_max)
+            first = rows[:, 0]
+        else:
+            first = np.asarray(pos, dtype=np.int64) % self.num_rows
+            rows = (first[:, None] + np.arange(k_max)[None, :]) % self.num_rows
+        return self.accepted[rows], np.minimum(self.run[first], k_max), self.match_len[first]
+
+    def first_positions(self, ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """As ``TraceStreams.first_positions``."""
+        drawn = rng.integers(0, self.num_rows, len(ids))
+        return drawn if self.segments is None else self.segments.first_positions(ids)
 
 
 def load_ngram_trace(path: str | Path, half: str | None = None) -> NgramStreams:
@@ -133,3 +180,35 @@ def load_ngram_trace(path: str | Path, half: str | None = None) -> NgramStreams:
     traces = [t.bridged() for t in load_token_traces(path, half)]
     return NgramStreams(np.concatenate([t.accepted for t in traces]), np.concatenate([t.run for t in traces]),
                         np.concatenate([t.match_len for t in traces]))
+
+
+def load_paired_traces(model_path: str | Path, ngram_path: str | Path,
+                       half: str | None = None) -> tuple[TraceStreams, NgramStreams]:
+    """The model chain and the n-gram chain of the same requests, row for row, as the engine's
+    ``TracedReplayDrafter`` reads a request's pair (``pair_traces``): a request spans its model trace's positions
+    1..n; a position the model trace lacks is a rejection with ``ABSENT_SIGNALS`` (on the engine too); the n-gram
+    chain is bridged (``TokenTrace.bridged``) and cut, or padded with gaps, to n (no n-gram trace: all gaps). Both
+    streams are segmented as the engine serves them (``Segments``): request i replays pair i mod R from its first
+    position and wraps within it, so every pair gets an equal share of requests, whatever its length."""
+    model = load_token_traces(model_path, half)
+    ngram = load_token_traces(ngram_path, half)
+    cols: dict[str, list[np.ndarray]] = {"sig": [], "ok": [], "req": [], "ng_ok": [], "ng_run": [], "ng_len": []}
+    for i, (m, g) in enumerate(pair_traces(model, ngram)):
+        n = len(m.accepted)
+        sig = np.where(m.present[:, None], m.signals, np.array(ABSENT_SIGNALS, np.float32)[None, :])
+        cols["sig"].append(sig)
+        cols["ok"].append(m.accepted & m.present)
+        cols["req"].append(np.full(n, i, np.int64))
+        chain = g.bridged().fitted(n) if g is not None else TokenTrace(
+            m.request, np.zeros((n, 3), np.float32), np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, np.int64))
+        cols["ng_ok"].append(chain.accepted & chain.present)
+        cols["ng_run"].append(chain.run)
+        cols["ng_len"].append(np.where(chain.present, chain.match_len, 0))
+    sig = np.concatenate(cols["sig"]).astype(np.float64)
+    lengths = np.array([len(a) for a in cols["ok"]], np.int64)
+    segments = Segments(np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64), lengths)
+    streams = TraceStreams(sig[:, 0], sig[:, 1], sig[:, 2], np.concatenate(cols["ok"]), np.concatenate(cols["req"]),
+                           segments)
+    return streams, NgramStreams(np.concatenate(cols["ng_ok"]), np.concatenate(cols["ng_run"]),
+                                 np.concatenate(cols["ng_len"]), segments)
+

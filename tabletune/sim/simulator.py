@@ -96,9 +96,10 @@ class Simulator:
         out_len = _geometric(u_out, w.output_len_mean) if w.output_len is None else np.full(n, w.output_len)
         prompt_len = _geometric(u_prompt, w.prompt_len_mean) if w.prompt_len_mean > 0 else np.zeros(n, np.int64)
         streams = self.replay if self.replay is not None else self.ngram_replay
-        trace_pos = rng.integers(0, streams.num_rows, n) if streams is not None else np.zeros(n, np.int64)
+        ids = np.arange(next_id, next_id + n, dtype=np.int64)
+        trace_pos = streams.first_positions(ids, rng) if streams is not None else np.zeros(n, np.int64)
         return {
-            "ids": np.arange(next_id, next_id + n, dtype=np.int64),
+            "ids": ids,
             "widx": np.full(n, i, np.int64),
             "logits": self.thetas[i][None, :] + w.heterogeneity * z[:, None],
             "out_len": out_len.astype(np.int64),

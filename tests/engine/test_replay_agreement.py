@@ -7,6 +7,7 @@ walk below), then replays the same trace on the engine from that row: the per-st
 the same.
 """
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -149,3 +150,51 @@ def test_the_engine_drafter_loads_the_bridged_chain():
     engine.drafter.load(0, 4, model, ngram)
     assert engine.drafter.ok[0, 5:13, 1].tolist() == [1, 1, 1, 1, 1, 0, 0, 0]
     assert engine.drafter.ngram[0, 5:13, 1].tolist() == [6, 5, 4, 3, 2, 1, 0, 1]
+
+
+MODEL_TRACE_CE = Path(__file__).resolve().parents[2] / "profiles" / "traces" / "early-exit_code-edit_T0.csv.gz"
+
+
+def test_paired_streams_give_the_simulator_the_engines_steps_under_a_two_chain_plan(one_thread):
+    """Code-edit's model and n-gram traces, paired by request (``load_paired_traces``): at load 1 request 0
+    replays pair 0 from its first position in both, so under ``hybrid-static`` (the n-gram chain where the lookup
+    matched) every step's chain, k and accepted count are the engine's, wrap-around included (more steps than the
+    trace has rows); the engine stays lossless."""
+    from tabletune.engine.scheduler import policy_context
+    from tabletune.sim.replay import load_paired_traces
+    from tabletune.token_trace import pair_traces
+
+    replay, ngram = load_paired_traces(MODEL_TRACE_CE, NGRAM_TRACE)
+    pair = pair_traces(load_token_traces(MODEL_TRACE_CE), load_token_traces(NGRAM_TRACE))[0]
+    steps = 60
+    ngram_rates = (0.0, 0.3, 0.5, 0.6, 0.7, 0.7, 0.7, 0.7)
+    pts = tuple(StepPoint(b, k, (10.0 + k,)) for b in (1, 8) for k in range(8))
+    cost = StepCost(StepProfile(points=pts, context_len=0))
+    sim = Simulator(cost, Schedule.constant(Workload("w", (0.5,) * 7, output_len=10 ** 6, prompt_len_mean=0)),
+                    SimConfig(duration_s=steps * 0.03, load=1, seed=3), replay=replay, ngram_replay=ngram)
+    seen_sim = []
+    policy = make_policy("hybrid-static:m=4", dataclasses.replace(sim.context(prior_rates=(0.5,) * 7),
+                                                                 ngram_rates=ngram_rates))
+    observe = policy.observe
+    policy.observe = lambda o: (seen_sim.append(o), observe(o))
+    sim.run(policy)
+
+    torch.manual_seed(0)
+    target = Decoder(PRESETS["tiny"], torch.float32, "cpu")
+    prompt, max_new = [5, 17, 29, 3], 600  # more than the steps emit: no step is cut at the request's end
+    cfg = EngineConfig(max_num_seqs=1, max_len=max_new + 24, k_max=7, split_steps=True)
+    base = Request(list(prompt), max_new, 0)
+    Scheduler(SpecEngine(target, TracedReplayDrafter(), cfg), DraftTable.fixed(0)).run([base])
+    engine = SpecEngine(target, TracedReplayDrafter(), cfg)
+    req = Request(list(prompt), max_new, 0, oracle=base.output + [0] * 8, trace=pair)
+    seen = []
+    policy = make_policy("hybrid-static:m=4", policy_context(engine, cost, (0.5,) * 7, ngram_rates))
+    observe_e = policy.observe
+    policy.observe = lambda o: (seen.append(o), observe_e(o))
+    Scheduler(engine, policy).run([req], stop=lambda stats: stats.num_steps >= steps)
+    assert req.output == base.output[: len(req.output)]
+    n = min(len(seen), len(seen_sim))
+    assert n >= steps - 1 and sum(int(o.accepted[0]) + 1 for o in seen[:n]) > 2 * len(pair[0].accepted)
+    chains = [(int(o.drafter[0]), int(o.ks[0]), int(o.accepted[0])) for o in seen[:n]]
+    assert {c for c, _, _ in chains} == {0, 1}  # both chains ran
+    assert chains == [(int(o.drafter[0]), int(o.ks[0]), int(o.accepted[0])) for o in seen_sim[:n]]

@@ -1,4 +1,5 @@
 import gzip
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -138,3 +139,36 @@ def test_ngram_replay_sets_the_draft_rate(tmp_path):
     assert 0.3 < q < 0.95
     # a draft at run >= 3 from rows 0..2 accepts 2 of 3: the rates are the trace's, not the workload's 0.5
     assert rates[0] > 0.6
+
+
+def test_segments_wrap_each_request_within_its_own_rows():
+    """Segments of 5 and 3 rows: request ids 0..3 start at segments 0, 1, 0, 1; a window of 4 from offset 2 of
+    segment 1 reads rows 5 + (2, 3, 4, 5) mod 3 = 7, 5, 6, 7, and from offset 3 of segment 0 rows 3, 4, 0, 1."""
+    from tabletune.sim.replay import SEGMENT_STRIDE, Segments
+
+    seg = Segments(np.array([0, 5]), np.array([5, 3]))
+    assert seg.first_positions(np.arange(4)).tolist() == [0, SEGMENT_STRIDE, 0, SEGMENT_STRIDE]
+    assert seg.rows(np.array([SEGMENT_STRIDE + 2, 3]), 4).tolist() == [[7, 5, 6, 7], [3, 4, 0, 1]]
+
+
+def test_paired_streams_hold_each_requests_two_chains_row_for_row():
+    """``load_paired_traces``: per request, the model chain over its positions (absent rows rejected) and the
+    bridged n-gram chain cut or padded to the same length, in the same rows; and there is a pair whose n-gram
+    trace is shorter than its model trace, so the cut matters."""
+    from tabletune.sim.replay import load_paired_traces
+    from tabletune.token_trace import load_token_traces, pair_traces
+
+    root = Path(__file__).resolve().parents[2] / "profiles" / "traces"
+    model_path, ngram_path = root / "early-exit_code_T0.csv.gz", root / "ngram_code_T0.csv.gz"
+    replay, ngram = load_paired_traces(model_path, ngram_path)
+    pairs = pair_traces(load_token_traces(model_path), load_token_traces(ngram_path))
+    assert replay.segments is ngram.segments and len(replay.segments.starts) == len(pairs)
+    assert any(g is not None and len(g.accepted) < len(m.accepted) for m, g in pairs)
+    for (m, g), start, n in zip(pairs, replay.segments.starts, replay.segments.lengths):
+        assert n == len(m.accepted)
+        rows = slice(start, start + n)
+        assert np.array_equal(replay.accepted[rows], m.accepted & m.present)
+        chain = g.bridged()
+        cut = min(n, len(chain.accepted))
+        assert np.array_equal(ngram.accepted[rows][:cut], (chain.accepted & chain.present)[:cut])
+        assert not ngram.accepted[rows][cut:].any() and (ngram.run[rows][:cut] <= chain.run[:cut]).all()
