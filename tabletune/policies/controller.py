@@ -152,10 +152,11 @@ class PerRequestController(ControllerPolicy):
     Caps: every cap 1..k_max competes at batch sizes <= ``all_caps_max_batch`` (32), the table's k +- 2
     above (fewer step costs to price per step at large b).
 
-    Exploration: on a plan made with the signals, at batch sizes <= ``explore_max_batch`` one row (the one
-    whose draft survives best) drafts k_max on the controller's exploration steps (``explore_fraction``
-    credit, 0.005 by default here); a plan made before drafting does not explore: the estimator learns
-    deep positions from the rows whose signals let them run past the table's k.
+    Exploration: at batch sizes <= ``explore_max_batch`` (every size by default) one row drafts k_max on the
+    controller's exploration steps (``explore_fraction`` credit, 0.005 by default here, and a step while the
+    table's next position lacks evidence): on a plan made with the signals the row whose draft survives best, on a
+    blind plan its first model row (``explored``: no other row ever drafts past a blind plan, so without it an
+    estimate that fell could not recover). An exploring step keeps the stop rule on the host.
     """
 
     uses_lookup: ClassVar[bool] = True  # plans before drafting, on the n-gram lookup
@@ -166,7 +167,7 @@ class PerRequestController(ControllerPolicy):
 
     def __init__(self, ctx: PolicyContext, start: DraftTable | None = None, prior: tuple[float, ...] | None = None,
                  config: ControllerConfig | None = None, label: str = "controller:per-request",
-                 explore_max_batch: int = 8, ngram: int = 1, refit_every: int = 50, memory: int = 4096,
+                 explore_max_batch: int = 1 << 30, ngram: int = 1, refit_every: int = 50, memory: int = 4096,
                  ema: float = 0.95, all_caps_max_batch: int = 32, stop: int = 0) -> None:
         super().__init__(ctx, start, prior, config or ControllerConfig(explore_fraction=self.EXPLORE_FRACTION), label)
         # stop=0: no stop rule, the plan's k_i are drafted whole; nothing is read back between drafting and
@@ -265,9 +266,12 @@ class PerRequestController(ControllerPolicy):
             if ahead is None:
                 ahead = self._ahead = self.plans_ahead(b)
             classes = self.row_classes(state.ngram_match_len, state.ngram_num_proposed)
-            self.plan = plan = ahead.plans.choose(classes)
+            plan = ahead.plans.choose(classes)
             self._rate, self._next_rates, self._rule = ahead.plans.rate, ahead.next_rates, ahead.rules[plan.cap]
             self._top1, self.explore_row = None, -1
+            if 0 < b <= self.explore_max_batch and self.controller.explore_next(b):
+                plan = self.explored(plan)
+            self.plan = plan
             self._signals[state.step] = (None, None if classes is None else state.ngram_match_len)
             return Decision.per_request(plan.ks, plan.drafter)
         next_rates = np.asarray(self.controller.estimator.rates()[:k_max])
@@ -300,6 +304,17 @@ class PerRequestController(ControllerPolicy):
         self.plan, self._rate, self._next_rates, self._rule = plan, rate, next_rates, None
         self._signals[state.step] = (self._top1, None if surv_n is None else f.ngram_match_len)
         return Decision.per_request(plan.ks, plan.drafter)
+
+    def explored(self, plan: Plan) -> Plan:
+        """A blind plan on one of the controller's exploration steps: its first model row (else row 0, put on the
+        model chain) drafts k_max, so that the estimator sees the positions past the plan's k. Without it a blind
+        plan never drafts past its own k, and an estimate that fell (a_j low on the tokens seen) could not recover."""
+        model_rows = np.flatnonzero(plan.drafter == MODEL)
+        row = int(model_rows[0]) if model_rows.size else 0
+        ks, drafter = plan.ks.copy(), plan.drafter.copy()
+        ks[row], drafter[row] = self.ctx.k_max, MODEL
+        self.explore_row, self._rule = row, None
+        return Plan(ks, drafter, self.ctx.k_max, plan.expected_tokens, plan.step_ms)
 
     def row_classes(self, match_len: np.ndarray | None, num_proposed: np.ndarray | None) -> np.ndarray | None:
         """[b] each row's n-gram class, L (k_max + 1) + P of its match length L <= l_max and proposal length

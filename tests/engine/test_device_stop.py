@@ -117,7 +117,8 @@ def test_the_per_request_controller_on_the_device_is_lossless_and_reads_once_a_s
     import tabletune.engine.scheduler as scheduler
 
     target, prompts, base = tiny
-    name = "controller:per-request,stop=1,ngram=0,refit_every=2"  # fitted early: row-dependent stops
+    # fitted early: row-dependent stops; no exploration (an exploring step keeps the rule on the host)
+    name = "controller:per-request,stop=1,ngram=0,refit_every=2,explore_max_batch=0"
     monkeypatch.setattr(scheduler, "DeviceStop", Recorded)
     Recorded.steps = []
     out_dev, stats_dev, reads_dev = _run(target, prompts, name, True)

@@ -117,7 +117,7 @@ def test_the_plans_made_ahead_are_the_plans_choose_plan_makes_row_by_row(workloa
     from per_request_helpers import starter_cost
 
     from tabletune.controller.per_request import choose_plan
-    from tabletune.policies.base import nearest_k
+    from tabletune.policies.base import MODEL, nearest_k
     from tabletune.sim import SimConfig, Simulator, preset
     from tabletune.sim.workload import Schedule
 
@@ -135,17 +135,24 @@ def test_the_plans_made_ahead_are_the_plans_choose_plan_makes_row_by_row(workloa
         want = choose_plan(policy.ctx.cost, surv_m, surv_n, next_rates, policy.prices_ms(b), rate, table_k, None,
                            None if surv_n is None else policy.ngram_prices_ms(b))
         decision = decide(state)
-        got = policy.plan
-        assert (got.ks == want.ks).all() and (got.drafter == want.drafter).all() and got.cap == want.cap
+        got, row = policy.plan, policy.explore_row
+        rest = np.arange(b) != row
+        if row >= 0:  # an exploration step: one model row drafts k_max, the others keep the plan
+            assert got.ks[row] == k_max and got.drafter[row] == MODEL and got.cap == k_max
+            explored.append(row)
+        else:
+            assert got.cap == want.cap and policy.model_rule() == policy.stop_rule(b, want.cap, rate, next_rates)
+        assert (got.ks[rest] == want.ks[rest]).all() and (got.drafter[rest] == want.drafter[rest]).all()
         assert (got.expected_tokens, got.step_ms) == pytest.approx((want.expected_tokens, want.step_ms), rel=1e-9)
-        assert policy.model_rule() == policy.stop_rule(b, want.cap, rate, next_rates)
         checked.append((ahead is not None and ahead.plans.batch_size == b, surv_n is not None))
         return decision
 
+    explored = []
     policy.decide = deciding
     sim.run(policy)
     proposed = workload == "code-edit"
     assert sum(made and p == proposed for made, p in checked) > 10, checked  # plans made ahead, of that kind
+    assert explored  # blind plans explore too (the estimator learns nothing past the plans otherwise)
 
 
 def test_class_plans_equal_choose_plan_on_random_rows():
