@@ -296,11 +296,18 @@ def workload_data(name: str, k_max: int, model_trace: str = "early-exit") -> dic
             "top1_auc": auc(top1, ok), "span_start_prob": start_prob, "span_mean_len": mean_len}
 
 
+def trace_offset(i: int, pair) -> int:
+    """Request i's first row of its traces: drawn per request (as the simulator's ``Segments`` start), so that many
+    requests over few traces do not run in step."""
+    return int(np.random.default_rng(i).integers(len(pair[0].accepted)))
+
+
 def serve_cell(engine, args, policy_spec, ctx, load, prompts, oracle, pairs, seed: int = 0) -> dict:
     """One engine run: the window starts after the first wave was replaced and after ``--warmup-steps``."""
     n = max(4, args.rounds * load)
     reqs = [Request(list(prompts[i]), staggered_len(i, load, args.output_len), i, oracle=oracle[i],
-                    trace=pairs[i % len(pairs)]) for i in range(n)]
+                    trace=pairs[i % len(pairs)], trace_offset=trace_offset(i, pairs[i % len(pairs)]))
+            for i in range(n)]
     policy = timed(make_policy(policy_spec, ctx))
 
     def window_done(stats) -> bool:  # the first wave replaced, the warm-up and the measured steps run
@@ -514,7 +521,8 @@ def switch_run(engine, args, policy, load: int, prompts, oracle, pairs_a, pairs_
     n_a, n_b = 2 * load, max(4, args.rounds * load)
     pairs = [pairs_a[i % len(pairs_a)] for i in range(n_a)] + [pairs_b[i % len(pairs_b)] for i in range(n_b)]
     reqs = [Request(list(prompts[i % len(prompts)]), staggered_len(i, load, args.output_len), i,
-                    oracle=oracle[i % len(prompts)], trace=pairs[i]) for i in range(n_a + n_b)]
+                    oracle=oracle[i % len(prompts)], trace=pairs[i], trace_offset=trace_offset(i, pairs[i]))
+            for i in range(n_a + n_b)]
     w = args.window_steps
     stats = Scheduler(engine, policy, max_num_seqs=load, seed=load, overlap_observe=args.overlap_observe).run(reqs)
     admitted = np.cumsum([0] + stats.step_admitted)  # requests admitted before step t (ids in order)

@@ -52,6 +52,7 @@ class Request:
     oracle: list[int] | None = None  # tokens for the ReplayDrafter (the continuation)
     oracle_stale: bool = False  # a capped step accepted less than its cap: the oracle left the target's path
     trace: tuple[TokenTrace, TokenTrace | None] | None = None  # model and n-gram chain for the traced replay
+    trace_offset: int = 0  # the traces' row its first drafted position reads (the replay wraps around them)
     output: list[int] = field(default_factory=list)
     slot: int = -1
 
@@ -210,7 +211,7 @@ class Scheduler:
             e.oracle[req.slot, : len(tail)] = torch.tensor(tail, device=e.device)
             e.oracle[req.slot, len(tail):] = 0
         if req.trace is not None:
-            e.drafter.load(req.slot, len(req.prompt), *req.trace)  # a TracedReplayDrafter
+            e.drafter.load(req.slot, len(req.prompt), *req.trace, offset=req.trace_offset)  # a TracedReplayDrafter
         req.output = [e.prefill(req.slot, req.prompt)]
         n = len(req.prompt)
         self._num_out[req.slot], self._num_in[req.slot], self._max_new[req.slot] = 1, n, req.max_new_tokens

@@ -77,13 +77,15 @@ class TracedReplayDrafter(ReplayDrafter):
     def reset(self, *args):
         self.cost.reset(*args)
 
-    def load(self, slot: int, prompt_len: int, model: TokenTrace, ngram: TokenTrace | None = None) -> None:
-        """Write a request's traces into its slot: output position g sits at position prompt_len + g of the
-        sequence; positions past the trace wrap around it."""
+    def load(self, slot: int, prompt_len: int, model: TokenTrace, ngram: TokenTrace | None = None,
+             offset: int = 0) -> None:
+        """Write a request's traces into its slot: output position g reads the traces' row g - 1 + offset, at
+        position prompt_len + g of the sequence; rows past the trace wrap around it (an n-gram proposal does not:
+        its run ends with the trace)."""
         length = self.ok.shape[1]
         g = np.arange(length) - prompt_len  # output position of each sequence position
         valid = g >= 1
-        im = np.where(valid, (g - 1) % len(model.accepted), 0)
+        im = np.where(valid, (g - 1 + offset) % len(model.accepted), 0)
         ok = np.zeros((length, 2), np.int64)
         ok[:, 0] = model.accepted[im] & valid
         ng = np.zeros((length, 2), np.int64)

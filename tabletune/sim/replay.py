@@ -16,8 +16,8 @@ Held-out calibration (``tabletune.token_trace.prompt_half``): ``load_traces(...,
 
 Requests are the trace's streams, laid end to end in one cyclic array; a new request
 starts at a random row (so long runs cross request boundaries, a stated simplification),
-except in segmented streams (``Segments``), where each request replays one stream from
-its start, as the engine does.
+except in segmented streams (``Segments``), where each request replays one stream, from
+a random row of it and wrapping within it, as the engine does.
 With two chains (``load_paired_traces``) row i of both streams is one request's output
 position, as the engine pairs them: where the lookup finds nothing the model drafter tends
 to do worse too, and a policy that picks a chain per row sees that correlation.
@@ -43,15 +43,18 @@ SEGMENT_STRIDE = 1 << 32  # a position in segmented streams: request segment r *
 
 @dataclass(frozen=True)
 class Segments:
-    """Each request's own rows of a stream, as the engine replays them: request id i reads segment i mod R from its
-    first row, and wraps within it (a position is r * SEGMENT_STRIDE + its offset, which grows as the request
-    emits)."""
+    """Each request's own rows of a stream, as the engine replays them: request id i reads segment i mod R from a
+    random row of it, and wraps within it (a position is r * SEGMENT_STRIDE + its offset, which grows as the request
+    emits). The random start keeps many requests over few traces from running in step."""
 
     starts: np.ndarray  # [R] first row of each segment
     lengths: np.ndarray  # [R] rows of each segment (> 0)
 
-    def first_positions(self, ids: np.ndarray) -> np.ndarray:
-        return (np.asarray(ids, np.int64) % len(self.starts)) * SEGMENT_STRIDE
+    def first_positions(self, ids: np.ndarray, drawn: np.ndarray) -> np.ndarray:
+        """Request ids' first positions: segment id mod R, offset ``drawn`` (one non-negative draw a request) mod
+        its length."""
+        seg = np.asarray(ids, np.int64) % len(self.starts)
+        return seg * SEGMENT_STRIDE + np.asarray(drawn, np.int64) % self.lengths[seg]
 
     def rows(self, pos: np.ndarray, k_max: int) -> np.ndarray:
         """[b, k_max] the rows of positions pos .. pos + k_max - 1, each wrapping within its segment."""
@@ -89,7 +92,7 @@ class TraceStreams:
     def first_positions(self, ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Where new requests start: a random row (one variate each, drawn either way), or their segment's first."""
         drawn = rng.integers(0, self.num_rows, len(ids))
-        return drawn if self.segments is None else self.segments.first_positions(ids)
+        return drawn if self.segments is None else self.segments.first_positions(ids, drawn)
 
     def conditional_rates(self, k_max: int) -> tuple[float, ...]:
         """a_j = P(row g+j-1 accepted | rows g..g+j-2 accepted) over every start g (censoring-correct)."""
@@ -171,7 +174,7 @@ class NgramStreams:
     def first_positions(self, ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """As ``TraceStreams.first_positions``."""
         drawn = rng.integers(0, self.num_rows, len(ids))
-        return drawn if self.segments is None else self.segments.first_positions(ids)
+        return drawn if self.segments is None else self.segments.first_positions(ids, drawn)
 
 
 def load_ngram_trace(path: str | Path, half: str | None = None) -> NgramStreams:
@@ -188,7 +191,7 @@ def load_paired_traces(model_path: str | Path, ngram_path: str | Path,
     ``TracedReplayDrafter`` reads a request's pair (``pair_traces``): a request spans its model trace's positions
     1..n; a position the model trace lacks is a rejection with ``ABSENT_SIGNALS`` (on the engine too); the n-gram
     chain is bridged (``TokenTrace.bridged``) and cut, or padded with gaps, to n (no n-gram trace: all gaps). Both
-    streams are segmented as the engine serves them (``Segments``): request i replays pair i mod R from its first
+    streams are segmented as the engine serves them (``Segments``): request i replays pair i mod R from a random
     position and wraps within it, so every pair gets an equal share of requests, whatever its length."""
     model = load_token_traces(model_path, half)
     ngram = load_token_traces(ngram_path, half)

@@ -155,15 +155,18 @@ def test_the_engine_drafter_loads_the_bridged_chain():
 MODEL_TRACE_CE = Path(__file__).resolve().parents[2] / "profiles" / "traces" / "early-exit_code-edit_T0.csv.gz"
 
 
-def test_paired_streams_give_the_simulator_the_engines_steps_under_a_two_chain_plan(one_thread):
+def test_paired_streams_give_the_simulator_the_engines_steps_under_a_two_chain_plan(one_thread, monkeypatch):
     """Code-edit's model and n-gram traces, paired by request (``load_paired_traces``): at load 1 request 0
-    replays pair 0 from its first position in both, so under ``hybrid-static`` (the n-gram chain where the lookup
-    matched) every step's chain, k and accepted count are the engine's, wrap-around included (more steps than the
-    trace has rows); the engine stays lossless."""
+    replays pair 0 in both, from the row the simulator drew (``Request.trace_offset`` on the engine), so under
+    ``hybrid-static`` (the n-gram chain where the lookup matched) every step's chain, k and accepted count are the
+    engine's, wrap-around included (more steps than the trace has rows); the engine stays lossless."""
     from tabletune.engine.scheduler import policy_context
-    from tabletune.sim.replay import load_paired_traces
+    from tabletune.sim.replay import SEGMENT_STRIDE, TraceStreams, load_paired_traces
     from tabletune.token_trace import pair_traces
 
+    starts, first_positions = [], TraceStreams.first_positions
+    monkeypatch.setattr(TraceStreams, "first_positions",
+                        lambda self, ids, rng: starts.append(first_positions(self, ids, rng)) or starts[-1])
     replay, ngram = load_paired_traces(MODEL_TRACE_CE, NGRAM_TRACE)
     pair = pair_traces(load_token_traces(MODEL_TRACE_CE), load_token_traces(NGRAM_TRACE))[0]
     steps = 60
@@ -186,14 +189,16 @@ def test_paired_streams_give_the_simulator_the_engines_steps_under_a_two_chain_p
     base = Request(list(prompt), max_new, 0)
     Scheduler(SpecEngine(target, TracedReplayDrafter(), cfg), DraftTable.fixed(0)).run([base])
     engine = SpecEngine(target, TracedReplayDrafter(), cfg)
-    req = Request(list(prompt), max_new, 0, oracle=base.output + [0] * 8, trace=pair)
+    offset = int(starts[0][0] % SEGMENT_STRIDE)
+    assert starts[0][0] // SEGMENT_STRIDE == 0 and offset > 0  # pair 0, not from its first row
+    req = Request(list(prompt), max_new, 0, oracle=base.output + [0] * 8, trace=pair, trace_offset=offset)
     seen = []
     policy = make_policy("hybrid-static:m=4", policy_context(engine, cost, (0.5,) * 7, ngram_rates))
     observe_e = policy.observe
     policy.observe = lambda o: (seen.append(o), observe_e(o))
     Scheduler(engine, policy).run([req], stop=lambda stats: stats.num_steps >= steps)
     assert req.output == base.output[: len(req.output)]
-    n = min(len(seen), len(seen_sim))
+    n = min(len(seen), len(seen_sim), steps)  # the engine's last steps may be cut at the request's end
     assert n >= steps - 1 and sum(int(o.accepted[0]) + 1 for o in seen[:n]) > 2 * len(pair[0].accepted)
     chains = [(int(o.drafter[0]), int(o.ks[0]), int(o.accepted[0])) for o in seen[:n]]
     assert {c for c, _, _ in chains} == {0, 1}  # both chains ran

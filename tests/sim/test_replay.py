@@ -142,12 +142,14 @@ def test_ngram_replay_sets_the_draft_rate(tmp_path):
 
 
 def test_segments_wrap_each_request_within_its_own_rows():
-    """Segments of 5 and 3 rows: request ids 0..3 start at segments 0, 1, 0, 1; a window of 4 from offset 2 of
-    segment 1 reads rows 5 + (2, 3, 4, 5) mod 3 = 7, 5, 6, 7, and from offset 3 of segment 0 rows 3, 4, 0, 1."""
+    """Segments of 5 and 3 rows: request ids 0..3 start in segments 0, 1, 0, 1 at their draws 7, 7, 3, 2 mod the
+    segment's length (2, 1, 3, 2); a window of 4 from offset 2 of segment 1 reads rows 5 + (2, 3, 4, 5) mod 3 = 7, 5,
+    6, 7, and from offset 3 of segment 0 rows 3, 4, 0, 1."""
     from tabletune.sim.replay import SEGMENT_STRIDE, Segments
 
     seg = Segments(np.array([0, 5]), np.array([5, 3]))
-    assert seg.first_positions(np.arange(4)).tolist() == [0, SEGMENT_STRIDE, 0, SEGMENT_STRIDE]
+    assert seg.first_positions(np.arange(4), np.array([7, 7, 3, 2])).tolist() == [
+        2, SEGMENT_STRIDE + 1, 3, SEGMENT_STRIDE + 2]
     assert seg.rows(np.array([SEGMENT_STRIDE + 2, 3]), 4).tolist() == [[7, 5, 6, 7], [3, 4, 0, 1]]
 
 
