@@ -90,7 +90,7 @@ class TraceStreams:
         return self.accepted[rows], self.top1_prob[rows], self.entropy[rows], self.margin[rows]
 
     def first_positions(self, ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """Where new requests start: a random row (one variate each, drawn either way), or their segment's first."""
+        """Where new requests start: a random row (one variate each), or a row of their own segment drawn with it."""
         drawn = rng.integers(0, self.num_rows, len(ids))
         return drawn if self.segments is None else self.segments.first_positions(ids, drawn)
 
