@@ -91,10 +91,9 @@ class TracedReplayDrafter(ReplayDrafter):
         ng = np.zeros((length, 2), np.int64)
         if ngram is not None:
             ngram = ngram.bridged().fitted(len(model.accepted))  # the two chains wrap together
-            ig = im
-            ok[:, 1] = ngram.accepted[ig] & valid
-            ng[:, 0] = np.where(valid, ngram.match_len[ig], 0)
-            ng[:, 1] = np.where(valid, ngram.run[ig], 0)
+            ok[:, 1] = ngram.accepted[im] & valid
+            ng[:, 0] = np.where(valid, ngram.match_len[im], 0)
+            ng[:, 1] = np.where(valid, ngram.run[im], 0)
         dev = self.ok.device
         self.signals[slot] = torch.from_numpy(model.signals[im]).to(dev)
         self.ok[slot] = torch.from_numpy(ok).to(dev)
