@@ -31,11 +31,12 @@ import gzip
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
-from tabletune.token_trace import ABSENT_SIGNALS, TokenTrace, check_half, load_token_traces, pair_traces, prompt_half
+from tabletune.token_trace import TokenTrace, check_half, load_token_traces, pair_traces, prompt_half
 
 
 SEGMENT_STRIDE = 1 << 32  # a position in segmented streams: request segment r * SEGMENT_STRIDE + offset within it
@@ -64,8 +65,24 @@ class Segments:
         return self.starts[seg][:, None] + (offset[:, None] + np.arange(k_max)[None, :]) % length
 
 
+class Segmented:
+    """What the two streams share: the segments requests read (``layout``) and where new requests start."""
+
+    segments: Segments | None
+    num_rows: int
+
+    @cached_property
+    def layout(self) -> Segments:
+        """The segments requests read: ``segments``, or one segment of every row (the cyclic stream)."""
+        return self.segments or Segments(np.zeros(1, np.int64), np.array([self.num_rows], np.int64))
+
+    def first_positions(self, ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Where new requests start: a row of their segment drawn with one variate each (cyclic: any row)."""
+        return self.layout.first_positions(ids, rng.integers(0, self.num_rows, len(ids)))
+
+
 @dataclass(frozen=True)
-class TraceStreams:
+class TraceStreams(Segmented):
     top1_prob: np.ndarray  # [num_rows] float
     entropy: np.ndarray  # [num_rows] float, nats
     margin: np.ndarray  # [num_rows] float, top-1 minus top-2 probability
@@ -85,14 +102,8 @@ class TraceStreams:
     def window(self, pos: np.ndarray, k_max: int) -> tuple[np.ndarray, ...]:
         """(accepted, top1_prob, entropy, margin), each [batch_size, k_max], of rows pos..pos+k_max-1 (cyclic, or
         within each request's segment)."""
-        rows = (self.segments.rows(pos, k_max) if self.segments is not None
-                else (np.asarray(pos, dtype=np.int64)[:, None] + np.arange(k_max)[None, :]) % self.num_rows)
+        rows = self.layout.rows(pos, k_max)
         return self.accepted[rows], self.top1_prob[rows], self.entropy[rows], self.margin[rows]
-
-    def first_positions(self, ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """Where new requests start: a random row (one variate each), or a row of their own segment drawn with it."""
-        drawn = rng.integers(0, self.num_rows, len(ids))
-        return drawn if self.segments is None else self.segments.first_positions(ids, drawn)
 
     def conditional_rates(self, k_max: int) -> tuple[float, ...]:
         """a_j = P(row g+j-1 accepted | rows g..g+j-2 accepted) over every start g (censoring-correct)."""
@@ -136,7 +147,7 @@ def load_traces(paths: Sequence[str | Path], half: str | None = None) -> TraceSt
 
 
 @dataclass(frozen=True)
-class NgramStreams:
+class NgramStreams(Segmented):
     """The n-gram drafter's recorded proposals by output position, requests laid end to end (cyclic).
 
     From an n-gram trace (``profiles/traces/ngram_*.csv.gz``): ``run[g]`` = recorded rows from g on
@@ -163,18 +174,9 @@ class NgramStreams:
     def window(self, pos: np.ndarray, k_max: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(accepted [b, k_max], proposals [b] <= k_max, match_len [b]) at rows pos (cyclic, or within each
         request's segment; a proposal never runs past its segment's end: ``run`` is per request)."""
-        if self.segments is not None:
-            rows = self.segments.rows(pos, k_max)
-            first = rows[:, 0]
-        else:
-            first = np.asarray(pos, dtype=np.int64) % self.num_rows
-            rows = (first[:, None] + np.arange(k_max)[None, :]) % self.num_rows
+        rows = self.layout.rows(pos, k_max)
+        first = rows[:, 0]
         return self.accepted[rows], np.minimum(self.run[first], k_max), self.match_len[first]
-
-    def first_positions(self, ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """As ``TraceStreams.first_positions``."""
-        drawn = rng.integers(0, self.num_rows, len(ids))
-        return drawn if self.segments is None else self.segments.first_positions(ids, drawn)
 
 
 def load_ngram_trace(path: str | Path, half: str | None = None) -> NgramStreams:
@@ -197,16 +199,15 @@ def load_paired_traces(model_path: str | Path, ngram_path: str | Path,
     ngram = load_token_traces(ngram_path, half)
     cols: dict[str, list[np.ndarray]] = {"sig": [], "ok": [], "req": [], "ng_ok": [], "ng_run": [], "ng_len": []}
     for i, (m, g) in enumerate(pair_traces(model, ngram)):
-        n = len(m.accepted)
-        sig = np.where(m.present[:, None], m.signals, np.array(ABSENT_SIGNALS, np.float32)[None, :])
-        cols["sig"].append(sig)
-        cols["ok"].append(m.accepted & m.present)
+        n = len(m.accepted)  # a position a trace lacks is already a rejection with ``ABSENT_SIGNALS`` and no match
+        cols["sig"].append(m.signals)
+        cols["ok"].append(m.accepted)
         cols["req"].append(np.full(n, i, np.int64))
         chain = g.bridged().fitted(n) if g is not None else TokenTrace(
             m.request, np.zeros((n, 3), np.float32), np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, np.int64))
-        cols["ng_ok"].append(chain.accepted & chain.present)
+        cols["ng_ok"].append(chain.accepted)
         cols["ng_run"].append(chain.run)
-        cols["ng_len"].append(np.where(chain.present, chain.match_len, 0))
+        cols["ng_len"].append(chain.match_len)
     sig = np.concatenate(cols["sig"]).astype(np.float64)
     lengths = np.array([len(a) for a in cols["ok"]], np.int64)
     segments = Segments(np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64), lengths)
