@@ -306,8 +306,8 @@ class Scheduler:
             buf = e.launch(slots, ks, caps, min_rows, kinds, on_replay=self._launch)
             num_drafted = n * max(int(ks.max(initial=0)), 0)
         else:
-            self._launch()  # the verification follows the drafting already queued
-            buf = e.verify_drafted(slots, ks, caps, min_rows, kinds)
+            # the verification follows the drafting already queued (with none queued, the host waited until here)
+            buf = e.verify_drafted(slots, ks, caps, min_rows, kinds, on_replay=self._launch)
             num_drafted = int(drafted.sum())
         kinds_arr = np.array(kinds if kinds is not None else [e.default_kind] * n, np.int64)
         res = self._wait(lambda: e.read(buf, n, e.k_max))
