@@ -8,7 +8,9 @@ ConfigMap, or the file ``tabletune control --output`` writes):
 * the file is deleted: **unpin** (the controller resumes from the pinned table);
 * the file changes but is invalid (bad JSON, bad ranges, k above the engine's k_max):
   **refused** with one log line per bad version; the last good table stays, pinned
-  or not.
+  or not. A version is refused only when the next poll finds it unchanged: a file
+  written in place (truncated, then written) can be read between the two, and that
+  empty or partial read is the write in progress, not a bad version.
 
 Formats: vLLM's (``{"num_speculative_tokens": N, "num_speculative_tokens_per_batch_size":
 [...]}``, what ``tabletune tune`` writes as ``speculative_config.json``) or a bare list of
@@ -49,6 +51,7 @@ class TableFileWatcher:
         self._next_s: float | None = None
         self.pinned = False
         self.rejected = 0
+        self._unsettled: tuple[int, int, int] | None = None  # an invalid version seen once
 
     def poll(self, now_s: float) -> TableFileEvent | None:
         if self._next_s is not None and now_s < self._next_s:
@@ -57,7 +60,7 @@ class TableFileWatcher:
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
-            self._signature = None
+            self._signature = self._unsettled = None
             if self.pinned:
                 self.pinned = False
                 return TableFileEvent("unpin")
@@ -71,12 +74,16 @@ class TableFileWatcher:
             table = DraftTable.load(self.path)
             table = DraftTable.from_ranges(table.as_lists(), self.k_max, source=str(self.path))
         except InputError as exc:
+            if signature != self._unsettled:
+                self._unsettled = signature  # perhaps a write in progress: refused if the next poll finds it
+                return None
             return self._invalid(signature, str(exc))
+        self._unsettled = None
         self._signature = signature
         self.pinned = True
         return TableFileEvent("pin", table)
 
     def _invalid(self, signature: tuple[int, int, int] | None, problem: str) -> TableFileEvent:
-        self._signature = signature
+        self._signature, self._unsettled = signature, None
         self.rejected += 1
         return TableFileEvent("invalid", problem=problem)

@@ -40,26 +40,46 @@ def test_watcher_pin_refuse_unpin(tmp_path):
     assert event.kind == "pin" and event.table.as_lists() == [[1, 8, 3], [9, 64, 1]]
     assert w.poll(2) is None  # unchanged
     write(path, "{not json")
-    event = w.poll(3)
+    assert w.poll(3) is None and w.rejected == 0  # seen once: perhaps a write in progress
+    event = w.poll(4)
     assert event.kind == "invalid" and str(path) in event.problem and w.pinned
-    assert w.poll(4) is None  # the same bad version is refused once
+    assert w.poll(5) is None  # the same bad version is refused once
     write(path, [[1, 64, 7]])
-    event = w.poll(5)
+    assert w.poll(6) is None
+    event = w.poll(7)
     assert event.kind == "invalid" and "exceeds num_speculative_tokens=4" in event.problem and w.pinned
     path.unlink()
-    assert w.poll(6).kind == "unpin" and not w.pinned
-    assert w.poll(7) is None and w.rejected == 2
+    assert w.poll(8).kind == "unpin" and not w.pinned
+    assert w.poll(9) is None and w.rejected == 2
+
+
+def test_a_file_read_while_written_in_place_is_not_refused(tmp_path):
+    """``Path.write_text`` truncates, then writes: a poll between the two reads an empty file (or, for a
+    long write, a partial one). That is the write in progress, not a bad version: the next poll reads the
+    whole file and pins it, with nothing refused or logged."""
+    path = tmp_path / "table.json"
+    w = TableFileWatcher(path, k_max=4, poll_s=0)
+    write(path, [[1, 64, 2]])
+    assert w.poll(0).kind == "pin"
+    for partial in ("", "[[1, 8, 3], [9,"):
+        write(path, partial)
+        assert w.poll(1) is None
+        write(path, [[1, 8, 3], [9, 64, 1]])
+        event = w.poll(2)
+        assert event.kind == "pin" and event.table.as_lists() == [[1, 8, 3], [9, 64, 1]]
+    assert w.rejected == 0
 
 
 def test_watcher_refuses_k_above_k_max_and_respects_poll_interval(tmp_path):
     path = tmp_path / "t.json"
     write(path, [[1, 64, 7]])
     w = TableFileWatcher(path, k_max=4, poll_s=10)
-    event = w.poll(0)
+    assert w.poll(0) is None
+    event = w.poll(10)
     assert event.kind == "invalid" and "exceeds num_speculative_tokens=4" in event.problem
     write(path, [[1, 64, 2]])
-    assert w.poll(5) is None  # within the poll interval
-    assert w.poll(10).kind == "pin"
+    assert w.poll(15) is None  # within the poll interval
+    assert w.poll(20).kind == "pin"
 
 
 def test_pinned_controller_observes_but_neither_installs_nor_explores():
@@ -99,6 +119,7 @@ def test_hook_applies_the_table_file_to_vllms_lookup(tmp_path):
     assert c.pinned and hook.scheduler.dynamic_sd_lookup[1:6] == [4, 4, 4, 4, 2]
     write(path, [[2, 64, 1]])  # does not start at 1
     hook.after_window(1.0)
+    hook.after_window(1.5)  # refused when the next poll finds the same version
     assert c.pinned and c.table.as_lists() == [[1, 4, 4], [5, 64, 2]]
     snap = json.loads(hook.snapshot_file.read_text())
     assert snap["pinned"] and snap["table_file_rejected"] == 1 and snap["table"] == [[1, 4, 4], [5, 64, 2]]

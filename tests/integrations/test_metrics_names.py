@@ -62,7 +62,8 @@ def served_hook(tmp_path):
     step(hook, {"a": 1, "b": 1, "c": 1}, 2)
     for _ in range(39):
         step(hook, {"a": 3, "b": 1, "c": 1}, 2, drafts={"a": (2, 1)})
-    (tmp_path / "table.json").write_text("{not json")  # one refused version
+    (tmp_path / "table.json").write_text("{not json")  # one refused version (at the second poll that finds it)
+    step(hook, {"a": 1}, 2)
     step(hook, {"a": 1}, 2)
     hook.after_step(object())  # a step the hook cannot read: fail open, counted
     c.observe(StepObservation(8, 2, 1, (math.nan, 0.0), (0.0, 0.0), (1.0, 0.0)))  # an ignored window

@@ -11,7 +11,8 @@ its own process in both, as always under `vllm serve`. The ``tabletune_*`` serie
    when their tables converge;
 2. ``tabletune control`` with both --metrics-url writes the pooled table to the table file; both
    replicas pin the same table, within 2% of the optimum; ``tabletune status`` shows it;
-3. an invalid table file is refused by both (the pinned table stays); deleting it unpins both;
+3. an invalid table file, written in place, is refused once by both (the pinned table stays); deleting it
+   unpins both;
 4. a 60 s soak of replica A (64 streaming clients, pin/unpin every 10 s, one corrupted file, one
    counter reset): no failed or short request, only valid tables, the API server's RSS growth <= 5%.
 """
@@ -131,6 +132,20 @@ def states():
     return {name: parse_tabletune(vs.scrape(port, LOGS.get(name)))["0"] for name, port in PORTS.items()}
 
 
+def settled(done, timeout_s: float = 20.0) -> dict:
+    """Both replicas' states once ``done`` holds for each (the file is polled once a second and the snapshot
+    published once a second, a few seconds in all), or as they stand after ``timeout_s``; then 2 s more, so
+    that a second refusal of the same change, if the plugin made one, would show."""
+    t0 = time.time()
+    while time.time() - t0 < timeout_s:
+        now = states()
+        if all(done({**s, "name": name}) for name, s in now.items()):
+            break
+        time.sleep(0.5)
+    time.sleep(2)
+    return states()
+
+
 @pytest.fixture(scope="module")
 def converged(fleet):
     """Phases 1 and 2 under round-robin load (see the module docstring)."""
@@ -171,15 +186,14 @@ def converged(fleet):
                                            "--iterations", "6", "--output", str(fleet["table_file"]),
                                            "--options", json.dumps({"min_install_interval_s": 0})])
         out["control"] = result
-        time.sleep(4)  # the replicas poll the file once a second
-        out["pinned"] = states()
+        out["pinned"] = settled(lambda s: s["pinned"] == 1)
         out["status"] = CliRunner().invoke(main, ["status", *sum((["--metrics-url", u] for u in urls), [])])
+        # written in place, as an editor or `cat >` would: a poll may read the empty file first
         fleet["table_file"].write_text('{"num_speculative_tokens_per_batch_size": [[2, 64, 1]]}')
-        time.sleep(4)
-        out["refused"] = states()
+        rejected = {name: s["table_file_rejected"] for name, s in out["pinned"].items()}
+        out["refused"] = settled(lambda s: s["table_file_rejected"] > rejected[s["name"]])
         fleet["table_file"].unlink()
-        time.sleep(4)
-        out["unpinned"] = states()
+        out["unpinned"] = settled(lambda s: s["pinned"] == 0)
     out["failures"], out["requests"] = load.failures, load.requests
     return out
 
