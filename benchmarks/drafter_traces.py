@@ -5,10 +5,13 @@ halves by prompt, ``token_trace.prompt_half``), with the held-out table of all p
 The continuations are a training run's ``eval_trajectories.json`` (``tabletune drafter train --eval-prompts``,
 generated on the GPU) or, without it, generated on the CPU as ``tabletune acceptance`` does; the head is replayed
 along them on the CPU (``integrations.hf.measure``). Writes ``OUT/NAME_W_TT.csv.gz`` per workload W and
-temperature T.
+temperature T. ``--drafter ngram`` replays the n-gram lookup along the same continuations instead: the head's
+traces' n-gram partner (``benchmarks/policies_sim.py``, ``trace_files``).
 
     python benchmarks/drafter_traces.py --head out/drafter/head --trajectories out/drafter/eval_trajectories.json \
         --name eagle-h200 --out profiles/traces
+    python benchmarks/drafter_traces.py --drafter ngram --trajectories out/drafter/eval_trajectories.json \
+        --workloads code-edit --temperatures 0 --name ngram-full --out profiles/traces
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from tabletune.integrations.hf.measure import AcceptanceRun, measure, write_trac
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--head", required=True)
+    ap.add_argument("--drafter", choices=("eagle", "ngram"), default="eagle")
+    ap.add_argument("--head", help="the trained head's folder (--drafter eagle)")
     ap.add_argument("--trajectories", help="a training run's eval_trajectories.json")
     ap.add_argument("--workloads", default="code,code-edit,chat")
     ap.add_argument("--temperatures", default="0,1")
@@ -33,12 +37,14 @@ def main() -> None:
     ap.add_argument("--name", default="eagle")
     ap.add_argument("--out", default="profiles/traces")
     args = ap.parse_args()
+    if args.drafter == "eagle" and not args.head:
+        ap.error("--drafter eagle needs --head")
     rows = []
     for w in args.workloads.split(","):
         for t in (float(x) for x in args.temperatures.split(",")):
-            run = AcceptanceRun(drafter="eagle", workload=w, temperature=t, k_max=args.k_max,
+            run = AcceptanceRun(drafter=args.drafter, workload=w, temperature=t, k_max=args.k_max,
                                 num_prompts=args.max_prompts, max_new_tokens=args.max_new_tokens,
-                                draft_model=args.head)
+                                draft_model=args.head if args.drafter == "eagle" else None)
             trajs = read_trajectories(Path(args.trajectories), w, t, args.max_prompts) if args.trajectories else None
             m = measure(run, trajs=trajs)
             path = Path(args.out) / f"{args.name}_{w}_T{t:g}.csv.gz"

@@ -63,7 +63,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_serving import make_predictable, staggered_len, window_start  # noqa: E402
-from policies_sim import Protocol, calibrate, run_cell, split_specs  # noqa: E402
+from policies_sim import (NGRAM_PARTNER, Protocol, calibrate, run_cell, split_specs, trace_files,  # noqa: E402
+                         workload_preset)
 
 from tabletune import fileio  # noqa: E402
 from tabletune.cost import MixedStep, StepCost, fit_active_share, fit_draft_share  # noqa: E402
@@ -78,13 +79,11 @@ from tabletune.padding import geometric_batch_sizes  # noqa: E402
 from tabletune.policies import REGISTRY, make_policy  # noqa: E402
 from tabletune.policies.timed import timed  # noqa: E402
 from tabletune.profile import Fingerprint, StepPoint, StepProfile  # noqa: E402
-from tabletune.sim import Schedule, SimConfig, Simulator, preset  # noqa: E402
 from tabletune.sim.oracle import headroom_share  # noqa: E402
 from tabletune.sim.replay import prompt_half  # noqa: E402
 from tabletune.sim.traces import auc, signal_noise_for_auc  # noqa: E402
 from tabletune.table import DraftTable  # noqa: E402
 
-TRACES = Path("profiles/traces")
 ZOO = ("tabletune", "controller", "controller:per-request", "vllm-av", "turbospec", "nightjar", "sglang", "disco", "tapout", "dsde", "gammatune",
        "adaptive-verification", "hybrid-spark", "hybrid-static")
 QUICK = {"model": "tiny", "device": "cpu", "loads": "1,2", "workloads": "code", "k_max": 3, "prompt_len": 8,
@@ -115,8 +114,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--overlap-observe", action="store_true",
                     help="policies that allow it (observe_may_lag) observe step t while step t + 1 runs")
     ap.add_argument("--host-stop", action="store_true", help="stop rules on the host even where the device can")
-    ap.add_argument("--model-trace", default="early-exit",
-                    help="the model chain's traces: early-exit (every workload) or eagle (the trained head's)")
+    ap.add_argument("--model-trace", default="early-exit", choices=sorted(NGRAM_PARTNER),
+                    help="the model chain's traces: early-exit (every workload) or eagle (the trained head's), each "
+                         "paired with its n-gram partner (policies_sim.trace_files)")
     ap.add_argument("--no-sim", action="store_true", help="measure only (simulate later with --sim-only)")
     ap.add_argument("--sim-only", action="store_true", help="simulate every cell of OUT.json afresh (CPU)")
     ap.add_argument("--resume", action="store_true", help="keep the cells of OUT.json (same fingerprint)")
@@ -286,8 +286,8 @@ def span_fit(ngram: list) -> tuple[float, float]:
 
 def workload_data(name: str, k_max: int, model_trace: str = "early-exit") -> dict:
     """The engine's replay pairs of the scoring half of the prompts, and the trace statistics of the workload."""
-    model = load_token_traces(TRACES / f"{model_trace}_{name}_T0.csv.gz")
-    ngram = load_token_traces(TRACES / f"ngram_{name}_T0.csv.gz")
+    model_file, ngram_file = trace_files(model_trace, name)
+    model, ngram = load_token_traces(model_file), load_token_traces(ngram_file)
     top1 = np.concatenate([t.signals[t.present, 0] for t in model])
     ok = np.concatenate([t.accepted[t.present] for t in model])
     start_prob, mean_len = span_fit(ngram)
@@ -464,7 +464,7 @@ def serve_workload(engine, args, wname, loads, policies, cost, result, done, pro
     out_json = Path(args.out + ".json")
     data = workload_data(wname, args.k_max, args.model_trace)
     calib = calibrate(wname, args.k_max, cost, folder, protocol_of(args))  # the calibration half
-    data["signal_noise"] = signal_noise_for_auc(data["top1_auc"], preset(wname), args.k_max, 2000)
+    data["signal_noise"] = signal_noise_for_auc(data["top1_auc"], workload_preset(wname), args.k_max, 2000)
     result["workloads"][wname] = {"rates": calib.rates, "ngram_rates": calib.ngram_rates[:9],
                                   "disco_tau": calib.disco_tau, "hybrid_static_m": calib.hybrid_static_m,
                                   "top1_auc": round(data["top1_auc"], 4),

@@ -72,6 +72,16 @@ DISCO_TAUS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 DISCO_K_MAX = 10
 HYBRID_M_LOADS = (1, 16, 128)
 CALIBRATION_S = 20.0  # simulated seconds of each calibration run (DISCO's tau, hybrid-static's m)
+# each model trace's n-gram partner: the n-gram chain recorded along the same prompts and continuations (the
+# early-exit traces: the first 8 prompts, 96 tokens; the trained head's: every prompt, 256 tokens, chat-ifeval the
+# first 64); tests/benchmarks/test_trace_partners.py checks that each pair follows the same text
+NGRAM_PARTNER = {"early-exit": "ngram", "eagle": "ngram-full"}
+
+
+def trace_files(model_trace: str, workload: str) -> tuple[Path, Path]:
+    """(model trace, its n-gram partner) of a workload under ``profiles/traces``."""
+    return (TRACES / f"{model_trace}_{workload}_T0.csv.gz",
+            TRACES / f"{NGRAM_PARTNER[model_trace]}_{workload}_T0.csv.gz")
 
 
 @dataclass(frozen=True)
@@ -83,7 +93,7 @@ class Protocol:
     prompt_len: int = 32
     fixed_repeats: int = 3
     overlap_observe: bool = True  # as the engine's --overlap-observe: a policy that allows it observes off the path
-    model_trace: str = "early-exit"  # the model chain's traces: profiles/traces/{model_trace}_{workload}_T0.csv.gz
+    model_trace: str = "early-exit"  # the model chain's traces, a key of NGRAM_PARTNER (``trace_files``)
 
     def __post_init__(self) -> None:
         if self.measured_steps < 1 or self.warmup_steps < 0 or self.fixed_repeats < 1 or self.output_len < 1:
@@ -156,8 +166,14 @@ class Calibration:
         return f"{name}:{arg},{extra}" if arg else f"{name}:{extra}"
 
 
+def workload_preset(name: str):
+    """The simulator's preset of a workload; chat-ifeval (IFEval's instructions) has chat's shape. The replayed
+    traces give every acceptance and signal, the preset the rest (prompt length, spans of synthetic n-gram runs)."""
+    return dataclasses.replace(preset("chat"), name=name) if name == "chat-ifeval" else preset(name)
+
+
 def workload_of(name: str, rates: tuple[float, ...], protocol: Protocol):
-    return dataclasses.replace(preset(name), rates=rates, output_len=protocol.output_len,
+    return dataclasses.replace(workload_preset(name), rates=rates, output_len=protocol.output_len,
                                prompt_len_mean=float(protocol.prompt_len))
 
 
@@ -165,8 +181,7 @@ def scoring_sim(cost: StepCost, name: str, rates, protocol: Protocol, load: int,
                 half: str = "scoring", prefill_ms_per_token: float = 0.02, host_ms_per_step: float = 0.0) -> Simulator:
     cfg = SimConfig(duration_s=duration_s, load=load, max_num_seqs=max(128, load), seed=seed,
                     prefill_ms_per_token=prefill_ms_per_token, host_ms_per_step=host_ms_per_step)
-    replay, ngram_replay = load_paired_traces(TRACES / f"{protocol.model_trace}_{name}_T0.csv.gz",
-                                              TRACES / f"ngram_{name}_T0.csv.gz", half=half)
+    replay, ngram_replay = load_paired_traces(*trace_files(protocol.model_trace, name), half=half)
     return Simulator(cost, Schedule.constant(workload_of(name, rates, protocol)), cfg, replay=replay,
                      ngram_replay=ngram_replay)
 
@@ -174,8 +189,7 @@ def scoring_sim(cost: StepCost, name: str, rates, protocol: Protocol, load: int,
 def calibrate(name: str, k_max: int, cost: StepCost, folder: Path, protocol: Protocol) -> Calibration:
     """Fit every learned rule on the calibration half (module docstring); DISCO's tau by speed at batch 1."""
     folder.mkdir(parents=True, exist_ok=True)
-    model_file = TRACES / f"{protocol.model_trace}_{name}_T0.csv.gz"
-    ngram_file = TRACES / f"ngram_{name}_T0.csv.gz"
+    model_file, ngram_file = trace_files(protocol.model_trace, name)
     cal = load_traces([model_file], half="calibration")
     rates = floor_rates(cal.conditional_rates(k_max))
     ng_cols = read_traces(ngram_file, half="calibration")
@@ -343,11 +357,10 @@ def split_specs(text: str) -> list[str]:
 def host_ms(cost: StepCost, spec: str, load: int, steps: int, warmup: int, workload: str) -> tuple[float, float]:
     """Mean host ms per step of one policy after ``warmup`` steps (``--host-ms``, module docstring), and of its
     part on the critical path of an engine that overlaps the observe of a policy that allows it (``run_cell``)."""
-    w = dataclasses.replace(preset(workload), output_len=10**6, prompt_len_mean=0.0)
+    w = dataclasses.replace(workload_preset(workload), output_len=10**6, prompt_len_mean=0.0)
     duration_s = (steps + warmup) * cost.step_ms(load, 7) / 1e3  # at least this many steps
     cfg = SimConfig(duration_s=duration_s, load=load, max_num_seqs=max(load, 128))
-    replay, ngram_replay = load_paired_traces(TRACES / f"early-exit_{workload}_T0.csv.gz",
-                                              TRACES / f"ngram_{workload}_T0.csv.gz")
+    replay, ngram_replay = load_paired_traces(*trace_files("early-exit", workload))
     sim = Simulator(cost, Schedule.constant(w), cfg, replay=replay, ngram_replay=ngram_replay)
     policy = timed(make_policy(spec, sim.context()))
     sim.run(policy)
@@ -386,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="--host-ms: runs per policy (the minimum is reported)")
     ap.add_argument("--output-len", type=int, default=Protocol.output_len)
     ap.add_argument("--fixed-repeats", type=int, default=Protocol.fixed_repeats)
-    ap.add_argument("--model-trace", default=Protocol.model_trace,
+    ap.add_argument("--model-trace", default=Protocol.model_trace, choices=sorted(NGRAM_PARTNER),
                     help="the model chain's traces: early-exit (SmolLM2's, every workload) or eagle (the trained "
                          "head's: code, code-edit, chat)")
     ap.add_argument("--resume", action="store_true", help="keep the (workload, load) groups already in OUT.json")
