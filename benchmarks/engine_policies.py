@@ -23,7 +23,8 @@ and the n-gram trace the n-gram chain (Hybrid Spark's second drafter).
    ``host_ms_critical`` (host time the device waited on: from each read to the next
    replay, the scheduler's own included) beside ``host_ms_overlapped`` (an observe
    run while the next step runs, ``--overlap-observe``).
-4. The same grid in the simulator (``policies_sim.run_cell``): the measured
+4. The same grid in the simulator (``policies_sim.repeated_cell``: each cell the mean of the protocol's
+   ``policy_repeats`` seeds, the expectation a single measured run scatters around): the measured
    profile (with the draft share and the drafting rule, rows still drafting or every
    row, fitted to the ragged steps, ``tabletune.cost``), the scoring half of the same traces replayed, the
    measured prefill cost, and per step the host time the engine waited on for the policy beyond a fixed k's
@@ -63,7 +64,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_serving import make_predictable, staggered_len, window_start  # noqa: E402
-from policies_sim import (NGRAM_PARTNER, Protocol, calibrate, run_cell, split_specs, trace_files,  # noqa: E402
+from policies_sim import (NGRAM_PARTNER, Protocol, calibrate, repeated_cell, split_specs, trace_files,  # noqa: E402
                          workload_preset)
 
 from tabletune import fileio  # noqa: E402
@@ -358,11 +359,13 @@ def charged_host_ms(cell: dict, cells: list[dict]) -> float:
 
 
 def simulate_cell(cost, calib, args, policy_spec, load, cell, cells: list[dict]) -> dict:
-    """The simulated cell (``policies_sim.run_cell``): the engine's cost, scoring traces, prefill cost, and the
-    host time the engine waited on for this policy (``charged_host_ms``)."""
+    """The simulated cell (``policies_sim.repeated_cell``, the mean over the protocol's policy repeats): the engine's
+    cost, scoring traces, prefill cost, and the host time the engine waited on for this policy
+    (``charged_host_ms``)."""
     charged = charged_host_ms(cell, cells)
-    out = run_cell(cost, calib, policy_spec, load, protocol_of(args),
-                   prefill_ms_per_token=cell.get("prefill_ms_per_token") or 0.0, host_ms_per_step=charged)
+    protocol = protocol_of(args)
+    out = repeated_cell(cost, calib, policy_spec, load, protocol, protocol.policy_repeats,
+                        prefill_ms_per_token=cell.get("prefill_ms_per_token") or 0.0, host_ms_per_step=charged)
     return {"sim_tok_s": out["sim_tok_s"], "sim_device_tok_s": out["sim_device_tok_s"],
             "sim_host_ms_charged": round(charged, 4)}
 
@@ -371,8 +374,9 @@ def oracle_cell(cost, calib, args, load, cells) -> dict:
     """The headroom oracle of one (workload, load), simulated (it needs each draft's fate)."""
     prefill = next((c.get("prefill_ms_per_token") for c in cells
                     if c["workload"] == calib.workload and c["load"] == load and c.get("prefill_ms_per_token")), 0.0)
-    out = run_cell(cost, calib, "oracle", load, protocol_of(args),
-                   prefill_ms_per_token=prefill or 0.0)
+    protocol = protocol_of(args)
+    out = repeated_cell(cost, calib, "oracle", load, protocol, protocol.policy_repeats,
+                        prefill_ms_per_token=prefill or 0.0)
     return {"workload": calib.workload, "load": load, "policy": "oracle", "throughput_tok_s": None, "mean_k": None,
             "sim_tok_s": out["sim_tok_s"]}
 

@@ -17,8 +17,8 @@ Protocol (``Protocol``), shared with ``engine_policies.py``:
   DSDE's knobs keep their stated defaults; the bandits and online calibrators learn during warm-up;
 * every cell: ``warmup_steps`` steps and ``warmup_s`` simulated seconds of warm-up, then
   ``measured_steps`` measured steps (tok/s = tokens / time over them), outputs of ``output_len``
-  tokens; fixed-k cells repeated over ``fixed_repeats`` seeds (the cell is their mean; the noise band
-  is (max - min) / mean of the best fixed k's repeats); ``host_ms_per_step`` = mean decide +
+  tokens; fixed-k cells repeated over ``fixed_repeats`` seeds, policy and oracle cells over ``policy_repeats``
+  (a cell is the mean of its runs; its noise band (max - min) / mean); ``host_ms_per_step`` = mean decide +
   keep_drafting + observe milliseconds over the measured steps (``tabletune.policies.timed``);
 * headroom: ``oracle_ratio`` = FateOracle tok/s (``tabletune.sim.oracle``) over the best fixed k, and
   each policy's ``headroom_share`` = (ratio - 1) / (oracle_ratio - 1).
@@ -92,11 +92,15 @@ class Protocol:
     output_len: int = 512
     prompt_len: int = 32
     fixed_repeats: int = 3
+    # policy and oracle cells, each repeated: a policy's run draws its requests' trace rows as its steps admit them,
+    # so two policies serve different requests; at loads 1-2 one run of code-edit spans -8 to +6% of the mean
+    policy_repeats: int = 3
     overlap_observe: bool = True  # as the engine's --overlap-observe: a policy that allows it observes off the path
     model_trace: str = "early-exit"  # the model chain's traces, a key of NGRAM_PARTNER (``trace_files``)
 
     def __post_init__(self) -> None:
-        if self.measured_steps < 1 or self.warmup_steps < 0 or self.fixed_repeats < 1 or self.output_len < 1:
+        if (self.measured_steps < 1 or self.warmup_steps < 0 or self.fixed_repeats < 1 or self.policy_repeats < 1
+                or self.output_len < 1):
             raise ValueError(f"bad protocol {self}")
 
 
@@ -278,19 +282,28 @@ def run_cell(cost: StepCost, calib: Calibration, spec: str, load: int, protocol:
             "warmup_steps": int(after[0]), "measured_steps": protocol.measured_steps}
 
 
+def repeated_cell(cost: StepCost, calib: Calibration, spec: str, load: int, protocol: Protocol, repeats: int,
+                  **kw) -> dict:
+    """``run_cell`` over seeds 0..repeats-1: the mean of every number, each run's tok/s, and the noise band
+    (max - min) / mean."""
+    runs = [run_cell(cost, calib, spec, load, protocol, seed, **kw) for seed in range(repeats)]
+    cell = {key: (round(float(np.mean([r[key] for r in runs])), 4) if isinstance(v, float) else v)
+            for key, v in runs[0].items()}
+    tok = [r["sim_tok_s"] for r in runs]
+    return {**cell, "sim_tok_s": round(float(np.mean(tok)), 2), "sim_tok_s_repeats": tok,
+            "noise_band": round((max(tok) - min(tok)) / float(np.mean(tok)), 4)}
+
+
 def group_cells(cost: StepCost, calib: Calibration, load: int, k_max: int, policies: list[str],
                 protocol: Protocol) -> list[dict]:
-    """Every cell of one (workload, load): fixed k repeated, the zoo, the oracle; ratios and headroom."""
+    """Every cell of one (workload, load): fixed k, the zoo and the oracle, each repeated; ratios and headroom."""
     cells = []
     for k in range(k_max + 1):
-        runs = [run_cell(cost, calib, f"fixed:{k}", load, protocol, seed) for seed in range(protocol.fixed_repeats)]
-        tok = [r["sim_tok_s"] for r in runs]
-        cell = {**runs[0], "sim_tok_s": round(float(np.mean(tok)), 2), "sim_tok_s_repeats": tok,
-                "noise_band": round((max(tok) - min(tok)) / float(np.mean(tok)), 4)}
-        cells.append({"workload": calib.workload, "load": load, "policy": f"fixed:{k}", **cell})
+        cells.append({"workload": calib.workload, "load": load, "policy": f"fixed:{k}",
+                      **repeated_cell(cost, calib, f"fixed:{k}", load, protocol, protocol.fixed_repeats)})
     for spec in policies + ["oracle"]:
         cells.append({"workload": calib.workload, "load": load, "policy": spec,
-                      **run_cell(cost, calib, spec, load, protocol)})
+                      **repeated_cell(cost, calib, spec, load, protocol, protocol.policy_repeats)})
     best = max((c for c in cells if c["policy"].startswith("fixed:")), key=lambda c: c["sim_tok_s"])
     oracle = next(c for c in cells if c["policy"] == "oracle")["sim_tok_s"] / best["sim_tok_s"]
     for c in cells:
@@ -330,7 +343,8 @@ def markdown(result: dict) -> str:
           f"Drafting charged per position by the rows still drafting, verification by scheduled tokens; stop rules "
           f"end rows' drafts. Held-out: fit on the calibration half of the prompts, scored on the other. Warm-up "
           f"{p['warmup_steps']} steps and {p['warmup_s']} s, {p['measured_steps']} measured steps, outputs "
-          f"{p['output_len']} tokens, fixed k over {p['fixed_repeats']} seeds. Model chain: the "
+          f"{p['output_len']} tokens, fixed k over {p['fixed_repeats']} seeds, policies and the oracle over "
+          f"{p.get('policy_repeats', 1)} (a cell is their mean). Model chain: the "
           f"{p.get('model_trace', 'early-exit')} traces. Host time charged: what an engine waits on"
           f"{' (observe overlapped where a policy allows it)' if p.get('overlap_observe') else ''}. Cells: % of the "
           "best fixed k [headroom share (ratio - 1) / (oracle_ratio - 1)].", ""]
@@ -399,6 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="--host-ms: runs per policy (the minimum is reported)")
     ap.add_argument("--output-len", type=int, default=Protocol.output_len)
     ap.add_argument("--fixed-repeats", type=int, default=Protocol.fixed_repeats)
+    ap.add_argument("--policy-repeats", type=int, default=Protocol.policy_repeats)
     ap.add_argument("--model-trace", default=Protocol.model_trace, choices=sorted(NGRAM_PARTNER),
                     help="the model chain's traces: early-exit (SmolLM2's, every workload) or eagle (the trained "
                          "head's: code, code-edit, chat)")
@@ -417,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
         return host_ms_table(args, command)
     args.out = args.out or "benchmarks/results/engine_policies_sim"
     protocol = Protocol(args.warmup_steps, args.warmup_s, args.measured_steps, args.output_len,
-                        fixed_repeats=args.fixed_repeats, model_trace=args.model_trace)
+                        fixed_repeats=args.fixed_repeats, policy_repeats=args.policy_repeats,
+                        model_trace=args.model_trace)
     cost = h200_cost()
     k_max = cost.k_max
     policies = split_specs(args.policies) if args.policies else []

@@ -3,6 +3,8 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import policies_sim  # noqa: E402
@@ -35,3 +37,21 @@ def test_policy_specs_split_on_semicolons_when_a_spec_has_options():
     assert policies_sim.split_specs("tabletune,disco") == ["tabletune", "disco"]
     assert policies_sim.split_specs("controller:per-request;controller:per-request,stop=1") == \
         ["controller:per-request", "controller:per-request,stop=1"]
+
+
+def test_a_grid_cell_is_the_mean_of_its_repeats(tmp_path):
+    """Fixed k, policies and the oracle each run over their seeds; a cell is the mean, with each run and the band."""
+    out = tmp_path / "grid"
+    assert policies_sim.main(["--workloads", "code", "--loads", "2", "--policies", "tabletune", "--warmup-steps", "5",
+                              "--warmup-s", "0", "--measured-steps", "20", "--fixed-repeats", "2",
+                              "--policy-repeats", "3", "--out", str(out)]) == 0
+    import json
+
+    cells = json.loads(out.with_suffix(".json").read_text())["cells"]
+    for c in cells:
+        runs = c["sim_tok_s_repeats"]
+        assert len(runs) == (2 if c["policy"].startswith("fixed:") else 3), c["policy"]
+        assert c["sim_tok_s"] == pytest.approx(sum(runs) / len(runs), abs=0.01)
+        assert c["noise_band"] == pytest.approx((max(runs) - min(runs)) / (sum(runs) / len(runs)), abs=1e-4)
+    # seeds draw other requests: a policy's runs differ
+    assert len(set(next(c for c in cells if c["policy"] == "tabletune")["sim_tok_s_repeats"])) > 1
