@@ -139,7 +139,7 @@ class PerRequestController(ControllerPolicy):
     the plan's cap bounds the model rows. With ``stop=1``, ``keep_drafting`` then stops each model row on its
     own drafted signals: row i drafts j + 1 while S_ij a_{j+1} > R dT_{j+1}(b, cap). The default ``stop=0`` drafts
     the plan's k_i whole: the rule needs the drafted lengths on the host before verification (one sync a step on
-    a GPU engine), and in the simulator it gains -0.8% to +3.5% of device time (docs/engine.md, "The stop rule's
+    a GPU engine), and in the simulator it gains -0.8% to +3.7% of device time (docs/engine.md, "The stop rule's
     price"), less than that sync costs at the loads where it gains.
 
     Signals (``stop=1``): S_ij = prod_{l<=j} p_il, p from ``LogitCalibration`` on the model drafter's top-1
