@@ -93,7 +93,7 @@ class Protocol:
     prompt_len: int = 32
     fixed_repeats: int = 3
     # policy and oracle cells, each repeated: a policy's run draws its requests' trace rows as its steps admit them,
-    # so two policies serve different requests; at loads 1-2 one run of code-edit spans -8 to +6% of the mean
+    # so two policies serve different requests; at load 1 one run of code-edit spans -7 to +5% of the 8-seed mean
     policy_repeats: int = 3
     overlap_observe: bool = True  # as the engine's --overlap-observe: a policy that allows it observes off the path
     model_trace: str = "early-exit"  # the model chain's traces, a key of NGRAM_PARTNER (``trace_files``)
@@ -416,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy-repeats", type=int, default=Protocol.policy_repeats)
     ap.add_argument("--model-trace", default=Protocol.model_trace, choices=sorted(NGRAM_PARTNER),
                     help="the model chain's traces: early-exit (SmolLM2's, every workload) or eagle (the trained "
-                         "head's: code, code-edit, chat)")
+                         "head's: code, code-edit, chat, chat-ifeval)")
     ap.add_argument("--resume", action="store_true", help="keep the (workload, load) groups already in OUT.json")
     ap.add_argument("--out", default=None, help="grid: OUT.json and OUT.md (default benchmarks/results/"
                     "engine_policies_sim); --host-ms: OUT.json (default none)")
