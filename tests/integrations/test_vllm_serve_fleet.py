@@ -133,13 +133,13 @@ def states():
 
 
 def settled(done, timeout_s: float = 20.0) -> dict:
-    """Both replicas' states once ``done`` holds for each (the file is polled once a second and the snapshot
+    """Both replicas' states once ``done(name, state)`` holds for each (the file is polled once a second and the snapshot
     published once a second, a few seconds in all), or as they stand after ``timeout_s``; then 2 s more, so
     that a second refusal of the same change, if the plugin made one, would show."""
     t0 = time.time()
     while time.time() - t0 < timeout_s:
         now = states()
-        if all(done({**s, "name": name}) for name, s in now.items()):
+        if all(done(name, s) for name, s in now.items()):
             break
         time.sleep(0.5)
     time.sleep(2)
@@ -186,14 +186,14 @@ def converged(fleet):
                                            "--iterations", "6", "--output", str(fleet["table_file"]),
                                            "--options", json.dumps({"min_install_interval_s": 0})])
         out["control"] = result
-        out["pinned"] = settled(lambda s: s["pinned"] == 1)
+        out["pinned"] = settled(lambda name, s: s["pinned"] == 1)
         out["status"] = CliRunner().invoke(main, ["status", *sum((["--metrics-url", u] for u in urls), [])])
         # written in place, as an editor or `cat >` would: a poll may read the empty file first
         fleet["table_file"].write_text('{"num_speculative_tokens_per_batch_size": [[2, 64, 1]]}')
         rejected = {name: s["table_file_rejected"] for name, s in out["pinned"].items()}
-        out["refused"] = settled(lambda s: s["table_file_rejected"] > rejected[s["name"]])
+        out["refused"] = settled(lambda name, s: s["table_file_rejected"] > rejected[name])
         fleet["table_file"].unlink()
-        out["unpinned"] = settled(lambda s: s["pinned"] == 0)
+        out["unpinned"] = settled(lambda name, s: s["pinned"] == 0)
     out["failures"], out["requests"] = load.failures, load.requests
     return out
 
