@@ -137,9 +137,11 @@ def test_the_plans_made_ahead_are_the_plans_choose_plan_makes_row_by_row(workloa
         decision = decide(state)
         got, row = policy.plan, policy.explore_row
         rest = np.arange(b) != row
-        if row >= 0:  # an exploration step: one model row drafts k_max, the others keep the plan
-            assert got.ks[row] == k_max and got.drafter[row] == MODEL and got.cap == k_max
-            explored.append(row)
+        if row >= 0:  # an exploration step: one model row drafts k_max (credit) or the table's k + 1 (evidence)
+            depth = got.cap  # (the starter cost charges the rows still drafting), the others keep the plan
+            assert depth in (k_max, min(policy.controller.table.k_for(b) + 1, k_max)), depth
+            assert got.ks[row] == max(want.ks[row], depth) and got.drafter[row] == MODEL
+            explored.append(depth)
         else:
             assert got.cap == want.cap and policy.model_rule() == policy.stop_rule(b, want.cap, rate, next_rates)
         assert (got.ks[rest] == want.ks[rest]).all() and (got.drafter[rest] == want.drafter[rest]).all()
@@ -224,3 +226,29 @@ def test_an_ngram_row_verifies_past_the_model_rows_cap():
     prices = np.full((6, 6), 0.1)
     ks, drafter, _ = plans_by_cap(surv_model, surv_ngram, np.full(6, 0.9), prices, np.array([2]), prices)
     assert ks.tolist() == [[2, 5]] and drafter.tolist() == [[0, 1]]
+
+
+@pytest.mark.parametrize("draft_rows", ["active", "batch"])
+def test_a_blind_plan_explores_every_model_row_where_drafting_costs_the_batch(draft_rows):
+    """Hand-worked: rows (model 2, n-gram 4, model 1, model 0) explored to depth 5. Where the drafting costs what
+    the batch costs, every model row drafts 5 (the drafting is paid once); where it is charged by the rows still
+    drafting, the first model row alone. The n-gram row keeps its proposal either way."""
+    import dataclasses
+
+    from per_request_helpers import make_ctx
+
+    from tabletune.controller.per_request import Plan
+    from tabletune.policies.base import MODEL, NGRAM
+
+    ctx = make_ctx()
+    ctx = dataclasses.replace(ctx, cost=dataclasses.replace(ctx.cost, draft_rows=draft_rows))
+    policy = PerRequestController(ctx)
+    plan = Plan(np.array([2, 4, 1, 0]), np.array([MODEL, NGRAM, MODEL, MODEL]), 2, 5.0, 9.0)
+    got = policy.explored(plan, 5)
+    want = [5, 4, 5, 5] if draft_rows == "batch" else [5, 4, 1, 0]
+    assert got.ks.tolist() == want and got.drafter.tolist() == plan.drafter.tolist()
+    assert got.cap == 5 and policy.explore_row == 0
+    assert plan.ks.tolist() == [2, 4, 1, 0]  # the plan made ahead is not changed in place
+    all_ngram = Plan(np.array([3, 4]), np.array([NGRAM, NGRAM]), 0, 2.0, 9.0)
+    got = policy.explored(all_ngram, 5)  # no model row: row 0 goes on the model chain
+    assert got.ks.tolist() == [5, 4] and got.drafter.tolist() == [MODEL, NGRAM]
