@@ -138,6 +138,7 @@ def run_mode(target, head, stream, args, adapt: bool) -> list[dict]:
         rows.append({"served": served, "phase": chunk[-1][0], "a1": a1(stats), "tok_s": stats.output_tokens / wall,
                      "tokens": stats.output_tokens, "wall_s": wall, "held_out_chat_a1": held,
                      "updates": adapter.stats.updates if adapter else 0,
+                     "learned": adapter.stats.learned if adapter else 0,
                      "error": adapter.stats.error if adapter else None,
                      "elapsed_s": round(time.perf_counter() - t_start, 1)})
         print(mode, rows[-1], flush=True)

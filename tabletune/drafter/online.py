@@ -9,8 +9,12 @@
    positions p = P .. P + F - 1 (P the prompt length); at most ``max_pending`` wait (a new one is dropped).
 3. update: ``steps`` AdamW steps of the training loss (``train.batch_loss``: soft-label CE against
    softmax(lm_head(f_{p+1})) plus the feature regression, at input (embed(x_{p+1}), f_p)) on a float32 master
-   copy of the head. With ``background`` (default on CUDA) a worker thread runs it on a side CUDA stream, so
-   the serving loop neither waits for it nor spends its host time launching it.
+   copy of the head, over every sequence waiting (right-padded into one batch, the padding masked out; fused
+   AdamW on CUDA). With ``background`` (default on CUDA) a worker thread runs it on a side CUDA stream, so the
+   serving loop does not wait for it. It still shares the process's host (the interpreter's lock): on an H100,
+   with one update a finished request (about 50 ms each against 38 ms of serving a request) the stream ran 41%
+   slower (``benchmarks/results/drafter_online_h100``). One update for all the requests a step finishes (or the
+   worker finds queued) divides the number of updates by theirs.
 4. publish: once an update has finished (an event polled without a sync), its weights are copied into the
    engine's drafter between two steps, in place (the captured graphs read the same storage).
 
@@ -62,7 +66,8 @@ class OnlineStats:
 
     queued: int = 0  # finished requests queued for an update
     dropped: int = 0  # finished requests dropped: the queue was full
-    updates: int = 0  # updates applied (each ``steps`` optimizer steps)
+    updates: int = 0  # updates applied (each ``steps`` optimizer steps over the sequences waiting)
+    learned: int = 0  # sequences those updates learned from
     published: int = 0  # weight copies into the engine's drafter
     error: str | None = None  # why learning stopped (an update raised); serving goes on with the last published head
 
@@ -86,7 +91,8 @@ class OnlineAdapter:
         self.device = target.device
         self.embed, self.lm_head = target.embed.detach(), target.lm_head.detach()
         self.head = load_head(head_dir).to(self.device).train()
-        self.opt = torch.optim.AdamW(self.head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        self.opt = torch.optim.AdamW(self.head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0,
+                                     fused=self.device.type == "cuda")  # one kernel a step, not one a tensor
         self.stats = OnlineStats()
         self._pending: dict[int, _Pending] = {}
         cuda = self.device.type == "cuda"
@@ -105,11 +111,22 @@ class OnlineAdapter:
         """Collect the step's features, queue finished requests, publish a finished update (see the module doc)."""
         # [n, k_max + 1, hidden]: column j is the feature of position start + j of the row's slot
         gathered = self.drafter.prev_hid[torch.tensor([r.slot for r in running], device=self.device)]
-        finished, accepted = set(finished_ids.tolist()), res.accepted
+        finished, accepted, done = set(finished_ids.tolist()), res.accepted, []
         for i, req in enumerate(running):
             self._pending.setdefault(req.id, _Pending()).chunks.append((gathered, i, accepted[i] + 1))
             if req.id in finished:
-                self._finish(req, self._pending.pop(req.id))
+                seq = self._finish(req, self._pending.pop(req.id))
+                if seq is not None:
+                    done.append(seq)
+        if done and not self.background:  # in the foreground: one update for the step's finished requests
+            self.stats.queued += len(done)
+            self._guarded_update(done)
+        for seq in done if self.background else ():
+            try:
+                self._queue.put_nowait(seq)
+                self.stats.queued += 1
+            except queue.Full:
+                self.stats.dropped += 1
         self._publish_ready()
 
     def flush(self) -> None:
@@ -127,16 +144,18 @@ class OnlineAdapter:
 
     # ---- queue, update, publish ------------------------------------------------------------------------------
 
-    def _finish(self, req, pending: _Pending) -> None:
+    def _finish(self, req, pending: _Pending) -> tuple | None:
+        """A finished request's training sequence (ids, features, ready event), or None (too short, or learning
+        stopped)."""
         if self.stats.error is not None:
-            return
+            return None
         feats = torch.cat([g[i, :n] for g, i, n in pending.chunks], 0)  # [F, hidden], positions P .. P + F - 1
         output = req.output
         if self.cfg.eos_id is not None and self.cfg.eos_id in output:
             output = output[: output.index(self.cfg.eos_id) + 1]
         num = min(feats.shape[0], len(output))
         if num < self.cfg.min_tokens:
-            return
+            return None
         ids, feats = torch.tensor(output[:num], device=self.device), feats[:num]
         ready = None
         if self._stream is not None:  # the side stream reads tensors the main stream wrote
@@ -144,48 +163,48 @@ class OnlineAdapter:
             ready.record()
             ids.record_stream(self._stream)
             feats.record_stream(self._stream)
-        if not self.background:
-            self.stats.queued += 1
-            self._guarded_update(ids, feats, ready)
-            return
-        try:
-            self._queue.put_nowait((ids, feats, ready))
-            self.stats.queued += 1
-        except queue.Full:
-            self.stats.dropped += 1
+        return ids, feats, ready
 
     def _work(self) -> None:
+        """Take every sequence queued (at least one, waiting for it) and learn from them in one update."""
         while True:
-            seq = self._queue.get()
+            items = [self._queue.get()]
+            while items[-1] is not None:
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
             try:
-                if seq is None:
-                    return
-                self._guarded_update(*seq)
+                seqs = [seq for seq in items if seq is not None]
+                if seqs:
+                    self._guarded_update(seqs)
             finally:
-                self._queue.task_done()
+                for _ in items:
+                    self._queue.task_done()
+            if items[-1] is None:
+                return
 
-    def _guarded_update(self, ids: torch.Tensor, feats: torch.Tensor, ready) -> None:
+    def _guarded_update(self, seqs: list[tuple]) -> None:
         """``_update``, unless an earlier one raised: the first error stops learning (logged once, kept in
         ``stats.error``); the queue still drains, so ``flush`` never waits on a dead worker, and serving goes on."""
         if self.stats.error is not None:
             return
         try:
-            self._update(ids, feats, ready)
+            self._update(seqs)
         except Exception as exc:  # noqa: BLE001 - learning is optional, serving is not
             self.stats.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
             log.warning("online head update failed, learning stopped, the last published head serves on: %s",
                         self.stats.error)
 
-    def _update(self, ids: torch.Tensor, feats: torch.Tensor, ready) -> None:
-        """``steps`` AdamW steps on one sequence, then its weights staged in the engine's dtype (on the side stream
-        on CUDA); (its event, the staged weights) go to ``_done`` for the serving loop to publish."""
+    def _update(self, seqs: list[tuple]) -> None:
+        """``steps`` AdamW steps on the sequences (``collate``), then the weights staged in the engine's dtype (on
+        the side stream on CUDA); (its event, the staged weights) go to ``_done`` for the serving loop to publish."""
         with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
-            if ready is not None:
-                self._stream.wait_event(ready)
+            for _, _, ready in seqs:
+                if ready is not None:
+                    self._stream.wait_event(ready)
             with torch.inference_mode(False):  # the serving loop may run in inference mode: plain copies for autograd
-                ids, feats = ids.clone(), feats.clone()
-            batch = {"ids": ids[None], "feats": feats[None],
-                     "mask": torch.ones(1, ids.shape[0] - 1, dtype=torch.bool, device=self.device)}
+                batch = collate([(ids, feats) for ids, feats, _ in seqs])
             with torch.inference_mode(False), torch.enable_grad():
                 for _ in range(self.cfg.steps):
                     loss, _ = batch_loss(self.head, self.embed, self.lm_head, batch, self.cfg.loss, with_stats=False)
@@ -200,6 +219,7 @@ class OnlineAdapter:
                 done = torch.cuda.Event()
                 done.record(self._stream)
         self.stats.updates += 1
+        self.stats.learned += len(seqs)
         self._done.append((done, staged))
 
     def _publish_ready(self, wait: bool = False) -> None:
@@ -218,3 +238,19 @@ class OnlineAdapter:
                 t.record_stream(torch.cuda.current_stream())
         put_eagle_state(self.drafter, staged, "online head")
         self.stats.published += 1
+
+
+def collate(seqs: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
+    """Sequences (ids [F_i], features [F_i, hidden]) right-padded into one ``train.batch_loss`` batch: ids
+    [n, F], feats [n, F, hidden] (fresh tensors, padding 0) and mask [n, F - 1], true at each sequence's
+    positions. The head's attention is causal, so a sequence's positions never see its padding, and the loss
+    averages over the masked positions: the batch's loss is the position-weighted mean of its sequences'."""
+    width = max(int(ids.shape[0]) for ids, _ in seqs)
+    first = seqs[0][1]
+    ids = torch.zeros(len(seqs), width, dtype=seqs[0][0].dtype, device=first.device)
+    feats = torch.zeros(len(seqs), width, first.shape[-1], dtype=first.dtype, device=first.device)
+    mask = torch.zeros(len(seqs), width - 1, dtype=torch.bool, device=first.device)
+    for i, (seq_ids, seq_feats) in enumerate(seqs):
+        n = int(seq_ids.shape[0])
+        ids[i, :n], feats[i, :n], mask[i, : n - 1] = seq_ids, seq_feats, True
+    return {"ids": ids, "feats": feats, "mask": mask}

@@ -156,8 +156,9 @@ class PerRequestController(ControllerPolicy):
     controller's exploration steps (``explore_fraction`` credit, 0.005 by default here, and a step while the
     table's next position lacks evidence): on a plan made with the signals the row whose draft survives best; on a
     blind plan (``explored``: no other row ever drafts past it, so without it an estimate that fell could not
-    recover) the model rows to k_max on credit or to the table's k + 1 for evidence, every model row where the
-    drafting costs what the batch costs, else the first. An exploring step keeps the stop rule on the host.
+    recover) its first model row to k_max, or, where the drafting costs what the batch costs, every model row, to
+    the table's k + 1 for that position's evidence and to k_max on credit. An exploring step keeps the stop rule on
+    the host.
     """
 
     uses_lookup: ClassVar[bool] = True  # plans before drafting, on the n-gram lookup
@@ -272,9 +273,11 @@ class PerRequestController(ControllerPolicy):
             self._top1, self.explore_row = None, -1
             evidence = self.controller.evidence_explore_steps
             if 0 < b <= self.explore_max_batch and self.controller.explore_next(b):
-                deep = self.controller.evidence_explore_steps == evidence  # credit, not the next position's evidence
-                next_k = self.controller.table.k_for(b) + 1  # the position whose evidence is short
-                plan = self.explored(plan, self.ctx.k_max if deep else min(next_k, self.ctx.k_max))
+                # where the drafting costs the batch, a step for the next position's evidence drafts to it alone
+                shallow = (self.ctx.cost.draft_rows == "batch"
+                           and self.controller.evidence_explore_steps > evidence)
+                depth = min(self.controller.table.k_for(b) + 1, k_max) if shallow else k_max
+                plan = self.explored(plan, depth)
             self.plan = plan
             self._signals[state.step] = (None, None if classes is None else state.ngram_match_len)
             return Decision.per_request(plan.ks, plan.drafter)
@@ -310,17 +313,18 @@ class PerRequestController(ControllerPolicy):
         return Decision.per_request(plan.ks, plan.drafter)
 
     def explored(self, plan: Plan, depth: int) -> Plan:
-        """A blind plan on one of the controller's exploration steps drafts model positions to ``depth``: k_max on a
-        step paid by the exploration credit, the table's k + 1 on a step for that position's evidence. Without
+        """A blind plan on one of the controller's exploration steps drafts model positions to ``depth``. Without
         it a blind plan never drafts past its own k, and an estimate that fell (a_j low on the tokens seen) could
         not recover.
 
-        Which rows explore follows the cost's drafting rule. Where drafting costs what the batch costs
-        (``draft_rows == "batch"``, the engine's fused step: every row drafts the longest draft) every model row
-        drafts to ``depth``: the drafting is paid once, the other rows add only their verification, and the
-        estimator learns from all of them. Measured on an H100 (Qwen3-8B shape, b = 4): one row drafting 7 and
-        three 0 took 11.9 ms, all four drafting 7 took 12.1 ms. Where drafting is charged by the rows still
-        drafting, one model row explores (else row 0, put on the model chain)."""
+        How follows the cost's drafting rule. Where drafting costs what the batch costs (``draft_rows ==
+        "batch"``, the engine's fused step: every row drafts the longest draft) every model row drafts to
+        ``depth``: the drafting is paid once, the other rows add only their verification, and the estimator learns
+        from all of them. There a step for the next position's evidence drafts to the table's k + 1 only, and a
+        step paid by the exploration credit to k_max (``decide``). Measured on an H100 (Qwen3-8B shape, b = 4): one
+        row drafting 7 and three 0 took 11.9 ms, all four drafting 7 took 12.1 ms, the table's k = 2 7.9 ms.
+        Where drafting is charged by the rows still drafting, one model row (else row 0, put on the model chain)
+        drafts k_max on every exploring step."""
         ks, drafter = plan.ks.copy(), plan.drafter.copy()
         model_rows = np.flatnonzero(drafter == MODEL)
         if model_rows.size == 0:

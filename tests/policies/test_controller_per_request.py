@@ -108,12 +108,16 @@ def test_the_estimator_learns_the_model_chain_from_model_rows_only():
     assert rates[0] < 0.9  # the model row's rejection at position 1 moved it down from the prior
 
 
-@pytest.mark.parametrize("workload", ["code-edit", "chat"])
-def test_the_plans_made_ahead_are_the_plans_choose_plan_makes_row_by_row(workload):
+@pytest.mark.parametrize("workload,draft_rows", [("code-edit", "active"), ("chat", "active"), ("chat", "batch")])
+def test_the_plans_made_ahead_are_the_plans_choose_plan_makes_row_by_row(workload, draft_rows):
     """``observe`` makes the next step's blind plans by n-gram class (``plans_ahead``); at every decide (code-edit:
     most steps have rows with n-gram proposals; chat: most have none) the plan read from them equals
     ``choose_plan`` on the rows' own survivals, computed there and then from the same state, and so does its stop
-    rule."""
+    rule. An exploring step changes only its model rows: where drafting is charged by the rows still drafting the
+    first drafts k_max; where it costs the batch, all of them draft to the table's k + 1 on a step for that
+    position's evidence, to k_max on credit."""
+    import dataclasses
+
     from per_request_helpers import starter_cost
 
     from tabletune.controller.per_request import choose_plan
@@ -121,7 +125,8 @@ def test_the_plans_made_ahead_are_the_plans_choose_plan_makes_row_by_row(workloa
     from tabletune.sim import SimConfig, Simulator, preset
     from tabletune.sim.workload import Schedule
 
-    sim = Simulator(starter_cost(), Schedule.constant(preset(workload)), SimConfig(duration_s=2.0, load=6, seed=0))
+    cost = dataclasses.replace(starter_cost(), draft_rows=draft_rows)
+    sim = Simulator(cost, Schedule.constant(preset(workload)), SimConfig(duration_s=2.0, load=6, seed=0))
     policy = make_policy("controller:per-request", sim.context())
     decide, checked = policy.decide, []
 
@@ -134,14 +139,20 @@ def test_the_plans_made_ahead_are_the_plans_choose_plan_makes_row_by_row(workloa
         surv_n = policy.ngram_survival(state.ngram_match_len, state.ngram_num_proposed)
         want = choose_plan(policy.ctx.cost, surv_m, surv_n, next_rates, policy.prices_ms(b), rate, table_k, None,
                            None if surv_n is None else policy.ngram_prices_ms(b))
+        evidence = policy.controller.evidence_explore_steps
         decision = decide(state)
         got, row = policy.plan, policy.explore_row
         rest = np.arange(b) != row
-        if row >= 0:  # an exploration step: one model row drafts k_max (credit) or the table's k + 1 (evidence)
-            depth = got.cap  # (the starter cost charges the rows still drafting), the others keep the plan
-            assert depth in (k_max, min(policy.controller.table.k_for(b) + 1, k_max)), depth
-            assert got.ks[row] == max(want.ks[row], depth) and got.drafter[row] == MODEL
+        if row >= 0 and draft_rows == "batch":
+            shallow = policy.controller.evidence_explore_steps > evidence
+            depth = min(policy.controller.table.k_for(b) + 1, k_max) if shallow else k_max
+            model = want.drafter == MODEL
+            assert (got.ks[model] == np.maximum(want.ks[model], depth)).all() and got.cap == max(want.cap, depth)
+            rest = ~model if model.any() else rest
             explored.append(depth)
+        elif row >= 0:  # the first model row drafts k_max, the others keep the plan
+            assert got.ks[row] == k_max and got.drafter[row] == MODEL and got.cap == k_max
+            explored.append(k_max)
         else:
             assert got.cap == want.cap and policy.model_rule() == policy.stop_rule(b, want.cap, rate, next_rates)
         assert (got.ks[rest] == want.ks[rest]).all() and (got.drafter[rest] == want.drafter[rest]).all()
@@ -155,6 +166,8 @@ def test_the_plans_made_ahead_are_the_plans_choose_plan_makes_row_by_row(workloa
     proposed = workload == "code-edit"
     assert sum(made and p == proposed for made, p in checked) > 10, checked  # plans made ahead, of that kind
     assert explored  # blind plans explore too (the estimator learns nothing past the plans otherwise)
+    if draft_rows == "batch":  # evidence steps (the estimator is young in 2 s) explore shallow
+        assert min(explored) < policy.ctx.k_max, explored
 
 
 def test_class_plans_equal_choose_plan_on_random_rows():
