@@ -121,6 +121,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-sim", action="store_true", help="measure only (simulate later with --sim-only)")
     ap.add_argument("--sim-only", action="store_true", help="simulate every cell of OUT.json afresh (CPU)")
     ap.add_argument("--resume", action="store_true", help="keep the cells of OUT.json (same fingerprint)")
+    ap.add_argument("--remeasure", default="",
+                    help="with --resume: these of --policies (';'-separated) are measured again at this call's "
+                         "workloads and loads, their old cells dropped (a policy whose code changed)")
     ap.add_argument("--switch", action="store_true",
                     help="instead of the grid: code then chat requests through one engine at each load (OUT.json/.md)")
     ap.add_argument("--window-steps", type=int, default=100, help="--switch: steps a throughput window")
@@ -640,6 +643,10 @@ def main(argv: list[str] | None = None) -> int:
     loads = [int(x) for x in args.loads.split(",")]
     workloads = args.workloads.split(",")
     policies = policy_names(args)
+    unknown = [name for name in (split_specs(args.remeasure) if args.remeasure else []) if name not in policies]
+    if unknown:
+        print(f"refused: --remeasure {unknown[0]!r} is not one of --policies", flush=True)
+        return 2
     torch.manual_seed(0)
     cuda = args.device == "cuda"
     target = Decoder(resolve(args.model), torch.bfloat16 if cuda else torch.float32, args.device)
@@ -692,6 +699,9 @@ def main(argv: list[str] | None = None) -> int:
               "command": command, "commands": commands_of(old, command), "profile": profile.to_json(),
               "mixed_check": mixed, "cells": old["cells"] if old else [],
               "workloads": old.get("workloads", {}) if old else {}}
+    again = set(split_specs(args.remeasure)) if args.remeasure else set()
+    result["cells"] = [c for c in result["cells"]
+                       if not (c["policy"] in again and c["workload"] in workloads and c["load"] in loads)]
     done = {(c["workload"], c["load"], c["policy"]) for c in result["cells"]}
     with tempfile.TemporaryDirectory() as tmp:  # calibrated files (DISCO, n-gram table) live for the run
         for wname in workloads:

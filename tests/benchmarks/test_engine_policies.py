@@ -81,6 +81,14 @@ def test_quick_grid_runs_checkpoints_resumes_and_refuses_over_budget(tmp_path):
     assert "| code | 1 | fixed:0 |" in Path(out + ".md").read_text()
     assert engine_policies.main(["--quick", "--out", out, "--resume", "--budget-s", "100000"]) == 0
     assert json.loads(Path(out + ".json").read_text())["cells"] == cells  # nothing re-measured
+    # --remeasure: gammatune's cells measured again (appended after the kept cells), nothing else
+    assert engine_policies.main(["--quick", "--out", out, "--resume", "--budget-s", "100000", "--no-sim",
+                                 "--remeasure", "gammatune"]) == 0
+    again = json.loads(Path(out + ".json").read_text())["cells"]
+    kept = [c for c in cells if c["policy"] != "gammatune"]
+    assert again[:len(kept)] == kept
+    assert [(c["policy"], c["load"]) for c in again[len(kept):]] == [("gammatune", 1), ("gammatune", 2)]
+    assert engine_policies.main(["--quick", "--out", out, "--resume", "--remeasure", "controller"]) == 2
     assert engine_policies.main(["--quick", "--out", str(tmp_path / "x"), "--budget-s", "0.001"]) == 2
     assert not (tmp_path / "x.json").exists()
 
