@@ -241,6 +241,12 @@ def charged_ms(policy, window: slice, overlap_observe: bool) -> float:
     return float(np.mean(ms[window]))
 
 
+def explore_steps(policy) -> int | None:
+    """The steps a controller-based policy explored on over its whole run (warm-up included); None without one."""
+    controller = getattr(getattr(policy, "inner", policy), "controller", None)
+    return getattr(controller, "explore_steps", None)
+
+
 def run_cell(cost: StepCost, calib: Calibration, spec: str, load: int, protocol: Protocol, seed: int = 0,
              prefill_ms_per_token: float = 0.02, host_ms_per_step: float | None = None) -> dict:
     """One policy at one load: warm-up, then ``measured_steps`` measured steps (module docstring).
@@ -277,6 +283,7 @@ def run_cell(cost: StepCost, calib: Calibration, spec: str, load: int, protocol:
     return {"sim_tok_s": round(float(tokens / (ms + post_hoc * protocol.measured_steps) * 1e3), 2),
             "sim_device_tok_s": round(float(tokens / device_ms * 1e3), 2),
             "sim_mean_k": round(float(steps.mean_k[window].mean()), 3),
+            "sim_explore_steps": None if spec == "oracle" else explore_steps(policy),
             "host_ms_per_step": None if host is None else round(host, 4),
             "host_ms_critical": None if critical is None else round(critical, 4),
             "warmup_steps": int(after[0]), "measured_steps": protocol.measured_steps}
