@@ -89,7 +89,7 @@ ZOO = ("tabletune", "controller", "controller:per-request", "vllm-av", "turbospe
        "adaptive-verification", "hybrid-spark", "hybrid-static")
 QUICK = {"model": "tiny", "device": "cpu", "loads": "1,2", "workloads": "code", "k_max": 3, "prompt_len": 8,
          "output_len": 16, "rounds": 2, "max_load": None, "profile_steps": 2, "warmup_steps": 2, "measured_steps": 4,
-         "fixed_repeats": 2, "policies": "tabletune,gammatune,disco,hybrid-spark"}
+         "fixed_repeats": 2, "policies": "tabletune,gammatune,disco,hybrid-spark", "measured_row_steps": 0}
 HOST_MS_PER_STEP = 1.0  # the estimate's host time a step (policy, bookkeeping) on top of the step's device time
 
 
@@ -157,7 +157,8 @@ def policy_names(args) -> list[str]:
 def protocol_of(args) -> Protocol:
     return Protocol(warmup_steps=args.warmup_steps, measured_steps=args.measured_steps, output_len=args.output_len,
                     prompt_len=args.prompt_len, fixed_repeats=args.fixed_repeats, overlap_observe=args.overlap_observe,
-                    model_trace=args.model_trace)
+                    model_trace=args.model_trace,
+                    measured_row_steps=getattr(args, "measured_row_steps", Protocol.measured_row_steps))
 
 
 def estimate_s(args, step_ms: float, num_policies: int, num_loads: int, num_workloads: int) -> float:

@@ -16,7 +16,8 @@ Protocol (``Protocol``), shared with ``engine_policies.py``:
   (``hybrid_static.choose_m``). TapOut's arms are parameter-free; GammaTune's and
   DSDE's knobs keep their stated defaults; the bandits and online calibrators learn during warm-up;
 * every cell: ``warmup_steps`` steps and ``warmup_s`` simulated seconds of warm-up, then
-  ``measured_steps`` measured steps (tok/s = tokens / time over them), outputs of ``output_len``
+  ``measured_steps`` measured steps, at least ``measured_row_steps`` / load (tok/s = tokens / time over them;
+  at load 1, 500 steps hold 4-5 requests), outputs of ``output_len``
   tokens; fixed-k cells repeated over ``fixed_repeats`` seeds, policy and oracle cells over ``policy_repeats``
   (a cell is the mean of its runs; its noise band (max - min) / mean); ``host_ms_per_step`` = mean decide +
   keep_drafting + observe milliseconds over the measured steps (``tabletune.policies.timed``);
@@ -97,11 +98,19 @@ class Protocol:
     policy_repeats: int = 3
     overlap_observe: bool = True  # as the engine's --overlap-observe: a policy that allows it observes off the path
     model_trace: str = "early-exit"  # the model chain's traces, a key of NGRAM_PARTNER (``trace_files``)
+    # measured steps hold at least this many row-steps (steps x load): 500 steps at load 1 hold 4-5 requests of
+    # 512 tokens, and a run swings with them (code-edit, load 1: 300-step chunks of one run at 0.42-1.14 tok/ms)
+    measured_row_steps: int = 4000
 
     def __post_init__(self) -> None:
         if (self.measured_steps < 1 or self.warmup_steps < 0 or self.fixed_repeats < 1 or self.policy_repeats < 1
-                or self.output_len < 1):
+                or self.output_len < 1 or self.measured_row_steps < 0):
             raise ValueError(f"bad protocol {self}")
+
+    def window_steps(self, load: int) -> int:
+        """Measured steps at ``load``: ``measured_steps``, or more where that holds fewer than
+        ``measured_row_steps`` row-steps (4,000 / load at loads 1-4 by default)."""
+        return max(self.measured_steps, -(-self.measured_row_steps // max(load, 1)))
 
 
 def h200_cost() -> StepCost:
@@ -249,7 +258,7 @@ def explore_steps(policy) -> int | None:
 
 def run_cell(cost: StepCost, calib: Calibration, spec: str, load: int, protocol: Protocol, seed: int = 0,
              prefill_ms_per_token: float = 0.02, host_ms_per_step: float | None = None) -> dict:
-    """One policy at one load: warm-up, then ``measured_steps`` measured steps (module docstring).
+    """One policy at one load: warm-up, then ``protocol.window_steps(load)`` measured steps (module docstring).
 
     Host time is charged serially, as an engine that decides between its steps pays it: ``host_ms_per_step``
     (e.g. the engine's own measurement of this policy) on every step, or, when None, the policy's host time
@@ -259,7 +268,8 @@ def run_cell(cost: StepCost, calib: Calibration, spec: str, load: int, protocol:
     observe while the next step runs, and evaluates on the device a stop rule the policy gives it: ``Timed``).
     The oracle is charged nothing."""
     step_s = cost.step_ms(load, cost.k_max) / 1e3
-    duration_s = 1.2 * (protocol.warmup_s + (protocol.warmup_steps + protocol.measured_steps) * step_s)
+    measured = protocol.window_steps(load)
+    duration_s = 1.2 * (protocol.warmup_s + (protocol.warmup_steps + measured) * step_s)
     in_sim = 0.0 if spec == "oracle" or host_ms_per_step is None else host_ms_per_step  # charged by the simulator
     while True:
         sim = scoring_sim(cost, calib.workload, calib.rates, protocol, load, duration_s, seed,
@@ -271,22 +281,22 @@ def run_cell(cost: StepCost, calib: Calibration, spec: str, load: int, protocol:
         steps = res.steps
         after = np.flatnonzero((np.arange(len(steps.start_s)) >= protocol.warmup_steps)
                                & (steps.start_s >= protocol.warmup_s))
-        if len(after) >= protocol.measured_steps:
+        if len(after) >= measured:
             break
         duration_s *= 2
-    window = slice(int(after[0]), int(after[0]) + protocol.measured_steps)
+    window = slice(int(after[0]), int(after[0]) + measured)
     tokens, ms = steps.tokens[window].sum(), steps.step_ms[window].sum()
     host = None if spec == "oracle" else float(np.mean(policy.host_ms[window]))
     critical = None if spec == "oracle" else charged_ms(policy, window, protocol.overlap_observe)
     post_hoc = critical if critical is not None and host_ms_per_step is None else 0.0  # measured here, charged after
-    device_ms = ms - in_sim * protocol.measured_steps
-    return {"sim_tok_s": round(float(tokens / (ms + post_hoc * protocol.measured_steps) * 1e3), 2),
+    device_ms = ms - in_sim * measured
+    return {"sim_tok_s": round(float(tokens / (ms + post_hoc * measured) * 1e3), 2),
             "sim_device_tok_s": round(float(tokens / device_ms * 1e3), 2),
             "sim_mean_k": round(float(steps.mean_k[window].mean()), 3),
             "sim_explore_steps": None if spec == "oracle" else explore_steps(policy),
             "host_ms_per_step": None if host is None else round(host, 4),
             "host_ms_critical": None if critical is None else round(critical, 4),
-            "warmup_steps": int(after[0]), "measured_steps": protocol.measured_steps}
+            "warmup_steps": int(after[0]), "measured_steps": measured}
 
 
 def repeated_cell(cost: StepCost, calib: Calibration, spec: str, load: int, protocol: Protocol, repeats: int,
@@ -349,7 +359,8 @@ def markdown(result: dict) -> str:
     md = ["# Policies in the simulator: the fair-testbed protocol (H200 8B EAGLE-style profile)", "",
           f"Drafting charged per position by the rows still drafting, verification by scheduled tokens; stop rules "
           f"end rows' drafts. Held-out: fit on the calibration half of the prompts, scored on the other. Warm-up "
-          f"{p['warmup_steps']} steps and {p['warmup_s']} s, {p['measured_steps']} measured steps, outputs "
+          f"{p['warmup_steps']} steps and {p['warmup_s']} s, {p['measured_steps']} measured steps and at least "
+          f"{p.get('measured_row_steps', 0)} row-steps (steps x load), outputs "
           f"{p['output_len']} tokens, fixed k over {p['fixed_repeats']} seeds, policies and the oracle over "
           f"{p.get('policy_repeats', 1)} (a cell is their mean). Model chain: the "
           f"{p.get('model_trace', 'early-exit')} traces. Host time charged: what an engine waits on"
@@ -417,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup-steps", type=int, default=None, help=f"grid: {Protocol.warmup_steps}; --host-ms: 50")
     ap.add_argument("--warmup-s", type=float, default=Protocol.warmup_s)
     ap.add_argument("--measured-steps", type=int, default=None, help=f"grid: {Protocol.measured_steps}; --host-ms: 200")
+    ap.add_argument("--measured-row-steps", type=int, default=Protocol.measured_row_steps,
+                    help="grid: measured steps at load b at least this / b")
     ap.add_argument("--repeats", type=int, default=3, help="--host-ms: runs per policy (the minimum is reported)")
     ap.add_argument("--output-len", type=int, default=Protocol.output_len)
     ap.add_argument("--fixed-repeats", type=int, default=Protocol.fixed_repeats)
@@ -440,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out = args.out or "benchmarks/results/engine_policies_sim"
     protocol = Protocol(args.warmup_steps, args.warmup_s, args.measured_steps, args.output_len,
                         fixed_repeats=args.fixed_repeats, policy_repeats=args.policy_repeats,
-                        model_trace=args.model_trace)
+                        model_trace=args.model_trace, measured_row_steps=args.measured_row_steps)
     cost = h200_cost()
     k_max = cost.k_max
     policies = split_specs(args.policies) if args.policies else []

@@ -43,7 +43,8 @@ def test_a_grid_cell_is_the_mean_of_its_repeats(tmp_path):
     """Fixed k, policies and the oracle each run over their seeds; a cell is the mean, with each run and the band."""
     out = tmp_path / "grid"
     assert policies_sim.main(["--workloads", "code", "--loads", "2", "--policies", "tabletune", "--warmup-steps", "5",
-                              "--warmup-s", "0", "--measured-steps", "20", "--fixed-repeats", "2",
+                              "--warmup-s", "0", "--measured-steps", "20", "--measured-row-steps", "40",
+                              "--fixed-repeats", "2",
                               "--policy-repeats", "3", "--out", str(out)]) == 0
     import json
 
@@ -55,3 +56,14 @@ def test_a_grid_cell_is_the_mean_of_its_repeats(tmp_path):
         assert c["noise_band"] == pytest.approx((max(runs) - min(runs)) / (sum(runs) / len(runs)), abs=1e-4)
     # seeds draw other requests: a policy's runs differ
     assert len(set(next(c for c in cells if c["policy"] == "tabletune")["sim_tok_s_repeats"])) > 1
+    assert {c["measured_steps"] for c in cells} == {20}  # 40 row-steps at load 2 is what 20 steps hold
+
+
+def test_the_window_holds_the_row_steps_at_low_load():
+    """500 steps, or 4,000 row-steps where that is more: 4,000 / 2,000 / 1,000 steps at loads 1 / 2 / 4, 500 from
+    load 8; 0 row-steps keeps 500 everywhere."""
+    protocol = policies_sim.Protocol()
+    assert [protocol.window_steps(b) for b in (1, 2, 3, 4, 8, 128)] == [4000, 2000, 1334, 1000, 500, 500]
+    assert policies_sim.Protocol(measured_row_steps=0).window_steps(1) == 500
+    with pytest.raises(ValueError):
+        policies_sim.Protocol(measured_row_steps=-1)
