@@ -648,7 +648,8 @@ def main(argv: list[str] | None = None) -> int:
     loads = [int(x) for x in args.loads.split(",")]
     workloads = args.workloads.split(",")
     policies = policy_names(args)
-    unknown = [name for name in (split_specs(args.remeasure) if args.remeasure else []) if name not in policies]
+    again = split_specs(args.remeasure)  # policies whose cells of this call are measured anew
+    unknown = [name for name in again if name not in policies]
     if unknown:
         print(f"refused: --remeasure {unknown[0]!r} is not one of --policies", flush=True)
         return 2
@@ -704,7 +705,6 @@ def main(argv: list[str] | None = None) -> int:
               "command": command, "commands": commands_of(old, command), "profile": profile.to_json(),
               "mixed_check": mixed, "cells": old["cells"] if old else [],
               "workloads": old.get("workloads", {}) if old else {}}
-    again = set(split_specs(args.remeasure)) if args.remeasure else set()
     result["cells"] = [c for c in result["cells"]
                        if not (c["policy"] in again and c["workload"] in workloads and c["load"] in loads)]
     done = {(c["workload"], c["load"], c["policy"]) for c in result["cells"]}
