@@ -118,15 +118,17 @@ class OnlineAdapter:
                 seq = self._finish(req, self._pending.pop(req.id))
                 if seq is not None:
                     done.append(seq)
-        if done and not self.background:  # in the foreground: one update for the step's finished requests
-            self.stats.queued += len(done)
-            self._guarded_update(done)
-        for seq in done if self.background else ():
-            try:
-                self._queue.put_nowait(seq)
-                self.stats.queued += 1
-            except queue.Full:
-                self.stats.dropped += 1
+        if not self.background:  # in the foreground: one update for the step's finished requests
+            if done:
+                self.stats.queued += len(done)
+                self._guarded_update(done)
+        else:  # the worker learns from all it finds queued at once
+            for seq in done:
+                try:
+                    self._queue.put_nowait(seq)
+                    self.stats.queued += 1
+                except queue.Full:
+                    self.stats.dropped += 1
         self._publish_ready()
 
     def flush(self) -> None:
