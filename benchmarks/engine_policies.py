@@ -339,7 +339,22 @@ def serve_cell(engine, args, policy_spec, ctx, load, prompts, oracle, pairs, see
             "host_ms_overlapped": round(1e3 * statistics.fmean(stats.step_host_overlapped_s[start:end] or [0.0]), 4),
             "prefill_ms_per_token": round(1e3 * sum(stats.step_prefill_s[start:end]) / (adm * args.prompt_len), 5)
             if adm else None,
-            "rates": [None if r is None else round(r, 4) for r in stats.counts.rates()]}
+            "rates": [None if r is None else round(r, 4) for r in stats.counts.rates()],
+            **step_residuals(stats, ctx.cost, start, end)}
+
+
+def step_residuals(stats, cost, start: int, end: int) -> dict:
+    """What the cost model leaves out of the window's steps: each step's wall time (its prefills aside) minus
+    ``cost.mixed_ms`` of the ks it verified and the positions its rows drafted, the mean over fused and over split
+    steps (ms; None where there is none), and the share of steps that split."""
+    fused, split = [], []
+    for i in range(start, end):
+        ks, drafted = stats.step_rows[i]
+        measured_ms = 1e3 * (stats.step_wall_s[i] - stats.step_prefill_s[i])
+        (split if stats.step_split[i] else fused).append(measured_ms - cost.mixed_ms(ks, drafted, drafted < ks))
+    return {"residual_ms_fused": round(statistics.fmean(fused), 4) if fused else None,
+            "residual_ms_split": round(statistics.fmean(split), 4) if split else None,
+            "split_share": round(len(split) / max(end - start, 1), 4)}
 
 
 def serve_fixed(engine, args, spec, ctx, load, prompts, oracle, pairs) -> dict:

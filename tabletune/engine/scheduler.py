@@ -77,6 +77,11 @@ class RunStats:
     # device was busy (an observe deferred to the next step's first read), per step
     step_host_critical_s: list[float] = field(default_factory=list)
     step_host_overlapped_s: list[float] = field(default_factory=list)
+    # per step: the ks verified as asked (n-gram rows capped to their proposal) and the model positions each row
+    # drafted (a fused step drafts its longest k for every row; a split one each model row's own, 0 for n-gram
+    # rows), for pricing the step by ``StepCost.mixed_ms``; and whether the step split
+    step_rows: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    step_split: list[bool] = field(default_factory=list)
 
     @property
     def throughput_tok_s(self) -> float:
@@ -266,7 +271,8 @@ class Scheduler:
         return self.engine.k_max if cap is None else min(max(int(cap(state)), 0), self.engine.k_max)
 
     def step(self, running: list[Request], step: int, now_s: float, min_rows: int):
-        """One policy-driven step: (StepResult, state, drafter kinds, forced caps, ks requested, drafts drafted)."""
+        """One policy-driven step: (StepResult, state, drafter kinds, forced caps, ks requested, model positions
+        drafted per row, whether it split)."""
         e, n = self.engine, len(running)
         slots = [r.slot for r in running]
         self._rows = rows = np.array(slots, np.int64)
@@ -304,16 +310,15 @@ class Scheduler:
         if drafted is None:  # fused: a plan's n-gram rows verify their chain's proposal, written by the drafter's
             # begin (only a drafter with both chains, ``has_meta``, has a lookup to plan on)
             buf = e.launch(slots, ks, caps, min_rows, kinds, on_replay=self._launch)
-            num_drafted = n * max(int(ks.max(initial=0)), 0)
+            drafted = np.full(n, max(int(ks.max(initial=0)), 0), np.int64)
         else:
             # the verification follows the drafting already queued (with none queued, the host waited until here)
             buf = e.verify_drafted(slots, ks, caps, min_rows, kinds, on_replay=self._launch)
-            num_drafted = int(drafted.sum())
         kinds_arr = np.array(kinds if kinds is not None else [e.default_kind] * n, np.int64)
         res = self._wait(lambda: e.read(buf, n, e.k_max))
         if features is not None:  # drafted before the plan's verification: read now, for observe (no wait left)
             state = dataclasses.replace(state, features=features())
-        return res, state, kinds_arr, caps, ks, num_drafted
+        return res, state, kinds_arr, caps, ks, drafted, split
 
     def _launch(self) -> None:
         """The host is about to queue device work: the time since the last read was on the critical path."""
@@ -374,7 +379,7 @@ class Scheduler:
             if not running:
                 continue
             t_step = time.perf_counter()
-            res, state, kinds, caps, asked, drafted = self.step(running, len(stats.step_batch_sizes), t_step - t0,
+            res, state, kinds, caps, asked, drafted, split = self.step(running, len(stats.step_batch_sizes), t_step - t0,
                                                                 min_rows)
             rows, accepted, verified = self._rows, res.out[:, 0], res.out[:, 1]
             emitted = np.minimum(accepted + 1, self._max_new[rows] - self._num_out[rows])
@@ -398,7 +403,9 @@ class Scheduler:
             stats.step_batch_sizes.append(len(running))
             stats.step_ks.append(int(verified.max()))
             stats.step_drafts.append(int(verified.sum()))
-            stats.step_drafted.append(drafted)
+            stats.step_drafted.append(int(drafted.sum()))
+            stats.step_rows.append((asked, drafted))
+            stats.step_split.append(split)
             stats.step_admitted.append(n_first)
             stats.step_prefill_s.append(t_adm)
             stats.step_wall_s.append(t_now - t_prev)

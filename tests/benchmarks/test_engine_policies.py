@@ -70,6 +70,11 @@ def test_quick_grid_runs_checkpoints_resumes_and_refuses_over_budget(tmp_path):
     assert all(len(c["throughput_repeats"]) == 2 and c["noise_band"] >= 0 for c in served
                if c["policy"].startswith("fixed:"))
     assert {c["load"] for c in cells if c["policy"] == "oracle" and c["throughput_tok_s"] is None} == {1, 2}
+    # what the cost model leaves out of each step: a fixed k never splits; every cell prices some step
+    assert all(c["split_share"] == 0 and c["residual_ms_split"] is None for c in served
+               if c["policy"].startswith("fixed:"))
+    assert all(0 <= c["split_share"] <= 1 and (c["residual_ms_fused"] is not None or c["split_share"] == 1)
+               for c in served)
     # held-out: the policies' prior rates come from the calibration half of the prompts
     from tabletune.sim.replay import load_traces
 
