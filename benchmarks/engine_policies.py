@@ -78,6 +78,7 @@ from tabletune.engine.trace_replay import (TracedReplayDrafter, load_token_trace
                                            pair_traces, replay_rates)
 from tabletune.padding import geometric_batch_sizes  # noqa: E402
 from tabletune.policies import REGISTRY, make_policy  # noqa: E402
+from tabletune.policies.base import MODEL, NGRAM  # noqa: E402
 from tabletune.policies.timed import timed  # noqa: E402
 from tabletune.profile import Fingerprint, StepPoint, StepProfile  # noqa: E402
 from tabletune.sim.oracle import headroom_share  # noqa: E402
@@ -258,6 +259,60 @@ def mixed_check(engine: SpecEngine, profile: StepProfile, args, loads: list[int]
             "worst_abs_error_by_rule": {k: round(v[0], 4) for k, v in fits.items()}, "rows": rows,
             "worst_abs_error_sim_default": max(abs(r["error_sim_default"]) for r in rows),
             "worst_abs_error_fitted": max(abs(r["error_fitted"]) for r in rows)}
+
+
+PLAN_CHECK_LOADS = (4, 16, 64)
+PLAN_CHECK_KS = ((2, 7), (2, 4), (1, 7))  # (model rows' k, n-gram rows' k)
+
+
+def time_plan(engine: SpecEngine, ks: list[int], kinds: list[int], steps: int, ctx: int, split: bool) -> float:
+    """Median ms of a planned step whose n-gram rows (``kinds``) verify the lookup's proposal: split as the
+    scheduler runs it when they outrun the model rows (draft the model rows only, look up the n-gram rows, verify),
+    or fused (every row drafts the longest k, the n-gram rows' drafts replaced by the lookup)."""
+    slots = list(range(len(ks)))
+    model = [s for s, g in zip(slots, kinds) if g == MODEL]
+    ngram = [s for s, g in zip(slots, kinds) if g == NGRAM]
+    k_model = max((k for k, g in zip(ks, kinds) if g == MODEL), default=0)
+    out = []
+    for i in range(steps + 2):
+        engine.reset_rows(len(ks), ctx)
+        if engine.device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        if split:
+            for j in range(k_model):
+                engine.draft_position(model, j, k_model)
+            engine.lookup_rows(ngram, max(ks))
+            buf = engine.verify_drafted(slots, ks, kinds=kinds)
+        else:
+            buf = engine.launch(slots, ks, kinds=kinds)
+        engine.read(buf, len(ks), engine.k_max)
+        if i >= 2:
+            out.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(out)
+
+
+def plan_check(engine: SpecEngine, cost: StepCost, args, max_load: int) -> dict:
+    """Planned steps with n-gram rows (half the rows, verifying longer than the model rows draft) against
+    ``StepCost.mixed_ms``, which prices their verification only: the split step as the scheduler runs it, the fused
+    one, and what the split costs beyond the price (``split_extra_ms``, per batch size, the median over patterns)."""
+    ctx = cost.profile.context_len
+    loads = [b for b in PLAN_CHECK_LOADS if b <= max_load] or [max(max_load, 2)]
+    rows, extra = [], {}
+    for b in loads:
+        engine.set_context(b, ctx)
+        for k_model, k_ngram in PLAN_CHECK_KS:
+            k_model, k_ngram = min(k_model, args.k_max), min(k_ngram, args.k_max)
+            kinds = [MODEL] * (b - b // 2) + [NGRAM] * (b // 2)
+            ks = [k_model if g == MODEL else k_ngram for g in kinds]
+            drafted = np.array([k_model if g == MODEL else 0 for g in kinds])
+            split = time_plan(engine, ks, kinds, args.profile_steps, ctx, True)
+            fused = time_plan(engine, ks, kinds, args.profile_steps, ctx, False)
+            priced = cost.mixed_ms(np.array(ks), drafted, drafted < np.array(ks))
+            rows.append({"batch_size": b, "k_model": k_model, "k_ngram": k_ngram, "split_ms": round(split, 4),
+                         "fused_ms": round(fused, 4), "priced_ms": round(priced, 4)})
+            extra.setdefault(b, []).append(split - priced)
+    return {"rows": rows, "split_extra_ms": {str(b): round(statistics.median(v), 4) for b, v in extra.items()}}
 
 
 def engine_cost(profile: StepProfile, mixed: dict) -> StepCost:
@@ -469,19 +524,27 @@ def markdown(result: dict) -> str:
           f"share {mc['fitted_draft_share']}; worst |error| {mc['worst_abs_error_sim_default']:.1%} at the simulator's "
           f"0.5, {mc['worst_abs_error_fitted']:.1%} fitted.", "",
           "| workload | load | policy | mean k | tok/s | ratio | sim ratio | difference | oracle ratio | headroom |"
-          " host ms/step | critical host ms | step ms | measured steps | noise band |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          " host ms/step | critical host ms | step ms | unpriced ms, fused / split (share split) | measured steps |"
+          " noise band |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in result["cells"]:
         tok = "" if c.get("throughput_tok_s") is None else f"{c['throughput_tok_s']:.0f}"
+        unpriced = "" if "split_share" not in c else \
+            f"{c['residual_ms_fused']} / {c['residual_ms_split']} ({c['split_share']})"
         md.append(f"| {c['workload']} | {c['load']} | {c['policy']} | {c.get('mean_k')} | {tok} | {c.get('ratio')} |"
                   f" {c.get('sim_ratio')} | {c.get('difference')} | {c.get('oracle_ratio')} | "
                   f"{c.get('headroom_share')} | {c.get('host_ms_per_step')} | {c.get('host_ms_critical')} | "
-                  f"{c.get('step_ms')} | "
+                  f"{c.get('step_ms')} | {unpriced} | "
                   f"{c.get('measured_steps')} | {c.get('noise_band', '')} |")
     md += ["", "| b | pattern | k_top | k_bar | measured ms | split ms | sim 0.5 ms | fitted ms |",
            "|---|---|---|---|---|---|---|---|"]
     md += [f"| {r['batch_size']} | {r['pattern']} | {r['k_top']} | {r['k_bar']} | {r['measured_ms']} | "
            f"{r['split_ms']} | {r['predicted_ms_sim_default']} | {r['predicted_ms_fitted']} |" for r in mc["rows"]]
+    if result.get("plan_check"):
+        md += ["", "Planned steps, half the rows on the n-gram chain (priced: their verification only):", "",
+               "| b | model rows' k | n-gram rows' k | split ms | fused ms | priced ms |", "|---|---|---|---|---|---|"]
+        md += [f"| {r['batch_size']} | {r['k_model']} | {r['k_ngram']} | {r['split_ms']} | {r['fused_ms']} | "
+               f"{r['priced_ms']} |" for r in result["plan_check"]["rows"]]
     return "\n".join(md + [""] + command_lines(result)) + "\n"
 
 
@@ -709,6 +772,9 @@ def main(argv: list[str] | None = None) -> int:
         profile = measure_profile(engine, args, fp)
         mixed = mixed_check(engine, profile, args, loads)
     cost = engine_cost(profile, mixed)
+    plans = old.get("plan_check") if old is not None else None
+    if plans is None and not args.switch:
+        plans = plan_check(engine, cost, args, max_load)
     rng = random.Random(0)
     prompts = [[rng.randrange(target.cfg.vocab_size) for _ in range(args.prompt_len)]
                for _ in range(max(4, args.rounds * max_load))]
@@ -718,7 +784,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"schema": "tabletune.engine_policies", "version": 2, "key": key, "device": fp.device,
               "model": args.model, "prompt_len": args.prompt_len, "output_len": args.output_len,
               "command": command, "commands": commands_of(old, command), "profile": profile.to_json(),
-              "mixed_check": mixed, "cells": old["cells"] if old else [],
+              "mixed_check": mixed, "plan_check": plans, "cells": old["cells"] if old else [],
               "workloads": old.get("workloads", {}) if old else {}}
     result["cells"] = [c for c in result["cells"]
                        if not (c["policy"] in again and c["workload"] in workloads and c["load"] in loads)]

@@ -83,6 +83,11 @@ def test_quick_grid_runs_checkpoints_resumes_and_refuses_over_budget(tmp_path):
     assert result["workloads"]["code"]["rates"] == pytest.approx([max(a, 1e-3) for a in cal])
     assert len(result["mixed_check"]["rows"]) == 2 * 3 and 0 <= result["mixed_check"]["fitted_draft_share"] <= 1
     assert result["mixed_check"]["draft_rows"] in ("active", "batch")
+    # planned steps with n-gram rows, k_max 3 and a largest batch of 2: one model row and one n-gram row a pattern
+    plans = result["plan_check"]
+    assert [(r["batch_size"], r["k_model"], r["k_ngram"]) for r in plans["rows"]] == [(2, 2, 3), (2, 2, 3), (2, 1, 3)]
+    assert all(r["split_ms"] > 0 and r["fused_ms"] > 0 and r["priced_ms"] > 0 for r in plans["rows"])
+    assert set(plans["split_extra_ms"]) == {"2"}
     assert "| code | 1 | fixed:0 |" in Path(out + ".md").read_text()
     assert engine_policies.main(["--quick", "--out", out, "--resume", "--budget-s", "100000"]) == 0
     assert json.loads(Path(out + ".json").read_text())["cells"] == cells  # nothing re-measured
