@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from tabletune.engine.ops import upload
 from tabletune.policies.stop_rule import TOP1_CLIP, Z_CLIP, LogitStopRule
 
 
@@ -15,11 +16,11 @@ class DeviceStop:
     def __init__(self, engine, slots: Sequence[int], caps: np.ndarray, rule: LogitStopRule) -> None:
         dev = engine.device
         self.sig, self.k_max = engine.draft_sig, rule.k_max
-        self.slots = torch.as_tensor(list(slots), device=dev)
-        self.caps = torch.as_tensor(np.asarray(caps, np.int64), device=dev)
+        self.slots = upload(list(slots), dev)
+        self.caps = upload(np.asarray(caps, np.int64), dev)
         self.slope = rule.slope
-        self.intercepts = torch.tensor(rule.intercepts, dtype=torch.float64, device=dev)
-        self.thetas = torch.tensor(rule.log_thresholds, dtype=torch.float64, device=dev)
+        self.intercepts = upload(list(rule.intercepts), dev, torch.float64)
+        self.thetas = upload(list(rule.log_thresholds), dev, torch.float64)
         self.alive = self.caps > 0
         self.log_s = torch.zeros(len(slots), dtype=torch.float64, device=dev)
         self.drafted = torch.zeros(len(slots), dtype=torch.long, device=dev)

@@ -32,6 +32,17 @@ class Packed:
         return self.qoff[:, None] + torch.minimum(pos[None], self.qlen[:, None] - 1)
 
 
+def upload(values, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """Host values (a list, an array) as a tensor on ``device`` without waiting: on CUDA through pinned memory, the
+    copy queued behind the stream's work. ``torch.as_tensor(values, device="cuda")`` copies from pageable memory and
+    first waits for the stream to drain, so the host would idle there while the device finishes what is queued,
+    then launch the rest while the device idles."""
+    host = torch.as_tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """y = x / sqrt(mean(x^2) + eps) * w, computed in float32."""
     xf = x.float()

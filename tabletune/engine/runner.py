@@ -21,7 +21,7 @@ import torch
 from tabletune.engine.config import EngineConfig
 from tabletune.engine.drafters import Drafter
 from tabletune.engine.model import Decoder
-from tabletune.engine.ops import Packed
+from tabletune.engine.ops import Packed, upload
 from tabletune.engine.prefill import Prefill, collector_paused
 from tabletune.engine.verify import verify
 from tabletune.padding import bucket_for, default_buckets
@@ -344,7 +344,7 @@ class SpecEngine:
     def lookup_rows(self, slots: Sequence[int], k: int) -> None:
         """The drafter's n-gram proposals for rows that take no model draft this step (``Drafter.lookup``: a few
         gathers, run eagerly); no sync."""
-        s = torch.as_tensor(list(slots), device=self.device)
+        s = upload(list(slots), self.device)  # behind the drafting queued before it: no wait
         self.drafter.lookup(s, self.cached[s], self.last_token[s], k)
 
     def read_drafts(self, slots: Sequence[int], k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -356,7 +356,7 @@ class SpecEngine:
     def copy_drafts(self, slots: Sequence[int], k: int) -> DraftsCopy:
         """``read_drafts`` without the sync: the copy to the host is queued behind the drafting; ``get()`` waits
         for it (free once a later read synced the stream)."""
-        s = torch.as_tensor(slots, device=self.device)
+        s = upload(list(slots), self.device)
         out = torch.cat([self.draft_sig[s, :k].flatten(1), self.draft_meta[s, :2].float()], 1)
         if self.device.type != "cuda":
             return DraftsCopy(out, None, k)
