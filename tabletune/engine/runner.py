@@ -149,7 +149,11 @@ class SpecEngine:
         self._layouts: dict[tuple, tuple] = {}
         self._host_views: dict[int, np.ndarray] = {}
         self.buffers = {b: self._buffers(b) for b in self.buckets}
-        self.draft_inputs = {b: self._host_and_device(torch.full((b,), self.cache.scratch_slot)) for b in self.buckets}
+        # the rows of each draft position, one pinned buffer per (bucket, position): a position's graph uploads its
+        # rows when the device reaches it, after the host may have launched the next positions (no sync between
+        # them), so positions of one bucket must not share a buffer
+        self.draft_inputs = {(b, j): self._host_and_device(torch.full((b,), self.cache.scratch_slot))
+                             for b in self.buckets for j in range(km)}
         # ("step" | "verify", bucket, k, token bucket j) and ("first", bucket, k) | ("next", bucket, j) -> graph
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         use_graphs = self.device.type == "cuda" if cfg.use_graphs is None else cfg.use_graphs
@@ -235,10 +239,11 @@ class SpecEngine:
                         body = self._step_body if phase == "step" else self._verify_body
                         yield (phase, b, k, j), buf.host, buf.inputs, lambda bd=body, bf=buf, k=k, j=j: bd(bf, k, j)
             if self.cfg.split_steps:
-                host, dev = self.draft_inputs[b]
+                host, dev = self.draft_inputs[(b, 0)]
                 for k in (x for x in self.ks if x > 0):
                     yield ("first", b, k), host, dev, lambda d=dev, k=k: self._position_body(d, 0, k)
                 for j in range(1, self.k_max):
+                    host, dev = self.draft_inputs[(b, j)]
                     yield ("next", b, j), host, dev, lambda d=dev, j=j: self._position_body(d, j, self.k_max)
 
     def capture(self) -> None:
@@ -333,7 +338,7 @@ class SpecEngine:
         """Draft position j + 1 (j = 0: the first, with the drafter's ``begin`` for a step of at most k drafts) of
         these rows only, in the graph of their own bucket; no sync (``read_position`` reads the signals)."""
         b = bucket_for(len(slots), self.buckets)
-        host, dev = self.draft_inputs[b]
+        host, dev = self.draft_inputs[(b, j)]
         host[: len(slots)] = torch.as_tensor(slots)
         host[len(slots):] = self.cache.scratch_slot
         k = self._graph_k[k]  # the smallest captured k >= k

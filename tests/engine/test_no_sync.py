@@ -1,6 +1,6 @@
-"""A step's launches never wait on the device: on CUDA, everything from the first launch to the step's read is
-queued without a host sync (``torch.cuda.set_sync_debug_mode("error")`` raises at any), so the host runs ahead of
-the device. Needs a GPU; the CPU has no stream to wait on."""
+"""The host runs ahead of the device: on CUDA, everything from a step's first launch to its read is queued without
+a host sync (``torch.cuda.set_sync_debug_mode("error")`` raises at any), and what is queued reads the inputs it was
+launched with. Needs a GPU; the CPU has no stream to wait on."""
 
 import numpy as np
 import pytest
@@ -8,6 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tabletune.engine.device_stop import DeviceStop  # noqa: E402
+from tabletune.engine.drafters import make_drafter  # noqa: E402
 from tabletune.engine.model import Decoder  # noqa: E402
 from tabletune.engine.ops import upload  # noqa: E402
 from tabletune.engine.presets import PRESETS  # noqa: E402
@@ -48,3 +49,24 @@ def test_a_split_plan_and_a_device_stop_queue_without_a_sync():
     res = engine.read(buf, 4, engine.k_max)
     assert res.out.shape[0] == 4 and stop.lengths().tolist() == [2, 2]
     assert copy.get()[0].shape == (2, 2, 3)
+
+
+@cuda
+def test_draft_positions_queued_ahead_each_draft_their_own_rows():
+    """Positions 1-3 of rows with caps (3, 3, 3, 3, 3, 2, 2, 1), launched while the device is busy: every position
+    runs in the bucket of 8 and uploads its rows only when the device reaches it, after the host wrote the later
+    positions' rows. Each row must draft exactly its cap's positions."""
+    torch.manual_seed(0)
+    target = Decoder(PRESETS["tiny"], torch.float32, "cuda")
+    drafter = make_drafter("eagle", target, 3, draft_cfg=PRESETS["tiny"])
+    engine = SpecEngine(target, drafter, EngineConfig(max_num_seqs=8, max_len=64, k_max=3, split_steps=True))
+    engine.set_context(8, 16)
+    engine.drafts.fill_(-1)
+    caps = [3, 3, 3, 3, 3, 2, 2, 1]
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # the device busy while the host launches every position
+    for j in range(3):
+        engine.draft_position([i for i in range(8) if caps[i] > j], j, 3)
+    torch.cuda.synchronize()
+    drafted = (engine.drafts[:8] != -1).cpu().numpy()
+    assert drafted.tolist() == [[j < c for j in range(3)] for c in caps]
