@@ -571,7 +571,7 @@ def serve_workload(engine, args, wname, loads, policies, cost, result, done, pro
                 cell = oracle_cell(cost, calib, args, load, result["cells"])
             else:
                 serve = serve_fixed if spec.startswith("fixed:") else serve_cell
-                cell = {"workload": wname, "load": load, "policy": spec,
+                cell = {"workload": wname, "load": load, "policy": spec, "engine_version": ENGINE_VERSION,
                         **serve(engine, args, calib.spec(spec), ctx, load, prompts, oracle, data["pairs"])}
                 if not args.no_sim:
                     cell.update(simulate_cell(cost, calib, args, spec, load, cell, result["cells"]))
@@ -704,6 +704,13 @@ def greedy_outputs(engine: SpecEngine, args, prompts: list[list[int]], resume: b
     return [row.tolist() for row in out]
 
 
+def compatible(key: dict) -> dict:
+    """A file's key with the engine's version cut to major.minor: a patch release runs fused steps as before, so
+    --resume keeps the cells of another patch (each cell records the version it ran on)."""
+    fp = key["fingerprint"]
+    return {**key, "fingerprint": {**fp, "engine_version": ".".join(fp["engine_version"].split(".")[:2])}}
+
+
 def commands_of(old: dict | None, command: str) -> list[str]:
     """The commands whose cells OUT.json holds, in order: those of the file resumed, then this one (once)."""
     before = (old.get("commands") or [old["command"]]) if old else []
@@ -762,7 +769,7 @@ def main(argv: list[str] | None = None) -> int:
            "model_trace": args.model_trace}
     out_json = Path(args.out + ".json")
     old = json.loads(out_json.read_text()) if args.resume and out_json.exists() else None
-    if old is not None and old["key"] != key:
+    if old is not None and compatible(old["key"]) != compatible(key):
         print("refused: --resume over results of another setting (fingerprint or grid differs)", flush=True)
         return 2
     if old is not None:
@@ -784,7 +791,9 @@ def main(argv: list[str] | None = None) -> int:
     result = {"schema": "tabletune.engine_policies", "version": 2, "key": key, "device": fp.device,
               "model": args.model, "prompt_len": args.prompt_len, "output_len": args.output_len,
               "command": command, "commands": commands_of(old, command), "profile": profile.to_json(),
-              "mixed_check": mixed, "plan_check": plans, "cells": old["cells"] if old else [],
+              "mixed_check": mixed, "plan_check": plans,
+              "cells": [c if c["policy"] == "oracle" else {"engine_version": old["key"]["fingerprint"]["engine_version"],
+                                                           **c} for c in old["cells"]] if old else [],
               "workloads": old.get("workloads", {}) if old else {}}
     result["cells"] = [c for c in result["cells"]
                        if not (c["policy"] in again and c["workload"] in workloads and c["load"] in loads)]

@@ -18,8 +18,9 @@ from tabletune.engine.trace_replay import TracedReplayDrafter
 # packed verification (token buckets), drafting position by position with stops (a formula rule on the device);
 # n-gram traces read bridged; nothing read back between drafting and verification without a host stop rule, and a
 # step's tokens appended while the next step runs; a plan made on the n-gram lookup without a stop rule runs fused;
-# a pair's two replayed chains wrap together
-ENGINE_VERSION = "0.13.0"
+# a pair's two replayed chains wrap together; nothing between a step's first launch and its read waits on the
+# device, and each draft position uploads its own rows (a patch release: fused steps run as before)
+ENGINE_VERSION = "0.13.1"
 RUNNER = "builtin/cudagraph-per-(bucket,k,tokens)"
 
 

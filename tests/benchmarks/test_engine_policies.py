@@ -184,3 +184,12 @@ def test_charged_host_ms_is_the_critical_time_beyond_a_fixed_k():
     assert charge({"workload": "chat", "load": 4, "policy": "p", "host_ms_critical": 0.01}, cells) == 0.0
     assert charge(cells[0], cells) == 0.0
     assert charge({"workload": "chat", "load": 4, "policy": "p", "host_ms_per_step": 0.3}, cells) == 0.3
+
+
+def test_resume_keeps_another_patch_of_the_engine_and_refuses_another_minor():
+    key = {"fingerprint": {"engine": "builtin", "engine_version": "0.13.0"}, "k_max": 7}
+    patch = {"fingerprint": {"engine": "builtin", "engine_version": "0.13.1"}, "k_max": 7}
+    minor = {"fingerprint": {"engine": "builtin", "engine_version": "0.14.0"}, "k_max": 7}
+    assert engine_policies.compatible(key) == engine_policies.compatible(patch)
+    assert engine_policies.compatible(key) != engine_policies.compatible(minor)
+    assert engine_policies.compatible(key) != engine_policies.compatible({**patch, "k_max": 6})
