@@ -57,6 +57,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -196,25 +197,34 @@ def measure_profile(engine: SpecEngine, args, fp: Fingerprint) -> StepProfile:
     return StepProfile(points=tuple(points), context_len=ctx, fingerprint=fp)
 
 
+def median_step_ms(engine: SpecEngine, num_rows: int, ctx: int, steps: int, step: Callable[[], None]) -> float:
+    """Median wall ms of ``step()`` (which ends with a read), rows 0..num_rows-1 reset to ctx before each, after
+    2 untimed runs."""
+    out = []
+    for i in range(steps + 2):
+        engine.reset_rows(num_rows, ctx)
+        if engine.device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        if i >= 2:
+            out.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(out)
+
+
 def time_ragged(engine: SpecEngine, ks: list[int], steps: int, ctx: int, split: bool) -> float:
     """Median wall ms of a ragged step of these k_i (rows 0..b-1 reset to ctx before each); ``split``: draft
     k_max, read the signals, verify (a feature policy's step)."""
     if not split:
         return statistics.median(time_steps(engine, len(ks), ks, steps, ctx))
     slots = list(range(len(ks)))
-    out = []
-    for i in range(steps + 2):
-        engine.reset_rows(len(ks), ctx)
-        if engine.device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
+
+    def step() -> None:
         for j in range(engine.k_max):
             engine.draft_position(slots, j, engine.k_max)
         engine.read_drafts(slots, engine.k_max)
         engine.read(engine.verify_drafted(slots, ks), len(ks), engine.k_max)
-        if i >= 2:
-            out.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(out)
+    return median_step_ms(engine, len(ks), ctx, steps, step)
 
 
 def mixed_check(engine: SpecEngine, profile: StepProfile, args, loads: list[int]) -> dict:
@@ -273,12 +283,8 @@ def time_plan(engine: SpecEngine, ks: list[int], kinds: list[int], steps: int, c
     model = [s for s, g in zip(slots, kinds) if g == MODEL]
     ngram = [s for s, g in zip(slots, kinds) if g == NGRAM]
     k_model = max((k for k, g in zip(ks, kinds) if g == MODEL), default=0)
-    out = []
-    for i in range(steps + 2):
-        engine.reset_rows(len(ks), ctx)
-        if engine.device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
+
+    def step() -> None:
         if split:
             for j in range(k_model):
                 engine.draft_position(model, j, k_model)
@@ -287,9 +293,7 @@ def time_plan(engine: SpecEngine, ks: list[int], kinds: list[int], steps: int, c
         else:
             buf = engine.launch(slots, ks, kinds=kinds)
         engine.read(buf, len(ks), engine.k_max)
-        if i >= 2:
-            out.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(out)
+    return median_step_ms(engine, len(ks), ctx, steps, step)
 
 
 def plan_check(engine: SpecEngine, cost: StepCost, args, max_load: int) -> dict:
@@ -308,7 +312,8 @@ def plan_check(engine: SpecEngine, cost: StepCost, args, max_load: int) -> dict:
             drafted = np.array([k_model if g == MODEL else 0 for g in kinds])
             split = time_plan(engine, ks, kinds, args.profile_steps, ctx, True)
             fused = time_plan(engine, ks, kinds, args.profile_steps, ctx, False)
-            priced = cost.mixed_ms(np.array(ks), drafted, drafted < np.array(ks))
+            verified = np.array(ks)
+            priced = cost.mixed_ms(verified, drafted, drafted < verified)
             rows.append({"batch_size": b, "k_model": k_model, "k_ngram": k_ngram, "split_ms": round(split, 4),
                          "fused_ms": round(fused, 4), "priced_ms": round(priced, 4)})
             extra.setdefault(b, []).append(split - priced)

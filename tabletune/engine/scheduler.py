@@ -72,7 +72,6 @@ class RunStats:
     step_admitted: list[int] = field(default_factory=list)  # requests admitted (prefilled) before the step
     step_prefill_s: list[float] = field(default_factory=list)  # wall time of those prefills (inside step_wall_s)
     step_drafts: list[int] = field(default_factory=list)  # sum_i k_i: drafts verified by the step
-    step_drafted: list[int] = field(default_factory=list)  # drafts the rows drafted (fused: rows x the step's k)
     # host time the device waited on (from a read to the next launch, prefills aside) and host time run while the
     # device was busy (an observe deferred to the next step's first read), per step
     step_host_critical_s: list[float] = field(default_factory=list)
@@ -82,6 +81,11 @@ class RunStats:
     # rows), for pricing the step by ``StepCost.mixed_ms``; and whether the step split
     step_rows: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     step_split: list[bool] = field(default_factory=list)
+
+    @property
+    def step_drafted(self) -> list[int]:
+        """Per step, the drafts the rows drafted (fused: rows x the step's k)."""
+        return [int(drafted.sum()) for _, drafted in self.step_rows]
 
     @property
     def throughput_tok_s(self) -> float:
@@ -379,8 +383,8 @@ class Scheduler:
             if not running:
                 continue
             t_step = time.perf_counter()
-            res, state, kinds, caps, asked, drafted, split = self.step(running, len(stats.step_batch_sizes), t_step - t0,
-                                                                min_rows)
+            res, state, kinds, caps, asked, drafted, split = self.step(running, len(stats.step_batch_sizes),
+                                                                       t_step - t0, min_rows)
             rows, accepted, verified = self._rows, res.out[:, 0], res.out[:, 1]
             emitted = np.minimum(accepted + 1, self._max_new[rows] - self._num_out[rows])
             self._num_out[rows] += emitted
@@ -403,7 +407,6 @@ class Scheduler:
             stats.step_batch_sizes.append(len(running))
             stats.step_ks.append(int(verified.max()))
             stats.step_drafts.append(int(verified.sum()))
-            stats.step_drafted.append(int(drafted.sum()))
             stats.step_rows.append((asked, drafted))
             stats.step_split.append(split)
             stats.step_admitted.append(n_first)
