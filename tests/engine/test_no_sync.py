@@ -34,12 +34,14 @@ def test_a_split_plan_and_a_device_stop_queue_without_a_sync():
                                                                     split_steps=True))
     engine.set_context(4, 16)
     torch.cuda.synchronize()
-    rule = LogitStopRule(1.0, (0.0, 0.0, 0.0), (-9.0, -9.0, float("inf")))
+    # no trace is loaded, so every drafted top-1 reads 0 (clipped to 1e-6): log p = -13.8 a position, and the
+    # thresholds keep a row after position 1 (-13.8 > -20) but stop it after position 2 (-27.6 < -9), below its cap 3
+    rule = LogitStopRule(1.0, (0.0, 0.0, 0.0), (-20.0, -9.0, float("inf")))
     torch.cuda.set_sync_debug_mode("error")
     try:
-        stop = DeviceStop(engine, [0, 1], np.array([2, 2]), rule)
-        for j in range(2):  # the model rows draft 2, the rule's numbers behind them
-            engine.draft_position([0, 1], j, 2)
+        stop = DeviceStop(engine, [0, 1], np.array([3, 3]), rule)
+        for j in range(3):  # the model rows draft up to 3, the rule's numbers behind each position
+            engine.draft_position([0, 1], j, 3)
             stop.after_position(j + 1)
         engine.lookup_rows([2, 3], 3)  # the n-gram rows' proposals
         buf = engine.verify_drafted([0, 1, 2, 3], [2, 2, 3, 3], kinds=[MODEL, MODEL, NGRAM, NGRAM])
