@@ -271,14 +271,16 @@ def mixed_check(engine: SpecEngine, profile: StepProfile, args, loads: list[int]
             "worst_abs_error_fitted": max(abs(r["error_fitted"]) for r in rows)}
 
 
-PLAN_CHECK_LOADS = (4, 16, 64)
+PLAN_CHECK_LOADS = (4, 16, 64, 128)
 PLAN_CHECK_KS = ((2, 7), (2, 4), (1, 7))  # (model rows' k, n-gram rows' k)
 
 
-def time_plan(engine: SpecEngine, ks: list[int], kinds: list[int], steps: int, ctx: int, split: bool) -> float:
+def time_plan(engine: SpecEngine, ks: list[int], kinds: list[int], steps: int, ctx: int, split: bool,
+              draft: bool = True) -> float:
     """Median ms of a planned step whose n-gram rows (``kinds``) verify the lookup's proposal: split as the
     scheduler runs it when they outrun the model rows (draft the model rows only, look up the n-gram rows, verify),
-    or fused (every row drafts the longest k, the n-gram rows' drafts replaced by the lookup)."""
+    or fused (every row drafts the longest k, the n-gram rows' drafts replaced by the lookup). ``draft=False``: the
+    split step without its model drafting (the lookup and the verification alone)."""
     slots = list(range(len(ks)))
     model = [s for s, g in zip(slots, kinds) if g == MODEL]
     ngram = [s for s, g in zip(slots, kinds) if g == NGRAM]
@@ -286,7 +288,7 @@ def time_plan(engine: SpecEngine, ks: list[int], kinds: list[int], steps: int, c
 
     def step() -> None:
         if split:
-            for j in range(k_model):
+            for j in range(k_model if draft else 0):
                 engine.draft_position(model, j, k_model)
             engine.lookup_rows(ngram, max(ks))
             buf = engine.verify_drafted(slots, ks, kinds=kinds)
@@ -299,7 +301,9 @@ def time_plan(engine: SpecEngine, ks: list[int], kinds: list[int], steps: int, c
 def plan_check(engine: SpecEngine, cost: StepCost, args, max_load: int) -> dict:
     """Planned steps with n-gram rows (half the rows, verifying longer than the model rows draft) against
     ``StepCost.mixed_ms``, which prices their verification only: the split step as the scheduler runs it, the fused
-    one, and what the split costs beyond the price (``split_extra_ms``, per batch size, the median over patterns)."""
+    one, the split one without its drafting (``verify_ms``, against ``StepCost.verify_ms`` at the mean verified
+    length), and what the split costs beyond the price (``split_extra_ms``, per batch size, the median over
+    patterns)."""
     ctx = cost.profile.context_len
     loads = [b for b in PLAN_CHECK_LOADS if b <= max_load] or [max(max_load, 2)]
     rows, extra = [], {}
@@ -312,17 +316,70 @@ def plan_check(engine: SpecEngine, cost: StepCost, args, max_load: int) -> dict:
             drafted = np.array([k_model if g == MODEL else 0 for g in kinds])
             split = time_plan(engine, ks, kinds, args.profile_steps, ctx, True)
             fused = time_plan(engine, ks, kinds, args.profile_steps, ctx, False)
+            verify = time_plan(engine, ks, kinds, args.profile_steps, ctx, True, draft=False)
             verified = np.array(ks)
             priced = cost.mixed_ms(verified, drafted, drafted < verified)
             rows.append({"batch_size": b, "k_model": k_model, "k_ngram": k_ngram, "split_ms": round(split, 4),
-                         "fused_ms": round(fused, 4), "priced_ms": round(priced, 4)})
+                         "fused_ms": round(fused, 4), "verify_ms": round(verify, 4),
+                         "priced_verify_ms": round(float(cost.verify_ms(b, float(verified.mean()))), 4),
+                         "priced_ms": round(priced, 4)})
             extra.setdefault(b, []).append(split - priced)
     return {"rows": rows, "split_extra_ms": {str(b): round(statistics.median(v), 4) for b, v in extra.items()}}
 
 
-def engine_cost(profile: StepProfile, mixed: dict) -> StepCost:
-    """The engine's cost: its profile with the draft share and drafting rule the mixed-k check chose."""
-    return StepCost(profile, draft_share=mixed["fitted_draft_share"], draft_rows=mixed.get("draft_rows", "active"))
+def draft_profile(engine: SpecEngine, profile: StepProfile, args) -> dict:
+    """D(b, k): the drafting of a step alone, timed at the profile's (b, k): positions 1..k of b rows (the split
+    path's draft graphs), then a read of their signals, less the read alone. The rest of T(b, k) is verification;
+    the share drafting takes falls with b as verifying k more tokens a row turns compute-bound."""
+    ctx, rows = profile.context_len, []
+    for b in profile.batch_sizes:
+        engine.set_context(b, ctx)
+        slots = list(range(b))
+
+        def step(k: int = 0) -> None:
+            for j in range(k):
+                engine.draft_position(slots, j, k)
+            engine.read_drafts(slots, max(k, 1))
+        read_ms = median_step_ms(engine, b, ctx, args.profile_steps, step)
+        rows.append({"batch_size": b, "draft_ms": [0.0] + [
+            round(max(median_step_ms(engine, b, ctx, args.profile_steps, lambda k=k: step(k)) - read_ms, 0.0), 4)
+            for k in range(1, args.k_max + 1)]})
+    return {"rows": rows}
+
+
+def engine_cost(profile: StepProfile, mixed: dict, drafts: dict | None = None) -> StepCost:
+    """The engine's cost: its profile with the drafting rule the mixed-k check chose, and drafting priced by the
+    measured D(b, k) (``draft_profile``), else by the share of T(b, k) - T(b, 0) that check fitted."""
+    rows_rule = mixed.get("draft_rows", "active")
+    if drafts is None:
+        return StepCost(profile, draft_share=mixed["fitted_draft_share"], draft_rows=rows_rule)
+    by_b = {r["batch_size"]: r["draft_ms"] for r in drafts["rows"]}
+    # at most T(b, k) - T(b, 0): verifying k more tokens never costs less than verifying none
+    return StepCost.split(profile, lambda b, k: min(by_b[b][k], profile.step_ms(b, k) - profile.step_ms(b, 0)),
+                          draft_rows=rows_rule)
+
+
+def pricing(result: dict) -> str:
+    """How the policies of a cell priced drafting: the measured D(b, k), or a share of T(b, k) - T(b, 0)."""
+    return "draft profile" if result.get("draft_profile") else "draft share"
+
+
+def reprice(result: dict, cost: StepCost) -> None:
+    """The mixed-k and plan checks' steps priced by ``cost`` (the cost the simulator uses now)."""
+    for r in result["mixed_check"]["rows"]:
+        if r.get("ks") is not None:
+            r["priced_ms"] = round(cost.mixed_ms(np.array(r["ks"])), 4)
+    for r in (result.get("plan_check") or {}).get("rows", []):
+        b, half = r["batch_size"], r["batch_size"] // 2
+        ks = np.array([r["k_model"]] * (b - half) + [r["k_ngram"]] * half)
+        drafted = np.array([r["k_model"]] * (b - half) + [0] * half)
+        r["priced_ms"] = round(cost.mixed_ms(ks, drafted, drafted < ks), 4)
+        r["priced_verify_ms"] = round(float(cost.verify_ms(b, float(ks.mean()))), 4)
+    if result.get("plan_check"):
+        extra: dict[int, list[float]] = {}
+        for r in result["plan_check"]["rows"]:
+            extra.setdefault(r["batch_size"], []).append(r["split_ms"] - r["priced_ms"])
+        result["plan_check"]["split_extra_ms"] = {str(b): round(statistics.median(v), 4) for b, v in extra.items()}
 
 
 def span_fit(ngram: list) -> tuple[float, float]:
@@ -474,7 +531,8 @@ def sim_only(args) -> int:
     args.warmup_steps, args.measured_steps = key["warmup_steps"], key["measured_steps"]
     args.fixed_repeats = key["fixed_repeats"]
     profile = StepProfile.from_json(result["profile"], str(out_json))
-    cost = engine_cost(profile, result["mixed_check"])
+    cost = engine_cost(profile, result["mixed_check"], result.get("draft_profile"))
+    reprice(result, cost)
     result["cells"] = [c for c in result["cells"] if c["policy"] != "oracle"]
     with tempfile.TemporaryDirectory() as tmp:
         calibs: dict = {}
@@ -541,15 +599,34 @@ def markdown(result: dict) -> str:
                   f"{c.get('headroom_share')} | {c.get('host_ms_per_step')} | {c.get('host_ms_critical')} | "
                   f"{c.get('step_ms')} | {unpriced} | "
                   f"{c.get('measured_steps')} | {c.get('noise_band', '')} |")
-    md += ["", "| b | pattern | k_top | k_bar | measured ms | split ms | sim 0.5 ms | fitted ms |",
-           "|---|---|---|---|---|---|---|---|"]
+    md += ["", "| b | pattern | k_top | k_bar | measured ms | split ms | sim 0.5 ms | fitted ms | priced ms |",
+           "|---|---|---|---|---|---|---|---|---|"]
     md += [f"| {r['batch_size']} | {r['pattern']} | {r['k_top']} | {r['k_bar']} | {r['measured_ms']} | "
-           f"{r['split_ms']} | {r['predicted_ms_sim_default']} | {r['predicted_ms_fitted']} |" for r in mc["rows"]]
+           f"{r['split_ms']} | {r['predicted_ms_sim_default']} | {r['predicted_ms_fitted']} | "
+           f"{r.get('priced_ms', '')} |" for r in mc["rows"]]
+    drafts = result.get("draft_profile")
+    if drafts:
+        ks = range(len(drafts["rows"][0]["draft_ms"]))
+        md += ["", "Drafting alone, D(b, k) ms (the draft profile; priced ms above and below use it), and its share "
+               "of T(b, k) - T(b, 0):", "", "| b | " + " | ".join(f"k = {k}" for k in ks if k) + " | share at k_max |",
+               "|---|" + "---|" * len(ks)]
+        t = {(p["batch_size"], p["k"]): p["median_ms"] for p in result["profile"]["points"]}
+        for r in drafts["rows"]:
+            b, d = r["batch_size"], r["draft_ms"]
+            span = t.get((b, len(d) - 1), 0.0) - t.get((b, 0), 0.0)
+            share = f"{d[-1] / span:.2f}" if span > 0 else ""
+            md.append(f"| {b} | " + " | ".join(str(x) for x in d[1:]) + f" | {share} |")
+        n = sum(1 for c in result["cells"] if c.get("pricing") == "draft profile")
+        md += ["", f"Cells whose policies priced drafting by the draft profile: {n} of "
+               f"{sum(1 for c in result['cells'] if c['policy'] != 'oracle')} (the others by the fitted share)."]
     if result.get("plan_check"):
-        md += ["", "Planned steps, half the rows on the n-gram chain (priced: their verification only):", "",
-               "| b | model rows' k | n-gram rows' k | split ms | fused ms | priced ms |", "|---|---|---|---|---|---|"]
+        md += ["", "Planned steps, half the rows on the n-gram chain (priced: their verification only; verify: the split "
+               "step without its drafting, priced at the mean verified length):", "",
+               "| b | model rows' k | n-gram rows' k | split ms | fused ms | priced ms | verify ms | priced verify ms |",
+               "|---|---|---|---|---|---|---|---|"]
         md += [f"| {r['batch_size']} | {r['k_model']} | {r['k_ngram']} | {r['split_ms']} | {r['fused_ms']} | "
-               f"{r['priced_ms']} |" for r in result["plan_check"]["rows"]]
+               f"{r['priced_ms']} | {r.get('verify_ms', '')} | {r.get('priced_verify_ms', '')} |"
+               for r in result["plan_check"]["rows"]]
     return "\n".join(md + [""] + command_lines(result)) + "\n"
 
 
@@ -577,6 +654,7 @@ def serve_workload(engine, args, wname, loads, policies, cost, result, done, pro
             else:
                 serve = serve_fixed if spec.startswith("fixed:") else serve_cell
                 cell = {"workload": wname, "load": load, "policy": spec, "engine_version": ENGINE_VERSION,
+                        "pricing": pricing(result),
                         **serve(engine, args, calib.spec(spec), ctx, load, prompts, oracle, data["pairs"])}
                 if not args.no_sim:
                     cell.update(simulate_cell(cost, calib, args, spec, load, cell, result["cells"]))
@@ -643,13 +721,14 @@ def recovered(runs: dict) -> dict[str, float] | None:
     return {name: round((after(run) - stale) / (best - stale), 3) for name, run in runs.items()}
 
 
-def serve_switch(engine, args, cost, loads, prompts, oracle, key, command, fp, profile, mixed, old) -> int:
+def serve_switch(engine, args, cost, loads, prompts, oracle, key, command, fp, profile, mixed, drafts, old) -> int:
     """``--switch``: each policy of SWITCH_POLICIES through the code -> chat stream at each load, checkpointed per
     (load, policy) in OUT.json; per load the recovered share (module ``recovered``)."""
     out_json = Path(args.out + ".json")
     result = {"schema": "tabletune.engine_switch", "version": 1, "key": key, "device": fp.device,
               "model": args.model, "command": command, "commands": commands_of(old, command),
-              "profile": profile.to_json(), "mixed_check": mixed, "runs": old.get("runs", {}) if old else {}}
+              "profile": profile.to_json(), "mixed_check": mixed, "draft_profile": drafts,
+              "runs": old.get("runs", {}) if old else {}}
     with tempfile.TemporaryDirectory() as tmp:
         calib = {w: calibrate(w, args.k_max, cost, Path(tmp) / w, protocol_of(args)) for w in ("code", "chat")}
     pairs = {w: workload_data(w, args.k_max, args.model_trace)["pairs"] for w in ("code", "chat")}
@@ -783,20 +862,24 @@ def main(argv: list[str] | None = None) -> int:
     else:
         profile = measure_profile(engine, args, fp)
         mixed = mixed_check(engine, profile, args, loads)
-    cost = engine_cost(profile, mixed)
+    drafts = old.get("draft_profile") if old is not None else None
+    if drafts is None:
+        drafts = draft_profile(engine, profile, args)
+    cost = engine_cost(profile, mixed, drafts)
     plans = old.get("plan_check") if old is not None else None
-    if plans is None and not args.switch:
-        plans = plan_check(engine, cost, args, max_load)
+    if (plans is None or any("verify_ms" not in r for r in plans["rows"])) and not args.switch:
+        plans = plan_check(engine, cost, args, max_load)  # measured afresh where an older run lacks the verify timing
     rng = random.Random(0)
     prompts = [[rng.randrange(target.cfg.vocab_size) for _ in range(args.prompt_len)]
                for _ in range(max(4, args.rounds * max_load))]
     oracle = greedy_outputs(engine, args, prompts, resume=old is not None)
     if args.switch:
-        return serve_switch(engine, args, cost, loads, prompts, oracle, key, command, fp, profile, mixed, old)
+        return serve_switch(engine, args, cost, loads, prompts, oracle, key, command, fp, profile, mixed, drafts,
+                            old)
     result = {"schema": "tabletune.engine_policies", "version": 2, "key": key, "device": fp.device,
               "model": args.model, "prompt_len": args.prompt_len, "output_len": args.output_len,
               "command": command, "commands": commands_of(old, command), "profile": profile.to_json(),
-              "mixed_check": mixed, "plan_check": plans,
+              "mixed_check": mixed, "draft_profile": drafts, "plan_check": plans,
               "cells": [c if c["policy"] == "oracle" else {"engine_version": old["key"]["fingerprint"]["engine_version"],
                                                            **c} for c in old["cells"]] if old else [],
               "workloads": old.get("workloads", {}) if old else {}}

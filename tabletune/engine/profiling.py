@@ -20,7 +20,7 @@ from tabletune.engine.trace_replay import TracedReplayDrafter
 # step's tokens appended while the next step runs; a plan made on the n-gram lookup without a stop rule runs fused;
 # a pair's two replayed chains wrap together; nothing between a step's first launch and its read waits on the
 # device, and each draft position uploads its own rows (a patch release: fused steps run as before)
-ENGINE_VERSION = "0.13.1"
+ENGINE_VERSION = "0.13.2"
 RUNNER = "builtin/cudagraph-per-(bucket,k,tokens)"
 
 

@@ -154,7 +154,12 @@ class SpecEngine:
         # them), so positions of one bucket must not share a buffer
         self.draft_inputs = {(b, j): self._host_and_device(torch.full((b,), self.cache.scratch_slot))
                              for b in self.buckets for j in range(km)}
-        # ("step" | "verify", bucket, k, token bucket j) and ("first", bucket, k) | ("next", bucket, j) -> graph
+        # the rows of a split step's n-gram lookup, per bucket (a drafter with both chains only)
+        self.has_lookup = cfg.split_steps and type(drafter).lookup is not Drafter.lookup
+        self.lookup_inputs = {b: self._host_and_device(torch.full((b,), self.cache.scratch_slot))
+                              for b in self.buckets} if self.has_lookup else {}
+        # ("step" | "verify", bucket, k, token bucket j), ("first", bucket, k) | ("next", bucket, j) and
+        # ("lookup", bucket) -> graph
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         use_graphs = self.device.type == "cuda" if cfg.use_graphs is None else cfg.use_graphs
         self.prefills = Prefill(target, self.cache, cfg.prefill_graph_max_len if use_graphs else 0)
@@ -245,6 +250,9 @@ class SpecEngine:
                 for j in range(1, self.k_max):
                     host, dev = self.draft_inputs[(b, j)]
                     yield ("next", b, j), host, dev, lambda d=dev, j=j: self._position_body(d, j, self.k_max)
+            if self.has_lookup:
+                host, dev = self.lookup_inputs[b]
+                yield ("lookup", b), host, dev, lambda d=dev: self._lookup_body(d)
 
     def capture(self) -> None:
         """Every graph (``_bodies``), largest bucket first, sharing one memory pool; a graph's first node uploads
@@ -345,12 +353,22 @@ class SpecEngine:
         key = ("first", b, k) if j == 0 else ("next", b, j)
         self._run(key, host, dev, lambda: self._position_body(dev, j, k if j == 0 else self.k_max))
 
-    @torch.inference_mode()
     def lookup_rows(self, slots: Sequence[int], k: int) -> None:
-        """The drafter's n-gram proposals for rows that take no model draft this step (``Drafter.lookup``: a few
-        gathers, run eagerly); no sync."""
-        s = upload(list(slots), self.device)  # behind the drafting queued before it: no wait
-        self.drafter.lookup(s, self.cached[s], self.last_token[s], k)
+        """The drafter's n-gram proposals for rows that take no model draft this step (``Drafter.lookup``, a few
+        gathers: one graph per bucket, so that a step with no model row to draft does not leave the device idle
+        while the host launches them one by one); no sync. The lookup writes all k_max proposals, verification
+        takes each row's first k_i <= ``k``."""
+        if not self.has_lookup:
+            raise ValueError(f"{self.drafter.name} has no n-gram lookup apart from drafting (or split_steps is off)")
+        b = bucket_for(len(slots), self.buckets)
+        host, dev = self.lookup_inputs[b]
+        host[: len(slots)] = torch.as_tensor(slots)
+        host[len(slots):] = self.cache.scratch_slot
+        self._run(("lookup", b), host, dev, lambda: self._lookup_body(dev))
+
+    @torch.inference_mode()
+    def _lookup_body(self, slots: torch.Tensor) -> None:
+        self.drafter.lookup(slots, self.cached[slots], self.last_token[slots], self.k_max)
 
     def read_drafts(self, slots: Sequence[int], k: int) -> tuple[np.ndarray, np.ndarray]:
         """(signals [rows, k, 3]: top-1, entropy, margin of positions 1..k; [rows, 2]: n-gram match length and

@@ -245,14 +245,16 @@ class Scheduler:
         e, k_max = self.engine, self.engine.k_max
         rule = self.device_rule(state) if self.reads_each_position and self.device_stop else None
         if rule is not None:  # the rule on the device: no host sync until the loop ends
-            stop, j, cap = DeviceStop(e, slots, caps, rule), 0, int(caps.max(initial=0))
-            while j < cap and not stop.done():
+            stop, j, cap = None, 0, int(caps.max(initial=0))
+            while j < cap and (stop is None or not stop.done()):
                 self._launch()
                 e.draft_position([s for s, c in zip(slots, caps) if c > j], j, cap)
+                if stop is None:  # the rule first acts after position 1: its set-up runs while the device drafts
+                    stop = DeviceStop(e, slots, caps, rule)
                 j += 1
                 stop.after_position(j)
             copy = e.copy_drafts(slots, j) if self.uses_features and j else None
-            drafted = self._wait(stop.lengths)
+            drafted = np.zeros(len(slots), np.int64) if stop is None else self._wait(stop.lengths)
         else:
             drafted, active, j = np.zeros(len(slots), np.int64), caps > 0, 0
             while active.any():

@@ -86,8 +86,15 @@ def test_quick_grid_runs_checkpoints_resumes_and_refuses_over_budget(tmp_path):
     # planned steps with n-gram rows, k_max 3 and a largest batch of 2: one model row and one n-gram row a pattern
     plans = result["plan_check"]
     assert [(r["batch_size"], r["k_model"], r["k_ngram"]) for r in plans["rows"]] == [(2, 2, 3), (2, 2, 3), (2, 1, 3)]
-    assert all(r["split_ms"] > 0 and r["fused_ms"] > 0 and r["priced_ms"] > 0 for r in plans["rows"])
+    assert all(r["split_ms"] > 0 and r["fused_ms"] > 0 and r["verify_ms"] > 0 and r["priced_ms"] > 0
+               for r in plans["rows"])
     assert set(plans["split_extra_ms"]) == {"2"}
+    # drafting alone by batch size (the buckets 1 and 2), k = 0..3; the cells' policies priced drafting by it
+    drafts = result["draft_profile"]["rows"]
+    assert [r["batch_size"] for r in drafts] == [1, 2]
+    assert all(len(r["draft_ms"]) == 4 and r["draft_ms"][0] == 0 and min(r["draft_ms"]) >= 0 for r in drafts)
+    assert all(c["pricing"] == "draft profile" for c in served)
+    assert all(r["priced_ms"] > 0 for r in result["mixed_check"]["rows"])
     assert "| code | 1 | fixed:0 |" in Path(out + ".md").read_text()
     assert engine_policies.main(["--quick", "--out", out, "--resume", "--budget-s", "100000"]) == 0
     assert json.loads(Path(out + ".json").read_text())["cells"] == cells  # nothing re-measured
@@ -101,6 +108,22 @@ def test_quick_grid_runs_checkpoints_resumes_and_refuses_over_budget(tmp_path):
     assert engine_policies.main(["--quick", "--out", out, "--resume", "--remeasure", "controller"]) == 2
     assert engine_policies.main(["--quick", "--out", str(tmp_path / "x"), "--budget-s", "0.001"]) == 2
     assert not (tmp_path / "x.json").exists()
+
+
+def test_engine_cost_prices_drafting_by_the_draft_profile_hand_worked():
+    """T(b, k) = 10 + b + 4k at b in {1, 4}; D measured 3k at b = 1 and 5k at b = 4 (more than T - T0 = 4k: clipped
+    there, verification never costs less than none). b = 1: V(1, 2) = 19 - 6 = 13; b = 4: D = 4k, V = T0 = 14."""
+    from tabletune.profile import StepPoint, StepProfile
+
+    profile = StepProfile(tuple(StepPoint(b, k, (10.0 + b + 4 * k,)) for b in (1, 4) for k in range(4)), 64)
+    mixed = {"fitted_draft_share": 0.5, "draft_rows": "active"}
+    drafts = {"rows": [{"batch_size": 1, "draft_ms": [0.0, 3.0, 6.0, 9.0]},
+                       {"batch_size": 4, "draft_ms": [0.0, 5.0, 10.0, 15.0]}]}
+    cost = engine_policies.engine_cost(profile, mixed, drafts)
+    assert cost.verify_ms(1, 2.0) == pytest.approx(13.0) and cost.draft_row(1).tolist() == [0, 3, 6, 9]
+    assert cost.verify_ms(4, 3.0) == pytest.approx(14.0) and cost.draft_row(4).tolist() == [0, 4, 8, 12]
+    # without the profile: the fitted share, D = 0.5 (T - T0) = 2k
+    assert engine_policies.engine_cost(profile, mixed).verify_ms(1, 2.0) == pytest.approx(15.0)
 
 
 def test_span_fit_hand_worked():

@@ -50,6 +50,7 @@ def test_a_split_plan_and_a_device_stop_queue_without_a_sync():
         torch.cuda.set_sync_debug_mode(0)
     res = engine.read(buf, 4, engine.k_max)
     assert res.out.shape[0] == 4 and stop.lengths().tolist() == [2, 2]
+    assert ("lookup", 2) in engine.graphs  # the lookup replays a graph, no eager launches
     assert copy.get()[0].shape == (2, 2, 3)
 
 
