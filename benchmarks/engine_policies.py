@@ -463,14 +463,19 @@ def serve_cell(engine, args, policy_spec, ctx, load, prompts, oracle, pairs, see
 def step_residuals(stats, cost, start: int, end: int) -> dict:
     """What the cost model leaves out of the window's steps: each step's wall time (its prefills aside) minus
     ``cost.mixed_ms`` of the ks it verified and the positions its rows drafted, the mean over fused and over split
-    steps (ms; None where there is none), and the share of steps that split."""
-    fused, split = [], []
+    steps (ms; None where there is none), the critical host time in each (part of that residual: the cost model
+    prices device time), and the share of steps that split."""
+    fused, split, host = [], [], ([], [])
     for i in range(start, end):
         ks, drafted = stats.step_rows[i]
         measured_ms = 1e3 * (stats.step_wall_s[i] - stats.step_prefill_s[i])
         (split if stats.step_split[i] else fused).append(measured_ms - cost.mixed_ms(ks, drafted, drafted < ks))
+        host[stats.step_split[i]].append(1e3 * stats.step_host_critical_s[i])
     return {"residual_ms_fused": round(statistics.fmean(fused), 4) if fused else None,
             "residual_ms_split": round(statistics.fmean(split), 4) if split else None,
+            # of which the host time the device waited on
+            "host_ms_critical_fused": round(statistics.fmean(host[0]), 4) if host[0] else None,
+            "host_ms_critical_split": round(statistics.fmean(host[1]), 4) if host[1] else None,
             "split_share": round(len(split) / max(end - start, 1), 4)}
 
 
