@@ -272,7 +272,9 @@ def mixed_check(engine: SpecEngine, profile: StepProfile, args, loads: list[int]
 
 
 PLAN_CHECK_LOADS = (4, 16, 64, 128)
-PLAN_CHECK_KS = ((2, 7), (2, 4), (1, 7))  # (model rows' k, n-gram rows' k)
+# (model rows' k, n-gram rows' k); (1, 7) and (4, 4) verify the same tokens, (1 + 1 + 7 + 1) / 2 = 4 + 1 a row, with
+# rows padded to 8 positions and to 5: their verify_ms apart is the padding's cost
+PLAN_CHECK_KS = ((2, 7), (2, 4), (1, 7), (4, 4))
 
 
 def time_plan(engine: SpecEngine, ks: list[int], kinds: list[int], steps: int, ctx: int, split: bool,
@@ -299,7 +301,7 @@ def time_plan(engine: SpecEngine, ks: list[int], kinds: list[int], steps: int, c
 
 
 def plan_check(engine: SpecEngine, cost: StepCost, args, max_load: int) -> dict:
-    """Planned steps with n-gram rows (half the rows, verifying longer than the model rows draft) against
+    """Planned steps with n-gram rows (half the rows, verifying longer than the model rows draft, or as long) against
     ``StepCost.mixed_ms``, which prices their verification only: the split step as the scheduler runs it, the fused
     one, the split one without its drafting (``verify_ms``, against ``StepCost.verify_ms`` at the mean verified
     length), and what the split costs beyond the price (``split_extra_ms``, per batch size, the median over

@@ -85,7 +85,8 @@ def test_quick_grid_runs_checkpoints_resumes_and_refuses_over_budget(tmp_path):
     assert result["mixed_check"]["draft_rows"] in ("active", "batch")
     # planned steps with n-gram rows, k_max 3 and a largest batch of 2: one model row and one n-gram row a pattern
     plans = result["plan_check"]
-    assert [(r["batch_size"], r["k_model"], r["k_ngram"]) for r in plans["rows"]] == [(2, 2, 3), (2, 2, 3), (2, 1, 3)]
+    assert [(r["batch_size"], r["k_model"], r["k_ngram"]) for r in plans["rows"]] == [(2, 2, 3), (2, 2, 3), (2, 1, 3),
+                                                                                       (2, 3, 3)]
     assert all(r["split_ms"] > 0 and r["fused_ms"] > 0 and r["verify_ms"] > 0 and r["priced_ms"] > 0
                for r in plans["rows"])
     assert set(plans["split_extra_ms"]) == {"2"}
