@@ -456,6 +456,9 @@ def serve_cell(engine, args, policy_spec, ctx, load, prompts, oracle, pairs, see
             "step_ms": round(wall_ms, 4), "host_ms_per_step": round(policy.mean_ms(start), 4),
             "host_ms_critical": round(1e3 * statistics.fmean(stats.step_host_critical_s[start:end] or [0.0]), 4),
             "host_ms_overlapped": round(1e3 * statistics.fmean(stats.step_host_overlapped_s[start:end] or [0.0]), 4),
+            # parts of host_ms_critical: the scheduler's bookkeeping and the policy's decide
+            "host_ms_bookkeeping": round(1e3 * statistics.fmean(stats.step_host_bookkeeping_s[start:end] or [0.0]), 4),
+            "host_ms_decide": round(1e3 * statistics.fmean(stats.step_host_decide_s[start:end] or [0.0]), 4),
             "prefill_ms_per_token": round(1e3 * sum(stats.step_prefill_s[start:end]) / (adm * args.prompt_len), 5)
             if adm else None,
             "rates": [None if r is None else round(r, 4) for r in stats.counts.rates()],

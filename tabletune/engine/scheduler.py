@@ -76,6 +76,10 @@ class RunStats:
     # device was busy (an observe deferred to the next step's first read), per step
     step_host_critical_s: list[float] = field(default_factory=list)
     step_host_overlapped_s: list[float] = field(default_factory=list)
+    # parts of the critical time: the scheduler's own between the read and the next step (outputs, retirements),
+    # and the policy's decide (the rest: the step's state, the n-gram lookup, the launch's inputs)
+    step_host_bookkeeping_s: list[float] = field(default_factory=list)
+    step_host_decide_s: list[float] = field(default_factory=list)
     # per step: the ks verified as asked (n-gram rows capped to their proposal) and the model positions each row
     # drafted (a fused step drafts its longest k for every row; a split one each model row's own, 0 for n-gram
     # rows), for pricing the step by ``StepCost.mixed_ms``; and whether the step split
@@ -182,6 +186,7 @@ class Scheduler:
         self._rows = np.zeros(0, np.int64)  # the last step's slots
         self._idle_since: float | None = None
         self._host_s = [0.0, 0.0]  # critical, overlapped
+        self._book_s = self._decide_s = 0.0  # parts of the critical time (RunStats.step_host_bookkeeping_s)
         self.after_step = after_step
         if isinstance(policy, DraftTable):
             policy = StaticTable(policy_context(engine), policy.clamped(engine.k_max))
@@ -294,7 +299,9 @@ class Scheduler:
             drafted, features = self._draft(slots, state, np.full(n, self._draft_cap(state), np.int64))
             state = dataclasses.replace(state, features=self._wait(features))
             features = None
+        t_decide = time.perf_counter()
         decision = self.policy.decide(state)
+        self._decide_s = time.perf_counter() - t_decide
         if decision.ks is None and decision.k is not None:  # one k for the batch
             ks = np.full(n, min(max(int(decision.k), 0), e.k_max), np.int64)
         else:
@@ -373,7 +380,9 @@ class Scheduler:
                     stats.replaced_at_step[req.id] = len(stats.step_batch_sizes)
                 running = [r for r, d in zip(running, done) if not d]
             n_first = 0  # prefills emit each request's first token
+            critical = self._host_s[0]
             self._launch()  # prefills: device work with their own reads
+            self._book_s = self._host_s[0] - critical
             t_adm = time.perf_counter()
             while waiting and len(running) < self.max_num_seqs:
                 req = waiting.popleft()
@@ -418,6 +427,8 @@ class Scheduler:
             stats.step_tokens.append(n_tok)
             stats.step_host_critical_s.append(self._host_s[0])
             stats.step_host_overlapped_s.append(self._host_s[1])
+            stats.step_host_bookkeeping_s.append(self._book_s)
+            stats.step_host_decide_s.append(self._decide_s)
             self._host_s = [0.0, 0.0]
             t_prev = t_now
             if stop is not None and stop(stats):

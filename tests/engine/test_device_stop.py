@@ -174,6 +174,10 @@ def test_host_time_on_the_critical_path_and_the_observe_overlapped(tiny):
         assert [r.output for r in reqs] == base
         runs[overlap] = (policy.calls, np.mean(stats.step_host_critical_s[1:]) * 1e3,
                          np.mean(stats.step_host_overlapped_s[1:]) * 1e3)
+        # the critical time's parts: decide's 4 ms every step, and an observe not overlapped in the bookkeeping
+        book, decide = np.array(stats.step_host_bookkeeping_s[1:]), np.array(stats.step_host_decide_s[1:])
+        assert decide.min() >= 0.004 and np.all(book + decide <= np.array(stats.step_host_critical_s[1:]))
+        assert (book.min() >= 0.006) == (not overlap)
     calls, critical_ms, overlapped_ms = runs[False]
     assert calls[:4] == [("decide", 0), ("observe", 0), ("decide", 1), ("observe", 1)]
     assert critical_ms >= 10.0 and overlapped_ms < 6.0  # only the tokens' emission overlaps, never observe's 6 ms
