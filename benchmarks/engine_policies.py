@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import random
 import shlex
@@ -112,6 +113,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--warmup-steps", type=int, default=200, help="steps of each cell before its window")
     ap.add_argument("--measured-steps", type=int, default=500, help="fewest measured steps a cell should have")
     ap.add_argument("--fixed-repeats", type=int, default=3, help="runs of each fixed-k cell (noise band)")
+    ap.add_argument("--all-fixed", action="store_true",
+                    help="measure every fixed k (default: the modelled best k, then the best measured k's neighbours "
+                         "until both are measured)")
     ap.add_argument("--budget-s", type=float, default=450.0,
                     help="refuse a grid whose serving part is estimated to take longer (set-up comes first)")
     ap.add_argument("--overlap-observe", action="store_true",
@@ -165,15 +169,50 @@ def protocol_of(args) -> Protocol:
 
 def estimate_s(args, step_ms: float, num_policies: int, num_loads: int, num_workloads: int) -> float:
     """Wall estimate: a cell stops once its window is complete, ~ max(warm-up, output_len / 2) + measured steps
-    (about 2 tokens a request-step), and at most rounds * output_len / 2, at ``step_ms``; the k_max + 1 fixed-k
-    cells run ``fixed_repeats`` times."""
+    (about 2 tokens a request-step), and at most rounds * output_len / 2, at ``step_ms``; the fixed-k cells (all
+    k_max + 1 of ``num_policies`` with ``--all-fixed``, else about 3 of them) run ``fixed_repeats`` times."""
     steps_per_cell = min(args.rounds * args.output_len / 2.0,
                          max(args.warmup_steps, args.output_len / 2.0) + args.measured_steps)
-    runs = num_policies + (args.k_max + 1) * (getattr(args, "fixed_repeats", 1) - 1)
+    fixed = args.k_max + 1 if getattr(args, "all_fixed", False) else min(3, args.k_max + 1)
+    runs = num_policies - (args.k_max + 1) + fixed * getattr(args, "fixed_repeats", 1)
     cells = runs * num_loads * num_workloads
     profile = (args.profile_steps + 2) * (args.k_max + 1) * len(geometric_batch_sizes(max(
         int(x) for x in args.loads.split(","))))
     return cells * steps_per_cell * (step_ms + HOST_MS_PER_STEP) / 1e3 + profile * step_ms / 1e3
+
+
+def modelled_fixed_k(cost: StepCost, rates, load: int, k_max: int) -> int:
+    """The fixed k of the largest modelled throughput E[tokens | k] / T(b, k), E = 1 + sum_{j<=k} prod_{l<=j} a_l."""
+    gains = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(np.asarray(rates[:k_max], float)))])
+    return int(np.argmax([gains[k] / cost.step_ms(load, k) for k in range(k_max + 1)]))
+
+
+def next_fixed_k(measured: dict[int, float], start: int, k_max: int) -> int | None:
+    """The fixed k to measure next (None: done), given tok/s by k measured so far: ``start`` first, then the
+    neighbours of the best measured k until both are measured. Throughput is unimodal in k (E[tokens | k] grows by
+    ever smaller survivals, T(b, k) by about the same time a position), so the best k measured with both neighbours
+    below it is the best of 0..k_max, up to the noise band."""
+    if not measured:
+        return start
+    best = max(measured, key=measured.__getitem__)
+    return next((k for k in (best - 1, best + 1) if 0 <= k <= k_max and k not in measured), None)
+
+
+def fixed_specs(args, wname: str, load: int, cost: StepCost, rates, cells: list[dict]):
+    """The fixed-k specs of one (workload, load) to measure, in order (``--all-fixed``: every k; else the search of
+    ``next_fixed_k`` from ``modelled_fixed_k``, reading the cells measured so far each time)."""
+    if args.all_fixed:
+        yield from (f"fixed:{k}" for k in range(args.k_max + 1))
+        return
+    start = modelled_fixed_k(cost, rates, load, args.k_max)
+    while True:
+        measured = {int(c["policy"].removeprefix("fixed:")): c["throughput_tok_s"] for c in cells
+                    if c["workload"] == wname and c["load"] == load and c["policy"].startswith("fixed:")
+                    and c.get("throughput_tok_s")}
+        k = next_fixed_k(measured, start, args.k_max)
+        if k is None:
+            return
+        yield f"fixed:{k}"
 
 
 def probe_step_ms(engine: SpecEngine, args, loads: list[int]) -> float:
@@ -630,10 +669,10 @@ def markdown(result: dict) -> str:
         md += ["", f"Cells whose policies priced drafting by the draft profile: {n} of "
                f"{sum(1 for c in result['cells'] if c['policy'] != 'oracle')} (the others by the fitted share)."]
     if result.get("plan_check"):
-        md += ["", "Planned steps, half the rows on the n-gram chain (priced: their verification only; verify: the split "
-               "step without its drafting, priced at the mean verified length):", "",
-               "| b | model rows' k | n-gram rows' k | split ms | fused ms | priced ms | verify ms | priced verify ms |",
-               "|---|---|---|---|---|---|---|---|"]
+        md += ["", "Planned steps, half the rows on the n-gram chain (priced: their verification only; verify: the "
+               "split step without its drafting, priced at the mean verified length):", "",
+               "| b | model rows' k | n-gram rows' k | split ms | fused ms | priced ms | verify ms | priced verify ms"
+               " |", "|---|---|---|---|---|---|---|---|"]
         md += [f"| {r['batch_size']} | {r['k_model']} | {r['k_ngram']} | {r['split_ms']} | {r['fused_ms']} | "
                f"{r['priced_ms']} | {r.get('verify_ms', '')} | {r.get('priced_verify_ms', '')} |"
                for r in result["plan_check"]["rows"]]
@@ -654,8 +693,9 @@ def serve_workload(engine, args, wname, loads, policies, cost, result, done, pro
                                   "span_mean_len": round(data["span_mean_len"], 3),
                                   "signal_noise": round(data["signal_noise"], 4)}
     ctx = policy_context(engine, cost, calib.rates, calib.ngram_rates)
+    rest = [p for p in policies if not p.startswith("fixed:")] + ([] if args.no_sim else ["oracle"])
     for load in loads:
-        for spec in policies + ([] if args.no_sim else ["oracle"]):
+        for spec in itertools.chain(fixed_specs(args, wname, load, cost, calib.rates, result["cells"]), rest):
             if (wname, load, spec) in done:
                 continue
             t0 = time.perf_counter()

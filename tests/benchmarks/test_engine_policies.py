@@ -36,6 +36,29 @@ def test_a_resumed_file_keeps_every_command_that_wrote_cells():
         f"- `{first}`", f"- `{second}`"]
 
 
+def test_next_fixed_k_searches_around_the_best_hand_worked():
+    """Modelled best k = 3: measure 3, then its neighbours 2 and 4; 4 is best, so 5; 4 stays best: done."""
+    seen: dict[int, float] = {}
+    order = []
+    tok = {0: 50.0, 1: 70.0, 2: 80.0, 3: 90.0, 4: 95.0, 5: 93.0, 6: 85.0, 7: 80.0}
+    while (k := engine_policies.next_fixed_k(seen, 3, 7)) is not None:
+        order.append(k)
+        seen[k] = tok[k]
+    assert order == [3, 2, 4, 5]
+    assert engine_policies.next_fixed_k({0: 10.0, 1: 5.0}, 0, 7) is None  # k = 0 best, its one neighbour measured
+
+
+def test_modelled_fixed_k_hand_worked():
+    """T(1, k) = 10 + 4k; a = 0.9: E = 1, 1.9, 2.71, 3.439 at k = 0..3, E / T = 0.100, 0.136, 0.151, 0.156: k = 3;
+    a = 0.5: E = 1, 1.5, 1.75, 1.875, E / T = 0.100, 0.107, 0.097, 0.085: k = 1."""
+    from tabletune.cost import StepCost
+    from tabletune.profile import StepPoint, StepProfile
+
+    cost = StepCost(StepProfile(tuple(StepPoint(1, k, (10.0 + 4 * k,)) for k in range(4)), 64))
+    assert engine_policies.modelled_fixed_k(cost, (0.9,) * 3, 1, 3) == 3
+    assert engine_policies.modelled_fixed_k(cost, (0.5,) * 3, 1, 3) == 1
+
+
 def test_estimate_counts_cells_and_profile():
     """2 policies x 1 load x 1 workload, rounds 2 x output 10 / 2 = 10 steps a cell at 4 + 1 ms: 0.1 s; profile
     (1 + 2) steps x 2 ks x 1 bucket at 4 ms: 0.024 s."""
@@ -59,10 +82,15 @@ def test_quick_grid_runs_checkpoints_resumes_and_refuses_over_budget(tmp_path):
     assert engine_policies.main(["--quick", "--out", out, "--sim-only"]) == 0
     result = json.loads(Path(out + ".json").read_text())
     cells = result["cells"]
-    assert len(cells) == 2 * (4 + 4 + 1)  # loads 1, 2 x (fixed:0..3 + 4 policies + the simulated oracle)
+    # loads 1, 2 x (the fixed ks the search measured + 4 policies + the simulated oracle); the search measures the
+    # best k's neighbours (within 0..3) and stops there
     for load in (1, 2):
-        fixed = [c["ratio"] for c in cells if c["load"] == load and c["policy"].startswith("fixed:")]
-        assert max(fixed) == 1.0 and all(r <= 1.0 for r in fixed)
+        fixed = {int(c["policy"][6:]): c["ratio"] for c in cells
+                 if c["load"] == load and c["policy"].startswith("fixed:")}
+        best = max(fixed, key=fixed.__getitem__)
+        assert fixed[best] == 1.0 and all(r <= 1.0 for r in fixed.values())
+        assert {k for k in (best - 1, best + 1) if 0 <= k <= 3} <= set(fixed)
+        assert len([c for c in cells if c["load"] == load]) == len(fixed) + 4 + 1
     served = [c for c in cells if c["policy"] != "oracle"]
     assert all(c["sim_ratio"] is not None and c["difference"] is not None for c in served)
     # the protocol's fields: host time apart from the step, the oracle's headroom, repeated fixed k
