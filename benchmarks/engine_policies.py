@@ -388,16 +388,19 @@ def draft_profile(engine: SpecEngine, profile: StepProfile, args) -> dict:
     return {"rows": rows}
 
 
-def engine_cost(profile: StepProfile, mixed: dict, drafts: dict | None = None) -> StepCost:
-    """The engine's cost: its profile with the drafting rule the mixed-k check chose, and drafting priced by the
-    measured D(b, k) (``draft_profile``), else by the share of T(b, k) - T(b, 0) that check fitted."""
+def engine_cost(profile: StepProfile, mixed: dict, drafts: dict | None = None, plans: dict | None = None) -> StepCost:
+    """The engine's cost: its profile with the drafting rule the mixed-k check chose, drafting priced by the
+    measured D(b, k) (``draft_profile``), else by the share of T(b, k) - T(b, 0) that check fitted, and a split
+    step's extra (``StepCost.split_extra``) from the plan check where there is one."""
     rows_rule = mixed.get("draft_rows", "active")
+    extra = tuple(sorted((int(b), max(float(ms), 0.0)) for b, ms in (plans or {}).get("split_extra_ms", {}).items()))
     if drafts is None:
-        return StepCost(profile, draft_share=mixed["fitted_draft_share"], draft_rows=rows_rule)
+        return StepCost(profile, draft_share=mixed["fitted_draft_share"], draft_rows=rows_rule, split_extra=extra)
     by_b = {r["batch_size"]: r["draft_ms"] for r in drafts["rows"]}
     # at most T(b, k) - T(b, 0): verifying k more tokens never costs less than verifying none
-    return StepCost.split(profile, lambda b, k: min(by_b[b][k], profile.step_ms(b, k) - profile.step_ms(b, 0)),
+    cost = StepCost.split(profile, lambda b, k: min(by_b[b][k], profile.step_ms(b, k) - profile.step_ms(b, 0)),
                           draft_rows=rows_rule)
+    return dataclasses.replace(cost, split_extra=extra)
 
 
 def pricing(result: dict) -> str:
@@ -406,7 +409,8 @@ def pricing(result: dict) -> str:
 
 
 def reprice(result: dict, cost: StepCost) -> None:
-    """The mixed-k and plan checks' steps priced by ``cost`` (the cost the simulator uses now)."""
+    """The mixed-k and plan checks' steps priced by ``cost`` (the simulator's now, without a split step's extra,
+    which the plan check's ``split_extra_ms`` then measures afresh)."""
     for r in result["mixed_check"]["rows"]:
         if r.get("ks") is not None:
             r["priced_ms"] = round(cost.mixed_ms(np.array(r["ks"])), 4)
@@ -580,8 +584,8 @@ def sim_only(args) -> int:
     args.warmup_steps, args.measured_steps = key["warmup_steps"], key["measured_steps"]
     args.fixed_repeats = key["fixed_repeats"]
     profile = StepProfile.from_json(result["profile"], str(out_json))
-    cost = engine_cost(profile, result["mixed_check"], result.get("draft_profile"))
-    reprice(result, cost)
+    reprice(result, engine_cost(profile, result["mixed_check"], result.get("draft_profile")))  # the rule alone
+    cost = engine_cost(profile, result["mixed_check"], result.get("draft_profile"), result.get("plan_check"))
     result["cells"] = [c for c in result["cells"] if c["policy"] != "oracle"]
     with tempfile.TemporaryDirectory() as tmp:
         calibs: dict = {}
@@ -919,6 +923,7 @@ def main(argv: list[str] | None = None) -> int:
     plans = old.get("plan_check") if old is not None else None
     if (plans is None or any("verify_ms" not in r for r in plans["rows"])) and not args.switch:
         plans = plan_check(engine, cost, args, max_load)  # measured afresh where an older run lacks the verify timing
+    cost = engine_cost(profile, mixed, drafts, plans)  # the policies' and the simulator's: split steps' extra too
     rng = random.Random(0)
     prompts = [[rng.randrange(target.cfg.vocab_size) for _ in range(args.prompt_len)]
                for _ in range(max(4, args.rounds * max_load))]

@@ -34,6 +34,12 @@ rows drafting d = (3, 1) and verifying k = (3, 1): k_bar = 2, V~(2, 2) = 20 - 4 
 drafting = [D(2, 1) - D(2, 0)] + [D(1, 2) - D(1, 1)] + [D(1, 3) - D(1, 2)] = 2 + 1 + 1 = 4 and T = 20
 (the padded drafter: 16 + D(2, 3) = 22; both rows drafting 3: T(2, 3) = 24).
 
+A split step. Where rows on a free drafter (the n-gram lookup) verify more tokens than any model row drafted, an
+engine that drafts in one fused graph would draft those positions for nothing, so it splits the step (the model
+rows' positions, the lookup, the verification, each its own launch). ``split_extra`` is what that costs beyond the
+rule, measured per batch size (the engine grid's plan check), linear in b between them and flat beyond: ``mixed_ms``
+adds ``split_ms(b)`` to such a step.
+
 ``budget_ms(b, slots)`` is T for a batch-wide budget of verified draft slots,
 T(b, slots / b) with f = 0; adaptive verification (DSpark-style) prices budgets with it.
 """
@@ -61,8 +67,12 @@ class StepCost:
     # D(b, k), the drafting time of a k-token chain: [k index][b index] over profile.ks x batch_sizes
     draft_grid: tuple[tuple[float, ...], ...] | None = None
     draft_rows: str = "active"  # "active": drafting charged by the rows still drafting; "batch": by all b rows
+    split_extra: tuple[tuple[int, float], ...] = ()  # (b, ms) a split step costs beyond the rule, b increasing
 
     def __post_init__(self) -> None:
+        bs_split = [b for b, _ in self.split_extra]
+        if bs_split != sorted(set(bs_split)) or any(not np.isfinite(ms) or ms < 0 for _, ms in self.split_extra):
+            raise ValueError(f"split_extra must be (b, ms >= 0) pairs with b increasing, got {self.split_extra}")
         if not 0.0 <= self.draft_share <= 1.0:
             raise ValueError(f"draft_share must lie in [0, 1], got {self.draft_share}")
         if self.draft_rows not in DRAFT_ROWS:
@@ -184,13 +194,21 @@ class StepCost:
             drafting[j] = self.drafting_ms(one)
         return verify, drafting
 
-    def mixed_ms(self, ks: np.ndarray, drafted: np.ndarray | None = None, free: np.ndarray | None = None) -> float:
+    def split_ms(self, batch_size: float) -> float:
+        """What a split step costs beyond the rule at this batch size (``split_extra``; 0 without it)."""
+        if not self.split_extra:
+            return 0.0
+        return float(np.interp(batch_size, [b for b, _ in self.split_extra], [ms for _, ms in self.split_extra]))
+
+    def mixed_ms(self, ks: np.ndarray, drafted: np.ndarray | None = None, free: np.ndarray | None = None,
+                 split_extra: bool = True) -> float:
         """T(b; k, d) by the rule in the module docstring: ``ks`` [b] verified, ``drafted`` [b] (default ks).
 
         ``free`` [b] bool marks rows whose verified tokens came from a drafter that costs no drafting time
         (the n-gram lookup on the CPU): their ``drafted`` counts only the model drafter's positions (0 when
-        it did not run for them), so they may verify more than that. Raises ValueError when any other row
-        verifies more than it drafted.
+        it did not run for them), so they may verify more than that; where they verify more than any other row
+        drafted the step splits and pays ``split_ms(b)`` (``split_extra=False``: the rule alone). Raises ValueError
+        when any other row verifies more than it drafted.
         """
         b = len(ks)
         if b == 0:
@@ -204,7 +222,8 @@ class StepCost:
         if d_top == int(ks.min()) and int(drafted.min()) == d_top:  # uniform: every row drafted and verified k
             return self.step_ms(b, d_top)
         active = (np.asarray(drafted)[:, None] >= np.arange(1, d_top + 1)[None, :]).sum(axis=0)
-        return float(self.rows_ms(b, active, float(ks.sum()) / b))
+        split = split_extra and free is not None and self.split_extra and splits(ks, drafted, free)
+        return float(self.rows_ms(b, active, float(ks.sum()) / b)) + (self.split_ms(b) if split else 0.0)
 
     def mixed_curve_ms(self, batch_size: int, k_top: np.ndarray, k_bar: np.ndarray) -> np.ndarray:
         """The padded drafter's T = V~(b, k_bar) + D~(b, k_top) for many (k_top, k_bar) pairs at one b.
@@ -219,6 +238,12 @@ class StepCost:
     def budget_ms(self, batch_size: int, slots: float) -> float:
         """T(budget): a step verifying ``slots`` draft tokens in total over the batch, T(b, slots/b)."""
         return self.step_ms(batch_size, slots / batch_size if batch_size else 0.0)
+
+
+def splits(ks: np.ndarray, drafted: np.ndarray, free: np.ndarray) -> bool:
+    """Whether a step splits: some free row verifies more than any other row drafted."""
+    free = np.asarray(free, bool)
+    return bool(free.any()) and int(np.asarray(ks)[free].max()) > int(np.asarray(drafted)[~free].max(initial=0))
 
 
 def active_rows(drafted: np.ndarray, k_max: int) -> np.ndarray:

@@ -149,6 +149,23 @@ def test_free_rows_verify_without_model_drafting():
         cost.mixed_ms(np.array([3, 3]), np.array([0, 0]), free)  # row 0 is not free
 
 
+def test_a_split_step_pays_its_measured_extra_hand_worked():
+    """T(b, k) = 10 + b + 4k, D(b, k) = b k, a split step costing 0.5 ms more at b = 1 and 2.0 at b = 4 (1.0 at b = 2,
+    2.0 beyond 4). Row 0 drafts and verifies 2, the free row 1 verifies 3: it outruns the model row, the step splits:
+    V~(2, 2.5) = 22 - 5 = 17, drafting D(1, 2) = 2, + 1.0 = 20. Row 1 verifying 2 does not outrun it: V~(2, 2) = 16 +
+    2 = 18, no extra; nor does a step without free rows."""
+    cost = StepCost.split(stop_profile(), lambda b, k: b * k)
+    cost = StepCost(cost.profile, draft_grid=cost.draft_grid, split_extra=((1, 0.5), (4, 2.0)))
+    assert cost.split_ms(2) == pytest.approx(1.0) and cost.split_ms(8) == pytest.approx(2.0)
+    free = np.array([False, True])
+    assert cost.mixed_ms(np.array([2, 3]), np.array([2, 0]), free) == pytest.approx(20.0)
+    assert cost.mixed_ms(np.array([2, 2]), np.array([2, 0]), free) == pytest.approx(18.0)
+    assert cost.mixed_ms(np.array([2, 3])) == StepCost(cost.profile, draft_grid=cost.draft_grid).mixed_ms(
+        np.array([2, 3]))
+    with pytest.raises(ValueError, match="split_extra"):
+        StepCost(cost.profile, split_extra=((4, 1.0), (1, 0.5)))
+
+
 def test_fit_active_share_recovers_f_of_the_active_rows_rule():
     from tabletune.cost import fit_active_share
 

@@ -31,7 +31,8 @@ Drafter choice: where a second chain exists (n-gram, drafted on the host for fre
 row takes the chain with the larger surplus sum_{j <= k_i} (S_ij - lambda_j) over its
 verified prefix (Hybrid Spark's yield per verified token). A row on the n-gram chain takes
 no model drafting, so its lambda_j is R dV_j (``marginal_ms(..., free=True)``: its
-verification only), and a plan costs T(b; k, d) with d_i = 0 on its n-gram rows.
+verification only), and a plan costs T(b; k, d) with d_i = 0 on its n-gram rows, plus ``StepCost.split_ms(b)``
+where its n-gram rows verify more than its model rows draft (the engine splits that step).
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ def marginal_ms(cost: StepCost, batch_size: int, cap: int, k_max: int, free: boo
     """[k_max] dT_j(b, c), j = 1..k_max: one row moved from j - 1 to j with the others at ``cap`` (>= 0).
 
     ``free``: the row's tokens come from the n-gram lookup (no model drafting), so dT_j is its verification only.
+    A split step's extra (``StepCost.split_ms``) is the step's, not one token's: plans pay it (``choose_plan``),
+    prices leave it out.
     """
     ks = np.full(batch_size, cap, dtype=np.int64)
     drafted = ks.copy()
@@ -59,7 +62,7 @@ def marginal_ms(cost: StepCost, batch_size: int, cap: int, k_max: int, free: boo
     for j in range(k_max + 1):
         ks[0] = j
         drafted[0] = 0 if free else j
-        times[j] = cost.mixed_ms(ks, drafted, mask)
+        times[j] = cost.mixed_ms(ks, drafted, mask, split_extra=False)
     return np.maximum(np.diff(times), 0.0)
 
 
@@ -134,6 +137,13 @@ def plans_by_cap(surv_model: np.ndarray, surv_ngram: np.ndarray | None, next_rat
     return ks.astype(np.int64), drafter, tokens
 
 
+def split_caps(ks: np.ndarray, drafter: np.ndarray) -> np.ndarray:
+    """[caps] whether each cap's plan (ks, drafter [caps, rows]) splits: an n-gram row verifies more than any model
+    row drafts (``tabletune.cost.splits``)."""
+    ng = np.where(drafter == NGRAM, ks, -1).max(axis=-1)
+    return ng > np.where(drafter == MODEL, ks, 0).max(axis=-1)
+
+
 def leading_true3(mask: np.ndarray) -> np.ndarray:
     """[caps, b] number of leading True values along the last axis of a [caps, b, n] mask."""
     return np.where(mask.all(axis=2), mask.shape[2], np.argmin(mask, axis=2))
@@ -160,6 +170,7 @@ def choose_plan(cost: StepCost, surv_model: np.ndarray, surv_ngram: np.ndarray |
                                        None if ngram_prices_ms is None else rate * ngram_prices_ms)
     # T of every cap's plan at once: the rule of ``StepCost.mixed_ms`` (n-gram rows draft nothing), [caps]
     times = cost.rows_ms(b, active_rows(np.where(drafter == NGRAM, 0, ks), k_max), ks.mean(axis=1))
+    times = times + cost.split_ms(b) * split_caps(ks, drafter)
     expected = b + tokens.sum(axis=1)
     i = int(np.argmax(expected - rate * times))
     plan = Plan(ks[i], drafter[i], int(caps[i]), float(expected[i]), float(times[i]))
@@ -196,6 +207,7 @@ class ClassPlans:
     offsets: np.ndarray  # [n k_max] j (b + 1): where position j's row starts in ``drafting_ms``
     fallback: Plan  # the better of the table's uniform k and no speculation
     plain: Plan  # the plan of a step with no n-gram proposal (every row of class 0)
+    split_ms: float = 0.0  # ``StepCost.split_ms(b)``: added to a plan whose n-gram rows outrun its model rows
 
     def choose(self, classes: np.ndarray | None) -> Plan:
         """The plan of a step whose rows have these classes (None: no row has an n-gram proposal)."""
@@ -209,6 +221,10 @@ class ClassPlans:
         expected, ksum = b + summed[:n], summed[n: 2 * n].astype(np.intp)
         positions = summed[2 * n:].astype(np.intp) + self.offsets  # [n k_max] flat index of (j, a_j)
         times = self.verify_ms[ksum] + self.drafting_ms[positions].reshape(n, -1).sum(axis=1)
+        if self.split_ms > 0:
+            present = counts > 0
+            times = times + self.split_ms * split_caps(np.where(present[:, None], self.ks, 0).T,
+                                                       np.where(present[:, None], self.drafter, MODEL).T)
         surplus = expected - self.rate * times
         i = int(np.argmax(surplus))
         if surplus[i] <= self.fallback.surplus(self.rate):
@@ -247,7 +263,7 @@ def class_plans(cost: StepCost, batch_size: int, surv_model: np.ndarray, surv_ng
             fallback = off
     out = ClassPlans(b, float(rate), caps, np.ascontiguousarray(ks.T), np.ascontiguousarray(drafter.T),
                      np.ascontiguousarray(sums), verify, drafting.reshape(-1),
-                     np.tile(np.arange(k_max) * (b + 1), len(caps)), fallback, fallback)
+                     np.tile(np.arange(k_max) * (b + 1), len(caps)), fallback, fallback, cost.split_ms(b))
     plain_counts = np.zeros(classes)
     plain_counts[0] = b
     return dataclasses.replace(out, plain=out._choose(plain_counts, None))

@@ -5,7 +5,7 @@ from per_request_helpers import linear_cost, make_state, run_sim
 from tabletune.controller.per_request import draft_lengths, marginal_ms, verify_lengths
 from tabletune.errors import InputError
 from tabletune.policies import make_policy
-from tabletune.policies.base import PolicyContext, draft_stop_of
+from tabletune.policies.base import NGRAM, PolicyContext, draft_stop_of
 from tabletune.policies.controller import PerRequestController
 
 
@@ -21,6 +21,11 @@ def test_marginal_cost_read_from_the_step_cost():
     # f = 0.5: V~(2, k_bar) = 10 + 2 k_bar: one more verified token of one row costs 2 / 2 = 1 ms
     assert marginal_ms(linear_cost(per_k_ms=4.0, k_max=3, draft_share=0.5), 2, 1, 3, free=True).tolist() == \
         pytest.approx([1.0, 1.0, 1.0])
+    # a split step's 5 ms extra is the step's, not the token's that makes the n-gram row outrun the cap: same prices
+    import dataclasses
+
+    split = dataclasses.replace(linear_cost(per_k_ms=4.0, k_max=3, draft_share=0.5), split_extra=((1, 5.0),))
+    assert marginal_ms(split, 2, 1, 3, free=True).tolist() == pytest.approx([1.0, 1.0, 1.0])
 
 
 def test_rule_stops_where_the_hand_worked_marginal_cost_says():
@@ -175,23 +180,29 @@ def test_class_plans_equal_choose_plan_on_random_rows():
     row-by-row one."""
     from per_request_helpers import starter_cost
 
-    from tabletune.controller.per_request import choose_plan, class_plans
+    from tabletune.controller.per_request import choose_plan, class_plans, split_caps
     from tabletune.cost import StepCost
 
     rng = np.random.default_rng(0)
     base = starter_cost()
     k_max = base.k_max
+    splits = 0
     for trial in range(40):
-        cost = StepCost(base.profile, draft_share=0.5, draft_rows=("active", "batch")[trial % 2])
+        # every third trial: split steps cost up to 3 ms more than the rule (``StepCost.split_extra``)
+        extra = ((1, 0.0), (40, float(rng.uniform(0, 3)))) if trial % 3 == 1 else ()
+        cost = StepCost(base.profile, draft_share=0.5, draft_rows=("active", "batch")[trial % 2], split_extra=extra)
         b = int(rng.integers(1, 40))
         next_rates = rng.uniform(0.3, 0.95, k_max)
         surv_model = np.cumprod(next_rates)
-        classes_surv = np.cumprod(rng.uniform(0.2, 1.0, (6, k_max)), axis=1) * (rng.random((6, 1)) < 0.8)
+        # with the split extra: long n-gram matches, so that some plans split where the extra allows
+        lo = 0.9 if extra else 0.2
+        classes_surv = np.cumprod(rng.uniform(lo, 1.0, (6, k_max)), axis=1) * (rng.random((6, 1)) < 0.8)
         classes_surv[0] = 0.0
         classes = rng.integers(0, 6, b) * (rng.random(b) < 0.7)
         prices = np.array([marginal_ms(cost, b, c, k_max) for c in range(1, k_max + 1)])
         ng_prices = np.array([marginal_ms(cost, b, c, k_max, free=True) for c in range(1, k_max + 1)])
-        rate, table_k = float(rng.uniform(0.05, 0.5)), int(rng.integers(0, k_max + 1))
+        rate = float(rng.uniform(0.5, 3.0) if extra else rng.uniform(0.05, 0.5))  # with the extra: pricier drafting
+        table_k = int(rng.integers(0, k_max + 1))
         window = None if trial % 3 else 2
         plans = class_plans(cost, b, surv_model, classes_surv, next_rates, prices, ng_prices, rate, table_k, window)
         got = plans.choose(classes if classes.any() else None)
@@ -199,6 +210,10 @@ def test_class_plans_equal_choose_plan_on_random_rows():
                            rate, table_k, window, ng_prices)
         assert (got.ks == want.ks).all() and (got.drafter == want.drafter).all() and got.cap == want.cap, trial
         assert got.step_ms == pytest.approx(want.step_ms, rel=1e-9), trial
+        ngram = want.drafter == NGRAM  # the plan's time is the step cost's, split extra included
+        assert want.step_ms == pytest.approx(cost.mixed_ms(want.ks, np.where(ngram, 0, want.ks), ngram)), trial
+        splits += bool(extra) and bool(split_caps(want.ks[None], want.drafter[None])[0])
+    assert splits >= 2  # plans that split and pay the extra were among them
 
 
 def test_observing_a_step_after_deciding_the_next_calibrates_on_that_steps_signals():
