@@ -878,8 +878,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     torch.manual_seed(0)
     cuda = args.device == "cuda"
+    t_start = time.perf_counter()
     target = Decoder(resolve(args.model), torch.bfloat16 if cuda else torch.float32, args.device)
     make_predictable(target)
+    t_model = time.perf_counter()
     max_load = args.max_load or max(loads)
     if max_load < max(loads):
         print(f"refused: --max-load {max_load} below the largest load {max(loads)}", flush=True)
@@ -887,6 +889,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = EngineConfig(max_num_seqs=max_load, max_len=args.prompt_len + args.output_len + args.k_max + 16,
                        k_max=args.k_max, buckets=tuple(geometric_batch_sizes(max_load)), split_steps=True)
     engine = SpecEngine(target, TracedReplayDrafter(), cfg)
+    print(f"start-up: target {t_model - t_start:.0f} s, engine and its {len(engine.graphs)} graphs "
+          f"{time.perf_counter() - t_model:.0f} s", flush=True)
     step_ms = probe_step_ms(engine, args, loads)
     est = estimate_s(args, step_ms, len(policies), len(loads), len(workloads))
     if not args.switch:
@@ -918,11 +922,15 @@ def main(argv: list[str] | None = None) -> int:
         mixed = mixed_check(engine, profile, args, loads)
     drafts = old.get("draft_profile") if old is not None else None
     if drafts is None:
+        t0 = time.perf_counter()
         drafts = draft_profile(engine, profile, args)
+        print(f"draft profile: {time.perf_counter() - t0:.0f} s", flush=True)
     cost = engine_cost(profile, mixed, drafts)
     plans = old.get("plan_check") if old is not None else None
     if (plans is None or any("verify_ms" not in r for r in plans["rows"])) and not args.switch:
+        t0 = time.perf_counter()
         plans = plan_check(engine, cost, args, max_load)  # measured afresh where an older run lacks the verify timing
+        print(f"plan check: {time.perf_counter() - t0:.0f} s, split extra by b {plans['split_extra_ms']}", flush=True)
     cost = engine_cost(profile, mixed, drafts, plans)  # the policies' and the simulator's: split steps' extra too
     rng = random.Random(0)
     prompts = [[rng.randrange(target.cfg.vocab_size) for _ in range(args.prompt_len)]
