@@ -498,6 +498,9 @@ def serve_cell(engine, args, policy_spec, ctx, load, prompts, oracle, pairs, see
             "num_steps": stats.num_steps, "window_start": start, "measured_steps": end - start,
             "step_ms": round(wall_ms, 4), "host_ms_per_step": round(policy.mean_ms(start), 4),
             "host_ms_critical": round(1e3 * statistics.fmean(stats.step_host_critical_s[start:end] or [0.0]), 4),
+            # the median beside the mean: a mean far above it is spikes (a collection, the OS), not every step's work
+            "host_ms_critical_median": round(1e3 * statistics.median(stats.step_host_critical_s[start:end] or [0.0]),
+                                             4),
             "host_ms_overlapped": round(1e3 * statistics.fmean(stats.step_host_overlapped_s[start:end] or [0.0]), 4),
             # parts of host_ms_critical: the scheduler's bookkeeping and the policy's decide
             "host_ms_bookkeeping": round(1e3 * statistics.fmean(stats.step_host_bookkeeping_s[start:end] or [0.0]), 4),
