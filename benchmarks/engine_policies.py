@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import itertools
 import json
 import random
@@ -939,24 +940,33 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [[rng.randrange(target.cfg.vocab_size) for _ in range(args.prompt_len)]
                for _ in range(max(4, args.rounds * max_load))]
     oracle = greedy_outputs(engine, args, prompts, resume=old is not None)
-    if args.switch:
-        return serve_switch(engine, args, cost, loads, prompts, oracle, key, command, fp, profile, mixed, drafts,
-                            old)
-    result = {"schema": "tabletune.engine_policies", "version": 2, "key": key, "device": fp.device,
-              "model": args.model, "prompt_len": args.prompt_len, "output_len": args.output_len,
-              "command": command, "commands": commands_of(old, command), "profile": profile.to_json(),
-              "mixed_check": mixed, "draft_profile": drafts, "plan_check": plans,
-              "cells": [c if c["policy"] == "oracle" else {"engine_version": old["key"]["fingerprint"]["engine_version"],
-                                                           **c} for c in old["cells"]] if old else [],
-              "workloads": old.get("workloads", {}) if old else {}}
-    result["cells"] = [c for c in result["cells"]
-                       if not (c["policy"] in again and c["workload"] in workloads and c["load"] in loads)]
-    done = {(c["workload"], c["load"], c["policy"]) for c in result["cells"]}
-    with tempfile.TemporaryDirectory() as tmp:  # calibrated files (DISCO, n-gram table) live for the run
-        for wname in workloads:
-            serve_workload(engine, args, wname, loads, policies, cost, result, done, prompts, oracle,
-                           Path(tmp))
-    return 0
+    # what the set-up made (weights, graphs, buffers, traces) lives as long as the process: frozen, a collection
+    # never scans it again, so a cycle collection inside a step's critical host stretch costs what serving allocated
+    # (vLLM's workers freeze after start-up for the same reason)
+    gc.collect()
+    gc.freeze()
+    try:
+        if args.switch:
+            return serve_switch(engine, args, cost, loads, prompts, oracle, key, command, fp, profile, mixed, drafts,
+                                old)
+        version = old["key"]["fingerprint"]["engine_version"] if old else None  # of the cells kept
+        result = {"schema": "tabletune.engine_policies", "version": 2, "key": key, "device": fp.device,
+                  "model": args.model, "prompt_len": args.prompt_len, "output_len": args.output_len,
+                  "command": command, "commands": commands_of(old, command), "profile": profile.to_json(),
+                  "mixed_check": mixed, "draft_profile": drafts, "plan_check": plans,
+                  "cells": [c if c["policy"] == "oracle" else {"engine_version": version, **c}
+                            for c in old["cells"]] if old else [],
+                  "workloads": old.get("workloads", {}) if old else {}}
+        result["cells"] = [c for c in result["cells"]
+                           if not (c["policy"] in again and c["workload"] in workloads and c["load"] in loads)]
+        done = {(c["workload"], c["load"], c["policy"]) for c in result["cells"]}
+        with tempfile.TemporaryDirectory() as tmp:  # calibrated files (DISCO, n-gram table) live for the run
+            for wname in workloads:
+                serve_workload(engine, args, wname, loads, policies, cost, result, done, prompts, oracle,
+                               Path(tmp))
+        return 0
+    finally:
+        gc.unfreeze()  # a caller in the same process (a test) gets its collector back whole
 
 
 if __name__ == "__main__":
