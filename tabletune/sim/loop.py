@@ -130,8 +130,13 @@ class _Run:
         is_ng = drafter == NGRAM
         if is_ng.any():
             ks = np.where(is_ng, np.minimum(ks, ng_prop), ks)
-        step_ms = (sim.cost.mixed_ms(ks, drafted, free) if free is not None
+        # an engine drafts position by position, then verifies (a split step, ``StepCost.split_ms``), where something
+        # is read in between: a stop rule, the drafted signals; else where free rows outrun the model rows
+        reads = self.stops or (self.uses_features and sim.default_drafter != NGRAM)
+        step_ms = (sim.cost.mixed_ms(ks, drafted, free, split_extra=not reads) if free is not None
                    else sim.cost.mixed_ms(ks, np.maximum(drafted, ks)))
+        if reads and int(np.max(drafted, initial=0)) > 0:
+            step_ms += sim.cost.split_ms(b)
         return ks, drafter, step_ms
 
     def finish_step(self, state: BatchState, ks: np.ndarray, drafter: np.ndarray, accepted: np.ndarray,

@@ -40,9 +40,9 @@ class StopAt:
         self.outcomes.append(outcome)
 
 
-def first_step(policy) -> tuple[float, StepOutcome]:
+def first_step(policy, cost: StepCost | None = None) -> tuple[float, StepOutcome]:
     w = Workload("w", rates=(0.6, 0.6, 0.6), heterogeneity=0.0, output_len=10_000, prompt_len_mean=0.0)
-    sim = Simulator(stop_cost(), Schedule.constant(w), SimConfig(duration_s=0.001, load=2, seed=0))
+    sim = Simulator(cost or stop_cost(), Schedule.constant(w), SimConfig(duration_s=0.001, load=2, seed=0))
     res = sim.run(policy)
     return float(res.steps.step_ms[0]), policy.outcomes[0]
 
@@ -70,6 +70,22 @@ def test_a_feature_policy_without_a_stop_rule_drafts_every_position():
     step_ms, outcome = first_step(ReadsAll(caps=[3, 1], stops=[0, 0]))
     # verified (3, 1): V~(2, 2) = 16; drafted (3, 3): D(2, 3) = 6
     assert step_ms == pytest.approx(22.0) and outcome.ks.tolist() == [3, 1]
+
+
+def test_a_step_that_reads_between_drafting_and_verifying_pays_the_split_extra():
+    """The engine drafts such a step position by position (a split step): with a split step costing 1.5 ms more at
+    b = 2, the first hand-worked step above (20 ms) takes 21.5, the feature policy's (22 ms) 23.5."""
+    import dataclasses
+
+    cost = dataclasses.replace(stop_cost(), split_extra=((1, 1.5), (4, 1.5)))
+    step_ms, _ = first_step(StopAt(caps=[3, 3], stops=[3, 1]), cost)
+    assert step_ms == pytest.approx(21.5)
+
+    class ReadsAll(StopAt):
+        keep_drafting = None
+
+    step_ms, _ = first_step(ReadsAll(caps=[3, 1], stops=[0, 0]), cost)
+    assert step_ms == pytest.approx(23.5)
 
 
 def test_draft_until_stopped_by_hand():
