@@ -131,8 +131,9 @@ class _Run:
         if is_ng.any():
             ks = np.where(is_ng, np.minimum(ks, ng_prop), ks)
         # an engine drafts position by position, then verifies (a split step, ``StepCost.split_ms``), where something
-        # is read in between: a stop rule, the drafted signals; else where free rows outrun the model rows
-        reads = self.stops or (self.uses_features and sim.default_drafter != NGRAM)
+        # is read in between: a stop rule, the drafted signals; else where free rows outrun the model rows. The
+        # headroom oracle reads nothing: it knows each draft's fate before drafting, so its plan could run fused
+        reads = (self.stops or (self.uses_features and sim.default_drafter != NGRAM)) and not self.sees_fate
         step_ms = (sim.cost.mixed_ms(ks, drafted, free, split_extra=not reads) if free is not None
                    else sim.cost.mixed_ms(ks, np.maximum(drafted, ks)))
         if reads and int(np.max(drafted, initial=0)) > 0:

@@ -15,9 +15,10 @@ TRACE = TraceStreams(np.full(5, 0.5), np.full(5, 1.0), np.full(5, 0.2), np.array
                      np.zeros(5, np.int64))
 
 
-def tok_s(policy_of) -> float:
+def tok_s(policy_of, cost=None) -> float:
     w = Workload("w", rates=(0.6, 0.6, 0.6), heterogeneity=0.0, output_len=10**9, prompt_len_mean=0.0)
-    sim = Simulator(stop_cost(), Schedule.constant(w), SimConfig(duration_s=30.0, load=1, seed=0), replay=TRACE)
+    sim = Simulator(cost or stop_cost(), Schedule.constant(w), SimConfig(duration_s=30.0, load=1, seed=0),
+                    replay=TRACE)
     return sim.run(policy_of(sim.context())).throughput_tok_s
 
 
@@ -35,6 +36,10 @@ def test_oracle_ratio_on_a_hand_worked_trace():
     assert ratio == pytest.approx(45 / 34, rel=0.01)
     assert headroom_share(fixed[3] / fixed[1], ratio) == pytest.approx((45 / 46 - 1) / (45 / 34 - 1), rel=0.05)
     assert headroom_share(1.2, 1.0) is None
+    # it knows the fates before drafting, so its plan runs fused: a split step's extra (5 ms) is not its to pay
+    import dataclasses
+
+    assert tok_s(FateOracle, dataclasses.replace(stop_cost(), split_extra=((1, 5.0),))) == pytest.approx(oracle)
 
 
 def test_oracle_lengths_cut_runs_that_cost_more_than_they_earn():
