@@ -332,7 +332,7 @@ def time_plan(engine: SpecEngine, ks: list[int], kinds: list[int], steps: int, c
         if split:
             for j in range(k_model if draft else 0):
                 engine.draft_position(model, j, k_model)
-            engine.lookup_rows(ngram, max(ks))
+            engine.lookup_rows(ngram)
             buf = engine.verify_drafted(slots, ks, kinds=kinds)
         else:
             buf = engine.launch(slots, ks, kinds=kinds)
@@ -348,25 +348,43 @@ def plan_check(engine: SpecEngine, cost: StepCost, args, max_load: int) -> dict:
     patterns)."""
     ctx = cost.profile.context_len
     loads = [b for b in PLAN_CHECK_LOADS if b <= max_load] or [max(max_load, 2)]
-    rows, extra = [], {}
+    rows = []
     for b in loads:
         engine.set_context(b, ctx)
         for k_model, k_ngram in PLAN_CHECK_KS:
             k_model, k_ngram = min(k_model, args.k_max), min(k_ngram, args.k_max)
-            kinds = [MODEL] * (b - b // 2) + [NGRAM] * (b // 2)
-            ks = [k_model if g == MODEL else k_ngram for g in kinds]
-            drafted = np.array([k_model if g == MODEL else 0 for g in kinds])
-            split = time_plan(engine, ks, kinds, args.profile_steps, ctx, True)
-            fused = time_plan(engine, ks, kinds, args.profile_steps, ctx, False)
-            verify = time_plan(engine, ks, kinds, args.profile_steps, ctx, True, draft=False)
-            verified = np.array(ks)
-            priced = cost.mixed_ms(verified, drafted, drafted < verified)
-            rows.append({"batch_size": b, "k_model": k_model, "k_ngram": k_ngram, "split_ms": round(split, 4),
-                         "fused_ms": round(fused, 4), "verify_ms": round(verify, 4),
-                         "priced_verify_ms": round(float(cost.verify_ms(b, float(verified.mean()))), 4),
-                         "priced_ms": round(priced, 4)})
-            extra.setdefault(b, []).append(split - priced)
-    return {"rows": rows, "split_extra_ms": {str(b): round(statistics.median(v), 4) for b, v in extra.items()}}
+            ks, kinds = plan_rows(b, k_model, k_ngram)
+            rows.append({"batch_size": b, "k_model": k_model, "k_ngram": k_ngram,
+                         "split_ms": round(time_plan(engine, ks, kinds, args.profile_steps, ctx, True), 4),
+                         "fused_ms": round(time_plan(engine, ks, kinds, args.profile_steps, ctx, False), 4),
+                         "verify_ms": round(time_plan(engine, ks, kinds, args.profile_steps, ctx, True, draft=False),
+                                            4),
+                         **plan_price(cost, ks, kinds)})
+    return {"rows": rows, "split_extra_ms": split_extra_ms(rows)}
+
+
+def plan_rows(b: int, k_model: int, k_ngram: int) -> tuple[list[int], list[int]]:
+    """(ks, kinds) of a plan-check step of b rows: the first b - b // 2 on the model chain at ``k_model``, the rest
+    on the n-gram chain at ``k_ngram``."""
+    kinds = [MODEL] * (b - b // 2) + [NGRAM] * (b // 2)
+    return [k_model if g == MODEL else k_ngram for g in kinds], kinds
+
+
+def plan_price(cost: StepCost, ks: list[int], kinds: list[int]) -> dict:
+    """A plan-check step's price (its n-gram rows draft nothing) and its verification's at the mean verified
+    length."""
+    verified = np.array(ks)
+    drafted = np.where(np.array(kinds) == MODEL, verified, 0)
+    return {"priced_verify_ms": round(float(cost.verify_ms(len(ks), float(verified.mean()))), 4),
+            "priced_ms": round(cost.mixed_ms(verified, drafted, drafted < verified), 4)}
+
+
+def split_extra_ms(rows: list[dict]) -> dict[str, float]:
+    """Per batch size, the median over the plan check's patterns of what a split step costs beyond its price."""
+    extra: dict[int, list[float]] = {}
+    for r in rows:
+        extra.setdefault(r["batch_size"], []).append(r["split_ms"] - r["priced_ms"])
+    return {str(b): round(statistics.median(v), 4) for b, v in extra.items()}
 
 
 def draft_profile(engine: SpecEngine, profile: StepProfile, args) -> dict:
@@ -415,17 +433,11 @@ def reprice(result: dict, cost: StepCost) -> None:
     for r in result["mixed_check"]["rows"]:
         if r.get("ks") is not None:
             r["priced_ms"] = round(cost.mixed_ms(np.array(r["ks"])), 4)
-    for r in (result.get("plan_check") or {}).get("rows", []):
-        b, half = r["batch_size"], r["batch_size"] // 2
-        ks = np.array([r["k_model"]] * (b - half) + [r["k_ngram"]] * half)
-        drafted = np.array([r["k_model"]] * (b - half) + [0] * half)
-        r["priced_ms"] = round(cost.mixed_ms(ks, drafted, drafted < ks), 4)
-        r["priced_verify_ms"] = round(float(cost.verify_ms(b, float(ks.mean()))), 4)
-    if result.get("plan_check"):
-        extra: dict[int, list[float]] = {}
-        for r in result["plan_check"]["rows"]:
-            extra.setdefault(r["batch_size"], []).append(r["split_ms"] - r["priced_ms"])
-        result["plan_check"]["split_extra_ms"] = {str(b): round(statistics.median(v), 4) for b, v in extra.items()}
+    plans = result.get("plan_check")
+    if plans:
+        for r in plans["rows"]:
+            r.update(plan_price(cost, *plan_rows(r["batch_size"], r["k_model"], r["k_ngram"])))
+        plans["split_extra_ms"] = split_extra_ms(plans["rows"])
 
 
 def span_fit(ngram: list) -> tuple[float, float]:
