@@ -353,11 +353,11 @@ class SpecEngine:
         key = ("first", b, k) if j == 0 else ("next", b, j)
         self._run(key, host, dev, lambda: self._position_body(dev, j, k if j == 0 else self.k_max))
 
-    def lookup_rows(self, slots: Sequence[int], k: int, on_replay=None) -> None:
+    def lookup_rows(self, slots: Sequence[int], on_replay=None) -> None:
         """The drafter's n-gram proposals for rows that take no model draft this step (``Drafter.lookup``, a few
         gathers: one graph per bucket, so that a step with no model row to draft does not leave the device idle
-        while the host launches them one by one); no sync. The lookup writes all k_max proposals, verification
-        takes each row's first k_i <= ``k``. ``on_replay`` as in ``launch``."""
+        while the host launches them one by one); no sync. The lookup writes all k_max proposals; verification
+        takes each row's own k_i. ``on_replay`` as in ``launch``."""
         if not self.has_lookup:
             raise ValueError(f"{self.drafter.name} has no n-gram lookup apart from drafting (or split_steps is off)")
         b = bucket_for(len(slots), self.buckets)

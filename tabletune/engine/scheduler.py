@@ -316,8 +316,7 @@ class Scheduler:
             caps_model = np.where(ngram_rows, 0, np.minimum(ks, self._draft_cap(state)))
             drafted, features = self._draft(slots, state, caps_model)
             if ngram_rows.any():
-                e.lookup_rows([s for s, g in zip(slots, ngram_rows) if g], int(ks[ngram_rows].max()),
-                              on_replay=self._launch)
+                e.lookup_rows([s for s, g in zip(slots, ngram_rows) if g], on_replay=self._launch)
         kinds = decision.drafter.tolist() if decision.drafter is not None else None
         ks = ks if drafted is None else np.where(ngram_rows, ks, np.minimum(ks, drafted))
         caps = draw_caps(self.cap_rates, ks.tolist(), n, self.rng) if self.cap_rates else None

@@ -44,6 +44,11 @@ class _Run:
         # a stop rule, or a policy that plans on the lookup, decides before drafting (``BatchState.before_drafting``)
         self.stops = self.draft_stop is not ALWAYS_DRAFT
         self.plans_first = self.stops or uses_lookup
+        # an engine drafts position by position, then verifies (a split step, ``StepCost.split_ms``), where something
+        # is read in between: a stop rule, the drafted signals (else where free rows outrun the model rows). The
+        # headroom oracle reads nothing: it knows each draft's fate before drafting, so its plan could run fused
+        self.reads_between = ((self.stops or (self.uses_features and sim.default_drafter != NGRAM))
+                              and not self.sees_fate)
         self._consts: dict[tuple[int, int], np.ndarray] = {}
         self._no_ids = np.zeros(0, np.int64)
         self.new_first = False  # some running request has not emitted a token yet
@@ -130,10 +135,7 @@ class _Run:
         is_ng = drafter == NGRAM
         if is_ng.any():
             ks = np.where(is_ng, np.minimum(ks, ng_prop), ks)
-        # an engine drafts position by position, then verifies (a split step, ``StepCost.split_ms``), where something
-        # is read in between: a stop rule, the drafted signals; else where free rows outrun the model rows. The
-        # headroom oracle reads nothing: it knows each draft's fate before drafting, so its plan could run fused
-        reads = (self.stops or (self.uses_features and sim.default_drafter != NGRAM)) and not self.sees_fate
+        reads = self.reads_between
         step_ms = (sim.cost.mixed_ms(ks, drafted, free, split_extra=not reads) if free is not None
                    else sim.cost.mixed_ms(ks, np.maximum(drafted, ks)))
         if reads and int(np.max(drafted, initial=0)) > 0:

@@ -43,7 +43,7 @@ def test_a_split_plan_and_a_device_stop_queue_without_a_sync():
         for j in range(3):  # the model rows draft up to 3, the rule's numbers behind each position
             engine.draft_position([0, 1], j, 3)
             stop.after_position(j + 1)
-        engine.lookup_rows([2, 3], 3)  # the n-gram rows' proposals
+        engine.lookup_rows([2, 3])  # the n-gram rows' proposals
         buf = engine.verify_drafted([0, 1, 2, 3], [2, 2, 3, 3], kinds=[MODEL, MODEL, NGRAM, NGRAM])
         copy = engine.copy_drafts([0, 1], 2)
     finally:
