@@ -208,6 +208,10 @@ class ClassPlans:
     fallback: Plan  # the better of the table's uniform k and no speculation
     plain: Plan  # the plan of a step with no n-gram proposal (every row of class 0)
     split_ms: float = 0.0  # ``StepCost.split_ms(b)``: added to a plan whose n-gram rows outrun its model rows
+    # [classes, n] for ``split_caps`` over the classes present: a class's k on the n-gram chain (else -1) and on
+    # the model chain (else 0), taken apart once here so that choosing costs two gathers and two maxima
+    ngram_ks: np.ndarray | None = None
+    model_ks: np.ndarray | None = None
 
     def choose(self, classes: np.ndarray | None) -> Plan:
         """The plan of a step whose rows have these classes (None: no row has an n-gram proposal)."""
@@ -221,10 +225,9 @@ class ClassPlans:
         expected, ksum = b + summed[:n], summed[n: 2 * n].astype(np.intp)
         positions = summed[2 * n:].astype(np.intp) + self.offsets  # [n k_max] flat index of (j, a_j)
         times = self.verify_ms[ksum] + self.drafting_ms[positions].reshape(n, -1).sum(axis=1)
-        if self.split_ms > 0:
-            present = counts > 0
-            times = times + self.split_ms * split_caps(np.where(present[:, None], self.ks, 0).T,
-                                                       np.where(present[:, None], self.drafter, MODEL).T)
+        if self.split_ms > 0:  # split_caps over the rows of the classes present
+            present = np.flatnonzero(counts)
+            times = times + self.split_ms * (self.ngram_ks[present].max(axis=0) > self.model_ks[present].max(axis=0))
         surplus = expected - self.rate * times
         i = int(np.argmax(surplus))
         if surplus[i] <= self.fallback.surplus(self.rate):
@@ -263,7 +266,9 @@ def class_plans(cost: StepCost, batch_size: int, surv_model: np.ndarray, surv_ng
             fallback = off
     out = ClassPlans(b, float(rate), caps, np.ascontiguousarray(ks.T), np.ascontiguousarray(drafter.T),
                      np.ascontiguousarray(sums), verify, drafting.reshape(-1),
-                     np.tile(np.arange(k_max) * (b + 1), len(caps)), fallback, fallback, cost.split_ms(b))
+                     np.tile(np.arange(k_max) * (b + 1), len(caps)), fallback, fallback, cost.split_ms(b),
+                     np.ascontiguousarray(np.where(drafter == NGRAM, ks, -1).T),
+                     np.ascontiguousarray(np.where(drafter == MODEL, ks, 0).T))
     plain_counts = np.zeros(classes)
     plain_counts[0] = b
     return dataclasses.replace(out, plain=out._choose(plain_counts, None))
