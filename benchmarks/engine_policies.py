@@ -590,15 +590,22 @@ def oracle_cell(cost, calib, args, load, cells) -> dict:
             "sim_tok_s": out["sim_tok_s"]}
 
 
+def protocol_from_key(args, key: dict) -> None:
+    """Set ``args``' protocol fields to those a file was measured with (its ``key``), the traces replayed among
+    them (a file from before the key recorded them: early exit)."""
+    args.prompt_len, args.output_len, args.k_max = key["prompt_len"], key["output_len"], key["k_max"]
+    args.warmup_steps, args.measured_steps = key["warmup_steps"], key["measured_steps"]
+    args.fixed_repeats = key["fixed_repeats"]
+    args.model_trace = key.get("model_trace", "early-exit")
+    args.overlap_observe = key.get("overlap_observe", args.overlap_observe)
+
+
 def sim_only(args) -> int:
     """Simulate every measured cell of OUT.json and each (workload, load)'s oracle afresh (CPU, no engine): the
     simulator's side always comes from the current simulator."""
     out_json = Path(args.out + ".json")
     result = json.loads(out_json.read_text())
-    key = result["key"]
-    args.prompt_len, args.output_len, args.k_max = key["prompt_len"], key["output_len"], key["k_max"]
-    args.warmup_steps, args.measured_steps = key["warmup_steps"], key["measured_steps"]
-    args.fixed_repeats = key["fixed_repeats"]
+    protocol_from_key(args, result["key"])
     profile = StepProfile.from_json(result["profile"], str(out_json))
     reprice(result, engine_cost(profile, result["mixed_check"], result.get("draft_profile")))  # the rule alone
     cost = engine_cost(profile, result["mixed_check"], result.get("draft_profile"), result.get("plan_check"))

@@ -36,6 +36,19 @@ def test_a_resumed_file_keeps_every_command_that_wrote_cells():
         f"- `{first}`", f"- `{second}`"]
 
 
+def test_sim_only_simulates_with_the_traces_the_file_was_measured_with():
+    """A grid measured on the trained head's traces is simulated on them, not on the default early-exit ones."""
+    key = {"prompt_len": 32, "output_len": 512, "k_max": 7, "warmup_steps": 200, "measured_steps": 500,
+           "fixed_repeats": 2, "overlap_observe": True, "model_trace": "eagle"}
+    args = engine_policies.parse_args(["--sim-only"])
+    engine_policies.protocol_from_key(args, key)
+    protocol = engine_policies.protocol_of(args)
+    assert (protocol.model_trace, protocol.overlap_observe, protocol.fixed_repeats) == ("eagle", True, 2)
+    del key["model_trace"]  # a file from before the key held it
+    engine_policies.protocol_from_key(args, key)
+    assert engine_policies.protocol_of(args).model_trace == "early-exit"
+
+
 def test_next_fixed_k_searches_around_the_best_hand_worked():
     """Modelled best k = 3: measure 3, then its neighbours 2 and 4; 4 is best, so 5; 4 stays best: done."""
     seen: dict[int, float] = {}
