@@ -22,6 +22,7 @@ a_1; then the goals' three ratios (throughput also per phase). The engine serves
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
 import tempfile
@@ -90,10 +91,19 @@ def load_target(args) -> Decoder:
     return target
 
 
-def serve(engine, prompts, args, hook=no_hook, base_id=0):
+def serve(engine, prompts, args, hook=no_hook, base_id=0, outputs: list | None = None):
+    """Serve the prompts (greedy); their outputs are appended to ``outputs`` if given."""
     reqs = [Request(list(p), args.max_new_tokens, base_id + i) for i, p in enumerate(prompts)]
     stats = Scheduler(engine, DraftTable.fixed(args.k), max_num_seqs=args.batch, after_step=hook).run(reqs)
+    if outputs is not None:
+        outputs.extend(r.output for r in reqs)
     return stats
+
+
+def outputs_digest(outputs: list[list[int]]) -> str:
+    """A chunk's greedy outputs in one hash: the frozen and the adapting runs must agree on every chunk (the head
+    changes what is drafted and accepted, never what is emitted)."""
+    return hashlib.sha1(json.dumps(outputs).encode()).hexdigest()
 
 
 def a1(stats) -> float:
@@ -128,7 +138,9 @@ def run_mode(target, head, stream, args, adapt: bool) -> list[dict]:
     for n, start in enumerate(range(0, len(requests), args.chunk)):
         chunk = requests[start: start + args.chunk]
         t0 = time.perf_counter()
-        stats = serve(engine, [p for _, p in chunk], args, adapter.after_step if adapter else no_hook, base_id=start)
+        outputs: list[list[int]] = []
+        stats = serve(engine, [p for _, p in chunk], args, adapter.after_step if adapter else no_hook, base_id=start,
+                      outputs=outputs)
         if adapter:
             adapter.flush()  # its wait counts in the chunk's wall time
         wall = time.perf_counter() - t0
@@ -139,7 +151,7 @@ def run_mode(target, head, stream, args, adapt: bool) -> list[dict]:
                      "tokens": stats.output_tokens, "wall_s": wall, "held_out_chat_a1": held,
                      "updates": adapter.stats.updates if adapter else 0,
                      "learned": adapter.stats.learned if adapter else 0,
-                     "error": adapter.stats.error if adapter else None,
+                     "error": adapter.stats.error if adapter else None, "outputs_sha1": outputs_digest(outputs),
                      "elapsed_s": round(time.perf_counter() - t_start, 1)})
         print(mode, rows[-1], flush=True)
         if args.checkpoint:
@@ -188,6 +200,8 @@ def report(frozen, adapting, args, stream) -> str:
     tput = tok_s(adapting) / tok_s(frozen)
     by_phase = ", ".join(f"{ph} {tok_s(adapting, ph) / tok_s(frozen, ph) - 1:+.1%}"
                          for ph in ("code", "chat") if any(r["phase"] == ph for r in frozen))
+    compared = [(f["outputs_sha1"], a["outputs_sha1"]) for f, a in zip(frozen, adapting)
+                if f.get("outputs_sha1") and a.get("outputs_sha1")]  # rows from before the digest: none
     held = adapting[-1]["held_out_chat_a1"] / max(1e-9, frozen[-1]["held_out_chat_a1"]) - 1
     code = pooled(adapting, "code") / max(1e-9, pooled(frozen, "code")) - 1
     head = (f"Online adaptation in the engine loop ({'quick: tiny random target and head' if args.quick else args.head}"
@@ -197,7 +211,8 @@ def report(frozen, adapting, args, stream) -> str:
             f"{args.steps} AdamW steps per finished request.\n\n")
     goals = (f"\n\nHeld-out chat a_1, end of stream: {held:+.1%} relative to the frozen head (goal >= +10%); code a_1 "
              f"over the code phase: {code:+.1%} (goal >= -1%); throughput over the stream: {tput - 1:+.1%} "
-             f"({by_phase}; goal >= -2%){'' if args.warmup else ', without the warm-up pass'}.\n")
+             f"({by_phase}; goal >= -2%){'' if args.warmup else ', without the warm-up pass'}. Greedy outputs, "
+             f"adapting = frozen: {sum(f == a for f, a in compared)} of {len(compared)} chunks.\n")
     return head + "\n".join(lines) + goals
 
 
