@@ -318,11 +318,14 @@ PLAN_CHECK_KS = ((2, 7), (2, 4), (1, 7), (4, 4))
 
 
 def time_plan(engine: SpecEngine, ks: list[int], kinds: list[int], steps: int, ctx: int, split: bool,
-              draft: bool = True) -> float:
+              draft: bool = True, read: str = "") -> float:
     """Median ms of a planned step whose n-gram rows (``kinds``) verify the lookup's proposal: split as the
     scheduler runs it when they outrun the model rows (draft the model rows only, look up the n-gram rows, verify),
     or fused (every row drafts the longest k, the n-gram rows' drafts replaced by the lookup). ``draft=False``: the
-    split step without its model drafting (the lookup and the verification alone)."""
+    split step without its model drafting (the lookup and the verification alone). ``read``: the split step with
+    its drafted signals read back on the host, ``"once"`` after the drafting (a policy that decides on them) or
+    ``"each"`` after every drafted position (a stop rule evaluated on the host): the device waits from each read to
+    the next launch."""
     slots = list(range(len(ks)))
     model = [s for s, g in zip(slots, kinds) if g == MODEL]
     ngram = [s for s, g in zip(slots, kinds) if g == NGRAM]
@@ -332,6 +335,8 @@ def time_plan(engine: SpecEngine, ks: list[int], kinds: list[int], steps: int, c
         if split:
             for j in range(k_model if draft else 0):
                 engine.draft_position(model, j, k_model)
+                if read == "each" or (read == "once" and j == k_model - 1):
+                    engine.read_drafts(model, j + 1)
             engine.lookup_rows(ngram)
             buf = engine.verify_drafted(slots, ks, kinds=kinds)
         else:
@@ -359,8 +364,11 @@ def plan_check(engine: SpecEngine, cost: StepCost, args, max_load: int) -> dict:
                          "fused_ms": round(time_plan(engine, ks, kinds, args.profile_steps, ctx, False), 4),
                          "verify_ms": round(time_plan(engine, ks, kinds, args.profile_steps, ctx, True, draft=False),
                                             4),
+                         "read_ms": round(time_plan(engine, ks, kinds, args.profile_steps, ctx, True, read="once"), 4),
+                         "read_each_ms": round(time_plan(engine, ks, kinds, args.profile_steps, ctx, True,
+                                                         read="each"), 4),
                          **plan_price(cost, ks, kinds)})
-    return {"rows": rows, "split_extra_ms": split_extra_ms(rows)}
+    return {"rows": rows, "split_extra_ms": split_extra_ms(rows), **read_extra_ms(rows)}
 
 
 def plan_rows(b: int, k_model: int, k_ngram: int) -> tuple[list[int], list[int]]:
@@ -385,6 +393,23 @@ def split_extra_ms(rows: list[dict]) -> dict[str, float]:
     for r in rows:
         extra.setdefault(r["batch_size"], []).append(r["split_ms"] - r["priced_ms"])
     return {str(b): round(statistics.median(v), 4) for b, v in extra.items()}
+
+
+def read_extra_ms(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """Per batch size, the medians over the plan check's patterns of what reading the drafted signals back costs a
+    split step: once (``read_extra_ms``: read_ms - split_ms), and each read after a further drafted position
+    (``position_read_extra_ms``: (read_each_ms - read_ms) / (model rows' k - 1), patterns drafting 2 or more);
+    none from a plan check that did not time reads."""
+    once: dict[int, list[float]] = {}
+    each: dict[int, list[float]] = {}
+    for r in rows:
+        if "read_ms" not in r:
+            return {}
+        once.setdefault(r["batch_size"], []).append(r["read_ms"] - r["split_ms"])
+        if r["k_model"] >= 2:
+            each.setdefault(r["batch_size"], []).append((r["read_each_ms"] - r["read_ms"]) / (r["k_model"] - 1))
+    return {"read_extra_ms": {str(b): round(statistics.median(v), 4) for b, v in once.items()},
+            "position_read_extra_ms": {str(b): round(statistics.median(v), 4) for b, v in each.items()}}
 
 
 def draft_profile(engine: SpecEngine, profile: StepProfile, args) -> dict:
@@ -412,14 +437,19 @@ def engine_cost(profile: StepProfile, mixed: dict, drafts: dict | None = None, p
     measured D(b, k) (``draft_profile``), else by the share of T(b, k) - T(b, 0) that check fitted, and a split
     step's extra (``StepCost.split_extra``) from the plan check where there is one."""
     rows_rule = mixed.get("draft_rows", "active")
-    extra = tuple(sorted((int(b), max(float(ms), 0.0)) for b, ms in (plans or {}).get("split_extra_ms", {}).items()))
+
+    def pairs(name: str) -> tuple[tuple[int, float], ...]:  # (b, ms >= 0) of one of the plan check's extras
+        return tuple(sorted((int(b), max(float(ms), 0.0)) for b, ms in (plans or {}).get(name, {}).items()))
+
+    extras = {"split_extra": pairs("split_extra_ms"), "read_extra": pairs("read_extra_ms"),
+              "position_read_extra": pairs("position_read_extra_ms")}
     if drafts is None:
-        return StepCost(profile, draft_share=mixed["fitted_draft_share"], draft_rows=rows_rule, split_extra=extra)
+        return StepCost(profile, draft_share=mixed["fitted_draft_share"], draft_rows=rows_rule, **extras)
     by_b = {r["batch_size"]: r["draft_ms"] for r in drafts["rows"]}
     # at most T(b, k) - T(b, 0): verifying k more tokens never costs less than verifying none
     cost = StepCost.split(profile, lambda b, k: min(by_b[b][k], profile.step_ms(b, k) - profile.step_ms(b, 0)),
                           draft_rows=rows_rule)
-    return dataclasses.replace(cost, split_extra=extra)
+    return dataclasses.replace(cost, **extras)
 
 
 def pricing(result: dict) -> str:
@@ -518,6 +548,10 @@ def serve_cell(engine, args, policy_spec, ctx, load, prompts, oracle, pairs, see
             # parts of host_ms_critical: the scheduler's bookkeeping and the policy's decide
             "host_ms_bookkeeping": round(1e3 * statistics.fmean(stats.step_host_bookkeeping_s[start:end] or [0.0]), 4),
             "host_ms_decide": round(1e3 * statistics.fmean(stats.step_host_decide_s[start:end] or [0.0]), 4),
+            # and their medians: a part slow on every step, or on a few
+            "host_ms_bookkeeping_median": round(1e3 * statistics.median(stats.step_host_bookkeeping_s[start:end]
+                                                                        or [0.0]), 4),
+            "host_ms_decide_median": round(1e3 * statistics.median(stats.step_host_decide_s[start:end] or [0.0]), 4),
             "prefill_ms_per_token": round(1e3 * sum(stats.step_prefill_s[start:end]) / (adm * args.prompt_len), 5)
             if adm else None,
             "rates": [None if r is None else round(r, 4) for r in stats.counts.rates()],
@@ -699,9 +733,10 @@ def markdown(result: dict) -> str:
         md += ["", "Planned steps, half the rows on the n-gram chain (priced: their verification only; verify: the "
                "split step without its drafting, priced at the mean verified length):", "",
                "| b | model rows' k | n-gram rows' k | split ms | fused ms | priced ms | verify ms | priced verify ms"
-               " |", "|---|---|---|---|---|---|---|---|"]
+               " | read once ms | read each ms |", "|---|---|---|---|---|---|---|---|---|---|"]
         md += [f"| {r['batch_size']} | {r['k_model']} | {r['k_ngram']} | {r['split_ms']} | {r['fused_ms']} | "
-               f"{r['priced_ms']} | {r.get('verify_ms', '')} | {r.get('priced_verify_ms', '')} |"
+               f"{r['priced_ms']} | {r.get('verify_ms', '')} | {r.get('priced_verify_ms', '')} | "
+               f"{r.get('read_ms', '')} | {r.get('read_each_ms', '')} |"
                for r in result["plan_check"]["rows"]]
     return "\n".join(md + [""] + command_lines(result)) + "\n"
 
@@ -950,10 +985,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"draft profile: {time.perf_counter() - t0:.0f} s", flush=True)
     cost = engine_cost(profile, mixed, drafts)
     plans = old.get("plan_check") if old is not None else None
-    if (plans is None or any("verify_ms" not in r for r in plans["rows"])) and not args.switch:
+    if (plans is None or any("read_ms" not in r for r in plans["rows"])) and not args.switch:
         t0 = time.perf_counter()
-        plans = plan_check(engine, cost, args, max_load)  # measured afresh where an older run lacks the verify timing
-        print(f"plan check: {time.perf_counter() - t0:.0f} s, split extra by b {plans['split_extra_ms']}", flush=True)
+        plans = plan_check(engine, cost, args, max_load)  # measured afresh where an older run lacks the read timing
+        print(f"plan check: {time.perf_counter() - t0:.0f} s, split extra by b {plans['split_extra_ms']}, read extra "
+              f"{plans['read_extra_ms']}, each further read {plans['position_read_extra_ms']}", flush=True)
     cost = engine_cost(profile, mixed, drafts, plans)  # the policies' and the simulator's: split steps' extra too
     rng = random.Random(0)
     prompts = [[rng.randrange(target.cfg.vocab_size) for _ in range(args.prompt_len)]

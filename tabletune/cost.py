@@ -40,6 +40,13 @@ rows' positions, the lookup, the verification, each its own launch). ``split_ext
 rule, measured per batch size (the engine grid's plan check), linear in b between them and flat beyond: ``mixed_ms``
 adds ``split_ms(b)`` to such a step.
 
+A read. A step that reads something back between drafting and verifying (a policy's drafted signals, a stop rule's
+lengths) leaves the device idle from the read until its next launch starts running; the host's own time there is
+the policy's, charged apart, but the launch's start after an idle device is the engine's. ``read_extra`` is what
+one such read costs a split step, ``position_read_extra`` what each further read costs a step whose stop rule reads
+after every drafted position on the host (both per batch size from the plan check, as ``split_extra``):
+``read_ms(b)`` and ``position_read_ms(b)``.
+
 ``budget_ms(b, slots)`` is T for a batch-wide budget of verified draft slots,
 T(b, slots / b) with f = 0; adaptive verification (DSpark-style) prices budgets with it.
 """
@@ -58,6 +65,13 @@ from tabletune.profile import StepProfile
 DRAFT_ROWS = ("active", "batch")
 
 
+def _per_batch(pairs: tuple[tuple[int, float], ...], batch_size: float) -> float:
+    """(b, ms) pairs at this batch size: linear between them, flat beyond; 0 without any."""
+    if not pairs:
+        return 0.0
+    return float(np.interp(batch_size, [b for b, _ in pairs], [ms for _, ms in pairs]))
+
+
 @dataclass(frozen=True)
 class StepCost:
     """Offline step times T(b, k) plus the rule above for mixed and stopped drafts. Immutable, cheap to query."""
@@ -68,11 +82,15 @@ class StepCost:
     draft_grid: tuple[tuple[float, ...], ...] | None = None
     draft_rows: str = "active"  # "active": drafting charged by the rows still drafting; "batch": by all b rows
     split_extra: tuple[tuple[int, float], ...] = ()  # (b, ms) a split step costs beyond the rule, b increasing
+    read_extra: tuple[tuple[int, float], ...] = ()  # (b, ms) a read between drafting and verifying costs a step
+    position_read_extra: tuple[tuple[int, float], ...] = ()  # (b, ms) each further read of a per-position rule
 
     def __post_init__(self) -> None:
-        bs_split = [b for b, _ in self.split_extra]
-        if bs_split != sorted(set(bs_split)) or any(not np.isfinite(ms) or ms < 0 for _, ms in self.split_extra):
-            raise ValueError(f"split_extra must be (b, ms >= 0) pairs with b increasing, got {self.split_extra}")
+        for name in ("split_extra", "read_extra", "position_read_extra"):
+            pairs = getattr(self, name)
+            bs_pairs = [b for b, _ in pairs]
+            if bs_pairs != sorted(set(bs_pairs)) or any(not np.isfinite(ms) or ms < 0 for _, ms in pairs):
+                raise ValueError(f"{name} must be (b, ms >= 0) pairs with b increasing, got {pairs}")
         if not 0.0 <= self.draft_share <= 1.0:
             raise ValueError(f"draft_share must lie in [0, 1], got {self.draft_share}")
         if self.draft_rows not in DRAFT_ROWS:
@@ -196,9 +214,15 @@ class StepCost:
 
     def split_ms(self, batch_size: float) -> float:
         """What a split step costs beyond the rule at this batch size (``split_extra``; 0 without it)."""
-        if not self.split_extra:
-            return 0.0
-        return float(np.interp(batch_size, [b for b, _ in self.split_extra], [ms for _, ms in self.split_extra]))
+        return _per_batch(self.split_extra, batch_size)
+
+    def read_ms(self, batch_size: float) -> float:
+        """What a read between drafting and verifying costs a split step at this batch size (``read_extra``)."""
+        return _per_batch(self.read_extra, batch_size)
+
+    def position_read_ms(self, batch_size: float) -> float:
+        """What each read after a drafted position costs beyond the first (``position_read_extra``)."""
+        return _per_batch(self.position_read_extra, batch_size)
 
     def mixed_ms(self, ks: np.ndarray, drafted: np.ndarray | None = None, free: np.ndarray | None = None,
                  split_extra: bool = True) -> float:

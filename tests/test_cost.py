@@ -166,6 +166,17 @@ def test_a_split_step_pays_its_measured_extra_hand_worked():
         StepCost(cost.profile, split_extra=((4, 1.0), (1, 0.5)))
 
 
+def test_reads_cost_their_measured_extras_per_batch_size():
+    """(b, ms) pairs, linear in b between them and flat beyond, 0 without any; each list checked as split_extra."""
+    cost = StepCost(stop_profile(), read_extra=((1, 0.2), (4, 0.8)), position_read_extra=((2, 0.05),))
+    assert cost.read_ms(2) == pytest.approx(0.4) and cost.read_ms(64) == pytest.approx(0.8)
+    assert cost.position_read_ms(1) == pytest.approx(0.05) and StepCost(stop_profile()).read_ms(4) == 0.0
+    with pytest.raises(ValueError, match="read_extra"):
+        StepCost(stop_profile(), read_extra=((1, -0.1),))
+    with pytest.raises(ValueError, match="position_read_extra"):
+        StepCost(stop_profile(), position_read_extra=((4, 0.1), (4, 0.2)))
+
+
 def test_fit_active_share_recovers_f_of_the_active_rows_rule():
     from tabletune.cost import fit_active_share
 

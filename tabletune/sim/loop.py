@@ -138,9 +138,19 @@ class _Run:
         reads = self.reads_between
         step_ms = (sim.cost.mixed_ms(ks, drafted, free, split_extra=not reads) if free is not None
                    else sim.cost.mixed_ms(ks, np.maximum(drafted, ks)))
-        if reads and int(np.max(drafted, initial=0)) > 0:
-            step_ms += sim.cost.split_ms(b)
+        positions = int(np.max(drafted, initial=0))
+        if reads and positions > 0:
+            # split, and read back once before verifying; a stop rule on the host also after every position before
+            step_ms += sim.cost.split_ms(b) + sim.cost.read_ms(b)
+            if self.stops and not self._stop_on_device(state):
+                step_ms += sim.cost.position_read_ms(b) * (positions - 1)
         return ks, drafter, step_ms
+
+    def _stop_on_device(self, state: BatchState) -> bool:
+        """Whether an engine evaluates this step's stop rule on the device (the policy gives it as numbers,
+        ``device_stop_rule``): then it reads the drafted lengths once, not the signals after every position."""
+        rule_of = getattr(self.draft_stop, "device_stop_rule", None)
+        return rule_of is not None and rule_of(state) is not None
 
     def finish_step(self, state: BatchState, ks: np.ndarray, drafter: np.ndarray, accepted: np.ndarray,
                     kl: np.ndarray | None, step_ms: float, num_drafted: int, draws: StepDraws) -> None:

@@ -49,6 +49,23 @@ def test_sim_only_simulates_with_the_traces_the_file_was_measured_with():
     assert engine_policies.protocol_of(args).model_trace == "early-exit"
 
 
+def test_read_extras_hand_worked_and_priced():
+    """Two patterns at b = 4: model rows drafting 2 and 1. Once: read - split = 0.3 and 0.5, median 0.4. Each further
+    read: (read_each - read) / (k - 1) = (10.5 - 10.3) / 1 = 0.2 from the first only (one position has no further read).
+    The cost takes them as (b, ms) pairs; a plan check from before the reads were timed gives none."""
+    rows = [{"batch_size": 4, "k_model": 2, "split_ms": 10.0, "read_ms": 10.3, "read_each_ms": 10.5},
+            {"batch_size": 4, "k_model": 1, "split_ms": 9.0, "read_ms": 9.5, "read_each_ms": 9.5}]
+    extras = engine_policies.read_extra_ms(rows)
+    assert extras == {"read_extra_ms": {"4": 0.4}, "position_read_extra_ms": {"4": 0.2}}
+    assert engine_policies.read_extra_ms([{k: v for k, v in r.items() if not k.startswith("read")} for r in rows]) == {}
+    from tabletune.profile import StepPoint, StepProfile
+
+    profile = StepProfile(tuple(StepPoint(b, k, (10.0 + b + 4 * k,)) for b in (1, 4) for k in range(3)), 64)
+    cost = engine_policies.engine_cost(profile, {"fitted_draft_share": 0.5}, None, {"split_extra_ms": {"4": 0.1},
+                                                                                   **extras})
+    assert (cost.split_ms(4), cost.read_ms(4), cost.position_read_ms(4)) == pytest.approx((0.1, 0.4, 0.2))
+
+
 def test_next_fixed_k_searches_around_the_best_hand_worked():
     """Modelled best k = 3: measure 3, then its neighbours 2 and 4; 4 is best, so 5; 4 stays best: done."""
     seen: dict[int, float] = {}
@@ -108,6 +125,9 @@ def test_quick_grid_runs_checkpoints_resumes_and_refuses_over_budget(tmp_path):
     assert all(c["sim_ratio"] is not None and c["difference"] is not None for c in served)
     # the protocol's fields: host time apart from the step, the oracle's headroom, repeated fixed k
     assert all(c["host_ms_per_step"] >= 0 and c["step_ms"] > 0 and c["oracle_ratio"] > 0 for c in served)
+    # the critical host time's parts, each with its median (a part slow on every step, or on a few)
+    assert all(c[f"host_ms_{part}"] >= 0 and c[f"host_ms_{part}_median"] >= 0 for c in served
+               for part in ("critical", "bookkeeping", "decide"))
     assert all(len(c["throughput_repeats"]) == 2 and c["noise_band"] >= 0 for c in served
                if c["policy"].startswith("fixed:"))
     assert {c["load"] for c in cells if c["policy"] == "oracle" and c["throughput_tok_s"] is None} == {1, 2}
@@ -129,8 +149,8 @@ def test_quick_grid_runs_checkpoints_resumes_and_refuses_over_budget(tmp_path):
     assert [(r["batch_size"], r["k_model"], r["k_ngram"]) for r in plans["rows"]] == [(2, 2, 3), (2, 2, 3), (2, 1, 3),
                                                                                        (2, 3, 3)]
     assert all(r["split_ms"] > 0 and r["fused_ms"] > 0 and r["verify_ms"] > 0 and r["priced_ms"] > 0
-               for r in plans["rows"])
-    assert set(plans["split_extra_ms"]) == {"2"}
+               and r["read_ms"] > 0 and r["read_each_ms"] > 0 for r in plans["rows"])
+    assert set(plans["split_extra_ms"]) == set(plans["read_extra_ms"]) == set(plans["position_read_extra_ms"]) == {"2"}
     # drafting alone by batch size (the buckets 1 and 2), k = 0..3; the cells' policies priced drafting by it
     drafts = result["draft_profile"]["rows"]
     assert [r["batch_size"] for r in drafts] == [1, 2]

@@ -88,6 +88,32 @@ def test_a_step_that_reads_between_drafting_and_verifying_pays_the_split_extra()
     assert step_ms == pytest.approx(23.5)
 
 
+def test_a_read_between_drafting_and_verifying_pays_the_measured_read_extras():
+    """Beside the split extra (1.5 ms), a read before verifying costs 0.25 ms and each further read of a stop rule on
+    the host 0.1 ms at b = 2. The stop rule's step (20 ms, 3 positions drafted) reads after every position: 20 +
+    1.5 + 0.25 + 2 x 0.1 = 21.95. The same rule evaluated on the device (``device_stop_rule``) reads the lengths
+    once: 21.75. The feature policy (22 ms) reads once: 23.75."""
+    import dataclasses
+
+    cost = dataclasses.replace(stop_cost(), split_extra=((1, 1.5), (4, 1.5)), read_extra=((1, 0.25), (4, 0.25)),
+                               position_read_extra=((1, 0.1), (4, 0.1)))
+    step_ms, _ = first_step(StopAt(caps=[3, 3], stops=[3, 1]), cost)
+    assert step_ms == pytest.approx(21.95)
+
+    class OnDevice(StopAt):
+        def device_stop_rule(self, state):
+            return "a rule the engine evaluates on the device"
+
+    step_ms, _ = first_step(OnDevice(caps=[3, 3], stops=[3, 1]), cost)
+    assert step_ms == pytest.approx(21.75)
+
+    class ReadsAll(StopAt):
+        keep_drafting = None
+
+    step_ms, _ = first_step(ReadsAll(caps=[3, 1], stops=[0, 0]), cost)
+    assert step_ms == pytest.approx(23.75)
+
+
 def test_draft_until_stopped_by_hand():
     policy = StopAt(caps=[0, 4, 4, 2], stops=[9, 1, 3, 9])
     state = BatchState(step=0, time_s=0.0, request_ids=np.arange(4), num_generated=np.zeros(4, np.int64))
