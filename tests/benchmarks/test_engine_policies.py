@@ -11,6 +11,9 @@ pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import engine_policies  # noqa: E402
+import torch  # noqa: E402
+
+from tabletune.policies.base import MODEL, NGRAM  # noqa: E402
 
 
 def test_policy_names_put_fixed_ks_first_and_skip_unregistered(capsys):
@@ -64,6 +67,43 @@ def test_read_extras_hand_worked_and_priced():
     cost = engine_policies.engine_cost(profile, {"fitted_draft_share": 0.5}, None, {"split_extra_ms": {"4": 0.1},
                                                                                    **extras})
     assert (cost.split_ms(4), cost.read_ms(4), cost.position_read_ms(4)) == pytest.approx((0.1, 0.4, 0.2))
+
+
+def test_the_plan_check_reads_once_or_after_every_position():
+    """The timed split step: model rows (0, 1) draft 3 positions, the n-gram row 2 is looked up, then verified. A
+    read once comes after the last position; a read each after every position; none without ``read``."""
+    calls = []
+
+    class Engine:
+        device = torch.device("cpu")
+        k_max = 7
+
+        def reset_rows(self, num_rows, ctx):
+            calls.clear()
+
+        def draft_position(self, slots, j, k):
+            calls.append(("draft", j))
+
+        def read_drafts(self, slots, k):
+            calls.append(("read", k))
+
+        def lookup_rows(self, slots):
+            calls.append(("lookup", tuple(slots)))
+
+        def verify_drafted(self, slots, ks, kinds=None):
+            calls.append(("verify", tuple(ks)))
+
+        def read(self, buf, n, k_max):
+            calls.append(("result",))
+
+    steps = {}
+    for read in ("", "once", "each"):
+        engine_policies.time_plan(Engine(), [3, 3, 5], [MODEL, MODEL, NGRAM], 1, 64, True, read=read)
+        steps[read] = list(calls)
+    tail = [("lookup", (2,)), ("verify", (3, 3, 5)), ("result",)]
+    assert steps[""] == [("draft", 0), ("draft", 1), ("draft", 2)] + tail
+    assert steps["once"] == [("draft", 0), ("draft", 1), ("draft", 2), ("read", 3)] + tail
+    assert steps["each"] == [("draft", 0), ("read", 1), ("draft", 1), ("read", 2), ("draft", 2), ("read", 3)] + tail
 
 
 def test_next_fixed_k_searches_around_the_best_hand_worked():
