@@ -775,8 +775,9 @@ def serve_workload(engine, args, wname, loads, policies, cost, result, done, pro
             fileio.write_json(str(out_json), result)  # checkpoint: a cut run keeps its cells
             fileio.write_text(args.out + ".md", markdown(result))
             print(f"{wname:9s} load {load:4d} {spec:24s} tok/s {cell['throughput_tok_s']} ratio {cell['ratio']} "
-                  f"sim {cell['sim_ratio']} host {cell.get('host_ms_per_step')} ms ({time.perf_counter() - t0:.1f} s)",
-                  flush=True)
+                  f"sim {cell['sim_ratio']} host {cell.get('host_ms_per_step')} ms, critical "
+                  f"{cell.get('host_ms_critical')} (bookkeeping {cell.get('host_ms_bookkeeping')}, decide "
+                  f"{cell.get('host_ms_decide')}) ({time.perf_counter() - t0:.1f} s)", flush=True)
 
 
 class PhaseTable:
