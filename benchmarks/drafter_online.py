@@ -151,6 +151,9 @@ def run_mode(target, head, stream, args, adapt: bool) -> list[dict]:
                      "tokens": stats.output_tokens, "wall_s": wall, "held_out_chat_a1": held,
                      "updates": adapter.stats.updates if adapter else 0,
                      "learned": adapter.stats.learned if adapter else 0,
+                     # the updates' host time (queueing their work) and GPU time so far, apart
+                     "update_host_s": round(adapter.stats.update_host_s, 4) if adapter else 0.0,
+                     "update_gpu_ms": round(adapter.stats.update_gpu_ms, 2) if adapter else 0.0,
                      "error": adapter.stats.error if adapter else None, "outputs_sha1": outputs_digest(outputs),
                      "elapsed_s": round(time.perf_counter() - t_start, 1)})
         print(mode, rows[-1], flush=True)
@@ -180,6 +183,16 @@ def read_checkpoint(path: str | None, mode: str) -> list[dict]:
         return []
     rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
     return [{k: v for k, v in r.items() if k != "mode"} for r in rows if r.get("mode") == mode]
+
+
+def update_times(rows: list[dict]) -> str:
+    """A sentence with an update's mean host and GPU time over the stream (none from rows without them)."""
+    last = rows[-1] if rows else {}
+    if not last.get("updates") or "update_host_s" not in last:
+        return ""
+    n = last["updates"]
+    return (f" An update: {1e3 * last['update_host_s'] / n:.1f} ms of host time queueing its work, "
+            f"{last['update_gpu_ms'] / n:.1f} ms on the GPU (mean of {n}).")
 
 
 def report(frozen, adapting, args, stream) -> str:
@@ -212,7 +225,8 @@ def report(frozen, adapting, args, stream) -> str:
     goals = (f"\n\nHeld-out chat a_1, end of stream: {held:+.1%} relative to the frozen head (goal >= +10%); code a_1 "
              f"over the code phase: {code:+.1%} (goal >= -1%); throughput over the stream: {tput - 1:+.1%} "
              f"({by_phase}; goal >= -2%){'' if args.warmup else ', without the warm-up pass'}. Greedy outputs, "
-             f"adapting = frozen: {sum(f == a for f, a in compared)} of {len(compared)} chunks.\n")
+             f"adapting = frozen: {sum(f == a for f, a in compared)} of {len(compared)} chunks."
+             f"{update_times(adapting)}\n")
     return head + "\n".join(lines) + goals
 
 

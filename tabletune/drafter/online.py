@@ -11,10 +11,10 @@
    softmax(lm_head(f_{p+1})) plus the feature regression, at input (embed(x_{p+1}), f_p)) on a float32 master
    copy of the head, over every sequence waiting (right-padded into one batch, the padding masked out; fused
    AdamW on CUDA). With ``background`` (default on CUDA) a worker thread runs it on a side CUDA stream, so the
-   serving loop does not wait for it. It still shares the process's host (the interpreter's lock): on an H100,
-   with one update a finished request (about 50 ms each against 38 ms of serving a request) the stream ran 41%
-   slower (``benchmarks/results/drafter_online_h100``). One update for all the requests a step finishes (or the
-   worker finds queued) divides the number of updates by theirs.
+   serving loop does not wait for it. It still shares the process's host (the interpreter's lock): on an H100 each
+   update cost the stream about 60 ms, whether it learnt from one sequence or several, and the stream ran 29%
+   slower (``benchmarks/results/drafter_online_h100``). ``OnlineStats`` keeps an update's host time (queueing its
+   work) apart from its GPU time (CUDA events on the side stream).
 4. publish: once an update has finished (an event polled without a sync), its weights are copied into the
    engine's drafter between two steps, in place (the captured graphs read the same storage).
 
@@ -33,6 +33,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -69,6 +70,8 @@ class OnlineStats:
     updates: int = 0  # updates applied (each ``steps`` optimizer steps over the sequences waiting)
     learned: int = 0  # sequences those updates learned from
     published: int = 0  # weight copies into the engine's drafter
+    update_host_s: float = 0.0  # the updates' host time: the worker's (or the loop's) wall time queueing their work
+    update_gpu_ms: float = 0.0  # their device time on the side stream (CUDA events; 0 on the CPU)
     error: str | None = None  # why learning stopped (an update raised); serving goes on with the last published head
 
 
@@ -99,7 +102,8 @@ class OnlineAdapter:
         self.background = cuda if cfg.background is None else cfg.background
         self._stream = torch.cuda.Stream(self.device) if cuda else None
         self._queue: queue.Queue = queue.Queue(cfg.max_pending)
-        self._done: deque = deque()  # (CUDA event or None, staged weights) of finished updates, oldest first
+        # (CUDA event or None, staged weights, the update's start event or None) of finished updates, oldest first
+        self._done: deque = deque()
         self._worker = None
         if self.background:
             self._worker = threading.Thread(target=self._work, name="online-head-update", daemon=True)
@@ -200,8 +204,14 @@ class OnlineAdapter:
 
     def _update(self, seqs: list[tuple]) -> None:
         """``steps`` AdamW steps on the sequences (``collate``), then the weights staged in the engine's dtype (on
-        the side stream on CUDA); (its event, the staged weights) go to ``_done`` for the serving loop to publish."""
+        the side stream on CUDA); (its event, the staged weights, its start event) go to ``_done`` for the serving
+        loop to publish."""
+        t0 = time.perf_counter()
         with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
+            start = None
+            if self._stream is not None:
+                start = torch.cuda.Event(enable_timing=True)
+                start.record(self._stream)
             for _, _, ready in seqs:
                 if ready is not None:
                     self._stream.wait_event(ready)
@@ -218,11 +228,12 @@ class OnlineAdapter:
             staged = {k: v.detach().to(dtype, copy=True) for k, v in self.head.state_dict().items()}
             done = None
             if self._stream is not None:
-                done = torch.cuda.Event()
+                done = torch.cuda.Event(enable_timing=True)
                 done.record(self._stream)
         self.stats.updates += 1
         self.stats.learned += len(seqs)
-        self._done.append((done, staged))
+        self.stats.update_host_s += time.perf_counter() - t0
+        self._done.append((done, staged, start))
 
     def _publish_ready(self, wait: bool = False) -> None:
         """Copy the newest finished update's weights into the engine's drafter (``wait``: wait for the updates)."""
@@ -231,9 +242,13 @@ class OnlineAdapter:
         latest = None
         while self._done and (wait or self._done[0][0] is None or self._done[0][0].query()):
             latest = self._done.popleft()
+            event, _, start = latest
+            if start is not None:
+                event.synchronize()  # complete already unless ``wait``
+                self.stats.update_gpu_ms += start.elapsed_time(event)
         if latest is None:
             return
-        event, staged = latest
+        event, staged, _ = latest
         if event is not None:
             torch.cuda.current_stream().wait_event(event)  # already complete unless ``wait``
             for t in staged.values():

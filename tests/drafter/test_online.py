@@ -59,6 +59,8 @@ def test_greedy_outputs_are_identical_with_and_without_online_adaptation(setup, 
     assert frozen == [base[0]] * 2 and learned == frozen
     assert adapter.stats.learned == adapter.stats.queued == 8 and adapter.stats.published >= 1
     assert 1 <= adapter.stats.updates <= 8  # one update for the requests a step finishes (or the worker finds)
+    # each update's host time is kept; its GPU time only on CUDA (events on the side stream)
+    assert adapter.stats.update_host_s > 0 and adapter.stats.update_gpu_ms == 0.0
     initial = make_drafter("eagle", target, K, head=folder)
     assert not torch.equal(engine.drafter.fc, initial.fc)  # the head the engine drafts with did change
 

@@ -267,5 +267,6 @@ def test_online_updates_in_the_background_while_prefills_are_captured(tmp_path):
     base, _, _ = serve(0, False)
     out, engine, adapter = serve(3, True)
     assert adapter.stats.error is None and adapter.stats.updates > 0
+    assert adapter.stats.update_host_s > 0 and adapter.stats.update_gpu_ms > 0  # host and device time apart
     assert len(engine.prefills.graphs) == 16 and engine.prefills.max_len > 0  # every length's capture succeeded
     assert out == base
