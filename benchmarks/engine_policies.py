@@ -387,12 +387,17 @@ def plan_price(cost: StepCost, ks: list[int], kinds: list[int]) -> dict:
             "priced_ms": round(cost.mixed_ms(verified, drafted, drafted < verified), 4)}
 
 
+def medians_by_batch(pairs) -> dict[str, float]:
+    """(b, ms) pairs (one per plan-check pattern) as the median ms per batch size, keyed by b as a string."""
+    by_b: dict[int, list[float]] = {}
+    for b, ms in pairs:
+        by_b.setdefault(b, []).append(ms)
+    return {str(b): round(statistics.median(v), 4) for b, v in by_b.items()}
+
+
 def split_extra_ms(rows: list[dict]) -> dict[str, float]:
     """Per batch size, the median over the plan check's patterns of what a split step costs beyond its price."""
-    extra: dict[int, list[float]] = {}
-    for r in rows:
-        extra.setdefault(r["batch_size"], []).append(r["split_ms"] - r["priced_ms"])
-    return {str(b): round(statistics.median(v), 4) for b, v in extra.items()}
+    return medians_by_batch((r["batch_size"], r["split_ms"] - r["priced_ms"]) for r in rows)
 
 
 def read_extra_ms(rows: list[dict]) -> dict[str, dict[str, float]]:
@@ -400,16 +405,12 @@ def read_extra_ms(rows: list[dict]) -> dict[str, dict[str, float]]:
     split step: once (``read_extra_ms``: read_ms - split_ms), and each read after a further drafted position
     (``position_read_extra_ms``: (read_each_ms - read_ms) / (model rows' k - 1), patterns drafting 2 or more);
     none from a plan check that did not time reads."""
-    once: dict[int, list[float]] = {}
-    each: dict[int, list[float]] = {}
-    for r in rows:
-        if "read_ms" not in r:
-            return {}
-        once.setdefault(r["batch_size"], []).append(r["read_ms"] - r["split_ms"])
-        if r["k_model"] >= 2:
-            each.setdefault(r["batch_size"], []).append((r["read_each_ms"] - r["read_ms"]) / (r["k_model"] - 1))
-    return {"read_extra_ms": {str(b): round(statistics.median(v), 4) for b, v in once.items()},
-            "position_read_extra_ms": {str(b): round(statistics.median(v), 4) for b, v in each.items()}}
+    if any("read_ms" not in r for r in rows):
+        return {}
+    return {"read_extra_ms": medians_by_batch((r["batch_size"], r["read_ms"] - r["split_ms"]) for r in rows),
+            "position_read_extra_ms": medians_by_batch(
+                (r["batch_size"], (r["read_each_ms"] - r["read_ms"]) / (r["k_model"] - 1))
+                for r in rows if r["k_model"] >= 2)}
 
 
 def draft_profile(engine: SpecEngine, profile: StepProfile, args) -> dict:
