@@ -40,6 +40,19 @@ class StopAt:
         self.outcomes.append(outcome)
 
 
+class ReadsAll(StopAt):
+    """Reads every drafted position's signals, then decides: not a DraftStop (the sim drafts k_max for every row)."""
+
+    keep_drafting = None
+
+
+class OnDevice(StopAt):
+    """The same stop rule, given as numbers an engine evaluates on the device (``device_stop_rule``)."""
+
+    def device_stop_rule(self, state):
+        return "a rule the engine evaluates on the device"
+
+
 def first_step(policy, cost: StepCost | None = None) -> tuple[float, StepOutcome]:
     w = Workload("w", rates=(0.6, 0.6, 0.6), heterogeneity=0.0, output_len=10_000, prompt_len_mean=0.0)
     sim = Simulator(cost or stop_cost(), Schedule.constant(w), SimConfig(duration_s=0.001, load=2, seed=0))
@@ -64,54 +77,27 @@ def test_rows_stopping_at_chosen_positions_are_charged_by_hand():
 
 
 def test_a_feature_policy_without_a_stop_rule_drafts_every_position():
-    class ReadsAll(StopAt):
-        keep_drafting = None  # not a DraftStop: the sim drafts k_max for every row, verifies the decided ks
-
     step_ms, outcome = first_step(ReadsAll(caps=[3, 1], stops=[0, 0]))
     # verified (3, 1): V~(2, 2) = 16; drafted (3, 3): D(2, 3) = 6
     assert step_ms == pytest.approx(22.0) and outcome.ks.tolist() == [3, 1]
 
 
-def test_a_step_that_reads_between_drafting_and_verifying_pays_the_split_extra():
+@pytest.mark.parametrize("reads, host_stop_ms, device_stop_ms, reads_all_ms", [
+    ({}, 21.5, 21.5, 23.5),
+    ({"read_extra": ((1, 0.25), (4, 0.25)), "position_read_extra": ((1, 0.1), (4, 0.1))}, 21.95, 21.75, 23.75)])
+def test_a_step_that_reads_between_drafting_and_verifying_pays_the_split_and_read_extras(reads, host_stop_ms,
+                                                                                         device_stop_ms, reads_all_ms):
     """The engine drafts such a step position by position (a split step): with a split step costing 1.5 ms more at
-    b = 2, the first hand-worked step above (20 ms) takes 21.5, the feature policy's (22 ms) 23.5."""
+    b = 2, the first hand-worked step above (20 ms) takes 21.5, the feature policy's (22 ms) 23.5. Where a read
+    before verifying costs 0.25 ms and each further read of a stop rule on the host 0.1 ms, the stop rule's step (3
+    positions drafted) reads after every position: 20 + 1.5 + 0.25 + 2 x 0.1 = 21.95; the same rule on the device
+    reads the lengths once: 21.75; the feature policy reads once: 23.75."""
     import dataclasses
 
-    cost = dataclasses.replace(stop_cost(), split_extra=((1, 1.5), (4, 1.5)))
-    step_ms, _ = first_step(StopAt(caps=[3, 3], stops=[3, 1]), cost)
-    assert step_ms == pytest.approx(21.5)
-
-    class ReadsAll(StopAt):
-        keep_drafting = None
-
-    step_ms, _ = first_step(ReadsAll(caps=[3, 1], stops=[0, 0]), cost)
-    assert step_ms == pytest.approx(23.5)
-
-
-def test_a_read_between_drafting_and_verifying_pays_the_measured_read_extras():
-    """Beside the split extra (1.5 ms), a read before verifying costs 0.25 ms and each further read of a stop rule on
-    the host 0.1 ms at b = 2. The stop rule's step (20 ms, 3 positions drafted) reads after every position: 20 +
-    1.5 + 0.25 + 2 x 0.1 = 21.95. The same rule evaluated on the device (``device_stop_rule``) reads the lengths
-    once: 21.75. The feature policy (22 ms) reads once: 23.75."""
-    import dataclasses
-
-    cost = dataclasses.replace(stop_cost(), split_extra=((1, 1.5), (4, 1.5)), read_extra=((1, 0.25), (4, 0.25)),
-                               position_read_extra=((1, 0.1), (4, 0.1)))
-    step_ms, _ = first_step(StopAt(caps=[3, 3], stops=[3, 1]), cost)
-    assert step_ms == pytest.approx(21.95)
-
-    class OnDevice(StopAt):
-        def device_stop_rule(self, state):
-            return "a rule the engine evaluates on the device"
-
-    step_ms, _ = first_step(OnDevice(caps=[3, 3], stops=[3, 1]), cost)
-    assert step_ms == pytest.approx(21.75)
-
-    class ReadsAll(StopAt):
-        keep_drafting = None
-
-    step_ms, _ = first_step(ReadsAll(caps=[3, 1], stops=[0, 0]), cost)
-    assert step_ms == pytest.approx(23.75)
+    cost = dataclasses.replace(stop_cost(), split_extra=((1, 1.5), (4, 1.5)), **reads)
+    assert first_step(StopAt(caps=[3, 3], stops=[3, 1]), cost)[0] == pytest.approx(host_stop_ms)
+    assert first_step(OnDevice(caps=[3, 3], stops=[3, 1]), cost)[0] == pytest.approx(device_stop_ms)
+    assert first_step(ReadsAll(caps=[3, 1], stops=[0, 0]), cost)[0] == pytest.approx(reads_all_ms)
 
 
 def test_draft_until_stopped_by_hand():
