@@ -521,10 +521,14 @@ def serve_cell(engine, args, policy_spec, ctx, load, prompts, oracle, pairs, see
             for i in range(n)]
     policy = timed(make_policy(policy_spec, ctx))
 
+    window: list[int] = []  # its start, once the first wave was replaced (found once: this runs every step)
+
     def window_done(stats) -> bool:  # the first wave replaced, the warm-up and the measured steps run
-        if any(i not in stats.replaced_at_step for i in range(load)):
-            return False
-        return len(stats.step_batch_sizes) >= max(window_start(stats, load), args.warmup_steps) + args.measured_steps
+        if not window:
+            if any(i not in stats.replaced_at_step for i in range(load)):
+                return False
+            window.append(max(window_start(stats, load), args.warmup_steps))
+        return len(stats.step_batch_sizes) >= window[0] + args.measured_steps
 
     stats = Scheduler(engine, policy, max_num_seqs=load, seed=load + 1000 * seed, device_stop=not args.host_stop,
                       overlap_observe=args.overlap_observe).run(reqs, stop=window_done)

@@ -27,6 +27,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -94,6 +95,31 @@ class RunStats:
     @property
     def throughput_tok_s(self) -> float:
         return self.output_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+class StepRecord(NamedTuple):
+    """A step's line in ``RunStats`` and what its ``StepOutcome`` needs, kept from its read-back until the next
+    step's (``Scheduler._flush``)."""
+
+    stats: RunStats
+    running: list[Request]
+    res: StepResult
+    state: BatchState
+    kinds: np.ndarray
+    asked: np.ndarray
+    drafted: np.ndarray
+    split: bool
+    emitted: np.ndarray
+    done: np.ndarray
+    n_first: int
+    prefill_s: float
+    wall_s: float
+    step_s: float
+    critical_s: float
+    overlapped_s: float
+    bookkeeping_s: float
+    decide_s: float
+    observed: bool  # observed at once (a policy whose next decision reads it)
 
 
 def steady_throughput(batch_sizes: Sequence[int], wall_s: Sequence[float], tokens: Sequence[int], load: int,
@@ -177,6 +203,7 @@ class Scheduler:
         # the last step's tokens, appended to the requests' outputs while the next step runs (``_flush``); what
         # the next step needs of them (lengths, which requests finished) is counted per slot at once
         self._unemitted: tuple | None = None
+        self._record: StepRecord | None = None  # the last step's stats and outcome, made in ``_flush``
         slots = engine.cache.num_slots + 1
         self._num_out = np.zeros(slots, np.int64)  # tokens each slot's request has generated
         self._num_in = np.zeros(slots, np.int64)  # its prompt length
@@ -346,7 +373,7 @@ class Scheduler:
         now = time.perf_counter()
         busy = self._idle_since is None
         self._launch()
-        if self._deferred is not None or self._unemitted is not None:
+        if self._deferred is not None or self._unemitted is not None or self._record is not None:
             self._flush()
             self._host_s[0 if not busy else 1] += time.perf_counter() - now
         out = read()
@@ -354,7 +381,10 @@ class Scheduler:
         return out
 
     def _flush(self) -> None:
-        """The last step's deferred work: its tokens into the requests' outputs, then a deferred observe."""
+        """The last step's deferred work: its line in the stats and its outcome, its tokens into the requests'
+        outputs, then a deferred observe."""
+        if self._record is not None:
+            self._flush_record()
         if self._unemitted is not None:
             self._emit(*self._unemitted)
             self._unemitted = None
@@ -362,9 +392,51 @@ class Scheduler:
             self.policy.observe(self._deferred)
             self._deferred = None
 
+    def _steps_run(self, stats: RunStats) -> int:
+        """Steps run so far: those in the stats and the one whose line waits in ``_record``."""
+        return len(stats.step_batch_sizes) + (self._record is not None)
+
+    def _outcome(self) -> StepOutcome:
+        """The last step's ``StepOutcome`` (from ``_record``)."""
+        r = self._record
+        return StepOutcome(state=r.state, ks=r.res.out[:, 1], drafter=r.kinds, accepted=r.res.out[:, 0],
+                           step_ms=r.step_s * 1e3, finished_ids=r.state.request_ids[r.done])
+
+    def _flush_record(self) -> None:
+        """The last step's line in the stats, and its ``StepOutcome`` unless observed already: observed now, or
+        deferred (overlap_observe); a hook gets the step's rows with their outputs emitted."""
+        r = self._record
+        if not r.observed:
+            outcome = self._outcome()
+            if self.after_step is not no_hook:  # a hook reads the outputs: emitted now
+                self._emit(*self._unemitted)
+                self._unemitted = None
+            if self.overlap_observe:
+                self._deferred = outcome
+            else:
+                self.policy.observe(outcome)
+            self.after_step(r.running, r.res, outcome.finished_ids)
+        self._record = None
+        stats, verified = r.stats, r.res.out[:, 1]
+        stats.step_batch_sizes.append(len(r.running))
+        stats.step_ks.append(int(verified.max()))
+        stats.step_drafts.append(int(verified.sum()))
+        stats.step_rows.append((r.asked, r.drafted))
+        stats.step_split.append(r.split)
+        stats.step_admitted.append(r.n_first)
+        stats.step_prefill_s.append(r.prefill_s)
+        stats.step_wall_s.append(r.wall_s)
+        stats.step_tokens.append(r.n_first + int(r.emitted.sum()))
+        stats.step_host_critical_s.append(r.critical_s)
+        stats.step_host_overlapped_s.append(r.overlapped_s)
+        stats.step_host_bookkeeping_s.append(r.bookkeeping_s)
+        stats.step_host_decide_s.append(r.decide_s)
+
     def run(self, requests: Sequence[Request], stop: Callable[[RunStats], bool] | None = None) -> RunStats:
         """Serve the requests, at most max_num_seqs at a time (a closed loop of that load): all of them, or until
-        ``stop(stats)`` says so after a step (a measurement window that is complete)."""
+        ``stop(stats)`` says so after a step (a measurement window that is complete). ``stop`` sees the lines of
+        the steps before that step (a step's line is written while the next step runs), so the run it stops
+        serves one step more; the stats returned hold every step served."""
         waiting = deque(requests)
         min_rows = min(self.max_num_seqs, len(requests)) if self.fixed_shape else 0
         running: list[Request] = []
@@ -377,7 +449,7 @@ class Scheduler:
             if done.any():  # retire first, so a finished request is replaced in the same step
                 for req in (r for r, d in zip(running, done) if d):
                     free.append(req.slot)
-                    stats.replaced_at_step[req.id] = len(stats.step_batch_sizes)
+                    stats.replaced_at_step[req.id] = self._steps_run(stats)
                 running = [r for r, d in zip(running, done) if not d]
             n_first = 0  # prefills emit each request's first token
             critical = self._host_s[0]
@@ -395,42 +467,30 @@ class Scheduler:
             if not running:
                 continue
             t_step = time.perf_counter()
-            res, state, kinds, caps, asked, drafted, split = self.step(running, len(stats.step_batch_sizes),
+            res, state, kinds, caps, asked, drafted, split = self.step(running, self._steps_run(stats),
                                                                        t_step - t0, min_rows)
-            rows, accepted, verified = self._rows, res.out[:, 0], res.out[:, 1]
+            # the critical path holds only what the next step needs: each row's tokens generated, and who finished
+            rows, accepted = self._rows, res.out[:, 0]
             emitted = np.minimum(accepted + 1, self._max_new[rows] - self._num_out[rows])
             self._num_out[rows] += emitted
-            n_tok = n_first + int(emitted.sum())
             done = self._done(rows)
             t_now = time.perf_counter()
-            finished = state.request_ids[done]
-            outcome = StepOutcome(state=state, ks=verified, drafter=kinds, accepted=accepted,
-                                  step_ms=(t_now - t_step) * 1e3,
-                                  finished_ids=finished)
-            self._unemitted = (running[:], res, caps, asked)  # admissions append to ``running`` before the flush
-            if self.after_step is not no_hook:  # a hook reads the outputs: emitted now
-                self._emit(running, res, caps, asked)
-                self._unemitted = None
-            if self.overlap_observe:
-                self._deferred = outcome
-            else:
-                self.policy.observe(outcome)
-            self.after_step(running, res, finished)
-            stats.step_batch_sizes.append(len(running))
-            stats.step_ks.append(int(verified.max()))
-            stats.step_drafts.append(int(verified.sum()))
-            stats.step_rows.append((asked, drafted))
-            stats.step_split.append(split)
-            stats.step_admitted.append(n_first)
-            stats.step_prefill_s.append(t_adm)
-            stats.step_wall_s.append(t_now - t_prev)
-            stats.step_tokens.append(n_tok)
-            stats.step_host_critical_s.append(self._host_s[0])
-            stats.step_host_overlapped_s.append(self._host_s[1])
-            stats.step_host_bookkeeping_s.append(self._book_s)
-            stats.step_host_decide_s.append(self._decide_s)
+            ran = running[:]  # admissions append to ``running`` before the flush
+            self._unemitted = (ran, res, caps, asked)
+            # the step's line in the stats waits for the next read (``_flush``, while the device runs the next
+            # step), and so does its outcome unless the next decision needs it: a policy that observes at once
+            # (observed here), or a hook (all of it here). So ``stop`` sees the stats of the steps before this one,
+            # and a run it stops runs one step more.
+            observe_now = not self.overlap_observe and self.after_step is no_hook
+            self._record = StepRecord(stats, ran, res, state, kinds, asked, drafted, split, emitted, done, n_first,
+                                      t_adm, t_now - t_prev, t_now - t_step, self._host_s[0], self._host_s[1],
+                                      self._book_s, self._decide_s, observe_now)
             self._host_s = [0.0, 0.0]
             t_prev = t_now
+            if observe_now:
+                self.policy.observe(self._outcome())
+            elif self.after_step is not no_hook:
+                self._flush_record()
             if stop is not None and stop(stats):
                 break
         self._flush()

@@ -15,6 +15,7 @@ from tabletune.policies.base import BatchPolicy, BatchState, PolicyContext
 
 class FixedK(BatchPolicy):
     name: ClassVar[str] = "fixed"
+    observe_may_lag: ClassVar[bool] = True  # observe is a no-op
 
     def __init__(self, ctx: PolicyContext, k: int) -> None:
         super().__init__(ctx)

@@ -222,13 +222,18 @@ def test_scheduler_replaces_finished_requests_in_the_same_step(tiny):
 
 
 def test_a_run_stops_when_its_stop_says_so(tiny):
-    """stop after the third step: 3 steps served, the waiting requests never admitted, outputs cut there."""
+    """stop once three steps are in the stats: asked after each step with the lines of the steps before it (a
+    step's line is written while the next one runs), it stops the run after the fourth; the waiting requests
+    never admitted, outputs cut there, every step served in the stats."""
     target, prompts, _ = tiny
     engine = _engine(target, "ngram", max_num_seqs=2)
     reqs = [Request(list(prompts[i]), 20, i) for i in range(4)]
-    stats = Scheduler(engine, DraftTable.fixed(0)).run(reqs, stop=lambda s: len(s.step_batch_sizes) >= 3)
-    assert stats.num_steps == 3 and stats.step_batch_sizes == [2, 2, 2]
-    assert [len(r.output) for r in reqs] == [4, 4, 0, 0]  # prefill + 3 steps of k = 0
+    seen = []
+    stats = Scheduler(engine, DraftTable.fixed(0)).run(
+        reqs, stop=lambda s: seen.append(len(s.step_batch_sizes)) or len(s.step_batch_sizes) >= 3)
+    assert seen == [0, 1, 2, 3]
+    assert stats.num_steps == 4 and stats.step_batch_sizes == [2, 2, 2, 2] and len(stats.step_tokens) == 4
+    assert [len(r.output) for r in reqs] == [5, 5, 0, 0]  # prefill + 4 steps of k = 0
 
 
 def test_steady_throughput_window_hand_worked():
