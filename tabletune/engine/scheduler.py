@@ -211,6 +211,8 @@ class Scheduler:
         self._stop_at = np.zeros(slots, np.int64)  # the length it finishes at (max_new_tokens, or the cache's end)
         self._limit = engine.cfg.max_len - engine.k_max - 3  # a request stops once prompt + output reach this
         self._rows = np.zeros(0, np.int64)  # the last step's slots
+        # the running batch's (list, slots, their array, request ids), while its requests stay the same
+        self._batch: tuple[list[Request], list[int], np.ndarray, np.ndarray] | None = None
         self._idle_since: float | None = None
         self._host_s = [0.0, 0.0]  # critical, overlapped
         self._book_s = self._decide_s = 0.0  # parts of the critical time (RunStats.step_host_bookkeeping_s)
@@ -312,12 +314,17 @@ class Scheduler:
         """One policy-driven step: (StepResult, state, drafter kinds, forced caps, ks requested, model positions
         drafted per row, whether it split)."""
         e, n = self.engine, len(running)
-        slots = [r.slot for r in running]
-        self._rows = rows = np.array(slots, np.int64)
+        if self._batch is None or self._batch[0] is not running or len(self._batch[1]) != n:
+            slots = [r.slot for r in running]  # made again only when the batch changed (``run`` drops it)
+            rows, ids = np.array(slots, np.int64), np.array([r.id for r in running], np.int64)
+            rows.flags.writeable = ids.flags.writeable = False  # shared by the steps of this batch
+            self._batch = (running, slots, rows, ids)
+        _, slots, rows, ids = self._batch
+        self._rows = rows
         # decided before drafting, the n-gram lookup in hand: it costs no drafter step, so the plan may put rows
         # on that chain
         lookup = e.drafter.host_lookup(slots, self._num_in[rows] + self._num_out[rows]) if self.plans_first else None
-        state = BatchState(step=step, time_s=now_s, request_ids=np.array([r.id for r in running], np.int64),
+        state = BatchState(step=step, time_s=now_s, request_ids=ids,
                            num_generated=self._num_out[rows].copy(),
                            ngram_match_len=None if lookup is None else lookup[0],
                            ngram_num_proposed=None if lookup is None else lookup[1])
@@ -451,6 +458,7 @@ class Scheduler:
                     free.append(req.slot)
                     stats.replaced_at_step[req.id] = self._steps_run(stats)
                 running = [r for r, d in zip(running, done) if not d]
+                self._batch = None
             n_first = 0  # prefills emit each request's first token
             critical = self._host_s[0]
             self._launch()  # prefills: device work with their own reads
@@ -460,6 +468,7 @@ class Scheduler:
                 req = waiting.popleft()
                 self._admit(req, free)
                 running.append(req)
+                self._batch = None
                 n_first += 1
             t_adm = time.perf_counter() - t_adm if n_first else 0.0
             self._idle_since = time.perf_counter()

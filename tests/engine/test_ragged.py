@@ -299,6 +299,33 @@ def test_split_steps_keep_the_draft_distributions_for_sampling(tiny):
     assert all((o.accepted <= o.ks).all() for o in seen) and sum(int(o.accepted.sum()) for o in seen) > 0
 
 
+def test_a_step_with_the_last_inputs_keeps_the_buffer_and_any_other_step_writes_its_own(tiny):
+    """``SpecEngine._write`` leaves a bucket's host buffer as it is when a step's inputs are the ones last written
+    there; every step reads its own inputs all the same: steps drawn from inputs that differ from a base step in
+    one field each (slots, ks, caps, kinds, a longer k), so that a step often repeats the last one and often
+    differs from it in that field alone."""
+    from tabletune.engine.runner import ROWS, layout
+    from tabletune.policies.base import MODEL, NGRAM
+
+    target, _, _ = tiny
+    engine = _engine(target, "eagle", k_max=4, max_num_seqs=4)
+    base = ([0, 1, 2], [2, 2, 2], None, None)
+    steps = [base, ([0, 1, 3], *base[1:]), (base[0], [2, 1, 2], None, None), (*base[:2], [1, 2, 0], None),
+             (*base[:3], [MODEL, NGRAM, MODEL]), (base[0], [3, 3, 3], None, None)]
+    rng = random.Random(0)
+    for i in [rng.randrange(len(steps)) for _ in range(80)]:
+        slots, ks, caps, kinds = steps[i]
+        buf, k, j = engine._fill(slots, ks, caps, kinds, 0)
+        b, n = buf.out.shape[0], len(slots)
+        q, flat, j_want = layout(np.array(ks + [0] * (b - n)) + 1, k)
+        host = buf.host.numpy()
+        rows = host[: ROWS * b].reshape(ROWS, b)
+        assert j == j_want and rows[0, :n].tolist() == slots and rows[1, :n].tolist() == ks
+        assert rows[2, :n].tolist() == (caps if caps is not None else [k] * n)
+        assert rows[3, :n].tolist() == (kinds if kinds is not None else [engine.default_kind] * n)
+        assert rows[5].tolist() == q.tolist() and host[ROWS * b: ROWS * b + len(flat)].tolist() == flat.tolist()
+
+
 def test_kept_layouts_write_what_a_fresh_layout_writes(tiny):
     """A step's host buffer is the same whether its token layout was computed now or kept from an earlier step
     with the same ks (``SpecEngine._write``): every row input and the packed layout, over random ragged steps."""
