@@ -67,7 +67,7 @@ class Drafter:
     def draft(self, slots, j: int) -> None:
         pass
 
-    def host_lookup(self, slots: list[int], positions: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    def host_lookup(self, slots: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """The n-gram lookup before drafting, on the host: (match length, tokens proposed) of each row's next
         position (its sequence position ``positions``); None for a drafter without an n-gram chain to plan."""
         return None

@@ -323,7 +323,7 @@ class Scheduler:
         self._rows = rows
         # decided before drafting, the n-gram lookup in hand: it costs no drafter step, so the plan may put rows
         # on that chain
-        lookup = e.drafter.host_lookup(slots, self._num_in[rows] + self._num_out[rows]) if self.plans_first else None
+        lookup = e.drafter.host_lookup(rows, self._num_in[rows] + self._num_out[rows]) if self.plans_first else None
         state = BatchState(step=step, time_s=now_s, request_ids=ids,
                            num_generated=self._num_out[rows].copy(),
                            ngram_match_len=None if lookup is None else lookup[0],

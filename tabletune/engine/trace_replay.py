@@ -49,9 +49,9 @@ class TracedReplayDrafter(ReplayDrafter):
         self.lookup(slots, start, last, k)
         self.cost.begin(slots, start, last, k)
 
-    def host_lookup(self, slots: list[int], positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        ng = self.ngram_host[np.asarray(slots, np.int64), np.asarray(positions, np.int64)]
-        return ng[:, 0].copy(), np.minimum(ng[:, 1], self.engine.k_max)
+    def host_lookup(self, slots: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ng = self.ngram_host[np.asarray(slots, np.int64), np.asarray(positions, np.int64)]  # a fresh array
+        return ng[:, 0], np.minimum(ng[:, 1], self.engine.k_max)
 
     def lookup(self, slots, start, last, k):
         """The replayed drafts, signals and chains' runs (no drafting cost: a row put on the n-gram chain before
