@@ -20,8 +20,9 @@ from tabletune.engine.trace_replay import TracedReplayDrafter
 # step's tokens appended while the next step runs; a plan made on the n-gram lookup without a stop rule runs fused;
 # a pair's two replayed chains wrap together; nothing between a step's first launch and its read waits on the
 # device, each draft position uploads its own rows, and a split step's n-gram lookup is one graph; a step's line in
-# the stats and its outcome made while the next step runs (patch releases: fused steps run as before)
-ENGINE_VERSION = "0.13.3"
+# the stats and its outcome made while the next step runs; a fixed k's or a table's next step launched before a
+# step's read-back where the batch can not change (patch releases: fused steps run as before)
+ENGINE_VERSION = "0.14.0"
 RUNNER = "builtin/cudagraph-per-(bucket,k,tokens)"
 
 

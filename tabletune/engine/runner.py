@@ -93,6 +93,21 @@ class DraftsCopy:
         return out[:, : 3 * self.k].reshape(len(out), self.k, 3), out[:, 3 * self.k:]
 
 
+@dataclass(frozen=True)
+class OutCopy:
+    """A step's results on their way to the host (``SpecEngine.copy_out``)."""
+
+    host: torch.Tensor  # [B, OUT_COLS + k_max + 1]: pinned on CUDA
+    event: torch.cuda.Event | None  # recorded after the copy (CUDA)
+    num_rows: int
+
+    def get(self) -> StepResult:
+        """The ``StepResult`` of rows 0 .. num_rows-1, once copied."""
+        if self.event is not None:
+            self.event.synchronize()
+        return StepResult(self.host[: self.num_rows].numpy().copy())  # the host buffer takes turns
+
+
 def token_js(b: int, k: int) -> range:
     """Token buckets of a step of bucket b and longest draft k: T = b (j + 1) tokens for j = ceil(k / b) .. k (at
     least one row feeds k + 1 tokens, every row at least one)."""
@@ -149,6 +164,8 @@ class SpecEngine:
         self._layouts: dict[tuple, tuple] = {}
         self._host_views: dict[int, np.ndarray] = {}
         self._written: dict[int, tuple] = {}  # bucket -> (the inputs last written to its host buffer, j)
+        self._last_step: dict[int, tuple] = {}  # bucket -> the graph key of its last fused step (``relaunch``)
+        self._out_ring: dict[int, tuple[list[torch.Tensor], list[int]]] = {}  # ``copy_out``'s host buffers, turn
         self.buffers = {b: self._buffers(b) for b in self.buckets}
         # the rows of each draft position, one pinned buffer per (bucket, position): a position's graph uploads its
         # rows when the device reaches it, after the host may have launched the next positions (no sync between
@@ -347,8 +364,8 @@ class SpecEngine:
         ``caps``: forced-rejection caps; ``kinds``: MODEL or NGRAM per row (the trace replay's chain; n-gram rows
         verify at most the drafts that follow their match)."""
         buf, k, j = self._fill(slots, ks, caps, kinds, min_rows)
-        self._run(("step", buf.out.shape[0], k, j), buf.host, buf.inputs, lambda: self._step_body(buf, k, j),
-                  on_replay)
+        key = self._last_step[buf.out.shape[0]] = ("step", buf.out.shape[0], k, j)
+        self._run(key, buf.host, buf.inputs, lambda: self._step_body(buf, k, j), on_replay)
         return buf
 
     def draft_position(self, slots: Sequence[int], j: int, k: int) -> None:
@@ -409,6 +426,33 @@ class SpecEngine:
     def read(self, buf: StepBuffers, num_rows: int, k: int) -> StepResult:
         """The step's results for rows 0 .. num_rows-1 (the one host sync of a step)."""
         return StepResult(buf.out[:num_rows, : OUT_COLS + k + 1].cpu().numpy().copy())  # the buffer is reused
+
+    def copy_out(self, buf: StepBuffers, num_rows: int) -> OutCopy:
+        """``read`` without the sync: the step's results copied to the host behind it, before a later step of the
+        bucket (``relaunch``) overwrites them; ``get()`` waits for the copy. Two host buffers a bucket take turns."""
+        b = buf.out.shape[0]
+        ring = self._out_ring.get(b)
+        if ring is None:
+            ring = self._out_ring[b] = [torch.empty_like(buf.out, device="cpu", pin_memory=self.device.type == "cuda")
+                                        for _ in range(2)], [0]
+        hosts, turn = ring
+        host = hosts[turn[0]]
+        turn[0] ^= 1
+        host.copy_(buf.out, non_blocking=self.device.type == "cuda")
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        return OutCopy(host, event, num_rows)
+
+    def relaunch(self, buf: StepBuffers, on_replay=None) -> None:
+        """Run the bucket's last step again on its inputs as they stand (the same rows, ks, caps and kinds: the
+        device state those rows reached goes on from there); no sync. The inputs are not written, so a step
+        launched before the last one's read-back can not change them under it."""
+        b = buf.out.shape[0]
+        key = self._last_step[b]
+        k, j = key[2], key[3]
+        self._run(key, buf.host, buf.inputs, lambda: self._step_body(buf, k, j), on_replay)
 
     def step(self, slots: list[int], k: int | Sequence[int], caps: list[int] | None = None,
              min_rows: int = 0) -> tuple[list[int], list[list[int]]]:

@@ -86,6 +86,7 @@ class RunStats:
     # rows), for pricing the step by ``StepCost.mixed_ms``; and whether the step split
     step_rows: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     step_split: list[bool] = field(default_factory=list)
+    step_ahead: list[bool] = field(default_factory=list)  # launched before the last step's read-back
 
     @property
     def step_drafted(self) -> list[int]:
@@ -119,6 +120,7 @@ class StepRecord(NamedTuple):
     overlapped_s: float
     bookkeeping_s: float
     decide_s: float
+    ahead: bool
     observed: bool  # observed at once (a policy whose next decision reads it)
 
 
@@ -194,7 +196,7 @@ class Scheduler:
     def __init__(self, engine: SpecEngine, policy: Policy | DraftTable, max_num_seqs: int | None = None,
                  cap_rates: Sequence[float] | None = None, seed: int = 0, fixed_shape: bool = False,
                  after_step: StepHook = no_hook, device_stop: bool = True, overlap_observe: bool = True,
-                 split_plans: bool = False) -> None:
+                 split_plans: bool = False, launch_ahead: bool = True) -> None:
         self.engine = engine
         # overlap_observe: a policy that allows it (``observe_may_lag``) observes step t while step t + 1 runs (just
         # before its first read), so it decides step t + 1 on statistics one step old, as vLLM's async scheduling does
@@ -213,6 +215,9 @@ class Scheduler:
         self._rows = np.zeros(0, np.int64)  # the last step's slots
         # the running batch's (list, slots, their array, request ids), while its requests stay the same
         self._batch: tuple[list[Request], list[int], np.ndarray, np.ndarray] | None = None
+        self._in_flight: tuple | None = None  # a step launched ahead: (buffer, ks, kinds, drafted)
+        self._stopping = False
+        self._ahead_step = False  # whether the step just read was launched ahead
         self._idle_since: float | None = None
         self._host_s = [0.0, 0.0]  # critical, overlapped
         self._book_s = self._decide_s = 0.0  # parts of the critical time (RunStats.step_host_bookkeeping_s)
@@ -237,6 +242,13 @@ class Scheduler:
             raise ValueError(f"policy {policy.name} reads draft signals or ends drafts: build the engine with "
                              "split_steps=True")
         self.max_num_seqs = min(max_num_seqs or engine.cfg.max_num_seqs, engine.buckets[-1])
+        # launch_ahead: a policy whose decision depends on the batch size alone (``decides_from_batch_size``: a
+        # fixed k, a table) has its next step launched before this one's read-back wherever the batch can not
+        # change (``_read_launching_ahead``), as under vLLM's async scheduling; only where nothing else is decided
+        # on the host between steps (no caps drawn, no step hook, no split step, no lookup)
+        self.launch_ahead = (launch_ahead and bool(getattr(policy, "decides_from_batch_size", False))
+                             and not cap_rates and after_step is no_hook and not self.split and not self.plans_first
+                             and not self.uses_features)
         self.cap_rates = list(cap_rates) if cap_rates else None
         self.rng = random.Random(seed)
         # fixed_shape: every step of a run runs the bucket of its first full batch, however many rows are still
@@ -321,6 +333,12 @@ class Scheduler:
             self._batch = (running, slots, rows, ids)
         _, slots, rows, ids = self._batch
         self._rows = rows
+        if self._in_flight is not None:  # launched before the last step's read-back, on its inputs and decision
+            buf, ks, kinds_arr, drafted = self._in_flight
+            self._in_flight, self._decide_s, self._ahead_step = None, 0.0, True
+            state = BatchState(step=step, time_s=now_s, request_ids=ids, num_generated=self._num_out[rows].copy())
+            res = self._read_launching_ahead(buf, rows, ks, kinds_arr, drafted)
+            return res, state, kinds_arr, None, ks, drafted, False
         # decided before drafting, the n-gram lookup in hand: it costs no drafter step, so the plan may put rows
         # on that chain
         lookup = e.drafter.host_lookup(rows, self._num_in[rows] + self._num_out[rows]) if self.plans_first else None
@@ -328,7 +346,7 @@ class Scheduler:
                            num_generated=self._num_out[rows].copy(),
                            ngram_match_len=None if lookup is None else lookup[0],
                            ngram_num_proposed=None if lookup is None else lookup[1])
-        drafted, features = None, None
+        drafted, features, self._ahead_step = None, None, False
         if self.uses_features and not self.plans_first:  # it reads every position, then decides
             drafted, features = self._draft(slots, state, np.full(n, self._draft_cap(state), np.int64))
             state = dataclasses.replace(state, features=self._wait(features))
@@ -363,10 +381,27 @@ class Scheduler:
             # the verification follows the drafting already queued (with none queued, the host waited until here)
             buf = e.verify_drafted(slots, ks, caps, min_rows, kinds, on_replay=self._launch)
         kinds_arr = np.array(kinds if kinds is not None else [e.default_kind] * n, np.int64)
-        res = self._wait(lambda: e.read(buf, n, e.k_max))
+        if self.launch_ahead and not split:
+            res = self._read_launching_ahead(buf, rows, ks, kinds_arr, drafted)
+        else:
+            res = self._wait(lambda: e.read(buf, n, e.k_max))
         if features is not None:  # drafted before the plan's verification: read now, for observe (no wait left)
             state = dataclasses.replace(state, features=features())
         return res, state, kinds_arr, caps, ks, drafted, split
+
+    def _read_launching_ahead(self, buf, rows: np.ndarray, ks: np.ndarray, kinds_arr: np.ndarray,
+                              drafted: np.ndarray) -> StepResult:
+        """Read a fused step, the next one launched first where it may go (``launch_ahead``): the step's results'
+        copy is queued, the next step replays the same graph on the same inputs, and the host then waits for the
+        copy while the device runs the next step. It may go where no row can finish in this step (each row's
+        tokens so far plus k + 1 stay short of its end): the next step has the same rows, so the same decision."""
+        e = self.engine
+        copy = e.copy_out(buf, len(rows))
+        if not self._stopping and bool(np.all(self._num_out[rows] + (int(ks.max(initial=0)) + 1)
+                                              < self._stop_at[rows])):
+            e.relaunch(buf, on_replay=self._launch)
+            self._in_flight = (buf, ks, kinds_arr, drafted)
+        return self._wait(copy.get)
 
     def _launch(self) -> None:
         """The host is about to queue device work: the time since the last read was on the critical path."""
@@ -384,7 +419,8 @@ class Scheduler:
             self._flush()
             self._host_s[0 if not busy else 1] += time.perf_counter() - now
         out = read()
-        self._idle_since = time.perf_counter()
+        if self._in_flight is None:  # else the device runs the step launched ahead
+            self._idle_since = time.perf_counter()
         return out
 
     def _flush(self) -> None:
@@ -430,6 +466,7 @@ class Scheduler:
         stats.step_drafts.append(int(verified.sum()))
         stats.step_rows.append((r.asked, r.drafted))
         stats.step_split.append(r.split)
+        stats.step_ahead.append(r.ahead)
         stats.step_admitted.append(r.n_first)
         stats.step_prefill_s.append(r.prefill_s)
         stats.step_wall_s.append(r.wall_s)
@@ -471,7 +508,8 @@ class Scheduler:
                 self._batch = None
                 n_first += 1
             t_adm = time.perf_counter() - t_adm if n_first else 0.0
-            self._idle_since = time.perf_counter()
+            if self._in_flight is None:
+                self._idle_since = time.perf_counter()
             done = np.zeros(len(running), bool)
             if not running:
                 continue
@@ -493,15 +531,18 @@ class Scheduler:
             observe_now = not self.overlap_observe and self.after_step is no_hook
             self._record = StepRecord(stats, ran, res, state, kinds, asked, drafted, split, emitted, done, n_first,
                                       t_adm, t_now - t_prev, t_now - t_step, self._host_s[0], self._host_s[1],
-                                      self._book_s, self._decide_s, observe_now)
+                                      self._book_s, self._decide_s, self._ahead_step, observe_now)
             self._host_s = [0.0, 0.0]
             t_prev = t_now
             if observe_now:
                 self.policy.observe(self._outcome())
             elif self.after_step is not no_hook:
                 self._flush_record()
-            if stop is not None and stop(stats):
-                break
+            if self._stopping or (stop is not None and stop(stats)):
+                self._stopping = True  # a step launched ahead is still read and counted
+                if self._in_flight is None:
+                    break
+        self._stopping = False
         self._flush()
         stats.wall_s = time.perf_counter() - t0
         stats.output_tokens = sum(len(r.output) for r in requests)

@@ -47,6 +47,8 @@ Conventions:
 * ``observe`` of a step follows its ``decide`` before the next ``decide``, unless the policy sets
   ``observe_may_lag = True``: then an engine may observe step t after deciding step t + 1 (the policy keys
   what it keeps from a step by ``state.step``).
+* ``decides_from_batch_size = True``: the decision depends on the batch size alone (a fixed k, a table), so an
+  engine may launch step t + 1 on step t's decision, before step t's read-back, where the batch can not change.
 * ``StepOutcome.accepted[i]`` counts accepted draft tokens (0..ks[i]); the bonus token
   is extra, so request i emits ``accepted[i] + 1`` tokens.
 * Every k a policy returns must be in ``ctx.ks`` for batch decisions; per-request

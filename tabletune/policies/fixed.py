@@ -16,6 +16,7 @@ from tabletune.policies.base import BatchPolicy, BatchState, PolicyContext
 class FixedK(BatchPolicy):
     name: ClassVar[str] = "fixed"
     observe_may_lag: ClassVar[bool] = True  # observe is a no-op
+    decides_from_batch_size: ClassVar[bool] = True  # the same batch size, the same k
 
     def __init__(self, ctx: PolicyContext, k: int) -> None:
         super().__init__(ctx)

@@ -3,6 +3,7 @@
 import random
 import zlib
 
+import numpy as np
 import pytest
 from margins import binomial_margin
 
@@ -194,6 +195,31 @@ def test_counters_match_hand_worked_steps(tiny):
     assert (c.num_drafts, c.drafted, c.reached, c.accepted) == (4, [4, 4, 4], [4, 4, 0], [4, 0, 0])
 
 
+@pytest.mark.parametrize("drafter", ["ngram", "eagle"])
+def test_steps_launched_ahead_are_lossless(tiny, drafter):
+    """A table's steps launched before the last step's read-back (``launch_ahead``: the same rows, none of them
+    able to finish) give the greedy outputs token for token: six requests of different lengths through two rows,
+    so that the batch changes (a request finished, another admitted: that step is not launched ahead) and stays
+    (launched ahead); every token is counted in the step that made it."""
+    target, prompts, _ = tiny
+    lens = [5, 24, 13, 30, 9, 17]
+
+    def serve(k, ahead):
+        reqs = [Request(list(p), n, i) for i, (p, n) in enumerate(zip(prompts, lens))]
+        engine = _engine(target, drafter, max_num_seqs=2)
+        stats = Scheduler(engine, DraftTable.fixed(k), launch_ahead=ahead).run(reqs)
+        return [r.output for r in reqs], stats
+
+    ref, stats = serve(0, False)
+    assert [len(o) for o in ref] == lens and not any(stats.step_ahead)
+    for k in (0, 2, 4):
+        out, stats = serve(k, True)
+        assert out == ref
+        ahead = np.array(stats.step_ahead)
+        assert 0 < ahead.sum() < len(ahead) and sum(stats.step_tokens) == sum(lens)
+        assert not ahead[sorted(set(stats.replaced_at_step.values()) & set(range(len(ahead))))].any()
+
+
 def test_replay_without_cap_accepts_all_and_is_lossless(tiny):
     target, prompts, base = tiny
     engine = SpecEngine(target, ReplayDrafter(), EngineConfig(max_num_seqs=4, max_len=72, k_max=4))
@@ -221,19 +247,22 @@ def test_scheduler_replaces_finished_requests_in_the_same_step(tiny):
     assert len(stats.step_prefill_s) == 5 and stats.step_prefill_s[1] == 0.0 < stats.step_prefill_s[0]
 
 
-def test_a_run_stops_when_its_stop_says_so(tiny):
+@pytest.mark.parametrize("launch_ahead", [False, True])
+def test_a_run_stops_when_its_stop_says_so(tiny, launch_ahead):
     """stop once three steps are in the stats: asked after each step with the lines of the steps before it (a
-    step's line is written while the next one runs), it stops the run after the fourth; the waiting requests
-    never admitted, outputs cut there, every step served in the stats."""
+    step's line is written while the next one runs), it stops the run after the fourth, and a fifth launched
+    ahead of the fourth's read-back (a table's k: the same rows, none finishing) is read and counted too; the
+    waiting requests never admitted, outputs cut there, every step served in the stats."""
     target, prompts, _ = tiny
     engine = _engine(target, "ngram", max_num_seqs=2)
     reqs = [Request(list(prompts[i]), 20, i) for i in range(4)]
     seen = []
-    stats = Scheduler(engine, DraftTable.fixed(0)).run(
+    stats = Scheduler(engine, DraftTable.fixed(0), launch_ahead=launch_ahead).run(
         reqs, stop=lambda s: seen.append(len(s.step_batch_sizes)) or len(s.step_batch_sizes) >= 3)
+    steps = 5 if launch_ahead else 4
     assert seen == [0, 1, 2, 3]
-    assert stats.num_steps == 4 and stats.step_batch_sizes == [2, 2, 2, 2] and len(stats.step_tokens) == 4
-    assert [len(r.output) for r in reqs] == [5, 5, 0, 0]  # prefill + 4 steps of k = 0
+    assert stats.num_steps == steps and stats.step_batch_sizes == [2] * steps and len(stats.step_tokens) == steps
+    assert [len(r.output) for r in reqs] == [1 + steps] * 2 + [0, 0]  # prefill + a token a step at k = 0
 
 
 def test_steady_throughput_window_hand_worked():

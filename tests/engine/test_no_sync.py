@@ -73,3 +73,43 @@ def test_draft_positions_queued_ahead_each_draft_their_own_rows():
     torch.cuda.synchronize()
     drafted = (engine.drafts[:8] != -1).cpu().numpy()
     assert drafted.tolist() == [[j < c for j in range(3)] for c in caps]
+
+
+@cuda
+def test_a_step_launched_ahead_queues_without_a_sync_and_serves_the_same_outputs():
+    """A step's results copied behind it, the next step replayed on its inputs before the copy is waited for
+    (``copy_out``, ``relaunch``): queued without a host sync, the second step goes on from where the first left
+    each row, and a table served with steps launched ahead gives the outputs it gives without."""
+    from tabletune.engine.scheduler import Request, Scheduler
+    from tabletune.table import DraftTable
+
+    torch.manual_seed(0)
+    target = Decoder(PRESETS["tiny"], torch.float32, "cuda")
+
+    def engine():
+        return SpecEngine(target, make_drafter("ngram", target, 3), EngineConfig(max_num_seqs=2, max_len=64, k_max=3))
+
+    e = engine()
+    e.set_context(2, 16)
+    e.copy_out(e.launch([0, 1], 2), 2).get()  # the copies' pinned buffers made before the check
+    e.reset_rows(2, 16)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        buf = e.launch([0, 1], 2)
+        first = e.copy_out(buf, 2)
+        e.relaunch(buf)
+        second = e.copy_out(buf, 2)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    a, b = first.get().accepted, second.get().accepted
+    assert e.cached[:2].tolist() == [16 + x + y + 2 for x, y in zip(a, b)]
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 97, int(n)).tolist() for n in (5, 9, 14, 7, 11)]
+    outputs = []
+    for ahead in (False, True):
+        reqs = [Request(list(p), n, i) for i, (p, n) in enumerate(zip(prompts, (6, 30, 12, 25, 9)))]
+        stats = Scheduler(engine(), DraftTable.fixed(2), launch_ahead=ahead).run(reqs)
+        outputs.append([r.output for r in reqs])
+        assert any(stats.step_ahead) == ahead
+    assert outputs[0] == outputs[1]
