@@ -198,6 +198,8 @@ class Scheduler:
                  after_step: StepHook = no_hook, device_stop: bool = True, overlap_observe: bool = True,
                  split_plans: bool = False, launch_ahead: bool = True) -> None:
         self.engine = engine
+        if isinstance(policy, DraftTable):
+            policy = StaticTable(policy_context(engine), policy.clamped(engine.k_max))
         # overlap_observe: a policy that allows it (``observe_may_lag``) observes step t while step t + 1 runs (just
         # before its first read), so it decides step t + 1 on statistics one step old, as vLLM's async scheduling does
         self.overlap_observe = overlap_observe and bool(getattr(policy, "observe_may_lag", False))
@@ -215,15 +217,15 @@ class Scheduler:
         self._rows = np.zeros(0, np.int64)  # the last step's slots
         # the running batch's (list, slots, their array, request ids), while its requests stay the same
         self._batch: tuple[list[Request], list[int], np.ndarray, np.ndarray] | None = None
-        self._in_flight: tuple | None = None  # a step launched ahead: (buffer, ks, kinds, drafted)
+        self._in_flight: tuple | None = None  # a step launched ahead: (buffer, ks, kinds, drafted, state)
+        self._decided: tuple[BatchState, object] | None = None  # the next step's (state, decision), made ahead
+        self._t0 = 0.0  # the run's start (perf_counter)
         self._stopping = False
         self._ahead_step = False  # whether the step just read was launched ahead
         self._idle_since: float | None = None
         self._host_s = [0.0, 0.0]  # critical, overlapped
         self._book_s = self._decide_s = 0.0  # parts of the critical time (RunStats.step_host_bookkeeping_s)
         self.after_step = after_step
-        if isinstance(policy, DraftTable):
-            policy = StaticTable(policy_context(engine), policy.clamped(engine.k_max))
         self.policy = policy
         self.uses_features = bool(getattr(policy, "uses_features", False))
         self.stop = draft_stop_of(policy)
@@ -242,11 +244,12 @@ class Scheduler:
             raise ValueError(f"policy {policy.name} reads draft signals or ends drafts: build the engine with "
                              "split_steps=True")
         self.max_num_seqs = min(max_num_seqs or engine.cfg.max_num_seqs, engine.buckets[-1])
-        # launch_ahead: a policy whose decision depends on the batch size alone (``decides_from_batch_size``: a
-        # fixed k, a table) has its next step launched before this one's read-back wherever the batch can not
-        # change (``_read_launching_ahead``), as under vLLM's async scheduling; only where nothing else is decided
-        # on the host between steps (no caps drawn, no step hook, no split step, no lookup)
-        self.launch_ahead = (launch_ahead and bool(getattr(policy, "decides_from_batch_size", False))
+        # launch_ahead: a policy whose next decision needs nothing of a step's outcome (``decides_ahead``: a fixed
+        # k, a table, the batch controller) decides the next step while the device runs this one, and the next
+        # step is launched before this one's read-back where the decision is the same, wherever the batch can not
+        # change (``_read_launching_ahead``), as under vLLM's async scheduling; only where nothing else is
+        # decided on the host between steps (no caps drawn, no step hook, no split step, no lookup)
+        self.launch_ahead = (launch_ahead and self.overlap_observe and bool(getattr(policy, "decides_ahead", False))
                              and not cap_rates and after_step is no_hook and not self.split and not self.plans_first
                              and not self.uses_features)
         self.cap_rates = list(cap_rates) if cap_rates else None
@@ -333,32 +336,33 @@ class Scheduler:
             self._batch = (running, slots, rows, ids)
         _, slots, rows, ids = self._batch
         self._rows = rows
-        if self._in_flight is not None:  # launched before the last step's read-back, on its inputs and decision
-            buf, ks, kinds_arr, drafted = self._in_flight
-            self._in_flight, self._decide_s, self._ahead_step = None, 0.0, True
-            state = BatchState(step=step, time_s=now_s, request_ids=ids, num_generated=self._num_out[rows].copy())
-            res = self._read_launching_ahead(buf, rows, ks, kinds_arr, drafted)
+        self._ahead_step, self._decide_s = self._in_flight is not None, 0.0
+        if self._in_flight is not None:  # launched before the last step's read-back, on its inputs, decided then
+            buf, ks, kinds_arr, drafted, state = self._in_flight
+            self._in_flight = None
+            res = self._read_launching_ahead(buf, rows, ks, kinds_arr, drafted, state)
             return res, state, kinds_arr, None, ks, drafted, False
-        # decided before drafting, the n-gram lookup in hand: it costs no drafter step, so the plan may put rows
-        # on that chain
-        lookup = e.drafter.host_lookup(rows, self._num_in[rows] + self._num_out[rows]) if self.plans_first else None
-        state = BatchState(step=step, time_s=now_s, request_ids=ids,
-                           num_generated=self._num_out[rows].copy(),
-                           ngram_match_len=None if lookup is None else lookup[0],
-                           ngram_num_proposed=None if lookup is None else lookup[1])
-        drafted, features, self._ahead_step = None, None, False
-        if self.uses_features and not self.plans_first:  # it reads every position, then decides
-            drafted, features = self._draft(slots, state, np.full(n, self._draft_cap(state), np.int64))
-            state = dataclasses.replace(state, features=self._wait(features))
-            features = None
-        t_decide = time.perf_counter()
-        decision = self.policy.decide(state)
-        self._decide_s = time.perf_counter() - t_decide
-        if decision.ks is None and decision.k is not None:  # one k for the batch
-            ks = np.full(n, min(max(int(decision.k), 0), e.k_max), np.int64)
+        lookup, drafted, features = None, None, None
+        if self._decided is not None:  # decided before the last step's read-back (the same rows)
+            state, decision = self._decided
+            self._decided = None
         else:
-            # clipped to 0..k_max (np.clip costs three times this on a row vector: this is the critical path)
-            ks = np.minimum(np.maximum(decision.ks_for(n), 0), e.k_max).astype(np.int64, copy=False)
+            # decided before drafting, the n-gram lookup in hand: it costs no drafter step, so the plan may put
+            # rows on that chain
+            if self.plans_first:
+                lookup = e.drafter.host_lookup(rows, self._num_in[rows] + self._num_out[rows])
+            state = BatchState(step=step, time_s=now_s, request_ids=ids,
+                               num_generated=self._num_out[rows].copy(),
+                               ngram_match_len=None if lookup is None else lookup[0],
+                               ngram_num_proposed=None if lookup is None else lookup[1])
+            if self.uses_features and not self.plans_first:  # it reads every position, then decides
+                drafted, features = self._draft(slots, state, np.full(n, self._draft_cap(state), np.int64))
+                state = dataclasses.replace(state, features=self._wait(features))
+                features = None
+            t_decide = time.perf_counter()
+            decision = self.policy.decide(state)
+            self._decide_s = time.perf_counter() - t_decide
+        ks = self._ks_of(decision, n)
         # rows the plan put on the n-gram chain before drafting: no model draft, they verify the lookup's proposal
         ngram_rows = np.zeros(n, bool)
         if lookup is not None and decision.drafter is not None:
@@ -382,25 +386,44 @@ class Scheduler:
             buf = e.verify_drafted(slots, ks, caps, min_rows, kinds, on_replay=self._launch)
         kinds_arr = np.array(kinds if kinds is not None else [e.default_kind] * n, np.int64)
         if self.launch_ahead and not split:
-            res = self._read_launching_ahead(buf, rows, ks, kinds_arr, drafted)
+            res = self._read_launching_ahead(buf, rows, ks, kinds_arr, drafted, state)
         else:
             res = self._wait(lambda: e.read(buf, n, e.k_max))
         if features is not None:  # drafted before the plan's verification: read now, for observe (no wait left)
             state = dataclasses.replace(state, features=features())
         return res, state, kinds_arr, caps, ks, drafted, split
 
+    def _ks_of(self, decision, n: int) -> np.ndarray:
+        """[n] the decision's k per row, within 0..k_max."""
+        if decision.ks is None and decision.k is not None:  # one k for the batch
+            return np.full(n, min(max(int(decision.k), 0), self.engine.k_max), np.int64)
+        # clipped to 0..k_max (np.clip costs three times this on a row vector: this is the critical path)
+        return np.minimum(np.maximum(decision.ks_for(n), 0), self.engine.k_max).astype(np.int64, copy=False)
+
     def _read_launching_ahead(self, buf, rows: np.ndarray, ks: np.ndarray, kinds_arr: np.ndarray,
-                              drafted: np.ndarray) -> StepResult:
-        """Read a fused step, the next one launched first where it may go (``launch_ahead``): the step's results'
-        copy is queued, the next step replays the same graph on the same inputs, and the host then waits for the
-        copy while the device runs the next step. It may go where no row can finish in this step (each row's
-        tokens so far plus k + 1 stay short of its end): the next step has the same rows, so the same decision."""
+                              drafted: np.ndarray, state: BatchState) -> StepResult:
+        """Read a fused step, the next one decided and launched first where it may go (``launch_ahead``): the
+        step's results' copy is queued, then, while the device runs the step, the deferred work of the steps
+        before and the next step's decision (on a state one step old); a decision equal to this one replays the
+        same graph on the same inputs (``relaunch``), and the host then waits for the copy while the device runs
+        that next step; another is kept for the next step, launched after the read as usual. It may go where no
+        row can finish in this step (each row's tokens so far plus k + 1 stay short of its end): the next step
+        has the same rows."""
         e = self.engine
         copy = e.copy_out(buf, len(rows))
         if not self._stopping and bool(np.all(self._num_out[rows] + (int(ks.max(initial=0)) + 1)
                                               < self._stop_at[rows])):
-            e.relaunch(buf, on_replay=self._launch)
-            self._in_flight = (buf, ks, kinds_arr, drafted)
+            self._flush_pending()
+            t = time.perf_counter()
+            nxt = BatchState(step=state.step + 1, time_s=t - self._t0, request_ids=state.request_ids,
+                             num_generated=self._num_out[rows].copy())
+            decision = self.policy.decide(nxt)
+            if decision.drafter is None and np.array_equal(self._ks_of(decision, len(rows)), ks):
+                e.relaunch(buf, on_replay=self._launch)
+                self._in_flight = (buf, ks, kinds_arr, drafted, nxt)
+            else:
+                self._decided = (nxt, decision)
+            self._host_s[1] += time.perf_counter() - t
         return self._wait(copy.get)
 
     def _launch(self) -> None:
@@ -409,15 +432,19 @@ class Scheduler:
             self._host_s[0] += time.perf_counter() - self._idle_since
             self._idle_since = None
 
+    def _flush_pending(self) -> None:
+        """The last step's deferred work (``_flush``), its time overlapped while the device is busy."""
+        if self._deferred is not None or self._unemitted is not None or self._record is not None:
+            now = time.perf_counter()
+            busy = self._idle_since is None
+            self._launch()
+            self._flush()
+            self._host_s[0 if not busy else 1] += time.perf_counter() - now
+
     def _wait(self, read):
         """A blocking read: a deferred observe runs first (overlapped while the device is busy), then the read;
         from its end the host is on the critical path until the next launch."""
-        now = time.perf_counter()
-        busy = self._idle_since is None
-        self._launch()
-        if self._deferred is not None or self._unemitted is not None or self._record is not None:
-            self._flush()
-            self._host_s[0 if not busy else 1] += time.perf_counter() - now
+        self._flush_pending()
         out = read()
         if self._in_flight is None:  # else the device runs the step launched ahead
             self._idle_since = time.perf_counter()
@@ -486,7 +513,7 @@ class Scheduler:
         running: list[Request] = []
         free = list(range(self.engine.cache.num_slots))[::-1]
         stats = RunStats(len(requests), 0, 0.0, 0, self.counts, [], [])
-        t0 = time.perf_counter()
+        t0 = self._t0 = time.perf_counter()
         t_prev = t0
         done = np.zeros(0, bool)  # per running request, after the last step
         while waiting or running:
@@ -542,7 +569,7 @@ class Scheduler:
                 self._stopping = True  # a step launched ahead is still read and counted
                 if self._in_flight is None:
                     break
-        self._stopping = False
+        self._stopping, self._decided = False, None
         self._flush()
         stats.wall_s = time.perf_counter() - t0
         stats.output_tokens = sum(len(r.output) for r in requests)

@@ -47,8 +47,10 @@ Conventions:
 * ``observe`` of a step follows its ``decide`` before the next ``decide``, unless the policy sets
   ``observe_may_lag = True``: then an engine may observe step t after deciding step t + 1 (the policy keys
   what it keeps from a step by ``state.step``).
-* ``decides_from_batch_size = True``: the decision depends on the batch size alone (a fixed k, a table), so an
-  engine may launch step t + 1 on step t's decision, before step t's read-back, where the batch can not change.
+* ``decides_ahead = True``: the decision of step t + 1 needs nothing of step t's outcome (a fixed k, a table, the
+  batch controller: the batch size and what it learnt up to step t - 1), so an engine may make it before step t's
+  read-back, on a state whose ``num_generated`` is one step old, where the batch can not change (with
+  ``observe_may_lag``: step t is observed after it).
 * ``StepOutcome.accepted[i]`` counts accepted draft tokens (0..ks[i]); the bonus token
   is extra, so request i emits ``accepted[i] + 1`` tokens.
 * Every k a policy returns must be in ``ctx.ks`` for batch decisions; per-request

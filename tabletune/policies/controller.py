@@ -63,6 +63,8 @@ def observation(outcome: StepOutcome, k_max: int, time_s: float, asked_k: int = 
 
 class ControllerPolicy(BatchPolicy):
     name: ClassVar[str] = "controller"
+    observe_may_lag: ClassVar[bool] = True  # the k it asked is kept by step
+    decides_ahead: ClassVar[bool] = True  # its k needs the batch size and what it learnt, nothing of the last step
 
     def __init__(self, ctx: PolicyContext, start: DraftTable | None = None, prior: tuple[float, ...] | None = None,
                  config: ControllerConfig | None = None, label: str = "controller") -> None:
@@ -78,6 +80,7 @@ class ControllerPolicy(BatchPolicy):
         self.controller = Controller(ctx.cost.profile, list(prior or ctx.prior_rates), cfg, table=start)
         self.label = label
         self.asked_k = 0  # the k asked for in the current step (rows without a proposal are undrafted)
+        self._asked: dict[int, int] = {}  # step -> the k asked for it, until observed
 
     @classmethod
     def from_spec(cls, ctx: PolicyContext, arg: str | None) -> ControllerPolicy:
@@ -107,12 +110,14 @@ class ControllerPolicy(BatchPolicy):
         return cls(ctx, start, prior_rates, config, label=label)
 
     def k_for(self, state: BatchState) -> int:
-        self.asked_k = nearest_k(self.controller.k_for(max(state.batch_size, 1)), self.ctx.ks)
+        self.asked_k = self._asked[state.step] = nearest_k(self.controller.k_for(max(state.batch_size, 1)),
+                                                           self.ctx.ks)
         return self.asked_k
 
     def observe(self, outcome: StepOutcome) -> None:
         now_s = outcome.state.time_s + outcome.step_ms / 1000.0
-        self.controller.observe(observation(outcome, self.controller.k_max, now_s, self.asked_k))
+        asked = self._asked.pop(outcome.state.step, self.asked_k)
+        self.controller.observe(observation(outcome, self.controller.k_max, now_s, asked))
         self.controller.maybe_rebuild(now_s)
 
 
@@ -163,6 +168,7 @@ class PerRequestController(ControllerPolicy):
 
     uses_lookup: ClassVar[bool] = True  # plans before drafting, on the n-gram lookup
     observe_may_lag: ClassVar[bool] = True  # what it keeps from a step is keyed by that step
+    decides_ahead: ClassVar[bool] = False  # its plan reads the n-gram lookup of the step's own positions
     EXPLORE_FRACTION: ClassVar[float] = 0.005  # its default credit share (the batch controller's is 0.02)
     OPTIONS: ClassVar[tuple[str, ...]] = ("explore_max_batch", "ngram", "refit_every", "memory", "ema",
                                           "all_caps_max_batch", "stop")

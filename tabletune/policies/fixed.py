@@ -16,7 +16,7 @@ from tabletune.policies.base import BatchPolicy, BatchState, PolicyContext
 class FixedK(BatchPolicy):
     name: ClassVar[str] = "fixed"
     observe_may_lag: ClassVar[bool] = True  # observe is a no-op
-    decides_from_batch_size: ClassVar[bool] = True  # the same batch size, the same k
+    decides_ahead: ClassVar[bool] = True  # the same k every step
 
     def __init__(self, ctx: PolicyContext, k: int) -> None:
         super().__init__(ctx)

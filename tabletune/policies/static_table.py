@@ -20,7 +20,7 @@ from tabletune.table import VLLM_DOCUMENTED_DIV4_RANGES, VLLM_DOCUMENTED_RANGES,
 class StaticTable(BatchPolicy):
     name: ClassVar[str] = "table"
     observe_may_lag: ClassVar[bool] = True  # observe is a no-op
-    decides_from_batch_size: ClassVar[bool] = True  # the same batch size, the same k
+    decides_ahead: ClassVar[bool] = True  # the same batch size, the same k
 
     def __init__(self, ctx: PolicyContext, table: DraftTable, label: str = "table") -> None:
         super().__init__(ctx)

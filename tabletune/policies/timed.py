@@ -28,7 +28,7 @@ class Timed:
         self.uses_features = inner.uses_features
         self.uses_lookup = bool(getattr(inner, "uses_lookup", False))
         self.observe_may_lag = bool(getattr(inner, "observe_may_lag", False))
-        self.decides_from_batch_size = bool(getattr(inner, "decides_from_batch_size", False))
+        self.decides_ahead = bool(getattr(inner, "decides_ahead", False))
         self.host_ms: list[float] = []
         self.critical_ms: list[float] = []
         self._pending_s = 0.0

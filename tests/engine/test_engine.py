@@ -220,6 +220,58 @@ def test_steps_launched_ahead_are_lossless(tiny, drafter):
         assert not ahead[sorted(set(stats.replaced_at_step.values()) & set(range(len(ahead))))].any()
 
 
+def test_the_batch_controller_decides_ahead_once_a_step_on_statistics_one_step_old(tiny):
+    """The batch controller (``decides_ahead``, ``observe_may_lag``) decides step t + 1 after it observed step
+    t - 1 and before it observes step t, once a step, whether the engine launches steps ahead or not, and every
+    step runs the k decided for it; launching ahead, it decides while the device runs step t, and a step goes
+    ahead only on step t's ks (not into an exploration step's k_max). The greedy outputs stay the same."""
+    from tabletune.controller.config import ControllerConfig
+    from tabletune.engine.scheduler import policy_context
+    from tabletune.policies.controller import ControllerPolicy
+
+    target, prompts, _ = tiny
+    lens = [5, 24, 13, 30, 9, 17]
+    log = []
+
+    class Logged(ControllerPolicy):
+        def decide(self, state):
+            log.append(("decide", state.step))
+            decision = super().decide(state)
+            ks_decided[state.step] = decision.k
+            return decision
+
+        def observe(self, outcome):
+            log.append(("observe", outcome.state.step))
+            super().observe(outcome)
+
+    outputs, ks_decided = [], {}
+    for ahead in (False, True):
+        engine = _engine(target, "ngram", max_num_seqs=2)
+        # its table stays at k = 1 (no install), so that its exploration steps draft k_max
+        policy = Logged(policy_context(engine), start=DraftTable.fixed(1),
+                        config=ControllerConfig(explore_fraction=0.2, min_install_interval_s=1e9))
+        reqs = [Request(list(p), n, i) for i, (p, n) in enumerate(zip(prompts, lens))]
+        log.clear()
+        stats = Scheduler(engine, policy, launch_ahead=ahead).run(reqs)
+        outputs.append([r.output for r in reqs])
+        steps = stats.num_steps
+        assert [t for what, t in log if what == "decide"] == list(range(steps))
+        assert sorted(t for what, t in log if what == "observe") == list(range(steps))
+        at = {entry: i for i, entry in enumerate(log)}
+        for t in range(1, steps - 1):
+            assert at[("observe", t - 1)] < at[("decide", t + 1)] < at[("observe", t)]
+        flags = np.array(stats.step_ahead)
+        asked = [ks for ks, _ in stats.step_rows]
+        assert [int(ks.max()) for ks in asked] == [ks_decided[t] for t in range(steps)]  # each decision served
+        assert (flags.sum() > 0) == ahead
+        assert all(np.array_equal(asked[t], asked[t - 1]) for t in np.flatnonzero(flags))
+        if ahead:  # an exploration step's k_max, decided ahead on the same rows, was launched after the read
+            explored = [t for t in range(1, steps) if asked[t].max() > asked[t - 1].max() and len(asked[t]) == 2
+                        and len(asked[t - 1]) == 2 and t not in stats.replaced_at_step.values()]
+            assert explored and not flags[explored].any()
+    assert outputs[0] == outputs[1]
+
+
 def test_replay_without_cap_accepts_all_and_is_lossless(tiny):
     target, prompts, base = tiny
     engine = SpecEngine(target, ReplayDrafter(), EngineConfig(max_num_seqs=4, max_len=72, k_max=4))

@@ -47,3 +47,21 @@ def test_prior_option():
     p = make_policy("controller:prior=0.5/0.4/0.3", ctx())
     assert p.controller.estimator.prior[:3] == pytest.approx([0.5, 0.4, 0.3])
     assert np.all(np.array(p.controller.estimator.prior) > 0)
+
+
+def test_a_late_observe_counts_the_k_asked_for_its_own_step(monkeypatch):
+    """Observed one step late (``observe_may_lag``: an engine decides step 1 before it observes step 0), a step's
+    observation still counts the k asked for that step, not the next one's."""
+    import tabletune.policies.controller as mod
+
+    p = make_policy("controller", ctx())
+    asked = iter([2, 4])
+    monkeypatch.setattr(p.controller, "k_for", lambda b: next(asked))
+    seen = []
+    monkeypatch.setattr(mod, "observation", lambda o, k_max, t, asked_k=0: seen.append(asked_k) or observation(
+        o, k_max, t, asked_k))
+    s0, s1 = state(4, step=0), state(4, step=1)
+    assert (p.decide(s0).k, p.decide(s1).k) == (2, 4)
+    p.observe(outcome(s0, [2] * 4, [1] * 4))
+    p.observe(outcome(s1, [4] * 4, [1] * 4))
+    assert seen == [2, 4]
