@@ -12,6 +12,11 @@ the model chain and row i verifies its own k_i of its own chain. Only where a ro
 than the longest model draft would the fused graph draft positions no model row needs; that step is split (docs/
 engine.md, "Fused or split"). ``split_plans=True`` splits every such plan (only each model row's own positions).
 
+A policy whose next decision needs nothing of a step's outcome (``decides_ahead``: a fixed k, a table, the batch
+controller) decides step t + 1 while the device runs step t, and where that decision is step t's and no row can
+finish in step t, step t + 1 is launched before step t's read-back (``launch_ahead``, as vLLM's async scheduling):
+the host's work between steps then runs while the device is busy.
+
 ``cap_rates`` = (a_1, ..., a_K): the forced-rejection cap replays measured conditional acceptance (the first j with
 Bernoulli(a_j) = 0 caps a row's accepted count; ``verify`` says why this stays lossless). A request with an
 ``oracle`` (the target's own greedy continuation) accepts exactly its cap; a step that accepts less means the target
