@@ -165,7 +165,8 @@ class SpecEngine:
         self._host_views: dict[int, np.ndarray] = {}
         self._written: dict[int, tuple] = {}  # bucket -> (the inputs last written to its host buffer, j)
         self._last_step: dict[int, tuple] = {}  # bucket -> the graph key of its last fused step (``relaunch``)
-        self._out_ring: dict[int, tuple[list[torch.Tensor], list[int]]] = {}  # ``copy_out``'s host buffers, turn
+        self._out_ring: dict[int, list[torch.Tensor]] = {}  # bucket -> ``copy_out``'s two host buffers
+        self._out_turn: dict[int, int] = {}  # bucket -> the one its last copy went to
         self.buffers = {b: self._buffers(b) for b in self.buckets}
         # the rows of each draft position, one pinned buffer per (bucket, position): a position's graph uploads its
         # rows when the device reaches it, after the host may have launched the next positions (no sync between
@@ -430,17 +431,15 @@ class SpecEngine:
     def copy_out(self, buf: StepBuffers, num_rows: int) -> OutCopy:
         """``read`` without the sync: the step's results copied to the host behind it, before a later step of the
         bucket (``relaunch``) overwrites them; ``get()`` waits for the copy. Two host buffers a bucket take turns."""
-        b = buf.out.shape[0]
+        b, cuda = buf.out.shape[0], self.device.type == "cuda"
         ring = self._out_ring.get(b)
         if ring is None:
-            ring = self._out_ring[b] = [torch.empty_like(buf.out, device="cpu", pin_memory=self.device.type == "cuda")
-                                        for _ in range(2)], [0]
-        hosts, turn = ring
-        host = hosts[turn[0]]
-        turn[0] ^= 1
-        host.copy_(buf.out, non_blocking=self.device.type == "cuda")
+            ring = self._out_ring[b] = [torch.empty_like(buf.out, device="cpu", pin_memory=cuda) for _ in range(2)]
+        turn = self._out_turn[b] = 1 - self._out_turn.get(b, 1)
+        host = ring[turn]
+        host.copy_(buf.out, non_blocking=cuda)
         event = None
-        if self.device.type == "cuda":
+        if cuda:
             event = torch.cuda.Event()
             event.record()
         return OutCopy(host, event, num_rows)
