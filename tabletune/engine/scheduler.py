@@ -13,7 +13,7 @@ than the longest model draft would the fused graph draft positions no model row 
 engine.md, "Fused or split"). ``split_plans=True`` splits every such plan (only each model row's own positions).
 
 A policy whose next decision needs nothing of a step's outcome (``decides_ahead``: a fixed k, a table, the batch
-controller) decides step t + 1 while the device runs step t, and where that decision is step t's and no row can
+controller, TurboSpec-style, SGLang-style) decides step t + 1 while the device runs step t, and where that decision is step t's and no row can
 finish in step t, step t + 1 is launched before step t's read-back (``launch_ahead``, as vLLM's async scheduling):
 the host's work between steps then runs while the device is busy.
 
@@ -250,7 +250,7 @@ class Scheduler:
                              "split_steps=True")
         self.max_num_seqs = min(max_num_seqs or engine.cfg.max_num_seqs, engine.buckets[-1])
         # launch_ahead: a policy whose next decision needs nothing of a step's outcome (``decides_ahead``: a fixed
-        # k, a table, the batch controller) decides the next step while the device runs this one, and the next
+        # k, a table, the batch controller, TurboSpec-style, SGLang-style) decides the next step while the device runs this one, and the next
         # step is launched before this one's read-back where the decision is the same, wherever the batch can not
         # change (``_read_launching_ahead``), as under vLLM's async scheduling; only where nothing else is
         # decided on the host between steps (no caps drawn, no step hook, no split step, no lookup)

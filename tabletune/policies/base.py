@@ -48,7 +48,7 @@ Conventions:
   ``observe_may_lag = True``: then an engine may observe step t after deciding step t + 1 (the policy keys
   what it keeps from a step by ``state.step``).
 * ``decides_ahead = True``: the decision of step t + 1 needs nothing of step t's outcome (a fixed k, a table, the
-  batch controller: the batch size and what it learnt up to step t - 1), so an engine may make it before step t's
+  batch controller, TurboSpec-style, SGLang-style: the batch size and what it learnt up to step t - 1), so an engine may make it before step t's
   read-back, on a state whose ``num_generated`` is one step old, where the batch can not change (with
   ``observe_may_lag``: step t is observed after it).
 * ``StepOutcome.accepted[i]`` counts accepted draft tokens (0..ks[i]); the bonus token

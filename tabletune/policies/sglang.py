@@ -183,6 +183,8 @@ class SglangPolicy:
 
     name: ClassVar[str] = "sglang"
     uses_features: ClassVar[bool] = False
+    observe_may_lag: ClassVar[bool] = True  # observe updates its bucket's EMA and k from the outcome alone
+    decides_ahead: ClassVar[bool] = True  # its k needs the batch size and what it learnt, nothing of the last step
 
     def __init__(self, ctx: PolicyContext, strategy: str = "ema", k_start: int = 3, ema_alpha: float = 0.2,
                  warmup: int = 10, interval: int = 0, window: int = 20, score_margin: float = 0.1) -> None:

@@ -36,6 +36,8 @@ def geometric_tokens(alpha: float, k: np.ndarray) -> np.ndarray:
 
 class TurboSpec(BatchPolicy):
     name: ClassVar[str] = "turbospec"
+    observe_may_lag: ClassVar[bool] = True  # observe updates the EMA from the outcome alone
+    decides_ahead: ClassVar[bool] = True  # its k needs the batch size and the EMA, nothing of the last step
 
     def __init__(self, ctx: PolicyContext, ema: float = 0.05) -> None:
         super().__init__(ctx)

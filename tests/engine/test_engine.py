@@ -197,23 +197,28 @@ def test_counters_match_hand_worked_steps(tiny):
 
 @pytest.mark.parametrize("drafter", ["ngram", "eagle"])
 def test_steps_launched_ahead_are_lossless(tiny, drafter):
-    """A table's steps launched before the last step's read-back (``launch_ahead``: the same rows, none of them
-    able to finish) give the greedy outputs token for token: six requests of different lengths through two rows,
-    so that the batch changes (a request finished, another admitted: that step is not launched ahead) and stays
-    (launched ahead); every token is counted in the step that made it."""
+    """Steps launched before the last step's read-back (``launch_ahead``: the same rows, none of them able to
+    finish; a table's k, TurboSpec-style's, SGLang-style's) give the greedy outputs token for token: six requests
+    of different lengths through two rows, so that the batch changes (a request finished, another admitted: that
+    step is not launched ahead) and stays (launched ahead); every token is counted in the step that made it."""
+    from tabletune.engine.scheduler import policy_context
+    from tabletune.policies import make_policy
+
     target, prompts, _ = tiny
     lens = [5, 24, 13, 30, 9, 17]
 
-    def serve(k, ahead):
+    def serve(policy, ahead):
         reqs = [Request(list(p), n, i) for i, (p, n) in enumerate(zip(prompts, lens))]
         engine = _engine(target, drafter, max_num_seqs=2)
-        stats = Scheduler(engine, DraftTable.fixed(k), launch_ahead=ahead).run(reqs)
+        if isinstance(policy, str):
+            policy = make_policy(policy, policy_context(engine))
+        stats = Scheduler(engine, policy, launch_ahead=ahead).run(reqs)
         return [r.output for r in reqs], stats
 
-    ref, stats = serve(0, False)
+    ref, stats = serve(DraftTable.fixed(0), False)
     assert [len(o) for o in ref] == lens and not any(stats.step_ahead)
-    for k in (0, 2, 4):
-        out, stats = serve(k, True)
+    for policy in (DraftTable.fixed(0), DraftTable.fixed(2), DraftTable.fixed(4), "turbospec", "sglang"):
+        out, stats = serve(policy, True)
         assert out == ref
         ahead = np.array(stats.step_ahead)
         assert 0 < ahead.sum() < len(ahead) and sum(stats.step_tokens) == sum(lens)
