@@ -557,7 +557,7 @@ def serve_cell(engine, args, policy_spec, ctx, load, prompts, oracle, pairs, see
             "host_ms_bookkeeping_median": round(1e3 * statistics.median(stats.step_host_bookkeeping_s[start:end]
                                                                         or [0.0]), 4),
             "host_ms_decide_median": round(1e3 * statistics.median(stats.step_host_decide_s[start:end] or [0.0]), 4),
-            # steps launched before the last one's read-back (a fixed k, a table: ``Scheduler.launch_ahead``)
+            # steps launched before the last one's read-back (a policy that decides ahead: ``Scheduler.launch_ahead``)
             "ahead_share": round(sum(stats.step_ahead[start:end]) / max(end - start, 1), 4),
             "prefill_ms_per_token": round(1e3 * sum(stats.step_prefill_s[start:end]) / (adm * args.prompt_len), 5)
             if adm else None,

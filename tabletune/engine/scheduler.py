@@ -13,9 +13,9 @@ than the longest model draft would the fused graph draft positions no model row 
 engine.md, "Fused or split"). ``split_plans=True`` splits every such plan (only each model row's own positions).
 
 A policy whose next decision needs nothing of a step's outcome (``decides_ahead``: a fixed k, a table, the batch
-controller, TurboSpec-style, SGLang-style) decides step t + 1 while the device runs step t, and where that decision is step t's and no row can
-finish in step t, step t + 1 is launched before step t's read-back (``launch_ahead``, as vLLM's async scheduling):
-the host's work between steps then runs while the device is busy.
+controller, TurboSpec-style, SGLang-style) decides step t + 1 while the device runs step t, and where that decision
+is step t's and no row can finish in step t, step t + 1 is launched before step t's read-back (``launch_ahead``, as
+vLLM's async scheduling): the host's work between steps then runs while the device is busy.
 
 ``cap_rates`` = (a_1, ..., a_K): the forced-rejection cap replays measured conditional acceptance (the first j with
 Bernoulli(a_j) = 0 caps a row's accepted count; ``verify`` says why this stays lossless). A request with an
@@ -104,14 +104,15 @@ class RunStats:
 
 
 class StepRecord(NamedTuple):
-    """A step's line in ``RunStats`` and what its ``StepOutcome`` needs, kept from its read-back until the next
-    step's (``Scheduler._flush``)."""
+    """A step's line in ``RunStats``, what its ``StepOutcome`` needs and its tokens for the requests' outputs, kept
+    from its read-back until the next step's (``Scheduler._flush``)."""
 
     stats: RunStats
     running: list[Request]
     res: StepResult
     state: BatchState
     kinds: np.ndarray
+    caps: list[int] | None
     asked: np.ndarray
     drafted: np.ndarray
     split: bool
@@ -209,10 +210,10 @@ class Scheduler:
         # before its first read), so it decides step t + 1 on statistics one step old, as vLLM's async scheduling does
         self.overlap_observe = overlap_observe and bool(getattr(policy, "observe_may_lag", False))
         self._deferred = None
-        # the last step's tokens, appended to the requests' outputs while the next step runs (``_flush``); what
-        # the next step needs of them (lengths, which requests finished) is counted per slot at once
-        self._unemitted: tuple | None = None
-        self._record: StepRecord | None = None  # the last step's stats and outcome, made in ``_flush``
+        # the last step's line in the stats, its outcome and its tokens for the requests' outputs, made while the
+        # next step runs (``_flush``); what the next step needs of them (lengths, which requests finished) is
+        # counted per slot at once
+        self._record: StepRecord | None = None
         slots = engine.cache.num_slots + 1
         self._num_out = np.zeros(slots, np.int64)  # tokens each slot's request has generated
         self._num_in = np.zeros(slots, np.int64)  # its prompt length
@@ -250,10 +251,11 @@ class Scheduler:
                              "split_steps=True")
         self.max_num_seqs = min(max_num_seqs or engine.cfg.max_num_seqs, engine.buckets[-1])
         # launch_ahead: a policy whose next decision needs nothing of a step's outcome (``decides_ahead``: a fixed
-        # k, a table, the batch controller, TurboSpec-style, SGLang-style) decides the next step while the device runs this one, and the next
-        # step is launched before this one's read-back where the decision is the same, wherever the batch can not
-        # change (``_read_launching_ahead``), as under vLLM's async scheduling; only where nothing else is
-        # decided on the host between steps (no caps drawn, no step hook, no split step, no lookup)
+        # k, a table, the batch controller, TurboSpec-style, SGLang-style) decides the next step while the device
+        # runs this one, and the next step is launched before this one's read-back where the decision is the same,
+        # wherever the batch can not change (``_read_launching_ahead``), as under vLLM's async scheduling; only
+        # where nothing else is decided on the host between steps (no caps drawn, no step hook, no split step, no
+        # lookup)
         self.launch_ahead = (launch_ahead and self.overlap_observe and bool(getattr(policy, "decides_ahead", False))
                              and not cap_rates and after_step is no_hook and not self.split and not self.plans_first
                              and not self.uses_features)
@@ -390,7 +392,7 @@ class Scheduler:
             # the verification follows the drafting already queued (with none queued, the host waited until here)
             buf = e.verify_drafted(slots, ks, caps, min_rows, kinds, on_replay=self._launch)
         kinds_arr = np.array(kinds if kinds is not None else [e.default_kind] * n, np.int64)
-        if self.launch_ahead and not split:
+        if self.launch_ahead:  # fused: a policy that decides ahead plans on no lookup and reads nothing between
             res = self._read_launching_ahead(buf, rows, ks, kinds_arr, drafted, state)
         else:
             res = self._wait(lambda: e.read(buf, n, e.k_max))
@@ -439,7 +441,7 @@ class Scheduler:
 
     def _flush_pending(self) -> None:
         """The last step's deferred work (``_flush``), its time overlapped while the device is busy."""
-        if self._deferred is not None or self._unemitted is not None or self._record is not None:
+        if self._deferred is not None or self._record is not None:
             now = time.perf_counter()
             busy = self._idle_since is None
             self._launch()
@@ -460,9 +462,6 @@ class Scheduler:
         outputs, then a deferred observe."""
         if self._record is not None:
             self._flush_record()
-        if self._unemitted is not None:
-            self._emit(*self._unemitted)
-            self._unemitted = None
         if self._deferred is not None:
             self.policy.observe(self._deferred)
             self._deferred = None
@@ -478,14 +477,13 @@ class Scheduler:
                            step_ms=r.step_s * 1e3, finished_ids=r.state.request_ids[r.done])
 
     def _flush_record(self) -> None:
-        """The last step's line in the stats, and its ``StepOutcome`` unless observed already: observed now, or
-        deferred (overlap_observe); a hook gets the step's rows with their outputs emitted."""
+        """The last step's tokens into the requests' outputs, its ``StepOutcome`` unless observed already (observed
+        now, or deferred: overlap_observe; a hook gets the step's rows, their outputs emitted), its line in the
+        stats."""
         r = self._record
+        self._emit(r.running, r.res, r.caps, r.asked)
         if not r.observed:
             outcome = self._outcome()
-            if self.after_step is not no_hook:  # a hook reads the outputs: emitted now
-                self._emit(*self._unemitted)
-                self._unemitted = None
             if self.overlap_observe:
                 self._deferred = outcome
             else:
@@ -555,13 +553,13 @@ class Scheduler:
             done = self._done(rows)
             t_now = time.perf_counter()
             ran = running[:]  # admissions append to ``running`` before the flush
-            self._unemitted = (ran, res, caps, asked)
             # the step's line in the stats waits for the next read (``_flush``, while the device runs the next
             # step), and so does its outcome unless the next decision needs it: a policy that observes at once
             # (observed here), or a hook (all of it here). So ``stop`` sees the stats of the steps before this one,
             # and a run it stops runs one step more.
             observe_now = not self.overlap_observe and self.after_step is no_hook
-            self._record = StepRecord(stats, ran, res, state, kinds, asked, drafted, split, emitted, done, n_first,
+            self._record = StepRecord(stats, ran, res, state, kinds, caps, asked, drafted, split, emitted, done,
+                                      n_first,
                                       t_adm, t_now - t_prev, t_now - t_step, self._host_s[0], self._host_s[1],
                                       self._book_s, self._decide_s, self._ahead_step, observe_now)
             self._host_s = [0.0, 0.0]
