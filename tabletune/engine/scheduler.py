@@ -15,7 +15,8 @@ engine.md, "Fused or split"). ``split_plans=True`` splits every such plan (only 
 A policy whose next decision needs nothing of a step's outcome (``decides_ahead``: a fixed k, a table, the batch
 controller, TurboSpec-style, SGLang-style) decides step t + 1 while the device runs step t, and where that decision
 is step t's and no row can finish in step t, step t + 1 is launched before step t's read-back (``launch_ahead``, as
-vLLM's async scheduling): the host's work between steps then runs while the device is busy.
+vLLM's async scheduling): the host's work between steps then runs while the device is busy. The flag is read
+before each step: the per-request controller's gate sets it for the steps it plans without the lookup.
 
 ``cap_rates`` = (a_1, ..., a_K): the forced-rejection cap replays measured conditional acceptance (the first j with
 Bernoulli(a_j) = 0 caps a row's accepted count; ``verify`` says why this stays lossless). A request with an
@@ -128,6 +129,7 @@ class StepRecord(NamedTuple):
     decide_s: float
     ahead: bool
     observed: bool  # observed at once (a policy whose next decision reads it)
+    end_s: float  # its read-back's end, from the run's start (the clock of BatchState.time_s)
 
 
 def steady_throughput(batch_sizes: Sequence[int], wall_s: Sequence[float], tokens: Sequence[int], load: int,
@@ -254,11 +256,11 @@ class Scheduler:
         # k, a table, the batch controller, TurboSpec-style, SGLang-style) decides the next step while the device
         # runs this one, and the next step is launched before this one's read-back where the decision is the same,
         # wherever the batch can not change (``_read_launching_ahead``), as under vLLM's async scheduling; only
-        # where nothing else is decided on the host between steps (no caps drawn, no step hook, no split step, no
-        # lookup)
-        self.launch_ahead = (launch_ahead and self.overlap_observe and bool(getattr(policy, "decides_ahead", False))
-                             and not cap_rates and after_step is no_hook and not self.split and not self.plans_first
-                             and not self.uses_features)
+        # where nothing else is decided on the host between steps (no caps drawn, no step hook, no split step).
+        # ``decides_ahead`` is read before each step (``_ahead_now``): a policy that plans on the lookup says so
+        # for the steps it plans without it, and is then given none.
+        self.launch_ahead = (launch_ahead and self.overlap_observe and not cap_rates and after_step is no_hook
+                             and not self.split and not self.uses_features)
         self.cap_rates = list(cap_rates) if cap_rates else None
         self.rng = random.Random(seed)
         # fixed_shape: every step of a run runs the bucket of its first full batch, however many rows are still
@@ -281,6 +283,10 @@ class Scheduler:
         n = len(req.prompt)
         self._num_out[req.slot], self._num_in[req.slot], self._max_new[req.slot] = 1, n, req.max_new_tokens
         self._stop_at[req.slot] = min(req.max_new_tokens, self._limit - n)
+
+    def _ahead_now(self) -> bool:
+        """Whether the policy decides its next step ahead (``decides_ahead``, read now) on this scheduler."""
+        return self.launch_ahead and bool(getattr(self.policy, "decides_ahead", False))
 
     def _done(self, slots: np.ndarray) -> np.ndarray:
         """[rows] whether each slot's request has finished (its generated tokens as counted, emitted or not)."""
@@ -350,13 +356,14 @@ class Scheduler:
             res = self._read_launching_ahead(buf, rows, ks, kinds_arr, drafted, state)
             return res, state, kinds_arr, None, ks, drafted, False
         lookup, drafted, features = None, None, None
+        ahead = self._ahead_now()
         if self._decided is not None:  # decided before the last step's read-back (the same rows)
             state, decision = self._decided
             self._decided = None
         else:
             # decided before drafting, the n-gram lookup in hand: it costs no drafter step, so the plan may put
             # rows on that chain
-            if self.plans_first:
+            if self.plans_first and not ahead:
                 lookup = e.drafter.host_lookup(rows, self._num_in[rows] + self._num_out[rows])
             state = BatchState(step=step, time_s=now_s, request_ids=ids,
                                num_generated=self._num_out[rows].copy(),
@@ -392,7 +399,7 @@ class Scheduler:
             # the verification follows the drafting already queued (with none queued, the host waited until here)
             buf = e.verify_drafted(slots, ks, caps, min_rows, kinds, on_replay=self._launch)
         kinds_arr = np.array(kinds if kinds is not None else [e.default_kind] * n, np.int64)
-        if self.launch_ahead:  # fused: a policy that decides ahead plans on no lookup and reads nothing between
+        if ahead and not split:  # fused: a policy that decides ahead plans on no lookup, reads nothing between
             res = self._read_launching_ahead(buf, rows, ks, kinds_arr, drafted, state)
         else:
             res = self._wait(lambda: e.read(buf, n, e.k_max))
@@ -422,6 +429,9 @@ class Scheduler:
                                               < self._stop_at[rows])):
             self._flush_pending()
             t = time.perf_counter()
+            if not self._ahead_now():  # the observe just flushed turned it off: the next step plans on the lookup
+                self._host_s[1] += time.perf_counter() - t
+                return self._wait(copy.get)
             nxt = BatchState(step=state.step + 1, time_s=t - self._t0, request_ids=state.request_ids,
                              num_generated=self._num_out[rows].copy())
             decision = self.policy.decide(nxt)
@@ -474,7 +484,7 @@ class Scheduler:
         """The last step's ``StepOutcome`` (from ``_record``)."""
         r = self._record
         return StepOutcome(state=r.state, ks=r.res.out[:, 1], drafter=r.kinds, accepted=r.res.out[:, 0],
-                           step_ms=r.step_s * 1e3, finished_ids=r.state.request_ids[r.done])
+                           step_ms=r.step_s * 1e3, finished_ids=r.state.request_ids[r.done], end_s=r.end_s)
 
     def _flush_record(self) -> None:
         """The last step's tokens into the requests' outputs, its ``StepOutcome`` unless observed already (observed
@@ -561,7 +571,7 @@ class Scheduler:
             self._record = StepRecord(stats, ran, res, state, kinds, caps, asked, drafted, split, emitted, done,
                                       n_first,
                                       t_adm, t_now - t_prev, t_now - t_step, self._host_s[0], self._host_s[1],
-                                      self._book_s, self._decide_s, self._ahead_step, observe_now)
+                                      self._book_s, self._decide_s, self._ahead_step, observe_now, t_now - t0)
             self._host_s = [0.0, 0.0]
             t_prev = t_now
             if observe_now:

@@ -50,7 +50,9 @@ Conventions:
 * ``decides_ahead = True``: the decision of step t + 1 needs nothing of step t's outcome (a fixed k, a table, the
   batch controller, TurboSpec-style, SGLang-style: the batch size and what it learnt up to step t - 1), so an engine may make it before step t's
   read-back, on a state whose ``num_generated`` is one step old, where the batch can not change (with
-  ``observe_may_lag``: step t is observed after it).
+  ``observe_may_lag``: step t is observed after it). Engines read it before each step: a policy that plans on
+  the lookup may say True for the steps it plans without it (the per-request controller's batch mode, ``gate``);
+  it is then given no lookup.
 * ``StepOutcome.accepted[i]`` counts accepted draft tokens (0..ks[i]); the bonus token
   is extra, so request i emits ``accepted[i] + 1`` tokens.
 * Every k a policy returns must be in ``ctx.ks`` for batch decisions; per-request
@@ -183,11 +185,20 @@ class StepOutcome:
     # KL(target || draft) at each verified position; NaN where not verified (only for uses_features)
     kl: np.ndarray | None = None  # [batch_size, k_max]
     finished_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # ids that ended
+    # when the step ended, on the clock of ``state.time_s`` (None: time_s + step_ms); the spans between steps' ends
+    # hold everything a step waits on (an engine's host time, prefills), and a step decided ahead has a time_s
+    # from before the last step ended
+    end_s: float | None = None
 
     @property
     def num_tokens(self) -> int:
         """Output tokens emitted this step: sum_i (accepted_i + 1)."""
         return int(self.accepted.sum()) + len(self.accepted)
+
+    @property
+    def ended_s(self) -> float:
+        """``end_s``, else time_s + step_ms."""
+        return self.end_s if self.end_s is not None else self.state.time_s + self.step_ms / 1000.0
 
     @property
     def tokens_per_s(self) -> float:

@@ -26,6 +26,7 @@ import numpy as np
 
 from tabletune.controller import Controller, ControllerConfig
 from tabletune.controller.calibration import LogitCalibration
+from tabletune.controller.mode_gate import BATCH, ModeGate
 from tabletune.controller.per_request import ClassPlans, Plan, choose_plan, class_plans, marginal_ms
 from tabletune.errors import InputError
 from tabletune.controller.estimator import StepObservation
@@ -164,29 +165,36 @@ class PerRequestController(ControllerPolicy):
     recover) its first model row to k_max, or, where the drafting costs what the batch costs, every model row, to
     the table's k + 1 for that position's evidence and to k_max on credit. An exploring step keeps the stop rule on
     the host.
+
+    Gate (``gate=1``; off by default): an online A/B test (``tabletune.controller.mode_gate``) between these plans
+    (``ROWS``) and the batch controller's k alone (``BATCH``), on the measured tokens per wall time of windows of
+    steps. A ``BATCH`` step needs no lookup, so an engine decides it ahead and launches it before the last step's
+    read-back (``decides_ahead``): where the lookup does not pay for the host time its plan costs between steps
+    (chat), the gate keeps the batch controller and probes the plans one window in |D| / 0.5%. A workload shift
+    restarts its trial.
     """
 
     uses_lookup: ClassVar[bool] = True  # plans before drafting, on the n-gram lookup
     observe_may_lag: ClassVar[bool] = True  # what it keeps from a step is keyed by that step
-    decides_ahead: ClassVar[bool] = False  # its plan reads the n-gram lookup of the step's own positions
     EXPLORE_FRACTION: ClassVar[float] = 0.005  # its default credit share (the batch controller's is 0.02)
     OPTIONS: ClassVar[tuple[str, ...]] = ("explore_max_batch", "ngram", "refit_every", "memory", "ema",
-                                          "all_caps_max_batch", "stop")
+                                          "all_caps_max_batch", "stop", "gate")
 
     def __init__(self, ctx: PolicyContext, start: DraftTable | None = None, prior: tuple[float, ...] | None = None,
                  config: ControllerConfig | None = None, label: str = "controller:per-request",
                  explore_max_batch: int = 1 << 30, ngram: int = 1, refit_every: int = 50, memory: int = 4096,
-                 ema: float = 0.95, all_caps_max_batch: int = 32, stop: int = 0) -> None:
+                 ema: float = 0.95, all_caps_max_batch: int = 32, stop: int = 0, gate: int = 0) -> None:
         super().__init__(ctx, start, prior, config or ControllerConfig(explore_fraction=self.EXPLORE_FRACTION), label)
         # stop=0: no stop rule, the plan's k_i are drafted whole; nothing is read back between drafting and
         # verification, and no drafted signal at all (the blind plan needs none)
         self.stops_drafts = bool(stop)
         self.all_caps_max_batch = int(all_caps_max_batch)
-        if explore_max_batch < 0 or refit_every < 1 or memory < 16 or not 0 <= ema < 1 or stop not in (0, 1):
+        if (explore_max_batch < 0 or refit_every < 1 or memory < 16 or not 0 <= ema < 1 or stop not in (0, 1)
+                or gate not in (0, 1)):
             raise InputError("--policy", "controller:per-request",
                              dict(explore_max_batch=explore_max_batch, refit_every=refit_every, memory=memory, ema=ema,
-                                  stop=stop), "needs explore_max_batch >= 0, refit_every >= 1, memory >= 16, "
-                             "0 <= ema < 1, stop 0 or 1")
+                                  stop=stop, gate=gate), "needs explore_max_batch >= 0, refit_every >= 1, "
+                             "memory >= 16, 0 <= ema < 1, stop 0 or 1, gate 0 or 1")
         k_max = ctx.k_max
         self.explore_max_batch, self.refit_every, self.ema = int(explore_max_batch), int(refit_every), ema
         self.model_chain = ctx.default_drafter == MODEL
@@ -206,6 +214,17 @@ class PerRequestController(ControllerPolicy):
         self._ahead: Ahead | None = None  # the blind plans of the next step, made by observe
         self._signals: dict[int, tuple[np.ndarray | None, np.ndarray | None]] = {}  # step -> (top1, match length)
         self._top1: np.ndarray | None = None
+        # the gate needs the lookup's chain to weigh: without it (ngram=0, an n-gram default drafter) every plan is
+        # a blind one
+        self.gate = ModeGate() if gate and self.use_ngram else None
+        self._mode_of: dict[int, int] = {}  # step -> the gate's mode it was decided in, until observed
+        self._gate_shifts = 0  # the estimator's shifts the gate has seen
+        self._speed_off: dict[int, float] = {}  # b -> b / T(b, 0), tokens per ms without speculation
+
+    @property
+    def decides_ahead(self) -> bool:  # type: ignore[override]
+        """While the gate is in its batch mode: the batch controller's k needs nothing of the last step."""
+        return self.gate is not None and self.gate.mode == BATCH
 
     @property
     def uses_features(self) -> bool:  # type: ignore[override]
@@ -269,6 +288,11 @@ class PerRequestController(ControllerPolicy):
         plans by n-gram class were made ahead (``plans_ahead``, by ``observe``): deciding sums the step's class
         counts. With the drafted signals, survival is calibrated per row."""
         b, k_max = state.batch_size, self.ctx.k_max
+        if self.gate is not None:
+            self._mode_of[state.step] = self.gate.mode
+            if self.gate.mode == BATCH:  # the batch controller's k: no plan, no stop rule
+                self.plan, self.explore_row, self._rule = None, -1, None
+                return Decision.batch(self.k_for(state))
         if self.model_chain and state.features is None:
             ahead = self._ahead if self._ahead is not None and self._ahead.plans.batch_size == b else None
             if ahead is None:
@@ -317,6 +341,22 @@ class PerRequestController(ControllerPolicy):
         self.plan, self._rate, self._next_rates, self._rule = plan, rate, next_rates, None
         self._signals[state.step] = (self._top1, None if surv_n is None else f.ngram_match_len)
         return Decision.per_request(plan.ks, plan.drafter)
+
+    def observe_gate(self, outcome: StepOutcome) -> None:
+        """The step into the gate, with the mode it was decided in; a workload shift restarts the gate's trial."""
+        mode = self._mode_of.pop(outcome.state.step, None)
+        self._mode_of = {t: m for t, m in self._mode_of.items() if t > outcome.state.step}
+        if self.controller.estimator.shifts != self._gate_shifts:
+            self._gate_shifts = self.controller.estimator.shifts
+            self.gate.shift()
+            return
+        if mode is None:
+            return
+        b = len(outcome.ks)
+        speed = self._speed_off.get(b)
+        if speed is None:
+            speed = self._speed_off[b] = b / self.ctx.cost.step_ms(b, 0)
+        self.gate.observe(mode, outcome.num_tokens, outcome.ended_s, speed)
 
     def explored(self, plan: Plan, depth: int) -> Plan:
         """A blind plan on one of the controller's exploration steps drafts model positions to ``depth``. Without
@@ -464,5 +504,7 @@ class PerRequestController(ControllerPolicy):
         self.ema_tokens = w * self.ema_tokens + (1.0 - w) * outcome.num_tokens
         self.ema_ms = w * self.ema_ms + (1.0 - w) * outcome.step_ms
         self._signals = {t: v for t, v in self._signals.items() if t > outcome.state.step}
+        if self.gate is not None:
+            self.observe_gate(outcome)
         # the next step's blind plans, for the batch seen now (the likely one next step too)
         self._ahead = self.plans_ahead(len(outcome.ks)) if self.model_chain else None

@@ -28,11 +28,15 @@ class Timed:
         self.uses_features = inner.uses_features
         self.uses_lookup = bool(getattr(inner, "uses_lookup", False))
         self.observe_may_lag = bool(getattr(inner, "observe_may_lag", False))
-        self.decides_ahead = bool(getattr(inner, "decides_ahead", False))
         self.host_ms: list[float] = []
         self.critical_ms: list[float] = []
         self._pending_s = 0.0
         self._critical_s = 0.0
+
+    @property
+    def decides_ahead(self) -> bool:
+        """The inner policy's, read when asked (it may change from step to step)."""
+        return bool(getattr(self.inner, "decides_ahead", False))
 
     def decide(self, state: BatchState) -> Decision:
         t0 = time.perf_counter()

@@ -181,7 +181,7 @@ class _Run:
                               reqs.generated[fin]))
             reqs.keep(~fin)
         self.policy.observe(StepOutcome(state=state, ks=ks, drafter=drafter, accepted=accepted, step_ms=step_ms,
-                                        kl=kl, finished_ids=finished_ids))
+                                        kl=kl, finished_ids=finished_ids, end_s=end_s))
         self.time_s = end_s
 
     def idle_until_arrival(self) -> None:

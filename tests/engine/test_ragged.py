@@ -345,3 +345,38 @@ def test_kept_layouts_write_what_a_fresh_layout_writes(tiny):
         assert j == j_want and rows[1, :n].tolist() == ks and rows[5].tolist() == q.tolist()
         assert rows[4].tolist() == (np.cumsum(q) - q).tolist()
         assert host[ROWS * b: ROWS * b + len(flat)].tolist() == flat.tolist()
+
+
+def test_the_gated_per_request_controller_launches_its_batch_steps_ahead_and_stays_lossless(tiny):
+    """``controller:per-request,gate=1`` with a gate of short windows: its trial alternates plans on the lookup
+    (``ROWS``: the lookup read, rows on both chains) and the batch controller's k (``BATCH``: no lookup, one k, the
+    model chain). The batch steps go ahead of the last read-back where the batch stays, the plans never do; the
+    greedy outputs are those without speculation."""
+    from tabletune.controller.mode_gate import BATCH, ROWS, GateConfig, ModeGate
+
+    target, prompts, base = tiny
+    oracle = [b + [0] * 8 for b in base]
+    model = load_token_traces("profiles/traces/early-exit_code_T0.csv.gz")
+    ngram = load_token_traces("profiles/traces/ngram_code_T0.csv.gz")
+    traces = pair_traces(model, ngram)[: len(prompts)]
+    engine = _engine(target, TracedReplayDrafter(), split=True)
+    ctx = policy_context(engine, prior_rates=(0.7, 0.6, 0.5, 0.4), ngram_rates=(0.0, 0.3, 0.5, 0.6, 0.7))
+    policy = make_policy("controller:per-request,gate=1", ctx)
+    policy.gate = ModeGate(GateConfig(window_steps=3, trial_pairs=3))
+    modes, seen, lookups = {}, [], []
+    decide, observe = policy.decide, policy.observe
+    policy.decide = lambda s: (modes.setdefault(s.step, policy.gate.mode), decide(s))[1]
+    policy.observe = lambda o: (seen.append(o), observe(o))
+    host_lookup = engine.drafter.host_lookup
+    engine.drafter.host_lookup = lambda *a: (lookups.append(1), host_lookup(*a))[1]
+    out, stats = _serve(engine, prompts, policy, max_new=24, oracle=oracle, traces=traces)
+    assert out == base
+    assert sorted(modes) == list(range(stats.num_steps))
+    by_mode = {m: [o for o in seen if modes[o.state.step] == m] for m in (ROWS, BATCH)}
+    assert by_mode[ROWS] and by_mode[BATCH] and len(policy.gate.pairs) > 0
+    assert all(o.state.ngram_match_len is not None for o in by_mode[ROWS])
+    assert any((o.drafter == NGRAM).any() for o in by_mode[ROWS])
+    assert all(o.state.ngram_match_len is None and (o.drafter == MODEL).all() for o in by_mode[BATCH])
+    assert len(lookups) == len(by_mode[ROWS])
+    ahead = np.flatnonzero(stats.step_ahead)
+    assert len(ahead) > 0 and all(modes[t] == BATCH for t in ahead)
