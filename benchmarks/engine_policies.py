@@ -825,15 +825,23 @@ def switch_run(engine, args, policy, load: int, prompts, oracle, pairs_a, pairs_
     starts = list(range(switch % w, last - w + 1, w))  # windows aligned on the switch
     tok = [sum(stats.step_tokens[t: t + w]) / sum(stats.step_wall_s[t: t + w]) for t in starts]
     mean_k = sum(stats.step_drafts) / max(sum(stats.step_batch_sizes), 1)
-    return {"switch_step": switch, "window_starts": starts, "tok_s": [round(x, 2) for x in tok],
-            "num_steps": stats.num_steps, "mean_k": round(mean_k, 3)}
+    # the step from which no code request runs (the last one retired before it)
+    drained = max(stats.replaced_at_step.get(i, stats.num_steps) for i in range(n_a))
+    return {"switch_step": switch, "drained_step": drained, "window_starts": starts,
+            "tok_s": [round(x, 2) for x in tok], "num_steps": stats.num_steps, "mean_k": round(mean_k, 3)}
 
 
-def recovered(runs: dict) -> dict[str, float] | None:
-    """(policy - stale) / (oracle - stale) on the mean throughput of each run's first SWITCH_WINDOWS_AFTER windows
-    from its switch (None where the oracle gains under 0.5%)."""
+def recovered(runs: dict, start: str = "switch_step", skip: int = 0,
+              count: int | None = SWITCH_WINDOWS_AFTER) -> dict[str, float] | None:
+    """(policy - stale) / (oracle - stale) on the mean throughput of each run's windows from its step ``start``
+    (``switch_step``, or ``drained_step``: no code request left), ``skip`` of them skipped, then ``count`` (None:
+    to the end); None where the oracle gains under 0.5%, or a run lacks ``start``."""
+    if any(start not in run for run in runs.values()):
+        return None
+
     def after(run):
-        tok = [x for t, x in zip(run["window_starts"], run["tok_s"]) if t >= run["switch_step"]][:SWITCH_WINDOWS_AFTER]
+        tok = [x for t, x in zip(run["window_starts"], run["tok_s"]) if t >= run[start]][skip:]
+        tok = tok if count is None else tok[:count]
         return statistics.fmean(tok) if tok else float("nan")
     stale, best = after(runs["stale"]), after(runs["oracle"])
     if not best > stale * 1.005:
@@ -871,23 +879,37 @@ def serve_switch(engine, args, cost, loads, prompts, oracle, key, command, fp, p
             print(f"switch load {load:4d} {name:24s} tok/s by window {runs[name]['tok_s']} "
                   f"({time.perf_counter() - t0:.1f} s)", flush=True)
         if all(name in runs for name in SWITCH_POLICIES):
-            result.setdefault("recovered", {})[str(load)] = recovered(runs)
+            set_recovered(result, str(load))
             fileio.write_json(str(out_json), result)
     fileio.write_text(args.out + ".md", switch_markdown(result))
     return 0
 
 
+def set_recovered(result: dict, load: str) -> None:
+    """The load's recovered shares (``recovered``): from the switch (the first SWITCH_WINDOWS_AFTER windows, and the
+    windows after those to the end of the run) and from the step no code request is left."""
+    runs = result["runs"][load]
+    result.setdefault("recovered", {})[load] = recovered(runs)
+    result.setdefault("recovered_later", {})[load] = recovered(runs, skip=SWITCH_WINDOWS_AFTER, count=None)
+    result.setdefault("recovered_drained", {})[load] = recovered(runs, start="drained_step")
+
+
 def switch_markdown(result: dict) -> str:
+    w = SWITCH_WINDOWS_AFTER
     md = [f"# Workload switch code -> chat on the built-in engine ({result['device']})", "",
-          "Throughput (tok/s) per window of steps; the switch at the step the first chat request is admitted. "
-          f"recovered = (policy - stale) / (oracle - stale) over the first {SWITCH_WINDOWS_AFTER} windows from the "
-          "switch (none where the oracle gains under 0.5%).", "",
-          "| load | policy | switch step | tok/s by window | recovered |", "|---:|---|---:|---|---:|"]
+          "Throughput (tok/s) per window of steps; the switch at the step the first chat request is admitted, the "
+          "drain at the step from which no code request runs. recovered = (policy - stale) / (oracle - stale) on "
+          f"the mean of: the first {w} windows from the switch (`switch`), the windows after those to the end of the "
+          f"run (`later`), the first {w} windows from the drain (`drained`); none where the oracle gains under 0.5%.",
+          "", "| load | policy | switch step | drain step | tok/s by window | recovered: switch | later | drained |",
+          "|---:|---|---:|---:|---|---:|---:|---:|"]
     for load, runs in result["runs"].items():
-        rec = (result.get("recovered") or {}).get(load) or {}
+        recs = [(result.get(key) or {}).get(load) or {} for key in ("recovered", "recovered_later",
+                                                                    "recovered_drained")]
         for name, run in runs.items():
-            md.append(f"| {load} | {name} | {run['switch_step']} | {' '.join(f'{x:.0f}' for x in run['tok_s'])} | "
-                      f"{rec.get(name, '-')} |")
+            md.append(f"| {load} | {name} | {run['switch_step']} | {run.get('drained_step', '-')} | "
+                      f"{' '.join(f'{x:.0f}' for x in run['tok_s'])} | "
+                      + " | ".join(str(rec.get(name, '-')) for rec in recs) + " |")
     return "\n".join(md + [""] + command_lines(result)) + "\n"
 
 

@@ -276,6 +276,19 @@ def test_recovered_hand_worked():
     runs = {"stale": run(10, [50, 100, 100, 100, 0]), "oracle": run(10, [90, 120, 120, 120, 0]),
             "controller": run(20, [0, 0, 110, 120, 115])}
     assert engine_policies.recovered(runs) == {"stale": 0.0, "oracle": 1.0, "controller": 0.75}
+    # the windows after the first to the end of the run (10-40): 100, 115 and 115
+    later = engine_policies.recovered({"stale": run(0, [100, 100, 100, 100, 100]),
+                                       "oracle": run(0, [70, 110, 110, 110, 130]),
+                                       "controller": run(0, [200, 100, 100, 100, 160])}, skip=1, count=None)
+    assert later == {"stale": 0.0, "oracle": 1.0, "controller": 1.0}
+    assert engine_policies.recovered(runs, start="drained_step") is None  # runs without a drain step
+    # from the drain (step 20): 100, 120 and (100 + 110 + 120) / 3 = 110
+    drained = {"stale": run(10, [50, 100, 100, 100, 100]), "oracle": run(10, [90, 120, 120, 120, 120]),
+               "controller": run(10, [0, 0, 100, 110, 120])}
+    for r in drained.values():
+        r["drained_step"] = 20
+    assert engine_policies.recovered(drained, start="drained_step") == {"stale": 0.0, "oracle": 1.0,
+                                                                         "controller": 0.5}
     runs["oracle"] = run(10, [90, 100.4, 100.4, 100.4, 0])
     assert engine_policies.recovered(runs) is None  # the oracle gains under 0.5%
 
@@ -292,6 +305,8 @@ def test_quick_switch_runs_every_policy_at_every_load_and_resumes(tmp_path):
             # the switch: the step that admitted the first chat request (2 waves of code before it)
             assert 0 < run["switch_step"] < run["num_steps"] and len(run["tok_s"]) == len(run["window_starts"]) > 0
             assert all(t % 4 == run["switch_step"] % 4 for t in run["window_starts"])
+            assert run["switch_step"] <= run["drained_step"] <= run["num_steps"]
+    assert set(result["recovered_drained"]) == set(result["recovered_later"]) == {"1", "2"}
     assert "| 1 | stale |" in Path(out + ".md").read_text()
     assert engine_policies.main(["--quick", "--switch", "--out", out, "--resume"]) == 0
     assert json.loads(Path(out + ".json").read_text())["runs"] == result["runs"]  # nothing re-run
