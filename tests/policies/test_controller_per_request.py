@@ -280,3 +280,34 @@ def test_a_blind_plan_explores_every_model_row_where_drafting_costs_the_batch(dr
     all_ngram = Plan(np.array([3, 4]), np.array([NGRAM, NGRAM]), 0, 2.0, 9.0)
     got = policy.explored(all_ngram, 5)  # no model row: row 0 goes on the model chain
     assert got.ks.tolist() == [5, 4] and got.drafter.tolist() == [MODEL, NGRAM]
+
+
+def test_the_gate_decides_batch_steps_ahead_and_restarts_on_a_shift():
+    """``gate=1``: in its batch mode the decision is the batch controller's k for the batch (no per-row plan) and
+    ``decides_ahead`` says an engine may make it before the last read-back; in its plan mode the rows get their
+    plan on the lookup. A workload shift the estimator detects restarts the gate's trial. Without the n-gram chain
+    there is nothing to weigh: no gate. ``gate=2`` is refused."""
+    from tabletune.controller.mode_gate import BATCH, ROWS
+    from tabletune.policies.base import MODEL, BatchState, StepOutcome
+
+    ctx = PolicyContext(cost=linear_cost(k_max=4), prior_rates=(0.9,) * 4, ks=(0, 1, 2, 3, 4),
+                        ngram_rates=(0.0, 0.5, 0.6, 0.7, 0.8))
+    policy = make_policy("controller:per-request,gate=1", ctx)
+    state = BatchState(0, 0.0, np.arange(3), np.zeros(3, np.int64), ngram_match_len=np.array([0, 3, 0]),
+                       ngram_num_proposed=np.array([0, 4, 0]))
+    assert policy.gate.mode == ROWS and not policy.decides_ahead
+    rows = policy.decide(state)
+    assert rows.ks is not None and rows.drafter is not None  # a per-row plan, each row with its chain
+    policy.gate.mode = BATCH
+    assert policy.decides_ahead
+    batch = policy.decide(BatchState(1, 0.0, np.arange(3), np.zeros(3, np.int64)))
+    assert batch.ks is None and batch.drafter is None and batch.k == policy.controller.k_for(3)
+    assert policy._mode_of == {0: ROWS, 1: BATCH}
+    policy.gate.trial_left = 0
+    policy.controller.estimator.shifts += 1
+    policy.observe(StepOutcome(state, np.array([1, 2, 1]), np.array([MODEL, NGRAM, MODEL]), np.array([1, 2, 0]), 5.0))
+    assert policy.gate.mode == ROWS and policy.gate.trial_left == policy.gate.cfg.trial_pairs
+    assert make_policy("controller:per-request,gate=1,ngram=0", ctx).gate is None
+    assert not make_policy("controller:per-request", ctx).decides_ahead
+    with pytest.raises(InputError):
+        make_policy("controller:per-request,gate=2", ctx)
