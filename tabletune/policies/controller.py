@@ -468,13 +468,17 @@ class PerRequestController(ControllerPolicy):
         """The batch controller learns the model chain's a_j from the model rows only (an n-gram row's run of
         accepted tokens is not the model drafter's); the calibrations learn per chain."""
         model = outcome.drafter == MODEL
+        # the k the step asked of every row: the batch controller's on the gate's batch steps (kept by step), none
+        # on a plan (each row asked for its own k)
+        self._asked.setdefault(outcome.state.step, 0)
         if not self.model_chain or model.all():
             super().observe(outcome)
         else:
             now_s = outcome.state.time_s + outcome.step_ms / 1000.0
             rows = dataclasses.replace(outcome, ks=outcome.ks[model], accepted=outcome.accepted[model],
                                        drafter=outcome.drafter[model])
-            obs = dataclasses.replace(observation(rows, self.controller.k_max, now_s, self.asked_k),
+            obs = dataclasses.replace(observation(rows, self.controller.k_max, now_s,
+                                                  self._asked.pop(outcome.state.step)),
                                       batch_size=len(outcome.ks))
             self.controller.observe(obs)
             self.controller.maybe_rebuild(now_s)

@@ -311,3 +311,36 @@ def test_the_gate_decides_batch_steps_ahead_and_restarts_on_a_shift():
     assert not make_policy("controller:per-request", ctx).decides_ahead
     with pytest.raises(InputError):
         make_policy("controller:per-request,gate=2", ctx)
+
+
+def test_a_plan_step_after_a_gated_batch_step_counts_no_batch_k():
+    """The k a gated batch step asked (every row drafting it) counts for that step only: a plan step observed after
+    it reports each row's own k (asked 0), so a row planned short is not counted as rejected past its k."""
+    from tabletune.controller.mode_gate import BATCH, ROWS
+    from tabletune.policies.base import MODEL, BatchState, StepOutcome
+    from tabletune.policies.controller import observation
+
+    ctx = PolicyContext(cost=linear_cost(k_max=4), prior_rates=(0.9,) * 4, ks=(0, 1, 2, 3, 4),
+                        ngram_rates=(0.0, 0.5, 0.6, 0.7, 0.8))
+    policy = make_policy("controller:per-request,gate=1", ctx)
+    seen = []
+    observe = policy.controller.observe
+    policy.controller.observe = lambda obs: (seen.append(obs), observe(obs))
+    policy.gate.mode = BATCH
+    batch_state = BatchState(0, 0.0, np.arange(2), np.zeros(2, np.int64))
+    k = policy.decide(batch_state).k
+    assert k >= 2
+    policy.gate.mode = ROWS
+    plan_state = BatchState(1, 0.01, np.arange(2), np.zeros(2, np.int64), ngram_match_len=np.zeros(2, np.int64),
+                            ngram_num_proposed=np.zeros(2, np.int64))
+    policy.decide(plan_state)
+    both = np.array([MODEL, MODEL])
+    policy.observe(StepOutcome(batch_state, np.array([k, k]), both, np.array([0, k]), 5.0))
+    policy.observe(StepOutcome(plan_state, np.array([1, 1]), both, np.array([1, 1]), 5.0))
+    for drafter in (both, np.array([MODEL, NGRAM])):  # all model rows, and model rows beside an n-gram row
+        state = BatchState(2, 0.02, np.arange(2), np.zeros(2, np.int64))
+        policy.observe(StepOutcome(state, np.array([1, 1]), drafter, np.array([1, 1]), 5.0))
+    assert seen[0].reached == observation(StepOutcome(batch_state, np.array([k, k]), both, np.array([0, k]), 5.0),
+                                          4, 0.0, k).reached
+    assert [obs.reached for obs in seen[1:]] == [(2, 0, 0, 0), (2, 0, 0, 0), (1, 0, 0, 0)]
+    assert policy._asked == {}
