@@ -166,7 +166,7 @@ class PerRequestController(ControllerPolicy):
     the table's k + 1 for that position's evidence and to k_max on credit. An exploring step keeps the stop rule on
     the host.
 
-    Gate (``gate=1``; off by default): an online A/B test (``tabletune.controller.mode_gate``) between these plans
+    Gate (``gate=1``, with ``stop=0``; off by default): an online A/B test (``tabletune.controller.mode_gate``) between these plans
     (``ROWS``) and the batch controller's k alone (``BATCH``), on the measured tokens per wall time of windows of
     steps. A ``BATCH`` step needs no lookup, so an engine decides it ahead and launches it before the last step's
     read-back (``decides_ahead``): where the lookup does not pay for the host time its plan costs between steps
@@ -190,11 +190,12 @@ class PerRequestController(ControllerPolicy):
         self.stops_drafts = bool(stop)
         self.all_caps_max_batch = int(all_caps_max_batch)
         if (explore_max_batch < 0 or refit_every < 1 or memory < 16 or not 0 <= ema < 1 or stop not in (0, 1)
-                or gate not in (0, 1)):
+                or gate not in (0, 1) or (gate and stop)):
             raise InputError("--policy", "controller:per-request",
                              dict(explore_max_batch=explore_max_batch, refit_every=refit_every, memory=memory, ema=ema,
                                   stop=stop, gate=gate), "needs explore_max_batch >= 0, refit_every >= 1, "
-                             "memory >= 16, 0 <= ema < 1, stop 0 or 1, gate 0 or 1")
+                             "memory >= 16, 0 <= ema < 1, stop 0 or 1, gate 0 or 1, not both gate and stop (a "
+                             "stop rule reads back between positions, so no step goes ahead)")
         k_max = ctx.k_max
         self.explore_max_batch, self.refit_every, self.ema = int(explore_max_batch), int(refit_every), ema
         self.model_chain = ctx.default_drafter == MODEL

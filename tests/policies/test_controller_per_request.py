@@ -309,8 +309,9 @@ def test_the_gate_decides_batch_steps_ahead_and_restarts_on_a_shift():
     assert policy.gate.mode == ROWS and policy.gate.trial_left == policy.gate.cfg.trial_pairs
     assert make_policy("controller:per-request,gate=1,ngram=0", ctx).gate is None
     assert not make_policy("controller:per-request", ctx).decides_ahead
-    with pytest.raises(InputError):
-        make_policy("controller:per-request,gate=2", ctx)
+    for bad in ("gate=2", "gate=1,stop=1"):  # a stop rule reads back between positions: nothing goes ahead
+        with pytest.raises(InputError):
+            make_policy(f"controller:per-request,{bad}", ctx)
 
 
 def test_a_plan_step_after_a_gated_batch_step_counts_no_batch_k():
