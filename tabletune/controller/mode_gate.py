@@ -7,10 +7,11 @@ depends on what the lookup buys on this traffic against the host time its plan c
 model's errors: on chat the lookup rarely pays for that time, on code it buys a third more. The gate measures
 it instead of modelling it.
 
-Rule. Time runs in windows of ``window_steps`` steps of one mode. A window's rate is its tokens over its wall
-time (the span from its first step's end to its last step's end: the first step, which may follow a switch,
-only starts the clock, and host time, bookkeeping and prefills between steps are in the span), divided by the speed of no speculation at
-each step's batch size, b / T(b, 0) (a step of the other mode, decided before a switch, counts in neither):
+Rule. Time runs in windows of ``window_steps`` steps of one mode. A window's rate is its tokens over its wall time
+(the span from its first step's end to its last step's end: the first step, which may follow a switch, only starts
+the clock, and host time, bookkeeping and prefills between steps are in the span), divided by the speed of no
+speculation at each step's batch size, b / T(b, 0) (a step of the other mode, decided before a switch, counts in
+neither):
 
     r = sum_i tokens_i / sum_i (span_i * b_i / T(b_i, 0))
 

@@ -166,12 +166,12 @@ class PerRequestController(ControllerPolicy):
     the table's k + 1 for that position's evidence and to k_max on credit. An exploring step keeps the stop rule on
     the host.
 
-    Gate (``gate=1``, with ``stop=0``; off by default): an online A/B test (``tabletune.controller.mode_gate``) between these plans
-    (``ROWS``) and the batch controller's k alone (``BATCH``), on the measured tokens per wall time of windows of
-    steps. A ``BATCH`` step needs no lookup, so an engine decides it ahead and launches it before the last step's
-    read-back (``decides_ahead``): where the lookup does not pay for the host time its plan costs between steps
-    (chat), the gate keeps the batch controller and probes the plans one window in |D| / 0.5%. A workload shift
-    restarts its trial.
+    Gate (``gate=1``, with ``stop=0``; off by default): an online A/B test (``tabletune.controller.mode_gate``) between
+    these plans (``ROWS``) and the batch controller's k alone (``BATCH``), on the measured tokens per wall time of
+    windows of steps. A ``BATCH`` step needs no lookup, so an engine decides it ahead and launches it before the
+    last step's read-back (``decides_ahead``): where the lookup does not pay for the host time its plan costs
+    between steps (chat), the gate keeps the batch controller and probes the plans one window in |D| / 0.5%. A
+    workload shift restarts its trial.
     """
 
     uses_lookup: ClassVar[bool] = True  # plans before drafting, on the n-gram lookup

@@ -68,7 +68,8 @@ def test_a_window_rate_is_tokens_over_its_span_at_the_speed_without_speculation(
     for i in range(4):  # batch: steps of 1 ms, 2 tokens, 1 token/ms -> 2 / (1 * 1) = 2
         t += 0.001
         gate.observe(BATCH, 2 if i else 1000, t, 1.0)
-    assert gate.trial_left == 0 and gate.pairs[0].rows == pytest.approx(2.0) and gate.pairs[0].batch == pytest.approx(2.0)
+    assert gate.trial_left == 0
+    assert gate.pairs[0].rows == pytest.approx(2.0) and gate.pairs[0].batch == pytest.approx(2.0)
     assert gate.gap == pytest.approx(0.0)
 
 
