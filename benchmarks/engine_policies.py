@@ -559,6 +559,9 @@ def serve_cell(engine, args, policy_spec, ctx, load, prompts, oracle, pairs, see
             "host_ms_decide_median": round(1e3 * statistics.median(stats.step_host_decide_s[start:end] or [0.0]), 4),
             # steps launched before the last one's read-back (a policy that decides ahead: ``Scheduler.launch_ahead``)
             "ahead_share": round(sum(stats.step_ahead[start:end]) / max(end - start, 1), 4),
+            # steps decided on the lookup after the last read-back, and the critical time of those and of the rest
+            # (a policy that does both, the gated per-request controller, is charged by step in the simulator)
+            **lookup_split(stats, start, end),
             "prefill_ms_per_token": round(1e3 * sum(stats.step_prefill_s[start:end]) / (adm * args.prompt_len), 5)
             if adm else None,
             "rates": [None if r is None else round(r, 4) for r in stats.counts.rates()],
@@ -594,6 +597,28 @@ def serve_fixed(engine, args, spec, ctx, load, prompts, oracle, pairs) -> dict:
             "noise_band": round((max(tok) - min(tok)) / mean, 4) if mean else None}
 
 
+def lookup_split(stats, start: int, end: int) -> dict:
+    """``lookup_share`` of steps start..end-1 decided on the lookup after the last read-back
+    (``RunStats.step_looked_up``), and the mean critical host ms of those (``host_ms_critical_lookup``) and of the
+    rest (``host_ms_critical_other``; None where there is none)."""
+    looked = stats.step_looked_up[start:end]
+    crit = stats.step_host_critical_s[start:end]
+    parts = [[1e3 * c for c, flag in zip(crit, looked) if flag == want] for want in (True, False)]
+    return {"lookup_share": round(len(parts[0]) / max(end - start, 1), 4),
+            "host_ms_critical_lookup": round(statistics.fmean(parts[0]), 4) if parts[0] else None,
+            "host_ms_critical_other": round(statistics.fmean(parts[1]), 4) if parts[1] else None}
+
+
+def charged_lookup_ms(cell: dict, cells: list[dict]) -> float | None:
+    """Where some of a cell's steps were decided on the lookup and some not (``0 < lookup_share < 1``: the gated
+    per-request controller), what the simulator charges a step decided on the lookup (``charged_host_ms`` of
+    ``host_ms_critical_lookup``; the others are charged that of ``host_ms_critical_other``); None where every step
+    is alike."""
+    if not 0 < (cell.get("lookup_share") or 0) < 1:
+        return None
+    return charged_host_ms({**cell, "host_ms_critical": cell["host_ms_critical_lookup"]}, cells)
+
+
 def charged_host_ms(cell: dict, cells: list[dict]) -> float:
     """The host time the simulator charges a cell a step: what the engine's device waited on for it beyond what
     it waits on at a fixed k of the same (workload, load) (the step profile holds none of the scheduler's own
@@ -611,13 +636,17 @@ def charged_host_ms(cell: dict, cells: list[dict]) -> float:
 def simulate_cell(cost, calib, args, policy_spec, load, cell, cells: list[dict]) -> dict:
     """The simulated cell (``policies_sim.repeated_cell``, the mean over the protocol's policy repeats): the engine's
     cost, scoring traces, prefill cost, and the host time the engine waited on for this policy
-    (``charged_host_ms``)."""
-    charged = charged_host_ms(cell, cells)
+    (``charged_host_ms``; by step for a cell decided on the lookup on some steps only: ``charged_lookup_ms``)."""
+    lookup = charged_lookup_ms(cell, cells)
+    charged = charged_host_ms(cell if lookup is None else {**cell, "host_ms_critical": cell["host_ms_critical_other"]},
+                              cells)
     protocol = protocol_of(args)
     out = repeated_cell(cost, calib, policy_spec, load, protocol, protocol.policy_repeats,
-                        prefill_ms_per_token=cell.get("prefill_ms_per_token") or 0.0, host_ms_per_step=charged)
+                        prefill_ms_per_token=cell.get("prefill_ms_per_token") or 0.0, host_ms_per_step=charged,
+                        host_ms_lookup_step=lookup)
     return {"sim_tok_s": out["sim_tok_s"], "sim_device_tok_s": out["sim_device_tok_s"],
-            "sim_host_ms_charged": round(charged, 4)}
+            "sim_host_ms_charged": round(charged, 4),
+            **({} if lookup is None else {"sim_host_ms_charged_lookup": round(lookup, 4)})}
 
 
 def oracle_cell(cost, calib, args, load, cells) -> dict:

@@ -191,9 +191,11 @@ def workload_of(name: str, rates: tuple[float, ...], protocol: Protocol):
 
 
 def scoring_sim(cost: StepCost, name: str, rates, protocol: Protocol, load: int, duration_s: float, seed: int,
-                half: str = "scoring", prefill_ms_per_token: float = 0.02, host_ms_per_step: float = 0.0) -> Simulator:
+                half: str = "scoring", prefill_ms_per_token: float = 0.02, host_ms_per_step: float = 0.0,
+                host_ms_lookup_step: float | None = None) -> Simulator:
     cfg = SimConfig(duration_s=duration_s, load=load, max_num_seqs=max(128, load), seed=seed,
-                    prefill_ms_per_token=prefill_ms_per_token, host_ms_per_step=host_ms_per_step)
+                    prefill_ms_per_token=prefill_ms_per_token, host_ms_per_step=host_ms_per_step,
+                    host_ms_lookup_step=host_ms_lookup_step)
     replay, ngram_replay = load_paired_traces(*trace_files(protocol.model_trace, name), half=half)
     return Simulator(cost, Schedule.constant(workload_of(name, rates, protocol)), cfg, replay=replay,
                      ngram_replay=ngram_replay)
@@ -257,11 +259,13 @@ def explore_steps(policy) -> int | None:
 
 
 def run_cell(cost: StepCost, calib: Calibration, spec: str, load: int, protocol: Protocol, seed: int = 0,
-             prefill_ms_per_token: float = 0.02, host_ms_per_step: float | None = None) -> dict:
+             prefill_ms_per_token: float = 0.02, host_ms_per_step: float | None = None,
+             host_ms_lookup_step: float | None = None) -> dict:
     """One policy at one load: warm-up, then ``protocol.window_steps(load)`` measured steps (module docstring).
 
     Host time is charged serially, as an engine that decides between its steps pays it: ``host_ms_per_step``
-    (e.g. the engine's own measurement of this policy) on every step, or, when None, the policy's host time
+    (e.g. the engine's own measurement of this policy) on every step (``host_ms_lookup_step`` instead on a step
+    decided on the n-gram lookup, when given: ``SimConfig``), or, when None, the policy's host time
     measured in this run on the critical path, its window mean added to each measured step (``sim_tok_s``;
     ``sim_device_tok_s`` leaves it out): decide + keep_drafting + observe, or decide + keep_drafting alone for a
     policy whose observe may lag (``observe_may_lag``) under ``protocol.overlap_observe`` (the engine runs that
@@ -273,7 +277,9 @@ def run_cell(cost: StepCost, calib: Calibration, spec: str, load: int, protocol:
     in_sim = 0.0 if spec == "oracle" or host_ms_per_step is None else host_ms_per_step  # charged by the simulator
     while True:
         sim = scoring_sim(cost, calib.workload, calib.rates, protocol, load, duration_s, seed,
-                          prefill_ms_per_token=prefill_ms_per_token, host_ms_per_step=in_sim)
+                          prefill_ms_per_token=prefill_ms_per_token, host_ms_per_step=in_sim,
+                          host_ms_lookup_step=None if spec == "oracle" or host_ms_per_step is None
+                          else host_ms_lookup_step)
         ctx = dataclasses.replace(sim.context(prior_rates=calib.rates), ngram_rates=calib.ngram_rates)
         # the oracle runs bare: the simulator tells it each draft's fate (its host time is not a policy's)
         policy = FateOracle(ctx) if spec == "oracle" else timed(make_policy(calib.spec(spec), ctx))
@@ -289,7 +295,7 @@ def run_cell(cost: StepCost, calib: Calibration, spec: str, load: int, protocol:
     host = None if spec == "oracle" else float(np.mean(policy.host_ms[window]))
     critical = None if spec == "oracle" else charged_ms(policy, window, protocol.overlap_observe)
     post_hoc = critical if critical is not None and host_ms_per_step is None else 0.0  # measured here, charged after
-    device_ms = ms - in_sim * measured
+    device_ms = ms - steps.host_ms[window].sum()
     return {"sim_tok_s": round(float(tokens / (ms + post_hoc * measured) * 1e3), 2),
             "sim_device_tok_s": round(float(tokens / device_ms * 1e3), 2),
             "sim_mean_k": round(float(steps.mean_k[window].mean()), 3),

@@ -93,6 +93,9 @@ class RunStats:
     step_rows: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     step_split: list[bool] = field(default_factory=list)
     step_ahead: list[bool] = field(default_factory=list)  # launched before the last step's read-back
+    # decided on the lookup after the last read-back: a policy that plans first, on a step it does not decide ahead
+    # (what the simulator charges ``SimConfig.host_ms_lookup_step``)
+    step_looked_up: list[bool] = field(default_factory=list)
 
     @property
     def step_drafted(self) -> list[int]:
@@ -130,6 +133,7 @@ class StepRecord(NamedTuple):
     ahead: bool
     observed: bool  # observed at once (a policy whose next decision reads it)
     end_s: float  # its read-back's end, from the run's start (the clock of BatchState.time_s)
+    looked_up: bool  # decided on the lookup after the last read-back (``RunStats.step_looked_up``)
 
 
 def steady_throughput(batch_sizes: Sequence[int], wall_s: Sequence[float], tokens: Sequence[int], load: int,
@@ -230,6 +234,7 @@ class Scheduler:
         self._t0 = 0.0  # the run's start (perf_counter)
         self._stopping = False
         self._ahead_step = False  # whether the step just read was launched ahead
+        self._looked_up = False  # whether it was decided on the lookup after the last read-back
         self._idle_since: float | None = None
         self._host_s = [0.0, 0.0]  # critical, overlapped
         self._book_s = self._decide_s = 0.0  # parts of the critical time (RunStats.step_host_bookkeeping_s)
@@ -349,7 +354,7 @@ class Scheduler:
             self._batch = (running, slots, rows, ids)
         _, slots, rows, ids = self._batch
         self._rows = rows
-        self._ahead_step, self._decide_s = self._in_flight is not None, 0.0
+        self._ahead_step, self._decide_s, self._looked_up = self._in_flight is not None, 0.0, False
         if self._in_flight is not None:  # launched before the last step's read-back, on its inputs, decided then
             buf, ks, kinds_arr, drafted, state = self._in_flight
             self._in_flight = None
@@ -365,6 +370,7 @@ class Scheduler:
             # rows on that chain
             if self.plans_first and not ahead:
                 lookup = e.drafter.host_lookup(rows, self._num_in[rows] + self._num_out[rows])
+                self._looked_up = True
             state = BatchState(step=step, time_s=now_s, request_ids=ids,
                                num_generated=self._num_out[rows].copy(),
                                ngram_match_len=None if lookup is None else lookup[0],
@@ -507,6 +513,7 @@ class Scheduler:
         stats.step_rows.append((r.asked, r.drafted))
         stats.step_split.append(r.split)
         stats.step_ahead.append(r.ahead)
+        stats.step_looked_up.append(r.looked_up)
         stats.step_admitted.append(r.n_first)
         stats.step_prefill_s.append(r.prefill_s)
         stats.step_wall_s.append(r.wall_s)
@@ -571,7 +578,8 @@ class Scheduler:
             self._record = StepRecord(stats, ran, res, state, kinds, caps, asked, drafted, split, emitted, done,
                                       n_first,
                                       t_adm, t_now - t_prev, t_now - t_step, self._host_s[0], self._host_s[1],
-                                      self._book_s, self._decide_s, self._ahead_step, observe_now, t_now - t0)
+                                      self._book_s, self._decide_s, self._ahead_step, observe_now, t_now - t0,
+                                      self._looked_up)
             self._host_s = [0.0, 0.0]
             t_prev = t_now
             if observe_now:

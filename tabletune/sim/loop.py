@@ -53,6 +53,7 @@ class _Run:
         self._no_ids = np.zeros(0, np.int64)
         self.new_first = False  # some running request has not emitted a token yet
         self.external = False  # a fleet routes arrivals into ``queue`` (``tabletune.sim.fleet``)
+        self.on_lookup = False  # the current step is decided on the n-gram lookup
 
     # ---- arrivals and admission ---------------------------------------------
 
@@ -101,6 +102,9 @@ class _Run:
         state = draws.state(len(self.steps), self.time_s)
         if self.sees_fate:  # the headroom oracle (``tabletune.sim.oracle``) is told each draft's fate
             self.policy.fate, self.policy.fate_ngram = draws.fates()  # type: ignore[attr-defined]
+        # decided on the lookup (charged ``host_ms_lookup_step``): a policy planning on it, on a step it does not
+        # decide ahead (an engine decides such a step after the last read-back)
+        self.on_lookup = self.plans_first and not getattr(self.policy, "decides_ahead", False)
         decision = self.policy.decide(state.before_drafting() if self.plans_first else state)
         # draft
         if decision.ks is None and decision.drafter is None and sim.default_drafter != NGRAM and draws.margin is None:
@@ -158,7 +162,10 @@ class _Run:
         if cfg.noise_cv > 0:
             sigma2 = np.log1p(cfg.noise_cv ** 2)
             step_ms *= float(np.exp(self.rng.normal(-sigma2 / 2, np.sqrt(sigma2))))
-        total_ms = step_ms + self.prefill_ms + cfg.host_ms_per_step
+        host_ms = cfg.host_ms_per_step
+        if self.on_lookup and cfg.host_ms_lookup_step is not None:
+            host_ms = cfg.host_ms_lookup_step
+        total_ms = step_ms + self.prefill_ms + host_ms
         self.prefill_ms = 0.0
         end_s = self.time_s + total_ms / 1000.0
         tokens = np.minimum(accepted + 1, reqs.out_len - reqs.generated)
@@ -173,7 +180,7 @@ class _Run:
         b = len(ks)
         num_tokens = int(tokens.sum())
         self.steps.append((self.time_s, total_ms, b, num_drafted / b if b else 0.0, num_tokens,
-                           num_drafted, int(accepted.sum()) if num_drafted else 0))
+                           num_drafted, int(accepted.sum()) if num_drafted else 0, host_ms))
         finished_ids = self._no_ids
         if fin.any():
             finished_ids = reqs.ids[fin]
@@ -189,7 +196,7 @@ class _Run:
         self.time_s = max(self.time_s, self.next_arrival_s)
 
     def result(self) -> SimResult:
-        cols = list(zip(*self.steps)) if self.steps else [[]] * 7
+        cols = list(zip(*self.steps)) if self.steps else [[]] * 8
         steps = StepLog(*(np.array(c, dtype=float) for c in cols))
         if self.done:
             parts = [np.concatenate(x) for x in zip(*self.done)]

@@ -12,7 +12,7 @@ Conventions:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -26,6 +26,7 @@ class StepLog:
     tokens: np.ndarray  # [steps] output tokens emitted
     drafted: np.ndarray  # [steps] draft tokens verified
     accepted: np.ndarray  # [steps] draft tokens accepted
+    host_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [steps] host time charged (in step_ms)
 
 
 @dataclass(frozen=True)

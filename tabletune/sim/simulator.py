@@ -46,6 +46,9 @@ class SimConfig:
     noise_cv: float = 0.0
     seed: int = 0
     host_ms_per_step: float = 0.0  # the policy's host time a step (decide, stops, observe), charged serially
+    # charged instead on a step decided on the n-gram lookup (a policy that plans on it, on a step it does not decide
+    # ahead: ``decides_ahead`` False when asked); None: host_ms_per_step on every step
+    host_ms_lookup_step: float | None = None
 
     def __post_init__(self) -> None:
         if self.duration_s <= 0:
@@ -54,8 +57,9 @@ class SimConfig:
             raise ValueError(f"load must lie in 1..max_num_seqs={self.max_num_seqs}, got {self.load}")
         if self.arrival_rate is not None and self.arrival_rate <= 0:
             raise ValueError(f"arrival_rate must be > 0, got {self.arrival_rate}")
-        if self.noise_cv < 0 or self.prefill_ms_per_token < 0 or self.host_ms_per_step < 0:
-            raise ValueError("noise_cv, prefill_ms_per_token and host_ms_per_step must be >= 0")
+        if (self.noise_cv < 0 or self.prefill_ms_per_token < 0 or self.host_ms_per_step < 0
+                or (self.host_ms_lookup_step is not None and self.host_ms_lookup_step < 0)):
+            raise ValueError("noise_cv, prefill_ms_per_token, host_ms_per_step and host_ms_lookup_step must be >= 0")
 
 
 class Simulator:

@@ -326,6 +326,25 @@ def test_charged_host_ms_is_the_critical_time_beyond_a_fixed_k():
     assert charge({"workload": "chat", "load": 4, "policy": "p", "host_ms_per_step": 0.3}, cells) == 0.3
 
 
+def test_a_cell_decided_on_the_lookup_on_some_steps_is_charged_by_step():
+    """Steps 1..4 measured, two of them decided on the lookup (critical 0.5 and 0.3 ms), two not (0.1, 0.05): share
+    0.5, means 0.4 and 0.075; the simulator then charges the lookup steps 0.4 - 0.05 (the fixed k's) and the rest
+    0.025. A cell with every step alike keeps one charge (None for the lookup steps)."""
+    from types import SimpleNamespace
+
+    stats = SimpleNamespace(step_looked_up=[True, True, False, True, False, False],
+                            step_host_critical_s=[9.0, 5e-4, 1e-4, 3e-4, 5e-5, 9.0])
+    split = engine_policies.lookup_split(stats, 1, 5)
+    assert split == {"lookup_share": 0.5, "host_ms_critical_lookup": 0.4, "host_ms_critical_other": 0.075}
+    cells = [{"workload": "chat", "load": 4, "policy": "fixed:1", "host_ms_critical": 0.05}]
+    cell = {"workload": "chat", "load": 4, "policy": "p", "host_ms_critical": 0.2375, **split}
+    assert engine_policies.charged_lookup_ms(cell, cells) == pytest.approx(0.35)
+    assert engine_policies.charged_host_ms({**cell, "host_ms_critical": cell["host_ms_critical_other"]}, cells) == \
+        pytest.approx(0.025)
+    for share in (0.0, 1.0, None):
+        assert engine_policies.charged_lookup_ms({**cell, "lookup_share": share}, cells) is None
+
+
 def test_resume_keeps_another_patch_of_the_engine_and_refuses_another_minor():
     key = {"fingerprint": {"engine": "builtin", "engine_version": "0.13.0"}, "k_max": 7}
     patch = {"fingerprint": {"engine": "builtin", "engine_version": "0.13.1"}, "k_max": 7}

@@ -378,5 +378,6 @@ def test_the_gated_per_request_controller_launches_its_batch_steps_ahead_and_sta
     assert any((o.drafter == NGRAM).any() for o in by_mode[ROWS])
     assert all(o.state.ngram_match_len is None and (o.drafter == MODEL).all() for o in by_mode[BATCH])
     assert len(lookups) == len(by_mode[ROWS])
+    assert stats.step_looked_up == [modes[t] == ROWS for t in range(stats.num_steps)]
     ahead = np.flatnonzero(stats.step_ahead)
     assert len(ahead) > 0 and all(modes[t] == BATCH for t in ahead)

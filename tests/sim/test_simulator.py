@@ -147,3 +147,41 @@ class Recorder:
     def observe(self, outcome):
         self.outcomes.append(outcome)
         self.inner.observe(outcome)
+
+
+def test_a_step_decided_on_the_lookup_is_charged_its_own_host_time():
+    """``host_ms_lookup_step``: a policy that plans on the lookup pays it on the steps it does not decide ahead (an
+    engine decides those after the last read-back), ``host_ms_per_step`` on the others; each step's charge is in
+    its step_ms and in ``StepLog.host_ms``. A policy that does not plan on the lookup pays host_ms_per_step."""
+    from tabletune.policies.base import Decision
+
+    class Alternating:  # plans on the lookup on odd steps, decides ahead on even ones
+        name, uses_features, uses_lookup = "alternating", False, True
+
+        def __init__(self):
+            self.steps = 0
+
+        @property
+        def decides_ahead(self):
+            return self.steps % 2 == 0
+
+        def decide(self, state):
+            return Decision.batch(1)
+
+        def observe(self, outcome):
+            self.steps += 1
+
+    from tabletune.profile import StepPoint
+
+    profile = StepProfile(points=tuple(StepPoint(b, k, (10.0 + 2 * k,)) for b in (1, 2) for k in (0, 1)),
+                          context_len=1024)
+    cfg = SimConfig(duration_s=1.0, load=2, host_ms_per_step=0.25, host_ms_lookup_step=2.0)
+    for lookup_steps in ("odd", "none"):
+        sim = Simulator(StepCost(profile), Schedule.constant(Workload("w", rates=(0.5,))), cfg)
+        policy = Alternating() if lookup_steps == "odd" else make_policy("fixed:1", sim.context())
+        steps = sim.run(policy).steps
+        odd = np.arange(len(steps.host_ms)) % 2 == 1
+        want = np.where(odd, 2.0, 0.25) if lookup_steps == "odd" else np.full(len(odd), 0.25)
+        assert len(steps.host_ms) > 10 and np.allclose(steps.host_ms, want)
+    with pytest.raises(ValueError, match="host_ms_lookup_step"):
+        SimConfig(host_ms_lookup_step=-1.0)
