@@ -46,6 +46,19 @@ def _engine(target, drafter, k_max=4, max_num_seqs=4, max_len=80, temperature=0.
                                               temperature=temperature, split_steps=split))
 
 
+def _code_traces(n):
+    """The first n paired code traces (early exit's model chain, the n-gram chain)."""
+    model = load_token_traces("profiles/traces/early-exit_code_T0.csv.gz")
+    ngram = load_token_traces("profiles/traces/ngram_code_T0.csv.gz")
+    return pair_traces(model, ngram)[:n]
+
+
+def _traced_engine(target):
+    """A split-step engine on the traced replay, and its policy context (prior and n-gram rates given)."""
+    engine = _engine(target, TracedReplayDrafter(), split=True)
+    return engine, policy_context(engine, prior_rates=(0.7, 0.6, 0.5, 0.4), ngram_rates=(0.0, 0.3, 0.5, 0.6, 0.7))
+
+
 def _serve(engine, prompts, policy, max_new=20, oracle=None, traces=None, **kw):
     reqs = [Request(list(p), max_new, i, oracle=None if oracle is None else oracle[i],
                     trace=None if traces is None else traces[i]) for i, p in enumerate(prompts)]
@@ -175,11 +188,8 @@ def test_trace_replay_accepts_the_recorded_run_and_stays_lossless(tiny):
 def test_policies_run_on_the_traced_replay_engine_losslessly(tiny, name):
     target, prompts, base = tiny
     oracle = [b + [0] * 8 for b in base]
-    model = load_token_traces("profiles/traces/early-exit_code_T0.csv.gz")
-    ngram = load_token_traces("profiles/traces/ngram_code_T0.csv.gz")
-    traces = pair_traces(model, ngram)[: len(prompts)]
-    engine = _engine(target, TracedReplayDrafter(), split=True)
-    ctx = policy_context(engine, prior_rates=(0.7, 0.6, 0.5, 0.4), ngram_rates=(0.0, 0.3, 0.5, 0.6, 0.7))
+    traces = _code_traces(len(prompts))
+    engine, ctx = _traced_engine(target)
     policy = make_policy(name, ctx)
     seen, reads = [], []
     observe = policy.observe
@@ -211,13 +221,10 @@ def test_a_plan_made_before_drafting_runs_fused_and_accepts_what_a_split_step_ac
 
     target, prompts, base = tiny
     oracle = [b + [0] * 8 for b in base]
-    model = load_token_traces("profiles/traces/early-exit_code_T0.csv.gz")
-    ngram = load_token_traces("profiles/traces/ngram_code_T0.csv.gz")
-    traces = pair_traces(model, ngram)[: len(prompts)]
+    traces = _code_traces(len(prompts))
     runs = {}
     for split in (False, True):
-        engine = _engine(target, TracedReplayDrafter(), split=True)
-        ctx = policy_context(engine, prior_rates=(0.7, 0.6, 0.5, 0.4), ngram_rates=(0.0, 0.3, 0.5, 0.6, 0.7))
+        engine, ctx = _traced_engine(target)
         policy = make_policy(name, ctx)
         seen, paths = [], []
         observe = policy.observe
@@ -356,11 +363,8 @@ def test_the_gated_per_request_controller_launches_its_batch_steps_ahead_and_sta
 
     target, prompts, base = tiny
     oracle = [b + [0] * 8 for b in base]
-    model = load_token_traces("profiles/traces/early-exit_code_T0.csv.gz")
-    ngram = load_token_traces("profiles/traces/ngram_code_T0.csv.gz")
-    traces = pair_traces(model, ngram)[: len(prompts)]
-    engine = _engine(target, TracedReplayDrafter(), split=True)
-    ctx = policy_context(engine, prior_rates=(0.7, 0.6, 0.5, 0.4), ngram_rates=(0.0, 0.3, 0.5, 0.6, 0.7))
+    traces = _code_traces(len(prompts))
+    engine, ctx = _traced_engine(target)
     policy = make_policy("controller:per-request,gate=1", ctx)
     policy.gate = ModeGate(GateConfig(window_steps=3, trial_pairs=3))
     modes, seen, lookups = {}, [], []
