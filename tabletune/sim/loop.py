@@ -53,7 +53,6 @@ class _Run:
         self._no_ids = np.zeros(0, np.int64)
         self.new_first = False  # some running request has not emitted a token yet
         self.external = False  # a fleet routes arrivals into ``queue`` (``tabletune.sim.fleet``)
-        self.on_lookup = False  # the current step is decided on the n-gram lookup
 
     # ---- arrivals and admission ---------------------------------------------
 
@@ -102,9 +101,12 @@ class _Run:
         state = draws.state(len(self.steps), self.time_s)
         if self.sees_fate:  # the headroom oracle (``tabletune.sim.oracle``) is told each draft's fate
             self.policy.fate, self.policy.fate_ngram = draws.fates()  # type: ignore[attr-defined]
-        # decided on the lookup (charged ``host_ms_lookup_step``): a policy planning on it, on a step it does not
-        # decide ahead (an engine decides such a step after the last read-back)
-        self.on_lookup = self.plans_first and not getattr(self.policy, "decides_ahead", False)
+        # the host time charged: ``host_ms_lookup_step`` on a step decided on the lookup (a policy planning on it,
+        # on a step it does not decide ahead: an engine decides such a step after the last read-back)
+        host_ms = self.cfg.host_ms_per_step
+        if (self.cfg.host_ms_lookup_step is not None and self.plans_first
+                and not getattr(self.policy, "decides_ahead", False)):
+            host_ms = self.cfg.host_ms_lookup_step
         decision = self.policy.decide(state.before_drafting() if self.plans_first else state)
         # draft
         if decision.ks is None and decision.drafter is None and sim.default_drafter != NGRAM and draws.margin is None:
@@ -117,7 +119,7 @@ class _Run:
         accepted = draws.accepted(ks, drafter == NGRAM)
         kl = draws.kl(ks)
         # account
-        self.finish_step(state, ks, drafter, accepted, kl, step_ms, int(ks.sum()), draws)
+        self.finish_step(state, ks, drafter, accepted, kl, step_ms, int(ks.sum()), draws, host_ms)
 
     def draft(self, decision, state: BatchState, ng_prop: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
         """(k_i verified, drafter per row, step ms) of a per-row decision: a stop rule ends rows' drafts on the
@@ -157,14 +159,12 @@ class _Run:
         return rule_of is not None and rule_of(state) is not None
 
     def finish_step(self, state: BatchState, ks: np.ndarray, drafter: np.ndarray, accepted: np.ndarray,
-                    kl: np.ndarray | None, step_ms: float, num_drafted: int, draws: StepDraws) -> None:
+                    kl: np.ndarray | None, step_ms: float, num_drafted: int, draws: StepDraws,
+                    host_ms: float) -> None:
         reqs, cfg, sim = self.reqs, self.cfg, self.sim
         if cfg.noise_cv > 0:
             sigma2 = np.log1p(cfg.noise_cv ** 2)
             step_ms *= float(np.exp(self.rng.normal(-sigma2 / 2, np.sqrt(sigma2))))
-        host_ms = cfg.host_ms_per_step
-        if self.on_lookup and cfg.host_ms_lookup_step is not None:
-            host_ms = cfg.host_ms_lookup_step
         total_ms = step_ms + self.prefill_ms + host_ms
         self.prefill_ms = 0.0
         end_s = self.time_s + total_ms / 1000.0
