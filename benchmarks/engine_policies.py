@@ -670,15 +670,22 @@ def protocol_from_key(args, key: dict) -> None:
     args.overlap_observe = key.get("overlap_observe", args.overlap_observe)
 
 
-def sim_only(args) -> int:
-    """Simulate every measured cell of OUT.json and each (workload, load)'s oracle afresh (CPU, no engine): the
-    simulator's side always comes from the current simulator."""
+def grid_inputs(args) -> tuple[dict, StepCost]:
+    """OUT.json and the engine's cost from it (``args``' protocol set to the file's), its cells repriced: what the
+    simulator side of a measured grid starts from."""
     out_json = Path(args.out + ".json")
     result = json.loads(out_json.read_text())
     protocol_from_key(args, result["key"])
     profile = StepProfile.from_json(result["profile"], str(out_json))
     reprice(result, engine_cost(profile, result["mixed_check"], result.get("draft_profile")))  # the rule alone
-    cost = engine_cost(profile, result["mixed_check"], result.get("draft_profile"), result.get("plan_check"))
+    return result, engine_cost(profile, result["mixed_check"], result.get("draft_profile"), result.get("plan_check"))
+
+
+def sim_only(args) -> int:
+    """Simulate every measured cell of OUT.json and each (workload, load)'s oracle afresh (CPU, no engine): the
+    simulator's side always comes from the current simulator."""
+    out_json = Path(args.out + ".json")
+    result, cost = grid_inputs(args)
     result["cells"] = [c for c in result["cells"] if c["policy"] != "oracle"]
     with tempfile.TemporaryDirectory() as tmp:
         calibs: dict = {}

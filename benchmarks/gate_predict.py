@@ -14,7 +14,6 @@ Prints one line a group and writes ``benchmarks/results/gate_prediction.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -23,18 +22,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_policies as ep  # noqa: E402
 
 from tabletune import fileio  # noqa: E402
-from tabletune.profile import StepProfile  # noqa: E402
 
 GATED = "controller:per-request,gate=1"
 
 
 def predict(grid: str, groups: list[tuple[str, int]]) -> list[dict]:
     args = ep.parse_args(["--sim-only", "--out", grid])
-    result = json.loads(Path(grid + ".json").read_text())
-    ep.protocol_from_key(args, result["key"])
-    profile = StepProfile.from_json(result["profile"], grid + ".json")
-    ep.reprice(result, ep.engine_cost(profile, result["mixed_check"], result.get("draft_profile")))
-    cost = ep.engine_cost(profile, result["mixed_check"], result.get("draft_profile"), result.get("plan_check"))
+    result, cost = ep.grid_inputs(args)
     cells = result["cells"]
     by = {(c["workload"], c["load"], c["policy"]): c for c in cells}
     rows = []
