@@ -67,8 +67,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_serving import make_predictable, staggered_len, window_start  # noqa: E402
-from policies_sim import (NGRAM_PARTNER, Protocol, calibrate, explore_steps, repeated_cell, split_specs,  # noqa: E402
-                         trace_files, workload_preset)
+from policies_sim import (NGRAM_PARTNER, Protocol, calibrate, explore_steps, gate_state,  # noqa: E402
+                         repeated_cell, split_specs, trace_files, workload_preset)
 
 from tabletune import fileio  # noqa: E402
 from tabletune.cost import MixedStep, StepCost, fit_active_share, fit_draft_share  # noqa: E402
@@ -542,7 +542,7 @@ def serve_cell(engine, args, policy_spec, ctx, load, prompts, oracle, pairs, see
             # drafted positions a row (fused: every row drafts the step's longest draft), against mean_k verified
             "drafted_per_row": round(sum(stats.step_drafted[start:end])
                                      / max(sum(stats.step_batch_sizes[start:end]), 1), 3),
-            "explore_steps": explore_steps(policy),
+            "explore_steps": explore_steps(policy), **gate_state(policy),
             "num_steps": stats.num_steps, "window_start": start, "measured_steps": end - start,
             "step_ms": round(wall_ms, 4), "host_ms_per_step": round(policy.mean_ms(start), 4),
             "host_ms_critical": round(1e3 * statistics.fmean(stats.step_host_critical_s[start:end] or [0.0]), 4),

@@ -258,6 +258,16 @@ def explore_steps(policy) -> int | None:
     return getattr(controller, "explore_steps", None)
 
 
+def gate_state(policy) -> dict:
+    """A gated policy's A/B test at the end of its run (``controller:per-request,gate=1``): D, the decayed mean of
+    the pairs' relative differences (rows over batch; > 0: the plans on the lookup won), and the pairs measured since
+    its last restart; empty for a policy without a gate."""
+    gate = getattr(getattr(policy, "inner", policy), "gate", None)
+    if gate is None:
+        return {}
+    return {"gate_difference": round(gate.gap, 4), "gate_pairs": len(gate.pairs)}
+
+
 def run_cell(cost: StepCost, calib: Calibration, spec: str, load: int, protocol: Protocol, seed: int = 0,
              prefill_ms_per_token: float = 0.02, host_ms_per_step: float | None = None,
              host_ms_lookup_step: float | None = None) -> dict:
@@ -300,6 +310,7 @@ def run_cell(cost: StepCost, calib: Calibration, spec: str, load: int, protocol:
             "sim_device_tok_s": round(float(tokens / device_ms * 1e3), 2),
             "sim_mean_k": round(float(steps.mean_k[window].mean()), 3),
             "sim_explore_steps": None if spec == "oracle" else explore_steps(policy),
+            **{"sim_" + key: value for key, value in ({} if spec == "oracle" else gate_state(policy)).items()},
             "host_ms_per_step": None if host is None else round(host, 4),
             "host_ms_critical": None if critical is None else round(critical, 4),
             "warmup_steps": int(after[0]), "measured_steps": measured}

@@ -67,3 +67,21 @@ def test_the_window_holds_the_row_steps_at_low_load():
     assert policies_sim.Protocol(measured_row_steps=0).window_steps(1) == 500
     with pytest.raises(ValueError):
         policies_sim.Protocol(measured_row_steps=-1)
+
+
+def test_a_gated_cell_records_its_gate():
+    """A cell of the gated per-request controller records the gate's D and its pairs (what the live A/B test
+    measured, the policy's ``timed`` wrapper seen through); a policy without a gate records neither."""
+    from tabletune.controller.mode_gate import Pair
+    from tabletune.policies import PolicyContext, make_policy
+    from tabletune.policies.timed import timed
+
+    cost = policies_sim.h200_cost()
+    ctx = PolicyContext(cost=cost, prior_rates=(0.7,) * cost.k_max, ks=tuple(range(cost.k_max + 1)),
+                        ngram_rates=(0.5,) * cost.k_max)
+    policy = timed(make_policy("controller:per-request,gate=1", ctx))
+    for pair in (Pair(1.2, 1.0), Pair(0.9, 1.0)):
+        policy.inner.gate._add(pair)
+    assert policies_sim.gate_state(policy) == {"gate_difference": 0.0235, "gate_pairs": 2}  # 0.2, then 0.2 + (-0.1 - 0.2) / 1.7
+    assert policies_sim.gate_state(timed(make_policy("controller:per-request", ctx))) == {}
+    assert policies_sim.gate_state(timed(make_policy("controller", ctx))) == {}
