@@ -265,7 +265,7 @@ def gate_state(policy) -> dict:
     gate = getattr(getattr(policy, "inner", policy), "gate", None)
     if gate is None:
         return {}
-    return {"gate_difference": round(gate.gap, 4), "gate_pairs": len(gate.pairs)}
+    return {"gate_difference": round(gate.gap, 4), "gate_pairs": gate.num_pairs}
 
 
 def run_cell(cost: StepCost, calib: Calibration, spec: str, load: int, protocol: Protocol, seed: int = 0,

@@ -33,12 +33,14 @@ loses by 5% is chosen in P(Z > 5 / 2.7) = 3.4% of trials, and the probes that fo
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 from tabletune.errors import InputError
 
 ROWS = 0  # per-row plans on the step's own n-gram lookup (decided after the read-back)
 BATCH = 1  # the batch controller's k (decided ahead)
+KEPT_PAIRS = 64  # the pairs kept to read back (D is kept apart): a gate serving for days stays this size
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,8 @@ class ModeGate:
         self.mode = ROWS
         self.trial_left = self.cfg.trial_pairs  # pairs still to run in the trial
         self.gap = 0.0  # D
-        self.pairs: list[Pair] = []  # since the trial began
+        self.pairs: deque[Pair] = deque(maxlen=KEPT_PAIRS)  # the last ones since the trial began
+        self.num_pairs = 0  # all of them
         self._weight = 0.0
         self._waiting = 0  # windows of the better mode still to run before the next probe
         self._last: tuple[int, float] | None = None  # the last complete window: (mode, rate)
@@ -148,6 +151,7 @@ class ModeGate:
     def _add(self, pair: Pair) -> None:
         """D: the decayed mean of the pairs' differences."""
         self.pairs.append(pair)
+        self.num_pairs += 1
         self._weight = self.cfg.memory * self._weight + 1.0
         self.gap += (pair.difference - self.gap) / self._weight
 

@@ -5,7 +5,7 @@ import random
 import pytest
 from margins import binomial_margin
 
-from tabletune.controller.mode_gate import BATCH, ROWS, GateConfig, ModeGate, probe_interval
+from tabletune.controller.mode_gate import BATCH, KEPT_PAIRS, ROWS, GateConfig, ModeGate, probe_interval
 from tabletune.errors import InputError
 
 
@@ -73,12 +73,21 @@ def test_a_window_rate_is_tokens_over_its_span_at_the_speed_without_speculation(
     assert gate.gap == pytest.approx(0.0)
 
 
+def test_a_gate_serving_for_long_keeps_a_bounded_record():
+    """Every probe adds a pair to D; the gate keeps only the last KEPT_PAIRS to read back, and counts them all."""
+    gate = ModeGate(GateConfig(window_steps=2, trial_pairs=1, min_interval=1, max_interval=1))
+    run(gate, 4 * 3 * (KEPT_PAIRS + 10), lambda mode, i: 11 if mode == ROWS else 10)
+    assert gate.num_pairs > KEPT_PAIRS + 10 and len(gate.pairs) == KEPT_PAIRS
+    assert gate.gap == pytest.approx(0.1)
+
+
 def test_a_shift_restarts_the_trial():
     gate = ModeGate()
     run(gate, 8 * 32, lambda mode, i: 9 if mode == ROWS else 10)
     assert gate.mode == BATCH and gate.trial_left == 0
     gate.shift()
     assert gate.mode == ROWS and gate.trial_left == 4 and gate.gap == 0.0 and not gate.pairs
+    assert gate.num_pairs == 0
 
 
 def test_a_mode_that_loses_by_5_percent_is_chosen_as_rarely_as_the_noise_says():
