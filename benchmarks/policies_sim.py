@@ -44,6 +44,7 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,7 +52,7 @@ import numpy as np
 
 from tabletune import fileio
 from tabletune.cost import StepCost
-from tabletune.policies import make_policy
+from tabletune.policies import Policy, make_policy
 from tabletune.policies.disco_model import DiscoModel, train_disco
 from tabletune.policies.hybrid_static import MChoice, choose_m
 from tabletune.policies.timed import timed
@@ -270,8 +271,9 @@ def gate_state(policy) -> dict:
 
 def run_cell(cost: StepCost, calib: Calibration, spec: str, load: int, protocol: Protocol, seed: int = 0,
              prefill_ms_per_token: float = 0.02, host_ms_per_step: float | None = None,
-             host_ms_lookup_step: float | None = None) -> dict:
+             host_ms_lookup_step: float | None = None, wrap: Callable[[Policy], Policy] | None = None) -> dict:
     """One policy at one load: warm-up, then ``protocol.window_steps(load)`` measured steps (module docstring).
+    ``wrap``: applied to the policy made from ``spec`` (a what-if that changes what it sees, ``plan_ahead.py``).
 
     Host time is charged serially, as an engine that decides between its steps pays it: ``host_ms_per_step``
     (e.g. the engine's own measurement of this policy) on every step (``host_ms_lookup_step`` instead on a step
@@ -292,7 +294,11 @@ def run_cell(cost: StepCost, calib: Calibration, spec: str, load: int, protocol:
                           else host_ms_lookup_step)
         ctx = dataclasses.replace(sim.context(prior_rates=calib.rates), ngram_rates=calib.ngram_rates)
         # the oracle runs bare: the simulator tells it each draft's fate (its host time is not a policy's)
-        policy = FateOracle(ctx) if spec == "oracle" else timed(make_policy(calib.spec(spec), ctx))
+        if spec == "oracle":
+            policy = FateOracle(ctx)
+        else:
+            made = make_policy(calib.spec(spec), ctx)
+            policy = timed(made if wrap is None else wrap(made))
         res = sim.run(policy)
         steps = res.steps
         after = np.flatnonzero((np.arange(len(steps.start_s)) >= protocol.warmup_steps)
