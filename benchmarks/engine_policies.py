@@ -59,7 +59,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -67,8 +67,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_serving import make_predictable, staggered_len, window_start  # noqa: E402
-from policies_sim import (NGRAM_PARTNER, Protocol, calibrate, explore_steps, gate_state,  # noqa: E402
-                         repeated_cell, split_specs, trace_files, workload_preset)
+from policies_sim import (NGRAM_PARTNER, Calibration, Protocol, calibrate, explore_steps,  # noqa: E402
+                         gate_state, repeated_cell, split_specs, trace_files, workload_preset)
 
 from tabletune import fileio  # noqa: E402
 from tabletune.cost import MixedStep, StepCost, fit_active_share, fit_draft_share  # noqa: E402
@@ -679,6 +679,60 @@ def grid_inputs(args) -> tuple[dict, StepCost]:
     profile = StepProfile.from_json(result["profile"], str(out_json))
     reprice(result, engine_cost(profile, result["mixed_check"], result.get("draft_profile")))  # the rule alone
     return result, engine_cost(profile, result["mixed_check"], result.get("draft_profile"), result.get("plan_check"))
+
+
+@dataclasses.dataclass(frozen=True)
+class GridGroup:
+    """One (workload, load) of a measured grid, with what a what-if simulated on its inputs needs."""
+
+    workload: str
+    load: int
+    cost: StepCost
+    calib: Calibration
+    args: argparse.Namespace  # the grid's protocol (``protocol_from_key``)
+    cells: list[dict]  # every cell of the grid
+    best_sim_tok_s: float  # the best fixed k's simulated tok/s at this (workload, load)
+
+    @property
+    def protocol(self) -> Protocol:
+        return protocol_of(self.args)
+
+    def cell(self, policy: str) -> dict:
+        return next(c for c in self.cells
+                    if c["workload"] == self.workload and c["load"] == self.load and c["policy"] == policy)
+
+
+def grid_groups(grid: str, groups: list[tuple[str, int]]) -> Iterator[GridGroup]:
+    """Each (workload, load) of ``groups`` of the measured grid ``grid`` (OUT, OUT.json read: ``grid_inputs``),
+    each workload calibrated once on the calibration half."""
+    args = parse_args(["--sim-only", "--out", grid])
+    result, cost = grid_inputs(args)
+    cells = result["cells"]
+    with tempfile.TemporaryDirectory() as tmp:
+        calibs: dict = {}
+        for w, load in groups:
+            if w not in calibs:
+                calibs[w] = calibrate(w, args.k_max, cost, Path(tmp), protocol_of(args))
+            best = max(c["sim_tok_s"] for c in cells if c["workload"] == w and c["load"] == load
+                       and c["policy"].startswith("fixed:") and c.get("sim_tok_s"))
+            yield GridGroup(w, load, cost, calibs[w], args, cells, best)
+
+
+def what_if_main(argv: list[str] | None, doc: str, script: str, name: str, default_groups: str,
+                 rows_of: Callable[[str, list[tuple[str, int]]], list[dict]]) -> int:
+    """The command line of a what-if on a measured grid's groups (``benchmarks/SCRIPT``: ``gate_predict.py``,
+    ``plan_ahead.py``): ``--grid``, ``--groups workload:load,...``; its rows go to ``--out``
+    (benchmarks/results/NAME.json, schema tabletune.NAME)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--grid", default="benchmarks/results/engine_policies", help="the grid's OUT (OUT.json read)")
+    ap.add_argument("--groups", default=default_groups, help="workload:load,...")
+    ap.add_argument("--out", default=f"benchmarks/results/{name}.json")
+    args = ap.parse_args(argv)
+    groups = [(w, int(n)) for w, n in (g.split(":") for g in args.groups.split(","))]
+    rows = rows_of(args.grid, groups)
+    fileio.write_json(args.out, {"schema": f"tabletune.{name}", "version": 1, "grid": args.grid + ".json",
+                                 "command": f"python benchmarks/{script} --groups {args.groups}", "groups": rows})
+    return 0
 
 
 def sim_only(args) -> int:

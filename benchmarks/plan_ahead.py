@@ -24,10 +24,8 @@ Prints one line a group and writes ``benchmarks/results/plan_ahead.json`` (% of 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_policies as ep  # noqa: E402
 import policies_sim as ps  # noqa: E402
 
-from tabletune import fileio  # noqa: E402
 from tabletune.policies.base import MODEL, NGRAM, BatchState, Decision  # noqa: E402
 
 PER_REQUEST = "controller:per-request"
@@ -76,49 +73,25 @@ VARIANTS = {"current": None, "stale": lambda p: StalePlans(p, True), "stale-no-f
 
 
 def compare(grid: str, groups: list[tuple[str, int]]) -> list[dict]:
-    args = ep.parse_args(["--sim-only", "--out", grid])
-    result, cost = ep.grid_inputs(args)
-    cells = result["cells"]
-    by = {(c["workload"], c["load"], c["policy"]): c for c in cells}
-    protocol = ep.protocol_of(args)
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        calibs: dict = {}
-        for w, load in groups:
-            if w not in calibs:
-                calibs[w] = ep.calibrate(w, args.k_max, cost, Path(tmp), protocol)
-            best = max(c["sim_tok_s"] for c in cells if c["workload"] == w and c["load"] == load
-                       and c["policy"].startswith("fixed:") and c.get("sim_tok_s"))
-            cell, batch = by[(w, load, PER_REQUEST)], by[(w, load, "controller")]
-            ahead_ms = ep.charged_host_ms(batch, cells)
-            row = {"workload": w, "load": load, "per_request_sim_ratio": cell["sim_ratio"],
-                   "per_request_ratio": cell["ratio"], "host_ms_charged": round(ahead_ms, 4)}
-            for name, wrap in VARIANTS.items():
-                out = ps.repeated_cell(cost, calibs[w], PER_REQUEST, load, protocol, protocol.policy_repeats,
-                                       prefill_ms_per_token=cell.get("prefill_ms_per_token") or 0.0,
-                                       host_ms_per_step=ahead_ms, wrap=wrap)
-                row[name + "_sim_ratio"] = round(out["sim_tok_s"] / best, 4)
-            rows.append(row)
-            print(f"{w} {load}: per-request {100 * row['per_request_sim_ratio']:.1f} simulated, "
-                  f"{100 * row['per_request_ratio']:.1f} measured; ahead: "
-                  + ", ".join(f"{name} {100 * row[name + '_sim_ratio']:.1f}" for name in VARIANTS), flush=True)
+    for g in ep.grid_groups(grid, groups):
+        cell = g.cell(PER_REQUEST)
+        ahead_ms = ep.charged_host_ms(g.cell("controller"), g.cells)
+        row = {"workload": g.workload, "load": g.load, "per_request_sim_ratio": cell["sim_ratio"],
+               "per_request_ratio": cell["ratio"], "host_ms_charged": round(ahead_ms, 4)}
+        protocol = g.protocol
+        for name, wrap in VARIANTS.items():
+            out = ps.repeated_cell(g.cost, g.calib, PER_REQUEST, g.load, protocol, protocol.policy_repeats,
+                                   prefill_ms_per_token=cell.get("prefill_ms_per_token") or 0.0,
+                                   host_ms_per_step=ahead_ms, wrap=wrap)
+            row[name + "_sim_ratio"] = round(out["sim_tok_s"] / g.best_sim_tok_s, 4)
+        rows.append(row)
+        print(f"{g.workload} {g.load}: per-request {100 * row['per_request_sim_ratio']:.1f} simulated, "
+              f"{100 * row['per_request_ratio']:.1f} measured; ahead: "
+              + ", ".join(f"{name} {100 * row[name + '_sim_ratio']:.1f}" for name in VARIANTS), flush=True)
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--grid", default="benchmarks/results/engine_policies", help="the grid's OUT (OUT.json read)")
-    ap.add_argument("--groups", default="chat:1,chat:4,chat:8,chat:32,code:4,code:8,code-edit:8",
-                    help="workload:load,...")
-    ap.add_argument("--out", default="benchmarks/results/plan_ahead.json")
-    args = ap.parse_args(argv)
-    groups = [(w, int(n)) for w, n in (g.split(":") for g in args.groups.split(","))]
-    rows = compare(args.grid, groups)
-    fileio.write_json(args.out, {"schema": "tabletune.plan_ahead", "version": 1, "grid": args.grid + ".json",
-                                 "command": "python benchmarks/plan_ahead.py --groups " + args.groups,
-                                 "groups": rows})
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(ep.what_if_main(None, __doc__, "plan_ahead.py", "plan_ahead",
+                             "chat:1,chat:4,chat:8,chat:32,code:4,code:8,code-edit:8", compare))
