@@ -104,7 +104,23 @@ def test_a_mode_that_loses_by_5_percent_is_chosen_as_rarely_as_the_noise_says():
 
 
 @pytest.mark.parametrize("field,value", [("window_steps", 1), ("trial_pairs", 0), ("probe_cost", 0.0),
-                                         ("min_interval", 0), ("memory", 1.0)])
+                                         ("min_interval", 0), ("memory", 1.0), ("decisive", 0.0)])
 def test_bad_settings_name_the_field(field, value):
     with pytest.raises(InputError, match=field):
         GateConfig(**{field: value})
+
+
+def test_a_decisive_first_pair_ends_the_trial():
+    """Rows serve twice the batch's tokens (D = 1, as on code-edit): one pair reaches ``decisive`` (0.25), so the
+    trial's three other batch windows are not run; the batch is probed one window in min(1 / 0.005, 256) = 200."""
+    gate = ModeGate()
+    modes, _ = run(gate, 2 * 32 + 201 * 32, lambda mode, i: 20 if mode == ROWS else 10)
+    assert gate.trial_left == 0 and gate.gap == pytest.approx(1.0) and gate.num_pairs == 2
+    assert runs_of(modes) == [(ROWS, 32), (BATCH, 32), (ROWS, 200 * 32), (BATCH, 32)]
+
+
+def test_a_difference_below_decisive_runs_the_whole_trial():
+    """D = 0.2 < 0.25 after every pair: the trial runs its four pairs."""
+    gate = ModeGate()
+    modes, _ = run(gate, 8 * 32 + 32, lambda mode, i: 12 if mode == ROWS else 10)
+    assert runs_of(modes)[:9] == [(ROWS, 32), (BATCH, 32)] * 4 + [(ROWS, 32)]
