@@ -490,7 +490,8 @@ class Scheduler:
         """The last step's ``StepOutcome`` (from ``_record``)."""
         r = self._record
         return StepOutcome(state=r.state, ks=r.res.out[:, 1], drafter=r.kinds, accepted=r.res.out[:, 0],
-                           step_ms=r.step_s * 1e3, finished_ids=r.state.request_ids[r.done], end_s=r.end_s)
+                           step_ms=r.step_s * 1e3, finished_ids=r.state.request_ids[r.done], end_s=r.end_s,
+                           prefill_ms=r.prefill_s * 1e3)
 
     def _flush_record(self) -> None:
         """The last step's tokens into the requests' outputs, its ``StepOutcome`` unless observed already (observed

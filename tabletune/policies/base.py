@@ -189,6 +189,7 @@ class StepOutcome:
     # hold everything a step waits on (an engine's host time, prefills), and a step decided ahead has a time_s
     # from before the last step ended
     end_s: float | None = None
+    prefill_ms: float = 0.0  # the admissions' prefills run before the step, inside its span (no policy's work)
 
     @property
     def num_tokens(self) -> int:

@@ -357,7 +357,7 @@ class PerRequestController(ControllerPolicy):
         speed = self._speed_off.get(b)
         if speed is None:
             speed = self._speed_off[b] = b / self.ctx.cost.step_ms(b, 0)
-        self.gate.observe(mode, outcome.num_tokens, outcome.ended_s, speed)
+        self.gate.observe(mode, outcome.num_tokens, outcome.ended_s, speed, outcome.prefill_ms / 1e3)
 
     def explored(self, plan: Plan, depth: int) -> Plan:
         """A blind plan on one of the controller's exploration steps drafts model positions to ``depth``. Without

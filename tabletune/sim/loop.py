@@ -165,8 +165,8 @@ class _Run:
         if cfg.noise_cv > 0:
             sigma2 = np.log1p(cfg.noise_cv ** 2)
             step_ms *= float(np.exp(self.rng.normal(-sigma2 / 2, np.sqrt(sigma2))))
-        total_ms = step_ms + self.prefill_ms + host_ms
-        self.prefill_ms = 0.0
+        prefill_ms, self.prefill_ms = self.prefill_ms, 0.0
+        total_ms = step_ms + prefill_ms + host_ms
         end_s = self.time_s + total_ms / 1000.0
         tokens = np.minimum(accepted + 1, reqs.out_len - reqs.generated)
         reqs.generated = reqs.generated + tokens
@@ -188,7 +188,8 @@ class _Run:
                               reqs.generated[fin]))
             reqs.keep(~fin)
         self.policy.observe(StepOutcome(state=state, ks=ks, drafter=drafter, accepted=accepted, step_ms=step_ms,
-                                        kl=kl, finished_ids=finished_ids, end_s=end_s))
+                                        kl=kl, finished_ids=finished_ids, end_s=end_s,
+                                        prefill_ms=prefill_ms))
         self.time_s = end_s
 
     def idle_until_arrival(self) -> None:

@@ -124,3 +124,16 @@ def test_a_difference_below_decisive_runs_the_whole_trial():
     gate = ModeGate()
     modes, _ = run(gate, 8 * 32 + 32, lambda mode, i: 12 if mode == ROWS else 10)
     assert runs_of(modes)[:9] == [(ROWS, 32), (BATCH, 32)] * 4 + [(ROWS, 32)]
+
+
+def test_a_prefill_inside_a_window_is_left_out_of_its_span():
+    """Rows and batch both serve 10 tokens a 1 ms step; a rows step follows a 5 ms prefill of admissions (its span
+    6 ms, prefill 5 ms): left out, D = 0 (counted, the rows' window would read 31 / 36 of the batch's)."""
+    gate = ModeGate(GateConfig(window_steps=32, trial_pairs=1))
+    t = 0.0
+    for i in range(64):
+        mode = gate.mode
+        prefill = 0.005 if i == 10 else 0.0
+        t += 0.001 + prefill
+        gate.observe(mode, 10, t, 1.0, prefill)
+    assert gate.num_pairs == 1 and gate.gap == pytest.approx(0.0)

@@ -385,3 +385,22 @@ def test_the_gated_per_request_controller_launches_its_batch_steps_ahead_and_sta
     assert stats.step_looked_up == [modes[t] == ROWS for t in range(stats.num_steps)]
     ahead = np.flatnonzero(stats.step_ahead)
     assert len(ahead) > 0 and all(modes[t] == BATCH for t in ahead)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_steps_outcome_carries_the_prefills_run_before_it(tiny, overlap):
+    """Four requests through two slots of different lengths: admissions happen before the first step and wherever
+    a request finished; each step's outcome carries those prefills' time (``StepOutcome.prefill_ms``, what the
+    gate leaves out of a window's span), as its line in the stats does, and none where nothing was admitted."""
+    target, prompts, _ = tiny
+    engine = _engine(target, "ngram", max_num_seqs=2)
+    policy = RandomKs(engine.k_max, 0)
+    policy.observe_may_lag = True
+    reqs = [Request(list(p), 6 + 5 * i, i) for i, p in enumerate(prompts)]
+    stats = Scheduler(engine, policy, max_num_seqs=2, overlap_observe=overlap).run(reqs)
+    got = [o.prefill_ms for o in policy.outcomes]
+    assert len(got) == stats.num_steps
+    assert got == pytest.approx([1e3 * s for s in stats.step_prefill_s])
+    admitted = np.array(stats.step_admitted) > 0
+    assert admitted.sum() >= 3 and all(g > 0 for g in np.array(got)[admitted])
+    assert all(g == 0 for g in np.array(got)[~admitted])

@@ -345,3 +345,21 @@ def test_a_plan_step_after_a_gated_batch_step_counts_no_batch_k():
                                           4, 0.0, k).reached
     assert [obs.reached for obs in seen[1:]] == [(2, 0, 0, 0), (2, 0, 0, 0), (1, 0, 0, 0)]
     assert policy._asked == {}
+
+
+def test_the_gate_is_given_each_steps_prefills():
+    """``observe`` hands the gate the step's mode, tokens, end, speed without speculation and its prefills (s)."""
+    from tabletune.controller.mode_gate import ROWS
+    from tabletune.policies.base import MODEL, BatchState, StepOutcome
+
+    ctx = PolicyContext(cost=linear_cost(k_max=4), prior_rates=(0.9,) * 4, ks=(0, 1, 2, 3, 4),
+                        ngram_rates=(0.0, 0.5, 0.6, 0.7, 0.8))
+    policy = make_policy("controller:per-request,gate=1", ctx)
+    seen = []
+    policy.gate.observe = lambda *args: seen.append(args)
+    state = BatchState(0, 0.0, np.arange(2), np.zeros(2, np.int64), ngram_match_len=np.zeros(2, np.int64),
+                       ngram_num_proposed=np.zeros(2, np.int64))
+    policy.decide(state)
+    policy.observe(StepOutcome(state, np.array([1, 1]), np.array([MODEL, MODEL]), np.array([1, 0]), 5.0,
+                               end_s=0.012, prefill_ms=3.0))
+    assert seen == [(ROWS, 3, 0.012, pytest.approx(2 / ctx.cost.step_ms(2, 0)), pytest.approx(0.003))]

@@ -185,3 +185,36 @@ def test_a_step_decided_on_the_lookup_is_charged_its_own_host_time():
         assert len(steps.host_ms) > 10 and np.allclose(steps.host_ms, want)
     with pytest.raises(ValueError, match="host_ms_lookup_step"):
         SimConfig(host_ms_lookup_step=-1.0)
+
+
+def test_a_steps_outcome_carries_the_prefills_charged_before_it():
+    """Closed loop of 2, outputs of 4 tokens at k = 0, prompts at 0.5 ms a token: the step after one that finished
+    requests carries their replacements' prefill (whole tokens' worth) in its outcome (``StepOutcome.prefill_ms``,
+    what the gate leaves out of a window's span), the others none, and its span holds it; the initial requests (a
+    warm start) charge none."""
+    from tabletune.profile import StepPoint
+
+    profile = StepProfile(points=tuple(StepPoint(b, k, (10.0,)) for b in (1, 2) for k in (0, 1)), context_len=1024)
+    work = Workload("w", rates=(0.5,), prompt_len_mean=8.0, output_len=4)
+    sim = Simulator(StepCost(profile), Schedule.constant(work),
+                    SimConfig(duration_s=0.3, load=2, prefill_ms_per_token=0.5))
+    seen = []
+
+    class Rec:
+        name, uses_features = "rec", False
+
+        def decide(self, state):
+            from tabletune.policies.base import Decision
+            return Decision.batch(0)
+
+        def observe(self, outcome):
+            seen.append(outcome)
+
+    sim.run(Rec())
+    prefill = np.array([o.prefill_ms for o in seen])
+    spans = np.diff([0.0] + [o.ended_s for o in seen]) * 1e3
+    assert prefill[0] == 0.0 and len(seen) > 10
+    finished = np.array([len(o.finished_ids) > 0 for o in seen])
+    assert np.all(prefill[1:][finished[:-1]] > 0) and np.all(prefill[1:][~finished[:-1]] == 0)
+    assert np.allclose(prefill / 0.5, np.round(prefill / 0.5))
+    assert np.allclose(spans, 10.0 + prefill)
