@@ -261,12 +261,13 @@ def explore_steps(policy) -> int | None:
 
 def gate_state(policy) -> dict:
     """A gated policy's A/B test at the end of its run (``controller:per-request,gate=1``): D, the decayed mean of
-    the pairs' relative differences (rows over batch; > 0: the plans on the lookup won), and the pairs measured since
-    its last restart; empty for a policy without a gate."""
+    the pairs' relative differences (rows over batch; > 0: the plans on the lookup won), the pairs measured since
+    its last restart, and the differences of the last ``KEPT_PAIRS`` in order; empty for a policy without a gate."""
     gate = getattr(getattr(policy, "inner", policy), "gate", None)
     if gate is None:
         return {}
-    return {"gate_difference": round(gate.gap, 4), "gate_pairs": gate.num_pairs}
+    return {"gate_difference": round(gate.gap, 4), "gate_pairs": gate.num_pairs,
+            "gate_pair_differences": [round(p.difference, 4) for p in gate.pairs]}
 
 
 def run_cell(cost: StepCost, calib: Calibration, spec: str, load: int, protocol: Protocol, seed: int = 0,

@@ -82,6 +82,8 @@ def test_a_gated_cell_records_its_gate():
     policy = timed(make_policy("controller:per-request,gate=1", ctx))
     for pair in (Pair(1.2, 1.0), Pair(0.9, 1.0)):
         policy.inner.gate._add(pair)
-    assert policies_sim.gate_state(policy) == {"gate_difference": 0.0235, "gate_pairs": 2}  # 0.2, then 0.2 + (-0.1 - 0.2) / 1.7
+    # 0.2, then 0.2 + (-0.1 - 0.2) / 1.7
+    assert policies_sim.gate_state(policy) == {"gate_difference": 0.0235, "gate_pairs": 2,
+                                               "gate_pair_differences": [0.2, -0.1]}
     assert policies_sim.gate_state(timed(make_policy("controller:per-request", ctx))) == {}
     assert policies_sim.gate_state(timed(make_policy("controller", ctx))) == {}
