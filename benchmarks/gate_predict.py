@@ -1,6 +1,7 @@
 """The gated per-request controller (``controller:per-request,gate=1``) predicted on the engine grid's inputs.
 
-Simulated from measured inputs, before the gate is measured on the GPU: the step profile and costs of
+Simulated from measured inputs, for the gate as the code stands (the grid's gated cells ran an earlier one, whose
+trial always ran four pairs and whose windows held the admissions' prefills): the step profile and costs of
 ``benchmarks/results/engine_policies.json``, its calibration half, and as host time (``engine_policies
 .simulate_cell``, by step): on a step decided on the lookup, what the per-request controller's cell waited on
 (``host_ms_critical``), on the others what the batch controller's did, each beyond the fixed ks'. Beside it the
