@@ -14,6 +14,11 @@ profile, costs, calibration half and scoring traces (``benchmarks/results/engine
   match). On the device each row verifies its planned chain, except a row planned on the n-gram chain whose lookup
   proposes nothing now, which takes the model chain at the batch controller's k (``StalePlans``).
 * ``stale-no-fallback``: the same, such a row verifying nothing.
+* ``device``: the plan on the step's own lookup as a plan computed on the device would run it. A CUDA graph's shape
+  is fixed when it is launched, before the lookup: the launch takes the deepest model draft the plan of the step
+  before wanted (the device reads that back with the step's tokens), every model row drafts that many positions,
+  and a row the plan wants deeper is capped there (``DevicePlans``). The token bucket's padding is not charged, so
+  this is still a bound from above.
 
 Beside them, per-request as the grid simulates it (its own measured host time) and as measured.
 
@@ -69,7 +74,34 @@ class StalePlans:
         return Decision.per_request(ks, drafter)
 
 
-VARIANTS = {"current": None, "stale": lambda p: StalePlans(p, True), "stale-no-fallback": lambda p: StalePlans(p, False)}
+class DevicePlans:
+    """The plan on the step's own lookup with the launch's drafting depth fixed by the plan of the step before
+    (``plan_ahead`` docstring, ``device``): its deepest model draft, the first step's its own. Model rows deeper
+    than the depth are capped at it; ``launch_depth`` tells the simulator every model row drafts it."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self._wanted: int | None = None  # the deepest model draft the last plan wanted
+        self.launch_depth = 0
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def decide(self, state: BatchState) -> Decision:
+        n = state.batch_size
+        decision = self.inner.decide(state)
+        ks = decision.ks_for(n).copy()
+        drafter = (np.asarray(decision.drafter).copy() if decision.drafter is not None
+                   else np.full(n, MODEL, np.int64))
+        model = drafter == MODEL
+        wanted = int(ks[model].max(initial=0))
+        depth = wanted if self._wanted is None else self._wanted
+        self._wanted, self.launch_depth = wanted, depth
+        return Decision.per_request(np.where(model, np.minimum(ks, depth), ks), drafter)
+
+
+VARIANTS = {"current": None, "stale": lambda p: StalePlans(p, True), "stale-no-fallback": lambda p: StalePlans(p, False),
+            "device": DevicePlans}
 
 
 def compare(grid: str, groups: list[tuple[str, int]]) -> list[dict]:

@@ -38,6 +38,11 @@ class Timed:
         """The inner policy's, read when asked (it may change from step to step)."""
         return bool(getattr(self.inner, "decides_ahead", False))
 
+    @property
+    def launch_depth(self) -> int | None:
+        """The inner policy's (``tabletune.sim.loop``: a launch that fixed the drafting depth), None without one."""
+        return getattr(self.inner, "launch_depth", None)
+
     def decide(self, state: BatchState) -> Decision:
         t0 = time.perf_counter()
         out = self.inner.decide(state)

@@ -134,6 +134,11 @@ class _Run:
             caps = np.where(free, 0, ks)
             drafted = draft_until_stopped(self.draft_stop, state, caps) if self.stops else caps
             ks = np.where(free, ks, drafted)
+            # a launch that fixed the model's drafting depth before the plan was made (a plan decided on the
+            # device, inside a graph captured at that depth): every model row drafts it, whatever it verifies
+            depth = getattr(self.policy, "launch_depth", None)
+            if depth is not None:
+                drafted = np.where(free, 0, np.maximum(drafted, int(depth)))
         elif self.uses_features and sim.default_drafter != NGRAM:  # it read every position's signals: all drafted
             drafted = self._const(b, k_max)
         else:

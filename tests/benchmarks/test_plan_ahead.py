@@ -60,3 +60,27 @@ def test_without_the_fallback_such_a_row_verifies_nothing():
     got = policy.decide(state(1, [7], [0], [0]))
     assert got.ks.tolist() == [0] and got.drafter.tolist() == [NGRAM]
     assert policy.controller.k_for(1) == 3  # the rest of the policy is the inner one's
+
+
+class Wants:
+    """Plans the given ks step by step: row 0 and 1 on the model chain, row 2 on the n-gram chain."""
+
+    controller = Controller()
+
+    def __init__(self, plans) -> None:
+        self.plans = iter(plans)
+
+    def decide(self, state: BatchState) -> Decision:
+        return Decision.per_request(np.array(next(self.plans)), np.array([MODEL, MODEL, NGRAM]))
+
+
+def test_a_device_plan_drafts_to_the_depth_the_step_before_wanted():
+    """The launch's depth is the deepest model draft the plan of the step before wanted (the first step's own): model
+    rows deeper are capped at it, shallower ones draft it all the same (``launch_depth``); n-gram rows keep theirs."""
+    policy = plan_ahead.DevicePlans(Wants([[3, 1, 6], [5, 2, 6], [1, 1, 7]]))
+    got = []
+    for step in range(3):
+        d = policy.decide(state(step, [7, 8, 9], [0, 0, 4], [0, 0, 7]))
+        got.append((d.ks.tolist(), policy.launch_depth))
+        assert d.drafter.tolist() == [MODEL, MODEL, NGRAM]
+    assert got == [([3, 1, 6], 3), ([3, 2, 6], 3), ([1, 1, 7], 5)]

@@ -218,3 +218,38 @@ def test_a_steps_outcome_carries_the_prefills_charged_before_it():
     assert np.all(prefill[1:][finished[:-1]] > 0) and np.all(prefill[1:][~finished[:-1]] == 0)
     assert np.allclose(prefill / 0.5, np.round(prefill / 0.5))
     assert np.allclose(spans, 10.0 + prefill)
+
+
+def test_a_launch_depth_makes_every_model_row_draft_it():
+    """A policy planning on the lookup whose launch fixed the drafting depth (``launch_depth``, a plan decided on the
+    device): its model rows verify k = 1 but draft 3 positions, and each step costs ``mixed_ms`` of that; without a
+    depth, the drafting of k = 1."""
+    from tabletune.policies.base import MODEL, Decision
+
+    cost = StepCost(StepProfile.load("profiles/h200/qwen3-8b_eagle_ctx1024.json"))
+
+    class Planner:
+        name, uses_features, uses_lookup = "planner", False, True
+
+        def __init__(self, depth):
+            self.launch_depth = depth
+
+        def decide(self, state):
+            return Decision.per_request(np.ones(state.batch_size, np.int64),
+                                        np.full(state.batch_size, MODEL, np.int64))
+
+        def observe(self, outcome):
+            pass
+
+    from tabletune.policies.timed import timed
+
+    ms = {}
+    for depth, wrap in ((None, False), (3, False), (3, True)):  # through the simulator's host timer too
+        sim = Simulator(cost, Schedule.constant(Workload("w", rates=(0.5,) * 7)),
+                        SimConfig(duration_s=0.5, load=4, prefill_ms_per_token=0.0))
+        steps = sim.run(timed(Planner(depth)) if wrap else Planner(depth)).steps
+        ms[depth, wrap] = float(np.median(steps.step_ms))
+    ones = np.ones(4, np.int64)
+    assert ms[None, False] == pytest.approx(cost.mixed_ms(ones, ones, np.zeros(4, bool)))
+    assert ms[3, False] == ms[3, True] == pytest.approx(cost.mixed_ms(ones, 3 * ones, np.zeros(4, bool)))
+    assert ms[3, False] > ms[None, False]
