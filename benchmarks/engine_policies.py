@@ -105,7 +105,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-load", type=int, default=None,
                     help="the engine's largest batch bucket (default: the largest load; keep it across --resume calls)")
     ap.add_argument("--workloads", default="code,code-edit,chat")
-    ap.add_argument("--policies", default=",".join(ZOO), help="besides fixed:0..k_max (names, comma-separated)")
+    ap.add_argument("--policies", default=",".join(ZOO), help="besides fixed:0..k_max (specs, comma-separated, a spec's options with it, or ';'-separated)")
     ap.add_argument("--k-max", type=int, default=7)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=512)

@@ -405,9 +405,18 @@ def markdown(result: dict) -> str:
 
 
 def split_specs(text: str) -> list[str]:
-    """``--policies``: names separated by ';' when any spec carries options (``controller:per-request,stop=1``),
-    else by ','."""
-    return [x for x in text.split(";" if ";" in text else ",") if x]
+    """``--policies``: specs separated by ';' when there is one, else by ',', where a part with '=' is an option of
+    the spec before it (no policy's name holds '='): ``fixed:2,controller:per-request,gate=1,ngram=0`` is two
+    specs, and so is ``controller:per-request,gate=1`` alone one."""
+    if ";" in text:
+        return [x for x in text.split(";") if x]
+    specs: list[str] = []
+    for part in (x for x in text.split(",") if x):
+        if "=" in part and specs:
+            specs[-1] += "," + part
+        else:
+            specs.append(part)
+    return specs
 
 
 def host_ms(cost: StepCost, spec: str, load: int, steps: int, warmup: int, workload: str) -> tuple[float, float]:

@@ -33,10 +33,13 @@ def test_calibrated_spec_carries_m_unless_the_spec_sets_one():
     assert calib.spec("tabletune") == "tabletune"
 
 
-def test_policy_specs_split_on_semicolons_when_a_spec_has_options():
+def test_policy_specs_split_on_semicolons_else_on_commas_keeping_options_with_their_spec():
     assert policies_sim.split_specs("tabletune,disco") == ["tabletune", "disco"]
     assert policies_sim.split_specs("controller:per-request;controller:per-request,stop=1") == \
         ["controller:per-request", "controller:per-request,stop=1"]
+    assert policies_sim.split_specs("controller:per-request,gate=1") == ["controller:per-request,gate=1"]
+    assert policies_sim.split_specs("fixed:2,controller:per-request,gate=1,ngram=0,tabletune") == \
+        ["fixed:2", "controller:per-request,gate=1,ngram=0", "tabletune"]
 
 
 def test_a_grid_cell_is_the_mean_of_its_repeats(tmp_path):
