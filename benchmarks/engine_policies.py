@@ -182,6 +182,17 @@ def estimate_s(args, step_ms: float, num_policies: int, num_loads: int, num_work
     return cells * steps_per_cell * (step_ms + HOST_MS_PER_STEP) / 1e3 + profile * step_ms / 1e3
 
 
+def cells_to_measure(policies: list[str], workloads: list[str], loads: list[int], done: set) -> tuple[int, int]:
+    """What this call will measure: (policy cells not in ``done``, groups without a fixed-k cell yet: each measures
+    its fixed ks, about 3, or k_max + 1 with ``--all-fixed``)."""
+    rest = [p for p in policies if not p.startswith("fixed:")]
+    groups = [(w, load) for w in workloads for load in loads]
+    cells = sum((w, load, p) not in done for w, load in groups for p in rest)
+    bare = sum(not any(key[0] == w and key[1] == load and key[2].startswith("fixed:") for key in done)
+               for w, load in groups)
+    return cells, bare
+
+
 def modelled_fixed_k(cost: StepCost, rates, load: int, k_max: int) -> int:
     """The fixed k of the largest modelled throughput E[tokens | k] / T(b, k), E = 1 + sum_{j<=k} prod_{l<=j} a_l."""
     gains = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(np.asarray(rates[:k_max], float)))])
@@ -1135,6 +1146,12 @@ def main(argv: list[str] | None = None) -> int:
         result["cells"] = [c for c in result["cells"]
                            if not (c["policy"] in again and c["workload"] in workloads and c["load"] in loads)]
         done = {(c["workload"], c["load"], c["policy"]) for c in result["cells"]}
+        cells, bare = cells_to_measure(policies, workloads, loads, done)
+        fixed = args.k_max + 1 if args.all_fixed else min(3, args.k_max + 1)
+        per_run = estimate_s(args, step_ms, args.k_max + 2, 1, 1) - estimate_s(args, step_ms, args.k_max + 1, 1, 1)
+        print(f"this call: {cells} policy cells and the fixed ks of {bare} groups, about "
+              f"{per_run * (cells + bare * fixed * args.fixed_repeats):.0f} s after {time.perf_counter() - t_start:.0f} "
+              "s of set-up (and each workload's calibration)", flush=True)
         with tempfile.TemporaryDirectory() as tmp:  # calibrated files (DISCO, n-gram table) live for the run
             for wname in workloads:
                 serve_workload(engine, args, wname, loads, policies, cost, result, done, prompts, oracle,

@@ -144,6 +144,14 @@ def test_estimate_stops_at_the_window():
     assert engine_policies.estimate_s(args, 4.0, 2, 1, 1) == pytest.approx(0.8 + 0.024)
 
 
+def test_a_resumed_call_counts_only_what_it_will_measure():
+    """Groups chat 1 and 8, policies fixed ks + a, b: chat 1 holds fixed:2 and a (so b is to measure, and no fixed
+    k), chat 8 holds b alone (a to measure, and its fixed ks): 2 policy cells, 1 group of fixed ks."""
+    done = {("chat", 1, "fixed:2"), ("chat", 1, "a"), ("chat", 8, "b"), ("code", 8, "a")}
+    assert engine_policies.cells_to_measure(["fixed:0", "a", "b"], ["chat"], [1, 8], done) == (2, 1)
+    assert engine_policies.cells_to_measure(["a", "b"], ["chat", "code"], [8], done) == (2, 2)
+
+
 @pytest.mark.slow
 def test_quick_grid_runs_checkpoints_resumes_and_refuses_over_budget(tmp_path):
     out = str(tmp_path / "ep")
