@@ -405,14 +405,15 @@ def markdown(result: dict) -> str:
 
 
 def split_specs(text: str) -> list[str]:
-    """``--policies``: specs separated by ';' when there is one, else by ',', where a part with '=' is an option of
-    the spec before it (no policy's name holds '='): ``fixed:2,controller:per-request,gate=1,ngram=0`` is two
-    specs, and so is ``controller:per-request,gate=1`` alone one."""
+    """``--policies``: specs separated by ';' when there is one, else by ',', where a part with '=' and no ':' is
+    an option of the spec before it (a spec is ``name`` or ``name:option=value``, further options after commas):
+    ``fixed:2,controller:per-request,gate=1,ngram=0,disco:variant=threshold`` is three specs, and
+    ``controller:per-request,gate=1`` alone one."""
     if ";" in text:
         return [x for x in text.split(";") if x]
     specs: list[str] = []
     for part in (x for x in text.split(",") if x):
-        if "=" in part and specs:
+        if "=" in part and ":" not in part and specs:
             specs[-1] += "," + part
         else:
             specs.append(part)

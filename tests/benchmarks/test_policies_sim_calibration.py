@@ -38,8 +38,8 @@ def test_policy_specs_split_on_semicolons_else_on_commas_keeping_options_with_th
     assert policies_sim.split_specs("controller:per-request;controller:per-request,stop=1") == \
         ["controller:per-request", "controller:per-request,stop=1"]
     assert policies_sim.split_specs("controller:per-request,gate=1") == ["controller:per-request,gate=1"]
-    assert policies_sim.split_specs("fixed:2,controller:per-request,gate=1,ngram=0,tabletune") == \
-        ["fixed:2", "controller:per-request,gate=1,ngram=0", "tabletune"]
+    assert policies_sim.split_specs("fixed:2,controller:per-request,gate=1,ngram=0,disco:variant=threshold") == \
+        ["fixed:2", "controller:per-request,gate=1,ngram=0", "disco:variant=threshold"]
 
 
 def test_a_grid_cell_is_the_mean_of_its_repeats(tmp_path):
