@@ -105,7 +105,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-load", type=int, default=None,
                     help="the engine's largest batch bucket (default: the largest load; keep it across --resume calls)")
     ap.add_argument("--workloads", default="code,code-edit,chat")
-    ap.add_argument("--policies", default=",".join(ZOO), help="besides fixed:0..k_max (specs, comma-separated, a spec's options with it, or ';'-separated)")
+    ap.add_argument("--policies", default=",".join(ZOO),
+                    help="besides fixed:0..k_max: specs, comma-separated (a spec's options with it) or ';'-separated")
     ap.add_argument("--k-max", type=int, default=7)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=512)
@@ -168,18 +169,28 @@ def protocol_of(args) -> Protocol:
                     measured_row_steps=getattr(args, "measured_row_steps", Protocol.measured_row_steps))
 
 
-def estimate_s(args, step_ms: float, num_policies: int, num_loads: int, num_workloads: int) -> float:
-    """Wall estimate: a cell stops once its window is complete, ~ max(warm-up, output_len / 2) + measured steps
-    (about 2 tokens a request-step), and at most rounds * output_len / 2, at ``step_ms``; the fixed-k cells (all
-    k_max + 1 of ``num_policies`` with ``--all-fixed``, else about 3 of them) run ``fixed_repeats`` times."""
-    steps_per_cell = min(args.rounds * args.output_len / 2.0,
-                         max(args.warmup_steps, args.output_len / 2.0) + args.measured_steps)
+def cell_run_s(args, step_ms: float) -> float:
+    """Wall estimate of one run of a cell: it stops once its window is complete, ~ max(warm-up, output_len / 2) +
+    measured steps (about 2 tokens a request-step), and at most rounds * output_len / 2, at ``step_ms``."""
+    steps = min(args.rounds * args.output_len / 2.0,
+                max(args.warmup_steps, args.output_len / 2.0) + args.measured_steps)
+    return steps * (step_ms + HOST_MS_PER_STEP) / 1e3
+
+
+def fixed_runs(args) -> int:
+    """Runs of the fixed-k cells of one group: all k_max + 1 with ``--all-fixed``, else about 3, each
+    ``fixed_repeats`` times."""
     fixed = args.k_max + 1 if getattr(args, "all_fixed", False) else min(3, args.k_max + 1)
-    runs = num_policies - (args.k_max + 1) + fixed * getattr(args, "fixed_repeats", 1)
-    cells = runs * num_loads * num_workloads
+    return fixed * getattr(args, "fixed_repeats", 1)
+
+
+def estimate_s(args, step_ms: float, num_policies: int, num_loads: int, num_workloads: int) -> float:
+    """Wall estimate: ``num_policies`` (the fixed ks among them) at each load and workload (``cell_run_s``,
+    ``fixed_runs``), and the step profile."""
+    runs = (num_policies - (args.k_max + 1) + fixed_runs(args)) * num_loads * num_workloads
     profile = (args.profile_steps + 2) * (args.k_max + 1) * len(geometric_batch_sizes(max(
         int(x) for x in args.loads.split(","))))
-    return cells * steps_per_cell * (step_ms + HOST_MS_PER_STEP) / 1e3 + profile * step_ms / 1e3
+    return runs * cell_run_s(args, step_ms) + profile * step_ms / 1e3
 
 
 def cells_to_measure(policies: list[str], workloads: list[str], loads: list[int], done: set) -> tuple[int, int]:
@@ -187,10 +198,8 @@ def cells_to_measure(policies: list[str], workloads: list[str], loads: list[int]
     its fixed ks, about 3, or k_max + 1 with ``--all-fixed``)."""
     rest = [p for p in policies if not p.startswith("fixed:")]
     groups = [(w, load) for w in workloads for load in loads]
-    cells = sum((w, load, p) not in done for w, load in groups for p in rest)
-    bare = sum(not any(key[0] == w and key[1] == load and key[2].startswith("fixed:") for key in done)
-               for w, load in groups)
-    return cells, bare
+    with_fixed = {(w, load) for w, load, p in done if p.startswith("fixed:")}
+    return sum((w, load, p) not in done for w, load in groups for p in rest), len(set(groups) - with_fixed)
 
 
 def modelled_fixed_k(cost: StepCost, rates, load: int, k_max: int) -> int:
@@ -1147,11 +1156,9 @@ def main(argv: list[str] | None = None) -> int:
                            if not (c["policy"] in again and c["workload"] in workloads and c["load"] in loads)]
         done = {(c["workload"], c["load"], c["policy"]) for c in result["cells"]}
         cells, bare = cells_to_measure(policies, workloads, loads, done)
-        fixed = args.k_max + 1 if args.all_fixed else min(3, args.k_max + 1)
-        per_run = estimate_s(args, step_ms, args.k_max + 2, 1, 1) - estimate_s(args, step_ms, args.k_max + 1, 1, 1)
-        print(f"this call: {cells} policy cells and the fixed ks of {bare} groups, about "
-              f"{per_run * (cells + bare * fixed * args.fixed_repeats):.0f} s after {time.perf_counter() - t_start:.0f} "
-              "s of set-up (and each workload's calibration)", flush=True)
+        todo_s = cell_run_s(args, step_ms) * (cells + bare * fixed_runs(args))
+        print(f"this call: {cells} policy cells and the fixed ks of {bare} groups, about {todo_s:.0f} s after "
+              f"{time.perf_counter() - t_start:.0f} s of set-up (and each workload's calibration)", flush=True)
         with tempfile.TemporaryDirectory() as tmp:  # calibrated files (DISCO, n-gram table) live for the run
             for wname in workloads:
                 serve_workload(engine, args, wname, loads, policies, cost, result, done, prompts, oracle,

@@ -100,8 +100,8 @@ class DevicePlans:
         return Decision.per_request(np.where(model, np.minimum(ks, depth), ks), drafter)
 
 
-VARIANTS = {"current": None, "stale": lambda p: StalePlans(p, True), "stale-no-fallback": lambda p: StalePlans(p, False),
-            "device": DevicePlans}
+VARIANTS = {"current": None, "stale": lambda p: StalePlans(p, True),
+            "stale-no-fallback": lambda p: StalePlans(p, False), "device": DevicePlans}
 
 
 def compare(grid: str, groups: list[tuple[str, int]]) -> list[dict]:
