@@ -2,7 +2,7 @@
 
 Simulated from measured inputs, for the gate as the code stands (the grid's gated cells ran an earlier one, whose
 trial always ran four pairs and whose windows held the admissions' prefills): the step profile and costs of
-``benchmarks/results/engine_policies.json``, its calibration half, and as host time (``engine_policies
+``benchmarks/results/engine_policies.json``, its calibration half, and as host time (``engine_grid_sim
 .simulate_cell``, by step): on a step decided on the lookup, what the per-request controller's cell waited on
 (``host_ms_critical``), on the others what the batch controller's did, each beyond the fixed ks'. Beside it the
 simulated and measured ratios of the two it chooses between.
@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import engine_grid_sim as gs  # noqa: E402
 import engine_policies as ep  # noqa: E402
 
 GATED = "controller:per-request,gate=1"
@@ -31,7 +32,7 @@ def predict(grid: str, groups: list[tuple[str, int]]) -> list[dict]:
                 "host_ms_critical_lookup": rows_cell["host_ms_critical"],
                 "host_ms_critical_other": batch_cell["host_ms_critical"],
                 "prefill_ms_per_token": rows_cell.get("prefill_ms_per_token")}
-        out = ep.simulate_cell(g.cost, g.calib, g.args, GATED, g.load, cell, g.cells)
+        out = gs.simulate_cell(g.cost, g.calib, g.args, GATED, g.load, cell, g.cells)
         rows.append({"workload": g.workload, "load": g.load,
                      "gated_sim_ratio": round(out["sim_tok_s"] / g.best_sim_tok_s, 4),
                      "per_request_sim_ratio": rows_cell["sim_ratio"], "per_request_ratio": rows_cell["ratio"],
@@ -47,4 +48,4 @@ def predict(grid: str, groups: list[tuple[str, int]]) -> list[dict]:
 
 
 if __name__ == "__main__":
-    sys.exit(ep.what_if_main(None, __doc__, "gate_predict.py", "gate_prediction", "chat:8,chat:32,code:8", predict))
+    sys.exit(gs.what_if_main(None, __doc__, "gate_predict.py", "gate_prediction", "chat:8,chat:32,code:8", predict))

@@ -3,7 +3,7 @@
 The per-request controller plans each row on the n-gram lookup at the step's own positions, which the host knows
 only after the last step's read-back, so the device waits 0.13-0.28 ms a step on the H100 while the host looks up
 and decides. Two ways to take that off the critical path (issue 48, item 2), each priced here as the host time the
-batch controller's cell waited on (it decides ahead: ``engine_policies.charged_host_ms``), on the grid's step
+batch controller's cell waited on (it decides ahead: ``engine_grid_sim.charged_host_ms``), on the grid's step
 profile, costs, calibration half and scoring traces (``benchmarks/results/engine_policies.json``):
 
 * ``current``: the plan on the step's own lookup, made where it costs nothing. This is the bound of a plan
@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import engine_grid_sim as gs  # noqa: E402
 import engine_policies as ep  # noqa: E402
 import policies_sim as ps  # noqa: E402
 
@@ -108,7 +109,7 @@ def compare(grid: str, groups: list[tuple[str, int]]) -> list[dict]:
     rows = []
     for g in ep.grid_groups(grid, groups):
         cell = g.cell(PER_REQUEST)
-        ahead_ms = ep.charged_host_ms(g.cell("controller"), g.cells)
+        ahead_ms = gs.charged_host_ms(g.cell("controller"), g.cells)
         row = {"workload": g.workload, "load": g.load, "per_request_sim_ratio": cell["sim_ratio"],
                "per_request_ratio": cell["ratio"], "host_ms_charged": round(ahead_ms, 4)}
         protocol = g.protocol
@@ -125,5 +126,5 @@ def compare(grid: str, groups: list[tuple[str, int]]) -> list[dict]:
 
 
 if __name__ == "__main__":
-    sys.exit(ep.what_if_main(None, __doc__, "plan_ahead.py", "plan_ahead",
+    sys.exit(gs.what_if_main(None, __doc__, "plan_ahead.py", "plan_ahead",
                              "chat:1,chat:4,chat:8,chat:32,code:4,code:8,code-edit:8", compare))

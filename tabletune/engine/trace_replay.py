@@ -15,7 +15,7 @@ import torch
 
 from tabletune.engine.drafters import Drafter, DraftSlots, EagleDrafter, ReplayDrafter
 from tabletune.token_trace import TokenTrace
-# benchmarks/engine_policies.py imports these from here
+# benchmarks/engine_grid_sim.py imports these from here
 from tabletune.token_trace import load_token_traces, ngram_length_rates, pair_traces, replay_rates  # noqa: F401
 
 

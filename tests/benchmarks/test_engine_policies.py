@@ -10,7 +10,10 @@ import pytest
 pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
+import engine_grid_sim  # noqa: E402
 import engine_policies  # noqa: E402
+import engine_switch  # noqa: E402
+import engine_timing  # noqa: E402
 import torch  # noqa: E402
 
 from tabletune.policies.base import MODEL, NGRAM  # noqa: E402
@@ -30,12 +33,12 @@ def test_policy_names_take_specs_with_options_separated_by_semicolons():
 
 def test_a_resumed_file_keeps_every_command_that_wrote_cells():
     first, second = "python a --loads 4", "python a --loads 16"
-    assert engine_policies.commands_of(None, first) == [first]
+    assert engine_grid_sim.commands_of(None, first) == [first]
     old = {"command": first}  # a file written before the list was kept
-    assert engine_policies.commands_of(old, second) == [first, second]
-    assert engine_policies.commands_of({"command": second, "commands": [first, second]}, first) == [first, second]
-    assert engine_policies.command_lines({"command": first}) == [f"Command: `{first}`"]
-    assert engine_policies.command_lines({"command": second, "commands": [first, second]})[2:] == [
+    assert engine_grid_sim.commands_of(old, second) == [first, second]
+    assert engine_grid_sim.commands_of({"command": second, "commands": [first, second]}, first) == [first, second]
+    assert engine_grid_sim.command_lines({"command": first}) == [f"Command: `{first}`"]
+    assert engine_grid_sim.command_lines({"command": second, "commands": [first, second]})[2:] == [
         f"- `{first}`", f"- `{second}`"]
 
 
@@ -44,12 +47,12 @@ def test_sim_only_simulates_with_the_traces_the_file_was_measured_with():
     key = {"prompt_len": 32, "output_len": 512, "k_max": 7, "warmup_steps": 200, "measured_steps": 500,
            "fixed_repeats": 2, "overlap_observe": True, "model_trace": "eagle"}
     args = engine_policies.parse_args(["--sim-only"])
-    engine_policies.protocol_from_key(args, key)
-    protocol = engine_policies.protocol_of(args)
+    engine_grid_sim.protocol_from_key(args, key)
+    protocol = engine_grid_sim.protocol_of(args)
     assert (protocol.model_trace, protocol.overlap_observe, protocol.fixed_repeats) == ("eagle", True, 2)
     del key["model_trace"]  # a file from before the key held it
-    engine_policies.protocol_from_key(args, key)
-    assert engine_policies.protocol_of(args).model_trace == "early-exit"
+    engine_grid_sim.protocol_from_key(args, key)
+    assert engine_grid_sim.protocol_of(args).model_trace == "early-exit"
 
 
 def test_read_extras_hand_worked_and_priced():
@@ -58,14 +61,14 @@ def test_read_extras_hand_worked_and_priced():
     The cost takes them as (b, ms) pairs; a plan check from before the reads were timed gives none."""
     rows = [{"batch_size": 4, "k_model": 2, "split_ms": 10.0, "read_ms": 10.3, "read_each_ms": 10.5},
             {"batch_size": 4, "k_model": 1, "split_ms": 9.0, "read_ms": 9.5, "read_each_ms": 9.5}]
-    extras = engine_policies.read_extra_ms(rows)
+    extras = engine_timing.read_extra_ms(rows)
     assert extras == {"read_extra_ms": {"4": 0.4}, "position_read_extra_ms": {"4": 0.2}}
-    assert engine_policies.read_extra_ms([{k: v for k, v in r.items() if not k.startswith("read")} for r in rows]) == {}
+    assert engine_timing.read_extra_ms([{k: v for k, v in r.items() if not k.startswith("read")} for r in rows]) == {}
     from tabletune.profile import StepPoint, StepProfile
 
     profile = StepProfile(tuple(StepPoint(b, k, (10.0 + b + 4 * k,)) for b in (1, 4) for k in range(3)), 64)
-    cost = engine_policies.engine_cost(profile, {"fitted_draft_share": 0.5}, None, {"split_extra_ms": {"4": 0.1},
-                                                                                   **extras})
+    cost = engine_timing.engine_cost(profile, {"fitted_draft_share": 0.5}, None, {"split_extra_ms": {"4": 0.1},
+                                                                                 **extras})
     assert (cost.split_ms(4), cost.read_ms(4), cost.position_read_ms(4)) == pytest.approx((0.1, 0.4, 0.2))
 
 
@@ -98,7 +101,7 @@ def test_the_plan_check_reads_once_or_after_every_position():
 
     steps = {}
     for read in ("", "once", "each"):
-        engine_policies.time_plan(Engine(), [3, 3, 5], [MODEL, MODEL, NGRAM], 1, 64, True, read=read)
+        engine_timing.time_plan(Engine(), [3, 3, 5], [MODEL, MODEL, NGRAM], 1, 64, True, read=read)
         steps[read] = list(calls)
     tail = [("lookup", (2,)), ("verify", (3, 3, 5)), ("result",)]
     assert steps[""] == [("draft", 0), ("draft", 1), ("draft", 2)] + tail
@@ -229,11 +232,11 @@ def test_engine_cost_prices_drafting_by_the_draft_profile_hand_worked():
     mixed = {"fitted_draft_share": 0.5, "draft_rows": "active"}
     drafts = {"rows": [{"batch_size": 1, "draft_ms": [0.0, 3.0, 6.0, 9.0]},
                        {"batch_size": 4, "draft_ms": [0.0, 5.0, 10.0, 15.0]}]}
-    cost = engine_policies.engine_cost(profile, mixed, drafts)
+    cost = engine_timing.engine_cost(profile, mixed, drafts)
     assert cost.verify_ms(1, 2.0) == pytest.approx(13.0) and cost.draft_row(1).tolist() == [0, 3, 6, 9]
     assert cost.verify_ms(4, 3.0) == pytest.approx(14.0) and cost.draft_row(4).tolist() == [0, 4, 8, 12]
     # without the profile: the fitted share, D = 0.5 (T - T0) = 2k
-    assert engine_policies.engine_cost(profile, mixed).verify_ms(1, 2.0) == pytest.approx(15.0)
+    assert engine_timing.engine_cost(profile, mixed).verify_ms(1, 2.0) == pytest.approx(15.0)
 
 
 def test_span_fit_hand_worked():
@@ -245,7 +248,7 @@ def test_span_fit_hand_worked():
 
     present = np.array([1, 1, 1, 0, 1, 0, 0, 1, 1, 0], bool)
     t = TokenTrace("r", np.zeros((10, 3), np.float32), present, present, np.full(10, 3))
-    assert engine_policies.span_fit([t]) == pytest.approx((2 / 3, 3.5))
+    assert engine_grid_sim.span_fit([t]) == pytest.approx((2 / 3, 3.5))
 
 
 def test_phase_table_switches_at_the_first_request_of_the_second_workload():
@@ -267,7 +270,7 @@ def test_phase_table_switches_at_the_first_request_of_the_second_workload():
         return BatchState(step=0, time_s=0.0, request_ids=np.array(ids), num_generated=np.ones(len(ids), np.int64))
 
     before, after = Fixed(3), Fixed(1)
-    oracle = engine_policies.PhaseTable(before, after, first_id=4)
+    oracle = engine_switch.PhaseTable(before, after, first_id=4)
     assert oracle.decide(state([0, 1, 2, 3])).ks_for(4).tolist() == [3] * 4
     oracle.observe(None)
     assert oracle.decide(state([1, 2, 3, 4])).ks_for(4).tolist() == [1] * 4  # one request of the second: switched
@@ -283,22 +286,22 @@ def test_recovered_hand_worked():
 
     runs = {"stale": run(10, [50, 100, 100, 100, 0]), "oracle": run(10, [90, 120, 120, 120, 0]),
             "controller": run(20, [0, 0, 110, 120, 115])}
-    assert engine_policies.recovered(runs) == {"stale": 0.0, "oracle": 1.0, "controller": 0.75}
+    assert engine_switch.recovered(runs) == {"stale": 0.0, "oracle": 1.0, "controller": 0.75}
     # the windows after the first to the end of the run (10-40): 100, 115 and 115
-    later = engine_policies.recovered({"stale": run(0, [100, 100, 100, 100, 100]),
-                                       "oracle": run(0, [70, 110, 110, 110, 130]),
-                                       "controller": run(0, [200, 100, 100, 100, 160])}, skip=1, count=None)
+    later = engine_switch.recovered({"stale": run(0, [100, 100, 100, 100, 100]),
+                                     "oracle": run(0, [70, 110, 110, 110, 130]),
+                                     "controller": run(0, [200, 100, 100, 100, 160])}, skip=1, count=None)
     assert later == {"stale": 0.0, "oracle": 1.0, "controller": 1.0}
-    assert engine_policies.recovered(runs, start="drained_step") is None  # runs without a drain step
+    assert engine_switch.recovered(runs, start="drained_step") is None  # runs without a drain step
     # from the drain (step 20): 100, 120 and (100 + 110 + 120) / 3 = 110
     drained = {"stale": run(10, [50, 100, 100, 100, 100]), "oracle": run(10, [90, 120, 120, 120, 120]),
                "controller": run(10, [0, 0, 100, 110, 120])}
     for r in drained.values():
         r["drained_step"] = 20
-    assert engine_policies.recovered(drained, start="drained_step") == {"stale": 0.0, "oracle": 1.0,
-                                                                         "controller": 0.5}
+    assert engine_switch.recovered(drained, start="drained_step") == {"stale": 0.0, "oracle": 1.0,
+                                                                       "controller": 0.5}
     runs["oracle"] = run(10, [90, 100.4, 100.4, 100.4, 0])
-    assert engine_policies.recovered(runs) is None  # the oracle gains under 0.5%
+    assert engine_switch.recovered(runs) is None  # the oracle gains under 0.5%
 
 
 @pytest.mark.slow
@@ -308,7 +311,7 @@ def test_quick_switch_runs_every_policy_at_every_load_and_resumes(tmp_path):
     result = json.loads(Path(out + ".json").read_text())
     assert set(result["runs"]) == {"1", "2"}
     for load, runs in result["runs"].items():
-        assert list(runs) == list(engine_policies.SWITCH_POLICIES)
+        assert list(runs) == list(engine_switch.SWITCH_POLICIES)
         for run in runs.values():
             # the switch: the step that admitted the first chat request (2 waves of code before it)
             assert 0 < run["switch_step"] < run["num_steps"] and len(run["tok_s"]) == len(run["window_starts"]) > 0
@@ -326,7 +329,7 @@ def test_charged_host_ms_is_the_critical_time_beyond_a_fixed_k():
     cells = [{"workload": "chat", "load": 4, "policy": "fixed:1", "host_ms_critical": 0.05},
              {"workload": "chat", "load": 4, "policy": "fixed:2", "host_ms_critical": 0.07},
              {"workload": "chat", "load": 8, "policy": "fixed:2", "host_ms_critical": 9.0}]
-    charge = engine_policies.charged_host_ms
+    charge = engine_grid_sim.charged_host_ms
     assert charge({"workload": "chat", "load": 4, "policy": "p", "host_ms_critical": 0.46}, cells) == \
         pytest.approx(0.40)
     assert charge({"workload": "chat", "load": 4, "policy": "p", "host_ms_critical": 0.01}, cells) == 0.0
@@ -346,11 +349,11 @@ def test_a_cell_decided_on_the_lookup_on_some_steps_is_charged_by_step():
     assert split == {"lookup_share": 0.5, "host_ms_critical_lookup": 0.4, "host_ms_critical_other": 0.075}
     cells = [{"workload": "chat", "load": 4, "policy": "fixed:1", "host_ms_critical": 0.05}]
     cell = {"workload": "chat", "load": 4, "policy": "p", "host_ms_critical": 0.2375, **split}
-    assert engine_policies.charged_lookup_ms(cell, cells) == pytest.approx(0.35)
-    assert engine_policies.charged_host_ms({**cell, "host_ms_critical": cell["host_ms_critical_other"]}, cells) == \
+    assert engine_grid_sim.charged_lookup_ms(cell, cells) == pytest.approx(0.35)
+    assert engine_grid_sim.charged_host_ms({**cell, "host_ms_critical": cell["host_ms_critical_other"]}, cells) == \
         pytest.approx(0.025)
     for share in (0.0, 1.0, None):
-        assert engine_policies.charged_lookup_ms({**cell, "lookup_share": share}, cells) is None
+        assert engine_grid_sim.charged_lookup_ms({**cell, "lookup_share": share}, cells) is None
 
 
 def test_resume_keeps_another_patch_of_the_engine_and_refuses_another_minor():
