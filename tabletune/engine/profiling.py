@@ -22,9 +22,10 @@ from tabletune.engine.trace_replay import TracedReplayDrafter
 # device, each draft position uploads its own rows, and a split step's n-gram lookup is one graph; a step's line in
 # the stats and its outcome made while the next step runs; the next step of a policy that decides ahead (a fixed k,
 # a table, the batch controller) launched before a step's read-back where the batch can not change; a step's
-# outcome carries its admissions' prefill time (the gate leaves it out of its windows) (patch releases: the device
+# outcome carries its admissions' prefill time (the gate leaves it out of its windows); the gate's batch mode is the
+# batch controller on its own estimator (a policy change the cells' version marks) (patch releases: the device
 # runs the same steps; only the host's order around them differs)
-ENGINE_VERSION = "0.13.4"
+ENGINE_VERSION = "0.13.5"
 RUNNER = "builtin/cudagraph-per-(bucket,k,tokens)"
 
 

@@ -167,8 +167,9 @@ class PerRequestController(ControllerPolicy):
     the host.
 
     Gate (``gate=1``, with ``stop=0``; off by default): an online A/B test (``tabletune.controller.mode_gate``) between
-    these plans (``ROWS``) and the batch controller's k alone (``BATCH``), on the measured tokens per wall time of
-    windows of steps. A ``BATCH`` step needs no lookup, so an engine decides it ahead and launches it before the
+    these plans (``ROWS``) and the batch controller alone (``BATCH``: a ``ControllerPolicy`` with its own estimator,
+    fed by the batch steps only, and its own explore share), on the measured tokens per wall time of windows of
+    steps. A ``BATCH`` step needs no lookup, so an engine decides it ahead and launches it before the
     last step's read-back (``decides_ahead``): where the lookup does not pay for the host time its plan costs
     between steps (chat), the gate keeps the batch controller and probes the plans one window in |D| / 0.5%. A
     workload shift restarts its trial.
@@ -218,6 +219,12 @@ class PerRequestController(ControllerPolicy):
         # the gate needs the lookup's chain to weigh: without it (ngram=0, an n-gram default drafter) every plan is
         # a blind one
         self.gate = ModeGate() if gate and self.use_ngram else None
+        # the gate's batch mode is the batch controller itself, on its own estimator fed by the batch steps only:
+        # a plan step's model rows are the rows the lookup did not take (on chat, the less predictable ones), so
+        # their a_j, right for the plans, would bias the batch k low (chat 8 on the H100: k 1.1 against 2.1)
+        self.batch = (ControllerPolicy(ctx, start, prior, dataclasses.replace(
+            config or ControllerConfig(), explore_fraction=ControllerConfig().explore_fraction))
+            if self.gate is not None else None)
         self._mode_of: dict[int, int] = {}  # step -> the gate's mode it was decided in, until observed
         self._gate_shifts = 0  # the estimator's shifts the gate has seen
         self._speed_off: dict[int, float] = {}  # b -> b / T(b, 0), tokens per ms without speculation
@@ -293,7 +300,9 @@ class PerRequestController(ControllerPolicy):
             self._mode_of[state.step] = self.gate.mode
             if self.gate.mode == BATCH:  # the batch controller's k: no plan, no stop rule
                 self.plan, self.explore_row, self._rule = None, -1, None
-                return Decision.batch(self.k_for(state))
+                decision = self.batch.decide(state)
+                self._asked[state.step] = decision.k  # every row asked it: the estimator below counts it so
+                return decision
         if self.model_chain and state.features is None:
             ahead = self._ahead if self._ahead is not None and self._ahead.plans.batch_size == b else None
             if ahead is None:
@@ -469,6 +478,8 @@ class PerRequestController(ControllerPolicy):
         """The batch controller learns the model chain's a_j from the model rows only (an n-gram row's run of
         accepted tokens is not the model drafter's); the calibrations learn per chain."""
         model = outcome.drafter == MODEL
+        if self.batch is not None and self._mode_of.get(outcome.state.step) == BATCH:
+            self.batch.observe(outcome)
         # the k the step asked of every row: the batch controller's on the gate's batch steps (kept by step), none
         # on a plan (each row asked for its own k)
         self._asked.setdefault(outcome.state.step, 0)

@@ -301,7 +301,7 @@ def test_the_gate_decides_batch_steps_ahead_and_restarts_on_a_shift():
     policy.gate.mode = BATCH
     assert policy.decides_ahead
     batch = policy.decide(BatchState(1, 0.0, np.arange(3), np.zeros(3, np.int64)))
-    assert batch.ks is None and batch.drafter is None and batch.k == policy.controller.k_for(3)
+    assert batch.ks is None and batch.drafter is None and batch.k == policy.batch.asked_k
     assert policy._mode_of == {0: ROWS, 1: BATCH}
     policy.gate.trial_left = 0
     policy.controller.estimator.shifts += 1
@@ -312,6 +312,36 @@ def test_the_gate_decides_batch_steps_ahead_and_restarts_on_a_shift():
     for bad in ("gate=2", "gate=1,stop=1"):  # a stop rule reads back between positions: nothing goes ahead
         with pytest.raises(InputError):
             make_policy(f"controller:per-request,{bad}", ctx)
+
+
+def test_the_gates_batch_mode_is_the_batch_controller_fed_by_its_own_steps_only():
+    """The gate's batch mode decides as ``controller`` does (its explore share too), on an estimator only the batch
+    steps feed: a plan step's model rows, the rows the lookup left, teach the plans' estimator and not the batch's
+    (on chat they accept less than the batch, and the batch k fell to 1 where 2 served 3% more)."""
+    from tabletune.controller.mode_gate import BATCH, ROWS
+    from tabletune.policies.base import MODEL, NGRAM, BatchState, StepOutcome
+
+    ctx = PolicyContext(cost=linear_cost(k_max=4), prior_rates=(0.6,) * 4, ks=(0, 1, 2, 3, 4),
+                        ngram_rates=(0.0, 0.5, 0.6, 0.7, 0.8))
+    policy = make_policy("controller:per-request,gate=1", ctx)
+    plain = make_policy("controller", ctx)
+    assert policy.batch.controller.config.explore_fraction == plain.controller.config.explore_fraction
+    assert policy.controller.config.explore_fraction < plain.controller.config.explore_fraction
+    before = policy.batch.controller.estimator.rates()
+    for step in range(40):  # plan steps: the model rows reject everything, the n-gram row accepts all
+        state = BatchState(step, step * 0.01, np.arange(3), np.zeros(3, np.int64),
+                           ngram_match_len=np.array([0, 5, 0]), ngram_num_proposed=np.array([0, 4, 0]))
+        policy.gate.mode = ROWS
+        policy.decide(state)
+        policy.observe(StepOutcome(state, np.array([4, 4, 4]), np.array([MODEL, NGRAM, MODEL]),
+                                   np.array([0, 4, 0]), 5.0))
+    assert policy.batch.controller.estimator.rates() == before
+    assert policy.controller.estimator.rates()[0] < before[0]
+    state = BatchState(40, 0.4, np.arange(3), np.zeros(3, np.int64))
+    policy.gate.mode = BATCH
+    k = policy.decide(state).k
+    policy.observe(StepOutcome(state, np.full(3, k), np.full(3, MODEL), np.zeros(3, np.int64), 5.0))
+    assert policy.batch.controller.estimator.rates()[0] < before[0]
 
 
 def test_a_plan_step_after_a_gated_batch_step_counts_no_batch_k():
