@@ -109,6 +109,13 @@ def charged_host_ms(cell: dict, cells: list[dict]) -> float:
     return max(cell["host_ms_critical"] - statistics.fmean(base), 0.0)
 
 
+def measured_window(protocol: Protocol, cell: dict) -> Protocol:
+    """``protocol`` with the window a measured cell held (its ``measured_steps``): the simulator measures what the
+    engine measured (at load 1, 500 steps hold about 4 requests, and which ones moves a ratio by several points)."""
+    steps = cell.get("measured_steps")
+    return protocol if not steps else dataclasses.replace(protocol, measured_steps=int(steps), measured_row_steps=0)
+
+
 def simulate_cell(cost, calib, args, policy_spec, load, cell, cells: list[dict]) -> dict:
     """The simulated cell (``policies_sim.repeated_cell``, the mean over the protocol's policy repeats): the engine's
     cost, scoring traces, prefill cost, and the host time the engine waited on for this policy
@@ -116,7 +123,7 @@ def simulate_cell(cost, calib, args, policy_spec, load, cell, cells: list[dict])
     lookup = charged_lookup_ms(cell, cells)
     charged = charged_host_ms(cell if lookup is None else {**cell, "host_ms_critical": cell["host_ms_critical_other"]},
                               cells)
-    protocol = protocol_of(args)
+    protocol = measured_window(protocol_of(args), cell)
     out = repeated_cell(cost, calib, policy_spec, load, protocol, protocol.policy_repeats,
                         prefill_ms_per_token=cell.get("prefill_ms_per_token") or 0.0, host_ms_per_step=charged,
                         host_ms_lookup_step=lookup)
@@ -129,7 +136,9 @@ def oracle_cell(cost, calib, args, load, cells) -> dict:
     """The headroom oracle of one (workload, load), simulated (it needs each draft's fate)."""
     prefill = next((c.get("prefill_ms_per_token") for c in cells
                     if c["workload"] == calib.workload and c["load"] == load and c.get("prefill_ms_per_token")), 0.0)
-    protocol = protocol_of(args)
+    fixed = [c for c in cells if c["workload"] == calib.workload and c["load"] == load
+             and c["policy"].startswith("fixed:")]
+    protocol = measured_window(protocol_of(args), fixed[0] if fixed else {})
     out = repeated_cell(cost, calib, "oracle", load, protocol, protocol.policy_repeats,
                         prefill_ms_per_token=prefill or 0.0)
     return {"workload": calib.workload, "load": load, "policy": "oracle", "throughput_tok_s": None, "mean_k": None,
@@ -141,6 +150,7 @@ def protocol_from_key(args, key: dict) -> None:
     them (a file from before the key recorded them: early exit)."""
     args.prompt_len, args.output_len, args.k_max = key["prompt_len"], key["output_len"], key["k_max"]
     args.warmup_steps, args.measured_steps = key["warmup_steps"], key["measured_steps"]
+    args.measured_row_steps = key.get("measured_row_steps", 0)  # a file from before: windows of measured_steps
     args.fixed_repeats = key["fixed_repeats"]
     args.model_trace = key.get("model_trace", "early-exit")
     args.overlap_observe = key.get("overlap_observe", args.overlap_observe)

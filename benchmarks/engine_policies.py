@@ -73,7 +73,7 @@ from engine_serving import make_predictable, staggered_len, window_start  # noqa
 from engine_switch import serve_switch  # noqa: E402
 from engine_timing import (draft_profile, engine_cost, measure_profile, mixed_check, plan_check,  # noqa: E402
                            pricing, probe_step_ms)
-from policies_sim import (NGRAM_PARTNER, calibrate, explore_steps, gate_state, split_specs,  # noqa: E402
+from policies_sim import (NGRAM_PARTNER, Protocol, calibrate, explore_steps, gate_state, split_specs,  # noqa: E402
                           workload_preset)
 
 from tabletune import fileio  # noqa: E402
@@ -116,6 +116,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--profile-steps", type=int, default=8)
     ap.add_argument("--warmup-steps", type=int, default=200, help="steps of each cell before its window")
     ap.add_argument("--measured-steps", type=int, default=500, help="fewest measured steps a cell should have")
+    ap.add_argument("--measured-row-steps", type=int, default=2000,
+                    help="and fewest measured row-steps (steps x load): 2,000 / load steps below load 4 (500 steps "
+                         "at load 1 hold about 4 requests: the simulator's seeds put per-request at code-edit 1 13%% "
+                         "apart, 2.6%% over 2,000)")
     ap.add_argument("--fixed-repeats", type=int, default=3, help="runs of each fixed-k cell (noise band)")
     ap.add_argument("--all-fixed", action="store_true",
                     help="measure every fixed k (default: the modelled best k, then the best measured k's neighbours "
@@ -166,9 +170,11 @@ def policy_names(args) -> list[str]:
 
 def cell_run_s(args, step_ms: float) -> float:
     """Wall estimate of one run of a cell: it stops once its window is complete, ~ max(warm-up, output_len / 2) +
-    measured steps (about 2 tokens a request-step), and at most rounds * output_len / 2, at ``step_ms``."""
-    steps = min(args.rounds * args.output_len / 2.0,
-                max(args.warmup_steps, args.output_len / 2.0) + args.measured_steps)
+    measured steps (the mean over ``--loads`` of the window: ``--measured-steps``, or ``--measured-row-steps`` /
+    load where more), at ``step_ms``."""
+    row_steps = getattr(args, "measured_row_steps", 0)
+    window = statistics.fmean(max(args.measured_steps, -(-row_steps // int(b))) for b in args.loads.split(","))
+    steps = max(args.warmup_steps, args.output_len / 2.0) + window
     return steps * (step_ms + HOST_MS_PER_STEP) / 1e3
 
 
@@ -233,7 +239,10 @@ def fixed_specs(args, wname: str, load: int, cost: StepCost, rates, cells: list[
 
 def serve_cell(engine, args, policy_spec, ctx, load, prompts, oracle, pairs, seed: int = 0) -> dict:
     """One engine run: the window starts after the first wave was replaced and after ``--warmup-steps``."""
-    n = max(4, args.rounds * load)
+    measured = protocol_of(args).window_steps(load)
+    # enough requests for the warm-up and the window at up to k_max + 1 tokens a row-step
+    n = min(len(prompts), max(4, args.rounds * load,
+                              -(-(args.warmup_steps + measured) * load * (args.k_max + 1) // args.output_len)))
     reqs = [Request(list(prompts[i]), staggered_len(i, load, args.output_len), i, oracle=oracle[i],
                     trace=pairs[i % len(pairs)], trace_offset=trace_offset(i, pairs[i % len(pairs)]))
             for i in range(n)]
@@ -246,7 +255,7 @@ def serve_cell(engine, args, policy_spec, ctx, load, prompts, oracle, pairs, see
             if any(i not in stats.replaced_at_step for i in range(load)):
                 return False
             window.append(max(window_start(stats, load), args.warmup_steps))
-        return len(stats.step_batch_sizes) >= window[0] + args.measured_steps
+        return len(stats.step_batch_sizes) >= window[0] + measured
 
     stats = Scheduler(engine, policy, max_num_seqs=load, seed=load + 1000 * seed, device_stop=not args.host_stop,
                       overlap_observe=args.overlap_observe).run(reqs, stop=window_done)
@@ -401,9 +410,16 @@ def greedy_outputs(engine: SpecEngine, args, prompts: list[list[int]], resume: b
 
 def compatible(key: dict) -> dict:
     """A file's key with the engine's version cut to major.minor: a patch release runs fused steps as before, so
-    --resume keeps the cells of another patch (each cell records the version it ran on)."""
+    --resume keeps the cells of another patch (each cell records the version it ran on); without the row-steps a
+    window holds (each cell records its steps, and ``short_window`` ones are measured again)."""
     fp = key["fingerprint"]
-    return {**key, "fingerprint": {**fp, "engine_version": ".".join(fp["engine_version"].split(".")[:2])}}
+    rest = {k: v for k, v in key.items() if k != "measured_row_steps"}
+    return {**rest, "fingerprint": {**fp, "engine_version": ".".join(fp["engine_version"].split(".")[:2])}}
+
+
+def short_window(cell: dict, protocol: Protocol) -> bool:
+    """A measured cell whose window holds less than 90% of the steps ``protocol`` asks at its load."""
+    return cell.get("measured_steps") is not None and cell["measured_steps"] < 0.9 * protocol.window_steps(cell["load"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -450,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
            "window_steps": args.window_steps if args.switch else None, "k_max": args.k_max,
            "prompt_len": args.prompt_len, "output_len": args.output_len, "rounds": args.rounds, "max_load": max_load,
            "warmup_steps": args.warmup_steps, "measured_steps": args.measured_steps,
+           "measured_row_steps": args.measured_row_steps,
            "fixed_repeats": args.fixed_repeats, "overlap_observe": args.overlap_observe, "host_stop": args.host_stop,
            "model_trace": args.model_trace}
     out_json = Path(args.out + ".json")
@@ -497,8 +514,13 @@ def main(argv: list[str] | None = None) -> int:
                   "cells": [c if c["policy"] == "oracle" else {"engine_version": version, **c}
                             for c in old["cells"]] if old else [],
                   "workloads": old.get("workloads", {}) if old else {}}
-        result["cells"] = [c for c in result["cells"]
-                           if not (c["policy"] in again and c["workload"] in workloads and c["load"] in loads)]
+        short = [c for c in result["cells"] if c["workload"] in workloads and c["load"] in loads
+                 and short_window(c, protocol_of(args))]
+        if short:
+            print(f"measured again: {len(short)} cells of this call's groups whose window is short of the protocol's "
+                  f"({args.measured_row_steps} row-steps)", flush=True)
+        result["cells"] = [c for c in result["cells"] if not any(c is s for s in short)
+                           and not (c["policy"] in again and c["workload"] in workloads and c["load"] in loads)]
         done = {(c["workload"], c["load"], c["policy"]) for c in result["cells"]}
         cells, bare = cells_to_measure(policies, workloads, loads, done)
         todo_s = cell_run_s(args, step_ms) * (cells + bare * fixed_runs(args))

@@ -14,6 +14,7 @@ import engine_grid_sim  # noqa: E402
 import engine_policies  # noqa: E402
 import engine_switch  # noqa: E402
 import engine_timing  # noqa: E402
+import policies_sim  # noqa: E402
 import torch  # noqa: E402
 
 from tabletune.policies.base import MODEL, NGRAM  # noqa: E402
@@ -133,10 +134,40 @@ def test_modelled_fixed_k_hand_worked():
 
 
 def test_estimate_counts_cells_and_profile():
-    """2 policies x 1 load x 1 workload, rounds 2 x output 10 / 2 = 10 steps a cell at 4 + 1 ms: 0.1 s; profile
-    (1 + 2) steps x 2 ks x 1 bucket at 4 ms: 0.024 s."""
+    """2 policies x 1 load x 1 workload, max(warm-up 20, output 10 / 2) + 50 measured = 70 steps a cell at 4 + 1 ms:
+    0.7 s; profile (1 + 2) steps x 2 ks x 1 bucket at 4 ms: 0.024 s."""
     args = Namespace(rounds=2, output_len=10, profile_steps=1, k_max=1, loads="1", warmup_steps=20, measured_steps=50)
-    assert engine_policies.estimate_s(args, 4.0, 2, 1, 1) == pytest.approx(0.1 + 0.024)
+    assert engine_policies.estimate_s(args, 4.0, 2, 1, 1) == pytest.approx(0.7 + 0.024)
+
+
+def test_estimate_takes_each_loads_window_of_row_steps():
+    """Loads 1 and 4, 30 measured steps or 200 row-steps: windows of 200 and 50 steps, a mean of 125; + max(warm-up
+    20, output 100 / 2) = 175 steps a cell at 4 + 1 ms: 0.875 s, x 2 policies x 2 loads = 3.5 s; profile (1 + 2)
+    steps x 2 ks x 3 buckets (1, 2, 4) at 4 ms: 0.072 s."""
+    args = Namespace(rounds=8, output_len=100, profile_steps=1, k_max=1, loads="1,4", warmup_steps=20,
+                     measured_steps=30, measured_row_steps=200)
+    assert engine_policies.estimate_s(args, 4.0, 2, 2, 1) == pytest.approx(3.5 + 0.072)
+
+
+def test_a_cell_whose_window_is_short_of_the_protocols_is_measured_again():
+    """Protocol: 500 steps, or 2,000 row-steps. Load 1 asks 2,000 steps: 501 is short; load 2 asks 1,000: 950 is
+    within a tenth; load 4 asks 500: 500 is whole; a simulated cell (no steps) is never short."""
+    protocol = policies_sim.Protocol(measured_steps=500, measured_row_steps=2000)
+    assert engine_policies.short_window({"load": 1, "measured_steps": 501}, protocol)
+    assert not engine_policies.short_window({"load": 2, "measured_steps": 950}, protocol)
+    assert not engine_policies.short_window({"load": 4, "measured_steps": 500}, protocol)
+    assert not engine_policies.short_window({"load": 1, "policy": "oracle"}, protocol)
+    old = {"fingerprint": {"engine": "builtin", "engine_version": "0.13.0"}, "k_max": 7}
+    assert engine_policies.compatible(old) == engine_policies.compatible({**old, "measured_row_steps": 2000})
+
+
+def test_the_simulator_measures_the_window_a_cell_measured():
+    """A measured cell's window (its ``measured_steps``) replaces the protocol's, at every load; a cell without one
+    keeps the protocol."""
+    protocol = policies_sim.Protocol(measured_steps=500, measured_row_steps=2000)
+    assert engine_grid_sim.measured_window(protocol, {"measured_steps": 501}).window_steps(1) == 501
+    assert engine_grid_sim.measured_window(protocol, {"measured_steps": 2001}).window_steps(1) == 2001
+    assert engine_grid_sim.measured_window(protocol, {}).window_steps(1) == 2000
 
 
 def test_estimate_stops_at_the_window():
