@@ -183,9 +183,11 @@ class GridGroup:
     def protocol(self) -> Protocol:
         return protocol_of(self.args)
 
-    def cell(self, policy: str) -> dict:
-        return next(c for c in self.cells
-                    if c["workload"] == self.workload and c["load"] == self.load and c["policy"] == policy)
+    def cell(self, policy: str, default: dict | None = None) -> dict:
+        """This group's cell of ``policy``; ``default`` where it has none (else StopIteration)."""
+        found = (c for c in self.cells
+                 if c["workload"] == self.workload and c["load"] == self.load and c["policy"] == policy)
+        return next(found) if default is None else next(found, default)
 
 
 def what_if_main(argv: list[str] | None, doc: str, script: str, name: str, default_groups: str,

@@ -172,8 +172,8 @@ def cell_run_s(args, step_ms: float) -> float:
     """Wall estimate of one run of a cell: it stops once its window is complete, ~ max(warm-up, output_len / 2) +
     measured steps (the mean over ``--loads`` of the window: ``--measured-steps``, or ``--measured-row-steps`` /
     load where more), at ``step_ms``."""
-    row_steps = getattr(args, "measured_row_steps", 0)
-    window = statistics.fmean(max(args.measured_steps, -(-row_steps // int(b))) for b in args.loads.split(","))
+    protocol = Protocol(measured_steps=args.measured_steps, measured_row_steps=getattr(args, "measured_row_steps", 0))
+    window = statistics.fmean(protocol.window_steps(int(b)) for b in args.loads.split(","))
     steps = max(args.warmup_steps, args.output_len / 2.0) + window
     return steps * (step_ms + HOST_MS_PER_STEP) / 1e3
 
@@ -514,13 +514,14 @@ def main(argv: list[str] | None = None) -> int:
                   "cells": [c if c["policy"] == "oracle" else {"engine_version": version, **c}
                             for c in old["cells"]] if old else [],
                   "workloads": old.get("workloads", {}) if old else {}}
-        short = [c for c in result["cells"] if c["workload"] in workloads and c["load"] in loads
-                 and short_window(c, protocol_of(args))]
+        protocol = protocol_of(args)
+        ours = [c["workload"] in workloads and c["load"] in loads for c in result["cells"]]
+        short = sum(mine and short_window(c, protocol) for c, mine in zip(result["cells"], ours))
         if short:
-            print(f"measured again: {len(short)} cells of this call's groups whose window is short of the protocol's "
+            print(f"measured again: {short} cells of this call's groups whose window is short of the protocol's "
                   f"({args.measured_row_steps} row-steps)", flush=True)
-        result["cells"] = [c for c in result["cells"] if not any(c is s for s in short)
-                           and not (c["policy"] in again and c["workload"] in workloads and c["load"] in loads)]
+        result["cells"] = [c for c, mine in zip(result["cells"], ours)
+                           if not (mine and (c["policy"] in again or short_window(c, protocol)))]
         done = {(c["workload"], c["load"], c["policy"]) for c in result["cells"]}
         cells, bare = cells_to_measure(policies, workloads, loads, done)
         todo_s = cell_run_s(args, step_ms) * (cells + bare * fixed_runs(args))

@@ -34,8 +34,7 @@ def predict(grid: str, groups: list[tuple[str, int]]) -> list[dict]:
                 "host_ms_critical_other": batch_cell["host_ms_critical"],
                 "prefill_ms_per_token": rows_cell.get("prefill_ms_per_token")}
         out = gs.simulate_cell(g.cost, g.calib, g.args, GATED, g.load, cell, g.cells)
-        measured = next((c for c in g.cells if c["workload"] == g.workload and c["load"] == g.load
-                         and c["policy"] == GATED), {})
+        measured = g.cell(GATED, {})
         rows.append({"workload": g.workload, "load": g.load,
                      "gated_sim_ratio": round(out["sim_tok_s"] / g.best_sim_tok_s, 4),
                      "gated_ratio": measured.get("ratio"), "gated_engine_version": measured.get("engine_version"),
